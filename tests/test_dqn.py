@@ -1,0 +1,412 @@
+"""Behaviour of the DQN agent: the weight-sync contract, the TD update, networks and checkpoints."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from zmqrl.agents.dqn import DQNAgent, DQNConfig
+from zmqrl.agents.nets import NumpyQForward, QNetwork, mlp, polyak_update, resolve_device
+from zmqrl.core import Agent
+from zmqrl.types import TransitionBatch, Weights
+
+torch.set_num_threads(1)
+
+OBS_SHAPE = (4,)
+N_ACTIONS = 3
+
+
+def make_agent(seed: int = 0, **overrides: object) -> DQNAgent:
+    config = DQNConfig(hidden_sizes=[32, 32], device="cpu", **overrides)  # type: ignore[arg-type]
+    return DQNAgent(config, OBS_SHAPE, N_ACTIONS, seed=seed)
+
+
+def random_obs(n: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *OBS_SHAPE)).astype(np.float32)
+
+
+def fake_batch(n: int = 16, seed: int = 2, discount: float = 0.97) -> TransitionBatch:
+    rng = np.random.default_rng(seed)
+    return TransitionBatch(
+        obs=rng.standard_normal((n, *OBS_SHAPE)).astype(np.float32),
+        action=rng.integers(N_ACTIONS, size=n).astype(np.int64),
+        reward=rng.standard_normal(n).astype(np.float32),
+        next_obs=rng.standard_normal((n, *OBS_SHAPE)).astype(np.float32),
+        discount=np.full(n, discount, dtype=np.float32),
+    )
+
+
+def params(net: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+# ------------------------------------------------------------------------------------- contract
+
+
+def test_agent_satisfies_the_core_protocol() -> None:
+    assert isinstance(make_agent(), Agent)
+
+
+def test_export_import_round_trip_makes_actor_act_like_learner() -> None:
+    learner, actor = make_agent(seed=0), make_agent(seed=1)
+    learner.update(fake_batch())
+    obs = random_obs(256)
+    assert not np.array_equal(learner.q_values(obs), actor.q_values(obs))
+
+    weights = learner.export_weights()
+    assert actor.import_weights(weights) is True
+    assert actor.weights_version == learner.weights_version == weights.version
+    np.testing.assert_array_equal(actor.act(obs, explore=False), learner.act(obs, explore=False))
+    np.testing.assert_array_equal(actor.q_values(obs), learner.q_values(obs))
+
+
+def test_exported_arrays_are_float32_contiguous_copies_matching_spec() -> None:
+    agent = make_agent()
+    weights = agent.export_weights()
+    spec = agent.weights_spec()
+    assert list(weights.arrays) == list(spec)
+    for name, array in weights.arrays.items():
+        assert (array.shape, str(array.dtype)) == spec[name]
+        assert array.flags.c_contiguous
+    before = agent.q_values(random_obs(8))
+    for array in weights.arrays.values():
+        array[...] = 0.0  # mutating the snapshot must not reach the agent
+    np.testing.assert_array_equal(agent.q_values(random_obs(8)), before)
+
+
+def test_import_of_older_or_equal_version_is_ignored() -> None:
+    learner, actor = make_agent(seed=0), make_agent(seed=1)
+    learner.update(fake_batch())
+    learner.export_weights()
+    learner.update(fake_batch(seed=3))
+    newer = learner.export_weights()
+    assert actor.import_weights(newer)
+    before = params(actor.online)
+
+    equal = Weights(newer.version, {k: np.zeros_like(v) for k, v in newer.arrays.items()})
+    older = Weights(newer.version - 1, equal.arrays)
+    assert actor.import_weights(equal) is False
+    assert actor.import_weights(older) is False
+    assert actor.weights_version == newer.version
+    assert same(params(actor.online), before)
+
+
+def test_versions_start_at_one_and_bump_only_after_updates() -> None:
+    agent = make_agent()
+    assert agent.weights_version == 0
+    assert agent.export_weights().version == 1
+    assert agent.export_weights().version == 1
+    agent.update(fake_batch())
+    assert agent.weights_version == 1  # not bumped until exported
+    assert agent.export_weights().version == 2
+    assert agent.export_weights().version == 2
+
+
+def test_import_accepts_read_only_arrays_as_from_the_wire() -> None:
+    learner, actor = make_agent(seed=0), make_agent(seed=1)
+    weights = learner.export_weights()
+    for array in weights.arrays.values():
+        array.flags.writeable = False
+    assert actor.import_weights(weights)
+    obs = random_obs(4)
+    obs.flags.writeable = False
+    np.testing.assert_array_equal(actor.act(obs, explore=False), learner.act(obs, explore=False))
+
+
+@pytest.mark.parametrize(
+    ("corruption", "message"),
+    [
+        ("shape", "'head.bias' has shape"),
+        ("missing", "missing parameter 'head.bias'"),
+        ("extra", "unexpected"),
+    ],
+)
+def test_mismatched_weights_raise_and_leave_weights_unchanged(corruption: str, message: str) -> None:
+    learner, actor = make_agent(seed=0), make_agent(seed=1)
+    weights = learner.export_weights()
+    arrays = dict(weights.arrays)
+    last = list(arrays)[-1]
+    if corruption == "shape":
+        arrays[last] = np.zeros(arrays[last].shape[0] + 1, dtype=np.float32)
+    elif corruption == "missing":
+        del arrays[last]
+    else:
+        arrays["bogus.weight"] = np.zeros(3, dtype=np.float32)
+    before = params(actor.online)
+    with pytest.raises(ValueError, match=message):
+        actor.import_weights(Weights(weights.version, arrays))
+    assert same(params(actor.online), before)
+    assert actor.weights_version == 0
+
+
+# ---------------------------------------------------------------------------------------- update
+
+
+def test_one_update_returns_finite_metrics_and_moves_online_but_not_target() -> None:
+    agent = make_agent(target_update_interval=5)
+    online_before, target_before = params(agent.online), params(agent.target)
+    metrics = agent.update(fake_batch())
+    assert set(metrics) == {"loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean"}
+    assert all(isinstance(v, float) and np.isfinite(v) for v in metrics.values())
+    assert agent.updates == 1
+    assert not same(params(agent.online), online_before)
+    assert same(params(agent.target), target_before)
+
+
+def test_hard_target_copy_happens_exactly_at_the_interval() -> None:
+    agent = make_agent(target_update_interval=3, tau=1.0)
+    target_before = params(agent.target)
+    for _ in range(2):
+        agent.update(fake_batch())
+        assert same(params(agent.target), target_before)
+    agent.update(fake_batch())
+    assert same(params(agent.target), params(agent.online))
+    agent.update(fake_batch())
+    assert not same(params(agent.target), params(agent.online))
+
+
+def test_polyak_with_half_tau_moves_target_halfway() -> None:
+    target, online = mlp(3, [5], 2), mlp(3, [5], 2)
+    t0, o0 = params(target), params(online)
+    polyak_update(target, online, tau=0.5)
+    for t, before, o in zip(params(target), t0, o0, strict=True):
+        torch.testing.assert_close(t, (before + o) / 2)
+
+    agent = make_agent(target_update_interval=1, tau=0.5)
+    target_before = params(agent.target)
+    agent.update(fake_batch())
+    for t, before, o in zip(params(agent.target), target_before, params(agent.online), strict=True):
+        torch.testing.assert_close(t, (before + o) / 2)
+
+
+def _linear_agent(double: bool) -> DQNAgent:
+    """2-d obs, 2 actions, no hidden layers: Q_online(x) = x, Q_target(x) = [10, 3] for every x."""
+    config = DQNConfig(hidden_sizes=[], device="cpu", double=double, huber_delta=1.0)
+    agent = DQNAgent(config, (2,), 2, seed=0)
+    with torch.no_grad():
+        agent.online.head.weight.copy_(torch.eye(2))
+        agent.online.head.bias.zero_()
+        agent.target.head.weight.zero_()
+        agent.target.head.bias.copy_(torch.tensor([10.0, 3.0]))
+    return agent
+
+
+def _one_transition(discount: float, next_obs: list[float]) -> TransitionBatch:
+    return TransitionBatch(
+        obs=np.zeros((1, 2), np.float32),  # Q_online(obs) = [0, 0]
+        action=np.array([0]),
+        reward=np.array([1.0], np.float32),
+        next_obs=np.array([next_obs], np.float32),
+        discount=np.array([discount], np.float32),
+    )
+
+
+@pytest.mark.parametrize(("double", "target_q"), [(True, 3.0), (False, 10.0)])
+def test_double_dqn_evaluates_online_argmax_with_target_values(double: bool, target_q: float) -> None:
+    # Online argmax on next_obs [0, 1] is action 1; the target values it at 3 but its own max is 10.
+    metrics = _linear_agent(double).update(_one_transition(0.5, [0.0, 1.0]))
+    td_target = 1.0 + 0.5 * target_q
+    assert metrics["target_q_mean"] == pytest.approx(target_q)
+    assert metrics["q_mean"] == pytest.approx(0.0)
+    assert metrics["td_abs_mean"] == pytest.approx(td_target)
+    assert metrics["loss"] == pytest.approx(td_target - 0.5)  # Huber, delta 1, |error| > 1
+
+
+def test_terminal_transitions_ignore_next_obs() -> None:
+    results = []
+    for next_obs in ([0.0, 1.0], [1e4, -1e4]):
+        agent = _linear_agent(double=True)
+        metrics = agent.update(_one_transition(0.0, next_obs))
+        results.append((metrics["loss"], metrics["td_abs_mean"], params(agent.online)))
+    (loss_a, td_a, params_a), (loss_b, td_b, params_b) = results
+    assert loss_a == loss_b == pytest.approx(0.5)  # td_target = reward = 1, Huber(1) = 0.5
+    assert td_a == td_b == pytest.approx(1.0)
+    assert same(params_a, params_b)
+
+
+def test_gradient_clipping_scales_gradients_and_reports_the_unclipped_norm() -> None:
+    clipped, unclipped = make_agent(max_grad_norm=1e-3), make_agent(max_grad_norm=0.0)
+    batch = fake_batch()
+    m_clipped, m_unclipped = clipped.update(batch), unclipped.update(batch)
+    assert m_clipped["grad_norm"] == pytest.approx(m_unclipped["grad_norm"], rel=1e-5)
+    assert m_clipped["grad_norm"] > 1e-3
+
+    def applied_norm(agent: DQNAgent) -> float:
+        grads = [p.grad.flatten() for p in agent.online.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.cat(grads)))
+
+    assert applied_norm(clipped) == pytest.approx(1e-3, rel=1e-3)
+    assert applied_norm(unclipped) == pytest.approx(m_unclipped["grad_norm"], rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------ acting
+
+
+def test_epsilon_one_explores_all_actions_and_epsilon_zero_is_greedy() -> None:
+    agent = make_agent()
+    obs = np.repeat(random_obs(1), 3000, axis=0)
+    agent.epsilon = 1.0
+    actions = agent.act(obs, explore=True)
+    assert actions.dtype == np.int64 and actions.shape == (3000,)
+    counts = np.bincount(actions, minlength=N_ACTIONS)
+    assert counts.min() > 800  # ~1000 each
+
+    agent.epsilon = 0.0
+    greedy = agent.act(obs, explore=True)
+    np.testing.assert_array_equal(greedy, agent.act(obs, explore=True))
+    np.testing.assert_array_equal(greedy, agent.q_values(obs).argmax(axis=1))
+    agent.epsilon = 1.0
+    np.testing.assert_array_equal(agent.act(obs, explore=False), greedy)  # explore=False ignores epsilon
+
+
+def test_partial_epsilon_mixes_greedy_and_random_rows() -> None:
+    agent = make_agent()
+    agent.epsilon = 0.5
+    obs = np.repeat(random_obs(1), 3000, axis=0)
+    greedy = int(agent.q_values(obs[:1]).argmax())
+    off_greedy = float(np.mean(agent.act(obs, explore=True) != greedy))
+    assert off_greedy == pytest.approx(0.5 * (N_ACTIONS - 1) / N_ACTIONS, abs=0.05)
+
+
+def test_numpy_act_path_tracks_updates_and_imports() -> None:
+    agent = make_agent(dueling=True)
+    obs = random_obs(512)
+    for _ in range(3):
+        agent.update(fake_batch())
+    np.testing.assert_allclose(NumpyQForward(agent.online)(obs), agent.q_values(obs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(agent.act(obs, explore=False), agent.q_values(obs).argmax(axis=1))
+    agent.import_weights(make_agent(seed=7, dueling=True).export_weights())
+    np.testing.assert_array_equal(agent.act(obs, explore=False), agent.q_values(obs).argmax(axis=1))
+
+
+# ----------------------------------------------------------------------------------- networks
+
+
+def test_dueling_output_shape_and_mean_advantage_identity() -> None:
+    net = QNetwork((2, 3), [16], n_actions=5, dueling=True, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(7, 2, 3)
+    q = net(x)
+    assert q.shape == (7, 5)
+    features = net.torso(x.reshape(7, -1))
+    value, advantage = net.value(features), net.advantage(features)
+    torch.testing.assert_close(q.mean(dim=1, keepdim=True), value)
+    torch.testing.assert_close(q - value, advantage - advantage.mean(dim=1, keepdim=True))
+
+
+def test_uint8_observations_are_flattened_and_cast() -> None:
+    net = QNetwork((2, 2), [8], n_actions=2)
+    x = torch.randint(0, 255, (3, 2, 2), dtype=torch.uint8)
+    torch.testing.assert_close(net(x), net(x.float()))
+
+
+def test_same_seed_same_initial_weights_without_touching_global_rng() -> None:
+    state = torch.random.get_rng_state()
+    a, b, c = make_agent(seed=5), make_agent(seed=5), make_agent(seed=6)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert same(params(a.online), params(b.online))
+    assert same(params(a.online), params(a.target))
+    assert not same(params(a.online), params(c.online))
+    obs = np.repeat(random_obs(1), 50, axis=0)
+    a.epsilon = b.epsilon = 0.5
+    np.testing.assert_array_equal(a.act(obs, explore=True), b.act(obs, explore=True))
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("tpu")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present; the no-GPU branches cannot be checked here")
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="cuda"):
+        resolve_device("cuda")
+
+
+# ----------------------------------------------------------------------------- config, checkpoint
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("gamma", 0.0),
+        ("gamma", 1.5),
+        ("n_step", 0),
+        ("lr", 0.0),
+        ("tau", 0.0),
+        ("tau", 1.1),
+        ("batch_size", 0),
+        ("target_update_interval", 0),
+        ("device", "gpu"),
+        ("hidden_sizes", [64, 0]),
+        ("kind", "ppo"),
+    ],
+)
+def test_config_check_names_the_bad_field(field: str, value: object) -> None:
+    DQNConfig().check()
+    with pytest.raises(ValueError, match=f"^agent.{field}: "):
+        DQNConfig(**{field: value}).check()  # type: ignore[arg-type]
+
+
+def test_state_dict_round_trip_through_torch_save_restores_everything() -> None:
+    agent = make_agent(seed=0)
+    for seed in range(3):
+        agent.update(fake_batch(seed=seed))
+    agent.export_weights()
+    agent.update(fake_batch(seed=9))  # dirty again: the restored agent must bump on next export
+    agent.epsilon = 0.3
+
+    buffer = io.BytesIO()
+    torch.save(agent.state_dict(), buffer)
+    buffer.seek(0)
+    restored = make_agent(seed=123)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+
+    obs = np.repeat(random_obs(1), 64, axis=0)
+    np.testing.assert_array_equal(restored.q_values(obs), agent.q_values(obs))
+    np.testing.assert_array_equal(restored.act(obs, explore=True), agent.act(obs, explore=True))  # same rng
+    assert (restored.updates, restored.weights_version, restored.epsilon) == (4, 1, 0.3)
+    assert restored.export_weights().version == agent.export_weights().version == 2
+    step = restored.optimizer.state_dict()["state"][0]["step"]
+    assert float(step) == 4
+    restored.update(fake_batch(seed=10))
+    agent.update(fake_batch(seed=10))
+    assert same(params(restored.online), params(agent.online))  # Adam moments restored too
+    assert same(params(restored.target), params(agent.target))
+
+
+# ----------------------------------------------------------------------------------- learning
+
+
+def test_q_values_converge_to_the_analytical_solution_on_a_two_state_problem() -> None:
+    """s1: action 0 pays 2, action 1 pays 0, both terminal -> Q(s1) = [2, 0].
+    s0: action 0 pays 1 and moves to s1; action 1 pays 0 and stays in s0 (discount 0.9 for both)
+    -> Q(s0, 0) = 1 + 0.9 * 2 = 2.8, Q(s0, 1) = 0.9 * 2.8 = 2.52."""
+    s0, s1 = [1.0, 0.0], [0.0, 1.0]
+    transitions = [  # (obs, action, reward, next_obs, discount)
+        (s0, 0, 1.0, s1, 0.9),
+        (s0, 1, 0.0, s0, 0.9),
+        (s1, 0, 2.0, s0, 0.0),
+        (s1, 1, 0.0, s0, 0.0),
+    ]
+    obs, action, reward, next_obs, discount = (np.array(col) for col in zip(*transitions * 8, strict=True))
+    batch = TransitionBatch(
+        obs.astype(np.float32),
+        action,
+        reward.astype(np.float32),
+        next_obs.astype(np.float32),
+        discount.astype(np.float32),
+    )
+    config = DQNConfig(hidden_sizes=[32], lr=1e-2, target_update_interval=20, device="cpu")
+    agent = DQNAgent(config, (2,), 2, seed=0)
+    for _ in range(400):
+        agent.update(batch)
+    q = agent.q_values(np.array([s0, s1], np.float32))
+    np.testing.assert_allclose(q, [[2.8, 2.52], [2.0, 0.0]], atol=0.05)

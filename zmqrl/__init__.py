@@ -1,0 +1,3 @@
+"""zmqrl: asynchronous reinforcement learning over ZeroMQ."""
+
+__version__ = "0.1.0"

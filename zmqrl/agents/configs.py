@@ -1,0 +1,65 @@
+"""Agent hyper-parameters, one dataclass per algorithm.
+
+Kept free of torch so that parsing a config (the supervisor, `zmqrl config`, `--help`) starts in
+a fraction of a second; the algorithm modules import their config from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Values accepted by every agent's `device` field ("auto": cuda when available, else cpu).
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class DQNConfig:
+    """Hyperparameters of the DQN agent; the defaults learn CartPole-v1."""
+
+    kind: str = "dqn"  # agent family, used to pick the agent class from a config file
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])  # MLP hidden layer widths
+    dueling: bool = False  # split the head into V(s) + A(s, a) - mean A
+    double: bool = True  # pick next actions with the online net, evaluate them with the target net
+    gamma: float = 0.99  # per-step discount; used by the actors' n-step processor, not by update()
+    n_step: int = 3  # length of the n-step return window (actors' n-step processor)
+    lr: float = 5e-4  # Adam learning rate
+    adam_eps: float = 1.5e-4  # Adam epsilon; larger than torch's 1e-8 to damp steps on tiny gradients
+    batch_size: int = 128  # transitions per gradient step (the learner samples this many)
+    huber_delta: float = 1.0  # TD error beyond which the loss grows linearly instead of quadratically
+    max_grad_norm: float = 10.0  # clip the global gradient norm to this; <= 0 disables clipping
+    target_update_interval: int = 250  # gradient steps between target network updates
+    tau: float = 1.0  # target update weight: 1.0 = hard copy each interval; e.g. 0.005 with interval 1
+    device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+    seed: int | None = None  # seeds initial weights and exploration; None draws fresh entropy
+
+    def check(self) -> None:
+        """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value.
+
+        An explicit method rather than ``__post_init__`` so that a config can be built, edited
+        (e.g. CLI overrides) and validated once, when complete.
+        """
+        if self.kind != "dqn":
+            raise ValueError(f"agent.kind: expected 'dqn', got {self.kind!r}")
+        sizes = self.hidden_sizes
+        if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes):
+            raise ValueError(f"agent.hidden_sizes: every size must be a positive int, got {sizes!r}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"agent.gamma: must be in (0, 1], got {self.gamma}")
+        if self.n_step < 1:
+            raise ValueError(f"agent.n_step: must be >= 1, got {self.n_step}")
+        if not self.lr > 0.0:
+            raise ValueError(f"agent.lr: must be > 0, got {self.lr}")
+        if not self.adam_eps > 0.0:
+            raise ValueError(f"agent.adam_eps: must be > 0, got {self.adam_eps}")
+        if self.batch_size < 1:
+            raise ValueError(f"agent.batch_size: must be >= 1, got {self.batch_size}")
+        if not self.huber_delta > 0.0:
+            raise ValueError(f"agent.huber_delta: must be > 0, got {self.huber_delta}")
+        if self.target_update_interval < 1:
+            raise ValueError(f"agent.target_update_interval: must be >= 1, got {self.target_update_interval}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"agent.tau: must be in (0, 1], got {self.tau}")
+        if self.device not in DEVICE_NAMES:
+            raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"agent.seed: must be a non-negative int or null, got {self.seed}")

@@ -1,0 +1,187 @@
+"""Command line: ``zmqrl launch | learner | actor | config``.
+
+Every command takes a YAML config and any number of ``--set section.key=value`` overrides. Process
+mains stay thin: parse config, build the role, run it, clean up, report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+# Exit codes (documented in README): 0 ok, 1 runtime failure, 2 bad config or usage.
+EXIT_RUNTIME, EXIT_CONFIG = 1, 2
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="zmqrl: asynchronous reinforcement learning over ZeroMQ. Many CPU actors sample, one learner "
+    "trains from replay and publishes weights, a supervisor keeps them running. Start with "
+    "`zmqrl launch configs/cartpole_dqn.yaml`.",
+)
+
+ConfigArg = Annotated[
+    Path, typer.Argument(help="YAML config file (see configs/ and README 'Configuration').")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="SECTION.KEY=VALUE",
+        help="Override one config value, e.g. --set learner.max_updates=5000 (repeatable).",
+    ),
+]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(config: Path, overrides: list[str] | None) -> Any:
+    from zmqrl.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _on_stop_signals(request_stop: Callable[[], None]) -> None:
+    """First SIGINT/SIGTERM asks the role to stop cleanly; a second SIGINT interrupts at once."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT and getattr(handler, "seen", False):
+            raise KeyboardInterrupt
+        handler.seen = True  # type: ignore[attr-defined]
+        logging.getLogger("zmqrl").info("%s: stopping cleanly", signal.Signals(signum).name)
+        request_stop()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
+    from zmqrl.envs import EnvError
+    from zmqrl.transport.sockets import BindError
+
+    try:
+        role = make()
+    except (EnvError, ValueError) as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    _on_stop_signals(role.request_stop)
+    try:
+        return dict(role.run())
+    except BindError as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    except EnvError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+
+
+@app.command()
+def launch(
+    config: ConfigArg,
+    actors: Annotated[
+        int | None,
+        typer.Option("--actors", "-n", help="Number of actor processes (overrides actor.num_actors)."),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Run name: results go to runs/NAME/.")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Train: start the learner and N actors as separate processes and supervise them.
+
+    Progress is printed every few seconds; the learner's and each actor's stats are printed at the
+    end. Ctrl-C stops every process cleanly (twice: kills them). Logs: runs/NAME/logs/.
+    """
+    overrides = list(set_ or [])
+    if actors is not None:
+        overrides.append(f"actor.num_actors={actors}")
+    if name is not None:
+        overrides.append(f"run.name={name}")
+    cfg = _load(config, overrides)
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.roles.supervisor import Supervisor
+    from zmqrl.transport.sockets import BindError
+
+    try:
+        code = Supervisor(cfg).run()
+    except BindError as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    raise typer.Exit(code)
+
+
+@app.command()
+def learner(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
+    cfg = _load(config, set_)
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.config import save_config
+    from zmqrl.roles.learner import Learner
+
+    if not os.environ.get("ZMQRL_SUPERVISED"):
+        save_config(cfg, cfg.run_dir / "config.yaml")
+    stats = _run_role(lambda: Learner(cfg))
+    stats.pop("eval_history", None)
+    typer.echo(json.dumps({"learner": stats}, default=float))
+    if stats.get("state") == "failed":
+        raise typer.Exit(EXIT_RUNTIME)
+
+
+@app.command()
+def actor(
+    config: ConfigArg,
+    id: Annotated[
+        int,
+        typer.Option(
+            "--id",
+            "-i",
+            help="Actor index: picks its seed and its epsilon on the Ape-X ladder (0 explores most).",
+        ),
+    ] = 0,
+    set_: SetOpt = None,
+) -> None:
+    """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
+    cfg = _load(config, set_)
+    _setup_logging(cfg.run.log_level)
+    if id < 0:
+        _fail("--id must be >= 0", EXIT_CONFIG)
+    from zmqrl.roles.actor import Actor
+
+    stats = _run_role(lambda: Actor(cfg, id))
+    typer.echo(json.dumps({"actor": id, **stats}, default=float))
+
+
+@app.command("config")
+def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Print the resolved config (defaults + file + overrides) as YAML, and check it."""
+    import yaml
+
+    cfg = _load(config, set_)
+    typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

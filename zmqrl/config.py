@@ -1,0 +1,266 @@
+"""Run configuration: one dataclass per YAML section, parsed only at the CLI edge.
+
+Every field has a working default and a one-line comment, so ``Config()`` is a runnable CartPole
+DQN setup and the YAML files only say what differs. Unknown or mistyped keys are errors that name
+the file and the key (a typo silently falling back to a default is how runs waste a night).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zmqrl.agents.configs import DQNConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the source and the key."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "cartpole_dqn"  # run directory is <dir>/<name>/
+    dir: str = "runs"  # parent of run directories
+    seed: int = 0  # base seed: actor i uses seed + 1000 * (i + 1), eval env seed + 999_999
+    log_level: str = "info"  # debug | info | warning | error
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"  # gymnasium environment id
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
+    max_episode_steps: int | None = None  # override the registered time limit
+
+
+@dataclass
+class ReplayConfig:
+    capacity: int = 100_000  # transitions kept (oldest overwritten)
+
+
+@dataclass
+class LearnerConfig:
+    max_updates: int = 20_000  # the run ends after this many gradient updates
+    max_seconds: float | None = None  # optional wall-time limit for the learner's training loop
+    min_replay_size: int = 1_000  # transitions in replay before the first update
+    sync_interval: int = 50  # publish new weights every this many updates
+    republish_seconds: float = 1.0  # re-send the latest weights this often (late joiners catch up)
+    eval_interval: int = 1_000  # evaluate greedily every this many updates (0 = only at the end)
+    eval_episodes: int = 10  # episodes per evaluation (played in lockstep, batched)
+    target_return: float | None = None  # report when the mean eval return first reaches this
+    checkpoint_interval: int = 5_000  # save `latest` every this many updates (and at the end)
+    log_interval: int = 100  # updates between TensorBoard scalar writes
+    progress_seconds: float = 5.0  # seconds between progress lines in the learner's log
+    torch_threads: int = 1  # intra-op threads for the learner's torch on CPU
+
+
+@dataclass
+class ActorConfig:
+    num_actors: int = 2  # actor processes started by `zmqrl launch`
+    send_batch: int = 64  # transitions per samples message
+    epsilon: float = 0.4  # Ape-X ladder base: actor i explores with eps ** (1 + alpha * i / (N - 1))
+    epsilon_alpha: float = 7.0  # Ape-X ladder exponent
+    max_steps_per_s: float | None = None  # cap each actor's env steps/s (None: as fast as it can)
+    weights_poll_steps: int = 32  # env steps between checks for newly published weights
+    max_steps: int | None = None  # stop after this many env steps (None: until told to stop)
+
+
+@dataclass
+class TransportConfig:
+    samples: str = "tcp://127.0.0.1:5555"  # learner binds PULL here; actors connect PUSH
+    weights: str = "tcp://127.0.0.1:5556"  # learner binds PUB here; actors connect SUB
+    heartbeat: str = "tcp://127.0.0.1:5557"  # supervisor binds PULL here; roles connect PUSH
+    control: str = "tcp://127.0.0.1:5558"  # supervisor binds PUB here; roles connect SUB
+    samples_hwm: int = 64  # queued sample messages per peer before the actor blocks (backpressure)
+    max_message_mb: int = 64  # larger incoming messages are dropped by ZeroMQ before decoding
+    linger_ms: int = 1_000  # how long a closing socket may keep flushing queued messages
+
+
+@dataclass
+class SupervisorConfig:
+    heartbeat_interval: float = 1.0  # seconds between heartbeats from every role
+    heartbeat_timeout: float = 30.0  # a process silent this long is killed and replaced
+    startup_timeout: float = 60.0  # seconds to wait for the learner's first heartbeat
+    max_restarts: int = 5  # restarts of one actor slot before it is left down
+    stop_grace: float = 10.0  # seconds from the stop broadcast to SIGTERM, and again to SIGKILL
+    progress_seconds: float = 5.0  # seconds between progress lines on the console
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agent: DQNConfig = field(default_factory=DQNConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML file (or the defaults when ``path`` is None) and apply ``section.key=value`` overrides."""
+    source = str(path) if path is not None else "<defaults>"
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{source}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections")
+        raw = loaded
+    for item in overrides or []:
+        _apply_override(raw, item, source)
+    cfg = _build(Config, raw, source, prefix="")
+    _check(cfg, source)
+    return cfg
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the resolved config, so a run directory always says exactly what ran."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.replace(path)
+
+
+def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. learner.max_updates=5000)")
+    section, _, name = key.strip().partition(".")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    target = raw.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise ConfigError(f"{source}: section '{section}' must be a mapping")
+    target[name] = value
+
+
+def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{prefix.rstrip('.') or 'top level'}' must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            also = f" (did you mean '{prefix}{hint[0]}'?)" if hint else f" (known: {', '.join(names)})"
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}'{also}")
+        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value if value is not None else {}, source, prefix=f"{key}.")
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, source, key)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif origin is list:
+        if isinstance(value, (list, tuple)):
+            return [_coerce(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    elif origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    else:
+        return value
+    expected = getattr(tp, "__name__", str(tp))
+    raise ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
+
+
+def _check(cfg: Config, source: str) -> None:
+    """Range checks that types alone cannot express."""
+    problems: list[tuple[str, bool]] = [
+        ("replay.capacity must be >= 1", cfg.replay.capacity >= 1),
+        ("learner.max_updates must be >= 1", cfg.learner.max_updates >= 1),
+        ("learner.min_replay_size must be >= 1", cfg.learner.min_replay_size >= 1),
+        (
+            "learner.min_replay_size must not exceed replay.capacity",
+            cfg.learner.min_replay_size <= cfg.replay.capacity,
+        ),
+        ("learner.sync_interval must be >= 1", cfg.learner.sync_interval >= 1),
+        ("learner.republish_seconds must be > 0", cfg.learner.republish_seconds > 0),
+        ("learner.eval_interval must be >= 0", cfg.learner.eval_interval >= 0),
+        ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
+        ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
+        ("learner.log_interval must be >= 1", cfg.learner.log_interval >= 1),
+        ("learner.torch_threads must be >= 1", cfg.learner.torch_threads >= 1),
+        ("actor.num_actors must be >= 1", cfg.actor.num_actors >= 1),
+        ("actor.send_batch must be >= 1", cfg.actor.send_batch >= 1),
+        ("actor.epsilon must be in [0, 1]", 0.0 <= cfg.actor.epsilon <= 1.0),
+        ("actor.epsilon_alpha must be >= 0", cfg.actor.epsilon_alpha >= 0),
+        (
+            "actor.max_steps_per_s must be > 0 (or null)",
+            cfg.actor.max_steps_per_s is None or cfg.actor.max_steps_per_s > 0,
+        ),
+        ("actor.weights_poll_steps must be >= 1", cfg.actor.weights_poll_steps >= 1),
+        ("transport.samples_hwm must be >= 1", cfg.transport.samples_hwm >= 1),
+        ("transport.max_message_mb must be >= 1", cfg.transport.max_message_mb >= 1),
+        ("supervisor.heartbeat_interval must be > 0", cfg.supervisor.heartbeat_interval > 0),
+        (
+            "supervisor.heartbeat_timeout must exceed supervisor.heartbeat_interval",
+            cfg.supervisor.heartbeat_timeout > cfg.supervisor.heartbeat_interval,
+        ),
+        ("supervisor.max_restarts must be >= 0", cfg.supervisor.max_restarts >= 0),
+        ("supervisor.stop_grace must be > 0", cfg.supervisor.stop_grace > 0),
+        (
+            "run.log_level must be debug, info, warning or error",
+            cfg.run.log_level in ("debug", "info", "warning", "error"),
+        ),
+    ]
+    for message, ok in problems:
+        if not ok:
+            raise ConfigError(f"{source}: {message}")
+    for name in ("samples", "weights", "heartbeat", "control"):
+        endpoint = getattr(cfg.transport, name)
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ConfigError(
+                f"{source}: transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555"
+            )
+    try:
+        cfg.agent.check()
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None

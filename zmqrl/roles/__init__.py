@@ -1,0 +1,1 @@
+"""Roles: thin process mains (actor, learner, supervisor) that wire the parts together."""

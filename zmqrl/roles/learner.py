@@ -1,0 +1,323 @@
+"""The learner: a receiving thread fills replay while the main loop trains and publishes weights."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from zmqrl.agents import make_agent
+from zmqrl.checkpoint import save_checkpoint
+from zmqrl.config import Config
+from zmqrl.envs import make_env, sample_spec
+from zmqrl.evaluation import EvalResult, evaluate
+from zmqrl.metrics import Logger, TensorBoardLogger
+from zmqrl.replay import UniformReplay
+from zmqrl.roles.link import SupervisorLink, socket_limits
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
+from zmqrl.transport.wire import SamplesMsg
+from zmqrl.types import EpisodeStat
+
+# Ingest thread: wait this long for a message before re-checking its stop flag.
+INGEST_POLL_MS = 100
+# Ingest thread: messages drained per wake-up before yielding the replay lock to the trainer.
+INGEST_MAX_DRAIN = 64
+# Main loop: updates between (cheap, time-gated) housekeeping calls.
+HOUSEKEEPING_EVERY = 8
+# Eval env seeds live far from actor seeds so evaluation never replays a training episode.
+EVAL_SEED_OFFSET = 999_999
+
+log = logging.getLogger("zmqrl.learner")
+
+
+class Learner:
+    """Owns the agent, the replay buffer, the samples and weights sockets, and the run directory.
+
+    ``run()`` blocks until ``learner.max_updates``, ``learner.max_seconds``, a stop broadcast or
+    ``request_stop()``; then it evaluates once more, checkpoints, reports and closes everything.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        ctx: zmq.Context | None = None,
+        logger: Logger | None = None,
+        run_dir: Path | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._ctx = ctx or zmq.Context.instance()
+        self.run_dir = run_dir if run_dir is not None else cfg.run_dir
+        self._logger = logger
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()  # set once sockets are bound and `endpoints` is filled
+        self.endpoints: dict[str, str] = {}
+        self.stats: dict[str, Any] = {}
+
+        self.updates = 0
+        self.samples = 0
+        self.batches = 0
+        self.episodes = 0
+        self._lock = threading.Lock()  # guards the counters and queues shared with the ingest thread
+        self._episode_queue: deque[EpisodeStat] = deque(maxlen=10_000)
+        self._lags: list[int] = []
+        self._replay_ready = threading.Event()
+        self._ingest_stop = threading.Event()
+        self.eval_last = float("nan")
+        self.eval_best = -float("inf")
+        self.eval_history: list[dict[str, float]] = []
+        self.target_reached: dict[str, float] | None = None
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        torch.set_num_threads(cfg.learner.torch_threads)
+        eval_envs = [make_env(cfg.env) for _ in range(cfg.learner.eval_episodes)]
+        self.spec = sample_spec(eval_envs[0])
+        self.agent = make_agent(cfg.agent, self.spec, seed=cfg.run.seed)
+        self.replay = UniformReplay(
+            cfg.replay.capacity,
+            self.spec.obs_shape,
+            self.spec.obs_dtype,
+            self.spec.action_shape,
+            self.spec.action_dtype,
+            seed=cfg.run.seed,
+        )
+        log.info(
+            "replay: %d transitions, %.1f MB preallocated; agent on %s",
+            cfg.replay.capacity,
+            self.replay.nbytes / 2**20,
+            self.agent.device,
+        )
+        limits = socket_limits(cfg)
+        samples_sock, samples_ep = sockets.samples_pull(self._ctx, cfg.transport.samples, limits)
+        try:
+            weights_sock, weights_ep = sockets.weights_pub(self._ctx, cfg.transport.weights, limits)
+        except sockets.BindError:
+            samples_sock.close(linger=0)
+            raise
+        self.endpoints = {"samples": samples_ep, "weights": weights_ep}
+        self.receiver = SampleReceiver(samples_sock, self.spec, BadMessages("learner samples", log))
+        self.publisher = WeightsPublisher(weights_sock, self.cfg.agent.kind)
+        self.link = SupervisorLink(self._ctx, cfg, "learner", 0, self.stop_event)
+        logger = self._logger or TensorBoardLogger(self.run_dir / "tb")
+        self._tb: Logger = logger
+        ingest = threading.Thread(target=self._ingest_loop, name="ingest", daemon=True)
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self._last_progress = self.started
+        self._rate_mark = (self.started, 0, 0)
+        ingest.start()
+        self.ready.set()
+        log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
+        state = "failed"
+        try:
+            self.publisher.publish(self.agent.export_weights())  # version 1: actors adopt the learner's init
+            self._wait_for_replay()
+            if not self.stop_event.is_set():
+                self._train(eval_envs)
+            finished = not self.stop_event.is_set()  # max_updates or max_seconds reached
+            if finished:  # the run's final word on quality; a stop request skips it to exit fast
+                self._evaluate(eval_envs)
+            state = "finished" if finished else "stopped"
+            self._save("latest")
+        finally:
+            self._ingest_stop.set()
+            ingest.join(timeout=5)
+            self.stats = {**self._final_stats(), "state": state}
+            self.link.final(state, self._counters(), self.endpoints)
+            self._tb.close()
+            for env in eval_envs:
+                env.close()
+            samples_sock.close(linger=0)
+            weights_sock.close(linger=0)
+            self.link.close()
+            self._write_stats()
+        return self.stats
+
+    def _wait_for_replay(self) -> None:
+        """Sleep (no spinning) until replay holds ``min_replay_size`` transitions, keeping the
+        weights republished and the supervisor informed meanwhile."""
+        log.info("waiting for %d transitions before the first update", self.cfg.learner.min_replay_size)
+        while not self._replay_ready.wait(timeout=min(0.25, self.cfg.learner.republish_seconds)):
+            self._housekeeping()
+            if self.stop_event.is_set():
+                return
+
+    def _train(self, eval_envs: list[Any]) -> None:
+        lcfg = self.cfg.learner
+        batch_size = self.cfg.agent.batch_size
+        deadline = self.started + lcfg.max_seconds if lcfg.max_seconds else math.inf
+        log.info("training: %d updates of batch %d", lcfg.max_updates, batch_size)
+        while self.updates < lcfg.max_updates:
+            metrics = self.agent.update(self.replay.sample(batch_size))
+            self.updates += 1
+            if self.updates % lcfg.sync_interval == 0:
+                self.publisher.publish(self.agent.export_weights())
+            if self.updates % lcfg.log_interval == 0:
+                self._log_scalars(metrics)
+            if lcfg.eval_interval and self.updates % lcfg.eval_interval == 0:
+                self._evaluate(eval_envs)
+            if lcfg.checkpoint_interval and self.updates % lcfg.checkpoint_interval == 0:
+                self._save("latest")
+            if self.updates % HOUSEKEEPING_EVERY == 0:
+                self._housekeeping()
+                if self.stop_event.is_set() or time.monotonic() > deadline:
+                    break
+        self.publisher.publish(self.agent.export_weights())
+
+    # ------------------------------------------------------------------ ingest thread
+    def _ingest_loop(self) -> None:
+        while not self._ingest_stop.is_set():
+            if not self.receiver.wait(INGEST_POLL_MS):
+                continue
+            for _ in range(INGEST_MAX_DRAIN):
+                msg = self.receiver.recv_nowait()
+                if msg is False:
+                    break
+                if msg is not None:
+                    self._accept(msg)  # type: ignore[arg-type]
+
+    def _accept(self, msg: SamplesMsg) -> None:
+        self.replay.add(msg.batch)
+        lag = self.publisher.version - msg.weights_version
+        with self._lock:
+            self.samples += msg.batch.size
+            self.batches += 1
+            self.episodes += len(msg.episodes)
+            self._episode_queue.extend(msg.episodes)
+            self._lags.append(lag)
+        if len(self.replay) >= self.cfg.learner.min_replay_size:
+            self._replay_ready.set()
+
+    # ------------------------------------------------------------------ reporting
+    def _housekeeping(self) -> None:
+        self.publisher.republish_if_due(self.cfg.learner.republish_seconds)
+        self.link.tick(self._counters, self.endpoints)
+        now = time.monotonic()
+        if now - self._last_progress >= self.cfg.learner.progress_seconds:
+            self._last_progress = now
+            c = self._counters()
+            log.info(
+                "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | eval %.1f (best %.1f)",
+                c["updates"],
+                self.cfg.learner.max_updates,
+                c["samples"],
+                c["samples_per_s"],
+                c["updates_per_s"],
+                c["replay_size"],
+                c["weights_version"],
+                c["eval_return"],
+                c["eval_best"],
+            )
+
+    def _log_scalars(self, metrics: dict[str, float]) -> None:
+        step = self.updates
+        tb = self._tb
+        for key, value in metrics.items():
+            tb.scalar(f"losses/{key}", value, step)
+        with self._lock:
+            episodes = list(self._episode_queue)
+            self._episode_queue.clear()
+            lags, self._lags = self._lags, []
+        for ep in episodes:
+            tb.scalar("charts/episodic_return", ep.ret, step)
+            tb.scalar("charts/episodic_length", ep.length, step)
+        if lags:
+            tb.scalar("learner/policy_lag_mean", float(np.mean(lags)), step)
+            tb.scalar("learner/policy_lag_max", float(np.max(lags)), step)
+        now = time.monotonic()
+        t0, u0, s0 = self._rate_mark
+        if now > t0:
+            tb.scalar("perf/updates_per_s", (self.updates - u0) / (now - t0), step)
+            tb.scalar("perf/samples_per_s", (self.samples - s0) / (now - t0), step)
+        self._rate_mark = (now, self.updates, self.samples)
+        tb.scalar("replay/size", len(self.replay), step)
+        tb.scalar("learner/weights_version", self.publisher.version, step)
+        tb.scalar("learner/bad_messages", self.receiver.bad.count, step)
+
+    def _evaluate(self, eval_envs: list[Any]) -> EvalResult:
+        seed = self.cfg.run.seed + EVAL_SEED_OFFSET + len(self.eval_history) * len(eval_envs)
+        result = evaluate(self.agent, eval_envs, seed=seed)
+        self.eval_last = result.mean
+        elapsed = time.monotonic() - self.started
+        record = {
+            "updates": self.updates,
+            "samples": self.samples,
+            "seconds": elapsed,
+            "time": time.time(),
+            "mean": result.mean,
+            "std": result.std,
+        }
+        self.eval_history.append(record)
+        self._tb.scalar("charts/eval_return", result.mean, self.updates)
+        self._tb.scalar("charts/eval_return_std", result.std, self.updates)
+        improved = result.mean >= self.eval_best
+        if improved:
+            self.eval_best = result.mean
+            self._save("best")
+        target = self.cfg.learner.target_return
+        if target is not None and self.target_reached is None and result.mean >= target:
+            self.target_reached = record
+        log.info(
+            "eval @ %d updates: %.1f ± %.1f over %d episodes%s",
+            self.updates,
+            result.mean,
+            result.std,
+            len(eval_envs),
+            " (new best)" if improved else "",
+        )
+        return result
+
+    def _save(self, name: str) -> None:
+        payload = {
+            "agent": self.agent.state_dict(),
+            "counters": {"updates": self.updates, "samples": self.samples, "episodes": self.episodes},
+            "eval": {"last": self.eval_last, "best": self.eval_best},
+            "config": self.cfg.to_dict(),
+        }
+        save_checkpoint(self.run_dir / "checkpoints" / name, payload)
+
+    def _counters(self) -> dict[str, float | int]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        with self._lock:
+            samples, batches, episodes = self.samples, self.batches, self.episodes
+        reached = self.target_reached or {}
+        return {
+            "updates": self.updates,
+            "samples": samples,
+            "batches": batches,
+            "episodes": episodes,
+            "replay_size": len(self.replay),
+            "weights_version": self.publisher.version,
+            "bad_messages": self.receiver.bad.count,
+            "updates_per_s": self.updates / elapsed,
+            "samples_per_s": samples / elapsed,
+            "duration": elapsed,
+            "eval_return": self.eval_last,
+            "eval_best": self.eval_best if self.eval_history else float("nan"),
+            "target_time": reached.get("time", float("nan")),
+            "target_samples": reached.get("samples", float("nan")),
+            "target_updates": reached.get("updates", float("nan")),
+        }
+
+    def _final_stats(self) -> dict[str, Any]:
+        return {**self._counters(), "eval_history": self.eval_history, "endpoints": self.endpoints}
+
+    def _write_stats(self) -> None:
+        path = self.run_dir / "learner-stats.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.stats, indent=2, default=float))

@@ -1,0 +1,82 @@
+"""A role's two channels to the supervisor: heartbeats out, stop broadcasts in.
+
+Learner and actor both call ``tick()`` from their main loops, so a heartbeat is proof that the
+main loop (not some helper thread) is making progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+import zmq
+
+from zmqrl.config import Config
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages, ControlSubscriber, HeartbeatSender
+
+# Seconds between polls of the control socket; bounds how late a stop broadcast is noticed.
+CONTROL_POLL_SECONDS = 0.1
+
+log = logging.getLogger("zmqrl.link")
+
+
+def socket_limits(cfg: Config) -> sockets.SocketLimits:
+    t = cfg.transport
+    return sockets.SocketLimits(
+        samples_hwm=t.samples_hwm, max_message_bytes=t.max_message_mb * 2**20, linger_ms=t.linger_ms
+    )
+
+
+class SupervisorLink:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        cfg: Config,
+        role: str,
+        role_id: int,
+        stop_event: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        limits = socket_limits(cfg)
+        self._hb_sock = sockets.heartbeat_push(ctx, cfg.transport.heartbeat, limits)
+        self._ctl_sock = sockets.control_sub(ctx, cfg.transport.control, limits)
+        self.heartbeat = HeartbeatSender(
+            self._hb_sock, role, role_id, cfg.supervisor.heartbeat_interval, clock
+        )
+        self.control = ControlSubscriber(self._ctl_sock, BadMessages(f"{role}-{role_id} control", log))
+        self.stop_event = stop_event
+        self.stop_reason = ""
+        self._clock = clock
+        self._next_control = 0.0
+
+    def tick(
+        self,
+        counters: Callable[[], Mapping[str, float | int]],
+        info: Mapping[str, str] | None = None,
+        state: str = "running",
+    ) -> bool:
+        """Heartbeat if due and check for a stop broadcast; returns whether the role should stop."""
+        now = self._clock()
+        if now >= self._next_control:
+            self._next_control = now + CONTROL_POLL_SECONDS
+            stop = self.control.poll_stop()
+            if stop is not None and not self.stop_event.is_set():
+                self.stop_reason = stop.reason or "stop broadcast"
+                log.info("stop received from supervisor: %s", self.stop_reason)
+                self.stop_event.set()
+        if self.heartbeat.due():
+            self.heartbeat.beat(state, counters(), info)
+        return self.stop_event.is_set()
+
+    def final(
+        self, state: str, counters: Mapping[str, float | int], info: Mapping[str, str] | None = None
+    ) -> None:
+        """Last heartbeat with the final counters; the supervisor's summary is built from it."""
+        self.heartbeat.beat(state, counters, info)
+
+    def close(self) -> None:
+        self._ctl_sock.close(linger=0)
+        self._hb_sock.close()  # default linger: lets the final heartbeat reach the supervisor

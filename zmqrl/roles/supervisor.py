@@ -1,0 +1,441 @@
+"""The supervisor behind ``zmqrl launch``: starts the learner and N actors as OS processes,
+watches their heartbeats and exits, restarts failed actors, and shuts everything down in order.
+
+Shutdown order: stop broadcast (repeated, PUB/SUB may drop the first) -> after ``stop_grace``
+SIGTERM -> after another ``stop_grace`` SIGKILL. Children run in their own sessions so a
+terminal's Ctrl-C reaches only the supervisor, which then stops them in that order; on Linux they
+also get SIGTERM from the kernel if the supervisor itself dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import zmq
+
+from zmqrl.config import Config, save_config
+from zmqrl.roles.link import socket_limits
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages, ControlPublisher, HeartbeatReceiver
+from zmqrl.transport.wire import HeartbeatMsg
+
+# Seconds between repeated stop broadcasts while children are still alive.
+STOP_REPEAT_SECONDS = 0.5
+# Lines of a failed child's log shown on the console.
+LOG_TAIL_LINES = 15
+# Exit codes of `zmqrl launch`.
+EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
+_PR_SET_PDEATHSIG = 1
+
+log = logging.getLogger("zmqrl.supervisor")
+
+
+@dataclass
+class Child:
+    """One slot (learner, or actor i) and the process currently filling it."""
+
+    role: str
+    id: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    started: float
+    restarts: int = 0
+    last_seen: float = 0.0
+    last: HeartbeatMsg | None = None
+    exit_code: int | None = None
+    given_up: bool = False
+    history: list[int] = field(default_factory=list)  # exit codes of earlier incarnations
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.id}"
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except Exception:  # not Linux: rely on the control channel instead
+        pass
+
+
+class Supervisor:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        out: TextIO | None = None,
+        ctx: zmq.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        self._out = out or sys.stdout
+        self._ctx = ctx or zmq.Context.instance()
+        self._clock = clock
+        self.children: dict[str, Child] = {}
+        self._signal: int | None = None
+        self._stopping = False
+        self.summary: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ entry point
+    def run(self) -> int:
+        self.launched = time.time()
+        self._t0 = self._clock()
+        limits = socket_limits(self.cfg)
+        hb_sock, hb_ep = sockets.heartbeat_pull(self._ctx, self.cfg.transport.heartbeat, limits)
+        try:
+            ctl_sock, ctl_ep = sockets.control_pub(self._ctx, self.cfg.transport.control, limits)
+        except sockets.BindError:
+            hb_sock.close(linger=0)
+            raise
+        self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
+        self.control = ControlPublisher(ctl_sock)
+        self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
+        self._install_signals()
+        code = EXIT_FAILED
+        try:
+            code = self._run()
+        finally:
+            self._shutdown()
+            hb_sock.close(linger=0)
+            ctl_sock.close(linger=0)
+        self._report()
+        if self._signal == signal.SIGINT:
+            return EXIT_SIGINT
+        if self._signal == signal.SIGTERM:
+            return EXIT_SIGTERM
+        return code
+
+    def _run(self) -> int:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "learner-stats.json").unlink(missing_ok=True)  # never report a previous run
+        config_path = self.run_dir / "config.yaml"
+        save_config(self.cfg, config_path)
+        self._say(f"run directory {self.run_dir} | TensorBoard: tensorboard --logdir {self.run_dir / 'tb'}")
+        learner = self._spawn("learner", 0)
+        t = self.cfg.transport
+        # With fixed ports the actors start right away (they block until the learner binds), which
+        # hides one process start-up; with port 0 they must learn the learner's real ports first.
+        early = not (_asks_os_for_port(t.samples) or _asks_os_for_port(t.weights))
+        if early:
+            self._spawn_actors()
+        endpoints = self._await_learner(learner)
+        if endpoints is None:
+            return EXIT_FAILED
+        if not early:
+            self.cfg = replace(
+                self.cfg, transport=replace(t, samples=endpoints["samples"], weights=endpoints["weights"])
+            )
+            save_config(self.cfg, config_path)
+            self._spawn_actors()
+        self._say(
+            f"learner on {endpoints['samples']} (samples) / {endpoints['weights']} (weights); "
+            f"{self.cfg.actor.num_actors} actor(s) started"
+        )
+        return self._monitor()
+
+    # ------------------------------------------------------------------ processes
+    def _spawn_actors(self) -> None:
+        for i in range(self.cfg.actor.num_actors):
+            self._spawn("actor", i)
+
+    def _spawn(self, role: str, index: int, previous: Child | None = None) -> Child:
+        log_path = self.run_dir / "logs" / f"{role}-{index}.log"
+        cmd = [sys.executable, "-m", "zmqrl", role, str(self.run_dir / "config.yaml")]
+        if role == "actor":
+            cmd += ["--id", str(index)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "ZMQRL_SUPERVISED": "1"}
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        now = self._clock()
+        child = Child(role, index, proc, log_path, started=now, last_seen=now)
+        if previous is not None:
+            child.restarts = previous.restarts + 1
+            child.history = [*previous.history, previous.exit_code if previous.exit_code is not None else -9]
+            child.last = previous.last
+        self.children[child.name] = child
+        log.debug("started %s pid %d", child.name, proc.pid)
+        return child
+
+    def _await_learner(self, learner: Child) -> dict[str, str] | None:
+        """Wait for the learner's first heartbeat, which carries the endpoints it really bound."""
+        deadline = self._clock() + self.cfg.supervisor.startup_timeout
+        while self._clock() < deadline and self._signal is None:
+            self._pump(100)
+            if learner.last is not None and {"samples", "weights"} <= learner.last.info.keys():
+                return dict(learner.last.info)
+            if learner.proc.poll() is not None:
+                learner.exit_code = learner.proc.returncode
+                self._say(f"error: the learner exited with code {learner.exit_code} before it was ready")
+                self._show_tail(learner)
+                return None
+        if self._signal is None:
+            self._say(
+                f"error: no heartbeat from the learner within {self.cfg.supervisor.startup_timeout:.0f} s "
+                f"(see {learner.log_path})"
+            )
+        return None
+
+    def _monitor(self) -> int:
+        scfg = self.cfg.supervisor
+        next_progress = self._clock() + scfg.progress_seconds
+        while self._signal is None:
+            self._pump(100)
+            now = self._clock()
+            learner = self.children["learner-0"]
+            if learner.proc.poll() is not None:
+                learner.exit_code = learner.proc.returncode
+                if learner.exit_code == 0:
+                    self._say("learner finished; stopping actors")
+                    return EXIT_OK
+                self._say(f"error: the learner exited with code {learner.exit_code}")
+                self._show_tail(learner)
+                return EXIT_FAILED
+            if now - learner.last_seen > scfg.heartbeat_timeout:
+                self._say(
+                    f"error: no heartbeat from the learner for {now - learner.last_seen:.0f} s; stopping"
+                )
+                return EXIT_FAILED
+            for child in list(self.children.values()):
+                if child.role == "actor" and not child.given_up:
+                    self._check_actor(child, now)
+            if now >= next_progress:
+                next_progress = now + scfg.progress_seconds
+                self._progress()
+        return EXIT_FAILED
+
+    def _check_actor(self, child: Child, now: float) -> None:
+        scfg = self.cfg.supervisor
+        rc = child.proc.poll()
+        if rc is None and now - child.last_seen > scfg.heartbeat_timeout:
+            self._say(
+                f"warning: {child.name} (pid {child.proc.pid}) silent for "
+                f"{now - child.last_seen:.0f} s; killing"
+            )
+            child.proc.kill()
+            child.proc.wait()
+            rc = child.proc.returncode
+        if rc is None:
+            return
+        child.exit_code = rc
+        if child.restarts >= scfg.max_restarts:
+            child.given_up = True
+            self._say(
+                f"warning: {child.name} exited with code {rc} and used its {scfg.max_restarts} restarts; "
+                "continuing without it"
+            )
+            self._show_tail(child)
+            return
+        self._say(
+            f"warning: {child.name} exited with code {rc}; restarting "
+            f"({child.restarts + 1}/{scfg.max_restarts})"
+        )
+        self._show_tail(child)
+        self._spawn(child.role, child.id, previous=child)
+
+    def _pump(self, timeout_ms: int) -> None:
+        """Receive heartbeats and attribute them to the process currently in each slot."""
+        for hb in self.heartbeats.recv_all(timeout_ms):
+            child = self.children.get(f"{hb.role}-{hb.id}")
+            if child is None or hb.pid != child.proc.pid:
+                continue  # a stranger, or a previous incarnation's last words
+            child.last = hb
+            child.last_seen = self._clock()
+
+    # ------------------------------------------------------------------ shutdown
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, _frame: Any) -> None:
+            if self._signal is None:
+                self._signal = signum
+                self._say(
+                    f"{signal.Signals(signum).name} received: stopping every process "
+                    "(press Ctrl-C again to kill them now)"
+                )
+            else:
+                for child in self.children.values():
+                    if child.proc.poll() is None:
+                        child.proc.kill()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def _alive(self) -> list[Child]:
+        return [c for c in self.children.values() if c.proc.poll() is None]
+
+    def _shutdown(self) -> None:
+        self._stopping = True
+        grace = self.cfg.supervisor.stop_grace
+        reason = "interrupted" if self._signal is not None else "run finished"
+        started = self._clock()
+        deadline_term = started + grace
+        deadline_kill = started + 2 * grace
+        termed = False
+        next_stop = 0.0
+        while self._alive():
+            now = self._clock()
+            if now >= next_stop:
+                self.control.stop(reason)
+                next_stop = now + STOP_REPEAT_SECONDS
+            if now >= deadline_kill:
+                for child in self._alive():
+                    self._say(f"warning: {child.name} ignored SIGTERM; killing")
+                    child.proc.kill()
+                break
+            if now >= deadline_term and not termed:
+                termed = True
+                for child in self._alive():
+                    self._say(f"warning: {child.name} did not stop within {grace:.0f} s; sending SIGTERM")
+                    child.proc.terminate()
+            self._pump(50)
+        for child in self.children.values():
+            child.proc.wait()
+            if child.exit_code is None:
+                child.exit_code = child.proc.returncode
+        self._pump(200)  # final heartbeats that arrived while we reaped
+        self.shutdown_seconds = self._clock() - started
+
+    # ------------------------------------------------------------------ reporting
+    def _say(self, text: str) -> None:
+        elapsed = self._clock() - self._t0
+        print(f"[{elapsed:7.1f}s] {text}", file=self._out, flush=True)
+
+    def _show_tail(self, child: Child) -> None:
+        try:
+            lines = child.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            return
+        self._say(f"last lines of {child.log_path}:")
+        for line in lines:
+            print(f"    {line}", file=self._out)
+
+    def _progress(self) -> None:
+        learner = self.children["learner-0"].last
+        c = learner.counters if learner else {}
+        actors = [ch for ch in self.children.values() if ch.role == "actor"]
+        alive = sum(1 for a in actors if a.proc.poll() is None)
+        steps_per_s = sum(float(a.last.counters.get("steps_per_s", 0.0)) for a in actors if a.last)
+        self._say(
+            f"updates {int(c.get('updates', 0))}/{self.cfg.learner.max_updates} | "
+            f"samples {int(c.get('samples', 0))} | {c.get('updates_per_s', 0.0):.0f} upd/s | "
+            f"eval {_fmt(c.get('eval_return'))} (best {_fmt(c.get('eval_best'))}) | "
+            f"actors {alive}/{len(actors)}, {steps_per_s:.0f} steps/s"
+        )
+
+    def _report(self) -> None:
+        learner_stats = self._learner_stats()
+        actors = sorted((c for c in self.children.values() if c.role == "actor"), key=lambda c: c.id)
+        rows = []
+        for a in actors:
+            c = a.last.counters if a.last else {}
+            rows.append(
+                {
+                    "actor_id": a.id,
+                    "samples": int(c.get("samples", 0)),
+                    "samples_per_s": float(c.get("samples_per_s", 0)),
+                    "duration": float(c.get("duration", 0.0)),
+                    "steps": int(c.get("steps", 0)),
+                    "episodes": int(c.get("episodes", 0)),
+                    "weights_version": int(c.get("weights_version", 0)),
+                    "epsilon": float(c.get("epsilon", float("nan"))),
+                    "restarts": a.restarts,
+                    "exit_code": a.exit_code,
+                    "state": a.last.state if a.last else "unknown",
+                }
+            )
+        self.summary = {
+            "launched": self.launched,
+            "wall_seconds": self._clock() - self._t0,
+            "shutdown_seconds": getattr(self, "shutdown_seconds", float("nan")),
+            "learner": learner_stats,
+            "actors": rows,
+        }
+        out = self._out
+        print("\n== learner ==", file=out)
+        if learner_stats:
+            ls = learner_stats
+            print(
+                f"updates {int(ls.get('updates', 0))} | samples received {int(ls.get('samples', 0))} | "
+                f"{ls.get('updates_per_s', 0.0):.1f} updates/s | "
+                f"{ls.get('samples_per_s', 0.0):.1f} samples/s | "
+                f"duration {ls.get('duration', 0.0):.1f} s | bad messages {int(ls.get('bad_messages', 0))}",
+                file=out,
+            )
+            print(
+                f"eval return: last {_fmt(ls.get('eval_return'))}, best {_fmt(ls.get('eval_best'))}", file=out
+            )
+            target = self.cfg.learner.target_return
+            when = ls.get("target_time")
+            if target is not None and isinstance(when, (int, float)) and math.isfinite(when):
+                print(
+                    f"target return {target:g} first reached {when - self.launched:.1f} s after launch "
+                    f"({int(ls['target_samples'])} env steps, {int(ls['target_updates'])} updates)",
+                    file=out,
+                )
+            elif target is not None:
+                print(f"target return {target:g} not reached", file=out)
+        else:
+            print("no stats (the learner did not report)", file=out)
+        print("\n== actors ==", file=out)
+        print(
+            f"{'actor_id':>8} {'samples':>10} {'samples/sec':>12} {'duration':>9} {'episodes':>9} "
+            f"{'weights_v':>9} {'restarts':>8}",
+            file=out,
+        )
+        for r in rows:
+            print(
+                f"{r['actor_id']:>8} {r['samples']:>10} {r['samples_per_s']:>12.1f} {r['duration']:>8.1f}s "
+                f"{r['episodes']:>9} {r['weights_version']:>9} {r['restarts']:>8}",
+                file=out,
+            )
+        print(
+            f"\nshutdown took {self.summary['shutdown_seconds']:.2f} s; "
+            f"stats in {self.run_dir / 'stats.json'}",
+            file=out,
+            flush=True,
+        )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "stats.json").write_text(json.dumps(self.summary, indent=2, default=str))
+
+    def _learner_stats(self) -> dict[str, Any]:
+        """The learner's own final stats file if it wrote one, else its last heartbeat."""
+        path = self.run_dir / "learner-stats.json"
+        learner = self.children.get("learner-0")
+        if path.is_file():
+            try:
+                return dict(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass
+        return dict(learner.last.counters) if learner and learner.last else {}
+
+
+def _asks_os_for_port(endpoint: str) -> bool:
+    return endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1] in ("0", "*")
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"

@@ -1,0 +1,1 @@
+"""Transport: the wire format (pure) and the ZeroMQ sockets and channels that carry it."""

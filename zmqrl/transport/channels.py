@@ -1,0 +1,299 @@
+"""Typed channels over the sockets in ``sockets.py``: each one sends or receives one message kind.
+
+Receivers never raise on bad input: a malformed or foreign message is counted in a
+``BadMessages`` tally, logged (rate-limited) and dropped, so nothing a peer sends can crash a
+process or reach the replay buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+import zmq
+
+from zmqrl.transport import wire
+from zmqrl.transport.wire import (
+    HeartbeatMsg,
+    SamplesMsg,
+    SampleSpec,
+    StopMsg,
+    WeightsMsg,
+    WireError,
+)
+from zmqrl.types import Weights
+
+# At most one log line per this many seconds per channel about dropped messages.
+BAD_MESSAGE_LOG_SECONDS = 5.0
+# How long a blocked sender sleeps in poll() between checks of its stop condition.
+SEND_POLL_MS = 100
+
+Clock = Callable[[], float]
+
+
+class BadMessages:
+    """Tally of dropped messages for one channel, with rate-limited logging."""
+
+    def __init__(
+        self,
+        channel: str,
+        logger: logging.Logger | None = None,
+        interval: float = BAD_MESSAGE_LOG_SECONDS,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.channel = channel
+        self.count = 0
+        self.reasons: Counter[str] = Counter()
+        self._log = logger or logging.getLogger("zmqrl.transport")
+        self._interval = interval
+        self._clock = clock
+        self._last_log = -float("inf")
+        self._unlogged = 0
+
+    def record(self, error: Exception) -> None:
+        self.count += 1
+        self._unlogged += 1
+        reason = str(error)[:120]
+        self.reasons[reason] += 1
+        now = self._clock()
+        if now - self._last_log >= self._interval:
+            self._log.warning(
+                "%s: dropped %d malformed message(s) (total %d); latest: %s",
+                self.channel,
+                self._unlogged,
+                self.count,
+                reason,
+            )
+            self._last_log = now
+            self._unlogged = 0
+
+
+class SampleSender:
+    """Actor side of the samples channel. Blocks (politely) when the learner's queue is full."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self.messages_sent = 0
+        self.blocked_seconds = 0.0
+
+    def send(self, msg: SamplesMsg, idle: Callable[[], bool]) -> bool:
+        """Send ``msg``; while the high-water mark holds it back, call ``idle()`` every
+        ``SEND_POLL_MS`` and give up if it returns True (stop requested). Returns whether sent."""
+        frames = wire.dump(msg)
+        started: float | None = None
+        while True:
+            try:
+                self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:
+                if started is None:
+                    started = time.monotonic()
+                if idle():
+                    self.blocked_seconds += time.monotonic() - started
+                    return False
+                self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
+        if started is not None:
+            self.blocked_seconds += time.monotonic() - started
+        self.messages_sent += 1
+        return True
+
+
+class SampleReceiver:
+    """Learner side of the samples channel: decodes and validates against the run's spec."""
+
+    def __init__(self, sock: zmq.Socket, spec: SampleSpec, bad: BadMessages) -> None:
+        self._sock = sock
+        self.spec = spec
+        self.bad = bad
+
+    def wait(self, timeout_ms: int) -> bool:
+        """Whether a message is ready within ``timeout_ms`` (so the ingest thread never spins)."""
+        return bool(self._sock.poll(timeout_ms, zmq.POLLIN))
+
+    def recv_nowait(self) -> SamplesMsg | bool | None:
+        """One message: a valid ``SamplesMsg``; ``None`` if it was malformed (counted); ``False``
+        if nothing is queued."""
+        try:
+            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        try:
+            return wire.load_samples(frames, self.spec)
+        except WireError as exc:
+            self.bad.record(exc)
+            return None
+
+
+class WeightsPublisher:
+    """Learner side of the weights channel. Keeps the last encoded message for republishing."""
+
+    def __init__(self, sock: zmq.Socket, agent_kind: str, clock: Clock = time.monotonic) -> None:
+        self._sock = sock
+        self._agent_kind = agent_kind
+        self._clock = clock
+        self._frames: list[bytes | memoryview] | None = None
+        self._last_sent = -float("inf")
+        self.version = 0
+        self.publishes = 0
+
+    def publish(self, weights: Weights) -> None:
+        if weights.version < self.version:
+            raise ValueError(f"weights version went backwards: {weights.version} < {self.version}")
+        if weights.version != self.version or self._frames is None:
+            self._frames = wire.dump(WeightsMsg(weights=weights, agent=self._agent_kind))
+            self.version = weights.version
+        self._send()
+
+    def republish_if_due(self, interval: float) -> bool:
+        """Re-send the latest weights if ``interval`` seconds passed since the last send."""
+        if self._frames is None or self._clock() - self._last_sent < interval:
+            return False
+        self._send()
+        return True
+
+    def _send(self) -> None:
+        assert self._frames is not None
+        try:
+            self._sock.send_multipart(self._frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # PUB drops rather than blocks; be explicit anyway
+            return
+        self._last_sent = self._clock()
+        self.publishes += 1
+
+
+class WeightsSubscriber:
+    """Actor side of the weights channel: drains the socket and keeps only the newest snapshot."""
+
+    def __init__(
+        self, sock: zmq.Socket, reference: Mapping[str, tuple[tuple[int, ...], str]] | None, bad: BadMessages
+    ) -> None:
+        self._sock = sock
+        self._reference = reference
+        self.bad = bad
+
+    def latest(self) -> WeightsMsg | None:
+        """The newest valid weights message queued since the last call, or None."""
+        queued: list[list[bytes]] = []
+        while True:
+            try:
+                queued.append(self._sock.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        # Newest first: older valid snapshots are superseded and never need decoding.
+        for frames in reversed(queued):
+            try:
+                return wire.load_weights(frames, self._reference)
+            except WireError as exc:
+                self.bad.record(exc)
+        return None
+
+
+class HeartbeatSender:
+    """Periodic liveness + counters from a role to the supervisor. Never blocks: drops when full."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        role: str,
+        role_id: int,
+        interval: float,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._sock = sock
+        self.role = role
+        self.role_id = role_id
+        self.interval = interval
+        self._clock = clock
+        self._last = -float("inf")
+
+    def due(self) -> bool:
+        return self._clock() - self._last >= self.interval
+
+    def beat(
+        self,
+        state: str,
+        counters: Mapping[str, float | int],
+        info: Mapping[str, str] | None = None,
+    ) -> None:
+        msg = HeartbeatMsg(
+            role=self.role,
+            id=self.role_id,
+            pid=os.getpid(),
+            time=time.time(),
+            state=state,
+            # NaN means "not measured yet"; the wire only carries finite numbers, so leave it out.
+            counters={k: v for k, v in counters.items() if math.isfinite(v)},
+            info=dict(info or {}),
+        )
+        self._last = self._clock()
+        # Supervisor absent or slow: drop it, a stale heartbeat is worth nothing anyway.
+        with contextlib.suppress(zmq.Again):
+            self._sock.send_multipart(wire.dump(msg), flags=zmq.NOBLOCK)
+
+
+class HeartbeatReceiver:
+    """Supervisor side: every valid heartbeat queued within ``timeout_ms``."""
+
+    def __init__(self, sock: zmq.Socket, bad: BadMessages) -> None:
+        self._sock = sock
+        self.bad = bad
+
+    def recv_all(self, timeout_ms: int) -> list[HeartbeatMsg]:
+        out: list[HeartbeatMsg] = []
+        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+            return out
+        while True:
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                msg = wire.load(frames)
+            except WireError as exc:
+                self.bad.record(exc)
+                continue
+            if isinstance(msg, HeartbeatMsg):
+                out.append(msg)
+            else:
+                self.bad.record(WireError(f"expected a heartbeat, got {type(msg).__name__}"))
+
+
+class ControlPublisher:
+    """Supervisor side of the control channel (stop broadcasts)."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+
+    def stop(self, reason: str) -> None:
+        with contextlib.suppress(zmq.Again):
+            self._sock.send_multipart(wire.dump(StopMsg(reason=reason)), flags=zmq.NOBLOCK)
+
+
+class ControlSubscriber:
+    """Role side of the control channel: has a stop been broadcast?"""
+
+    def __init__(self, sock: zmq.Socket, bad: BadMessages) -> None:
+        self._sock = sock
+        self.bad = bad
+
+    def poll_stop(self) -> StopMsg | None:
+        stop: StopMsg | None = None
+        while True:
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return stop
+            try:
+                msg = wire.load(frames)
+            except WireError as exc:
+                self.bad.record(exc)
+                continue
+            if isinstance(msg, StopMsg):
+                stop = msg
+            else:
+                self.bad.record(WireError(f"unexpected {type(msg).__name__} on the control channel"))

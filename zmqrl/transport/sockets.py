@@ -1,0 +1,122 @@
+"""Every ZeroMQ socket zmqrl opens is made here, so each option is set in exactly one place.
+
+Who binds and who connects (see README "Sockets and ports"):
+  learner    binds PULL samples, PUB weights;   connects PUSH heartbeat, SUB control
+  supervisor binds PULL heartbeat, PUB control
+  actor      connects PUSH samples, SUB weights, PUSH heartbeat, SUB control
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zmq
+
+# A weights subscriber only ever wants the newest snapshot; keep few queued (ZMQ_CONFLATE does
+# not work with multipart messages, so the subscriber drains to the latest instead).
+WEIGHTS_RCVHWM = 4
+# Publishers drop for slow subscribers at this many queued messages instead of growing memory.
+PUB_SNDHWM = 16
+# Heartbeats are small and periodic; stale ones are worthless, so queue few and drop the rest.
+HEARTBEAT_HWM = 32
+# Control messages (stop) are rare; a handful of queued messages is plenty.
+CONTROL_HWM = 64
+
+
+class BindError(RuntimeError):
+    """An endpoint could not be bound (usually: the port is already in use)."""
+
+
+@dataclass(frozen=True)
+class SocketLimits:
+    """Per-run socket limits that come from the transport config."""
+
+    samples_hwm: int = 64  # queued sample messages before a PUSH blocks (backpressure)
+    max_message_bytes: int = 64 * 2**20  # ZeroMQ drops larger incoming messages (and the peer link)
+    linger_ms: int = 1_000  # how long close() may keep flushing queued messages
+
+
+def _base(ctx: zmq.Context, kind: int, limits: SocketLimits) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, limits.linger_ms)
+    # Reconnect quickly when a peer restarts, but back off to a few seconds when it stays away.
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2_000)
+    return sock
+
+
+def bind(sock: zmq.Socket, endpoint: str, what: str) -> str:
+    """Bind and return the real endpoint (port 0 / ``*`` resolved by the OS)."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        if exc.errno == zmq.EADDRINUSE:
+            raise BindError(
+                f"cannot bind {what} on {endpoint}: address already in use "
+                f"(another zmqrl run? pick a free port with --set transport.{what}=tcp://127.0.0.1:PORT)"
+            ) from None
+        raise BindError(f"cannot bind {what} on {endpoint}: {exc}") from None
+    return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
+def samples_pull(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
+    sock = _base(ctx, zmq.PULL, limits)
+    sock.setsockopt(zmq.RCVHWM, limits.samples_hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    return sock, bind(sock, endpoint, "samples")
+
+
+def samples_push(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
+    sock = _base(ctx, zmq.PUSH, limits)
+    sock.setsockopt(zmq.SNDHWM, limits.samples_hwm)
+    # Queue only on completed connections, so an actor started before its learner blocks rather
+    # than piling messages into a pipe that may never connect.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.connect(endpoint)
+    return sock
+
+
+def weights_pub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
+    sock = _base(ctx, zmq.PUB, limits)
+    sock.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
+    sock.setsockopt(zmq.LINGER, 0)  # weights are republished; never hold a closing learner up
+    return sock, bind(sock, endpoint, "weights")
+
+
+def weights_sub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
+    sock = _base(ctx, zmq.SUB, limits)
+    sock.setsockopt(zmq.RCVHWM, WEIGHTS_RCVHWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    return sock
+
+
+def heartbeat_pull(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
+    sock = _base(ctx, zmq.PULL, limits)
+    sock.setsockopt(zmq.RCVHWM, HEARTBEAT_HWM * 16)
+    sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
+    return sock, bind(sock, endpoint, "heartbeat")
+
+
+def heartbeat_push(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
+    sock = _base(ctx, zmq.PUSH, limits)
+    sock.setsockopt(zmq.SNDHWM, HEARTBEAT_HWM)
+    sock.connect(endpoint)
+    return sock
+
+
+def control_pub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
+    sock = _base(ctx, zmq.PUB, limits)
+    sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
+    return sock, bind(sock, endpoint, "control")
+
+
+def control_sub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
+    sock = _base(ctx, zmq.SUB, limits)
+    sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    return sock
