@@ -30,7 +30,6 @@ class DQNConfig:
     target_update_interval: int = 250  # gradient steps between target network updates
     tau: float = 1.0  # target update weight: 1.0 = hard copy each interval; e.g. 0.005 with interval 1
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
-    seed: int | None = None  # seeds initial weights and exploration; None draws fresh entropy
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value.
@@ -61,5 +60,3 @@ class DQNConfig:
             raise ValueError(f"agent.tau: must be in (0, 1], got {self.tau}")
         if self.device not in DEVICE_NAMES:
             raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"agent.seed: must be a non-negative int or null, got {self.seed}")

@@ -49,7 +49,6 @@ class DQNAgent:
         self.obs_shape = tuple(obs_shape)
         self.n_actions = n_actions
         self.device = resolve_device(device if device is not None else config.device)
-        seed = seed if seed is not None else config.seed
         # Private generators: seeding must not depend on, or disturb, the process-global RNGs.
         init_generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.rng = np.random.default_rng(seed)

@@ -130,7 +130,8 @@ class Learner:
             if not self.stop_event.is_set():
                 self._train(eval_envs)
             finished = not self.stop_event.is_set()  # max_updates or max_seconds reached
-            if finished:  # the run's final word on quality; a stop request skips it to exit fast
+            last_eval = self.eval_history[-1]["updates"] if self.eval_history else -1
+            if finished and last_eval != self.updates:  # the run's final word on quality
                 self._evaluate(eval_envs)
             state = "finished" if finished else "stopped"
             self._save("latest")

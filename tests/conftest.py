@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny fast configs, free loopback ports, and a check for leftover processes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from zmqrl.config import Config, load_config
+
+# Every socket a test opens asks the OS for a free port on loopback.
+ANY_PORT = "tcp://127.0.0.1:0"
+
+torch.set_num_threads(1)
+
+
+def tiny_overrides(run_dir: Path, **extra: object) -> list[str]:
+    """Overrides for a run that trains a small DQN on CartPole for a few seconds."""
+    values: dict[str, object] = {
+        "run.dir": str(run_dir),
+        "run.name": "t",
+        "agent.hidden_sizes": "[32, 32]",
+        "agent.batch_size": 32,
+        "replay.capacity": 5000,
+        "learner.max_updates": 300,
+        "learner.min_replay_size": 200,
+        "learner.sync_interval": 20,
+        "learner.eval_interval": 150,
+        "learner.eval_episodes": 2,
+        "learner.progress_seconds": 1.0,
+        "learner.republish_seconds": 0.2,
+        "actor.num_actors": 1,
+        "actor.send_batch": 16,
+        "supervisor.heartbeat_interval": 0.2,
+        "supervisor.progress_seconds": 1.0,
+        "supervisor.stop_grace": 5.0,
+        "transport.samples": ANY_PORT,
+        "transport.weights": ANY_PORT,
+        "transport.heartbeat": ANY_PORT,
+        "transport.control": ANY_PORT,
+    }
+    values.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def tiny_config(run_dir: Path, **extra: object) -> Config:
+    return load_config(None, tiny_overrides(run_dir, **extra))
+
+
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live (non-zombie) processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+@pytest.fixture
+def run_root(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

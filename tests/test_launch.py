@@ -1,0 +1,166 @@
+"""`zmqrl launch` for real: separate OS processes over loopback TCP, signals, and cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from tests.conftest import processes_mentioning, tiny_overrides
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Launch:
+    """A `zmqrl launch` subprocess whose output is collected line by line as it runs."""
+
+    def __init__(self, overrides: list[str], *extra: str) -> None:
+        cmd = [sys.executable, "-m", "zmqrl", "launch", str(REPO / "configs" / "cartpole_dqn.yaml"), *extra]
+        for item in overrides:
+            cmd += ["--set", item]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"{text!r} never appeared; output so far:\n{self.output}")
+            time.sleep(0.05)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self._reader.join(timeout=5)
+        return code
+
+
+def wait_for_process(text: str, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = processes_mentioning(text)
+        if found:
+            return found[0][0]
+        time.sleep(0.05)
+    raise AssertionError(f"no process with {text!r} in its command line")
+
+
+def assert_nothing_left(run_dir: Path) -> None:
+    deadline = time.monotonic() + 5
+    while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_mentioning(str(run_dir)) == [], "child processes were left behind"
+
+
+def test_launch_trains_restarts_a_killed_actor_stops_everyone_and_reports(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    overrides = tiny_overrides(
+        run_root,
+        actor__num_actors=2,
+        learner__max_updates=100_000,
+        learner__max_seconds=6,
+        learner__eval_interval=0,
+    )
+    launch = Launch(overrides)
+    launch.wait_for("actor(s) started", 60)
+    victim = wait_for_process(f"{run_dir}/config.yaml --id 1", 30)
+    # let the actor get going (its log says it is up) before killing it
+    deadline = time.monotonic() + 30
+    while "actor 1 up" not in (run_dir / "logs" / "actor-1.log").read_text():
+        assert time.monotonic() < deadline, "actor 1 never came up"
+        time.sleep(0.05)
+    os.kill(victim, signal.SIGKILL)
+
+    code = launch.finish(timeout=120)
+    assert code == 0, launch.output
+    assert "actor-1 exited with code -9; restarting" in launch.output
+    assert "== learner ==" in launch.output and "actor_id" in launch.output
+    assert_nothing_left(run_dir)
+
+    stats = json.loads((run_dir / "stats.json").read_text())
+    learner = stats["learner"]
+    assert learner["state"] == "finished" and learner["updates"] > 0 and learner["samples"] > 0
+    actors = {a["actor_id"]: a for a in stats["actors"]}
+    assert set(actors) == {0, 1}
+    assert actors[0]["weights_version"] >= 2, "actor 0 never adopted published weights"
+    assert actors[0]["samples"] > 0 and actors[0]["restarts"] == 0
+    assert actors[1]["restarts"] == 1
+    for i in (0, 1):
+        assert actors[i]["exit_code"] == 0, f"actor {i} did not leave cleanly"
+        assert "stop received from supervisor" in (run_dir / "logs" / f"actor-{i}.log").read_text()
+
+
+def test_ctrl_c_stops_every_process_and_exits_130(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(tiny_overrides(run_root, learner__max_updates=1_000_000))
+    launch.wait_for("actor(s) started", 60)
+    wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
+    time.sleep(1.0)
+    launch.proc.send_signal(signal.SIGINT)
+    assert launch.finish(timeout=60) == 130, launch.output
+    assert "SIGINT received" in launch.output
+    assert_nothing_left(run_dir)
+    stats = json.loads((run_dir / "stats.json").read_text())
+    assert stats["learner"]["state"] == "stopped"
+
+
+def test_port_in_use_names_the_port_and_leaves_no_children(run_root: Path) -> None:
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PULL)
+    squatter.bind("tcp://127.0.0.1:0")
+    taken = squatter.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        launch = Launch(tiny_overrides(run_root, transport__samples=taken))
+        code = launch.finish(timeout=90)
+    finally:
+        squatter.close(0)
+        ctx.term()
+    assert code != 0
+    assert f"cannot bind samples on {taken}: address already in use" in launch.output
+    assert_nothing_left(run_root / "t")
+
+
+def test_supervisor_port_in_use_fails_before_starting_anything(run_root: Path) -> None:
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PULL)
+    squatter.bind("tcp://127.0.0.1:0")
+    taken = squatter.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        launch = Launch(tiny_overrides(run_root, transport__heartbeat=taken))
+        code = launch.finish(timeout=60)
+    finally:
+        squatter.close(0)
+        ctx.term()
+    assert code == 1
+    assert f"cannot bind heartbeat on {taken}" in launch.output
+    assert not (run_root / "t" / "logs").exists()

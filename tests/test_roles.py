@@ -1,0 +1,222 @@
+"""Learner and actor wired together in one process (threads over 127.0.0.1), with a test double
+standing in for the supervisor: the same objects that run as processes under `zmqrl launch`."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from tests.conftest import tiny_config
+from zmqrl.config import Config
+from zmqrl.roles.actor import Actor
+from zmqrl.roles.learner import Learner
+from zmqrl.transport import wire
+from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
+from zmqrl.types import EpisodeStat, TransitionBatch, Weights
+
+
+class FakeSupervisor:
+    """Binds the heartbeat and control sockets like the real supervisor; records heartbeats."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.bind("tcp://127.0.0.1:0")
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.bind("tcp://127.0.0.1:0")
+        self.heartbeats: list[HeartbeatMsg] = []
+
+    def endpoints(self) -> dict[str, str]:
+        return {
+            "heartbeat": self.pull.getsockopt_string(zmq.LAST_ENDPOINT),
+            "control": self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        }
+
+    def drain(self, quiet_ms: int = 300) -> None:
+        """Collect heartbeats until none arrives for ``quiet_ms`` (final ones may be in flight)."""
+        while self.pull.poll(quiet_ms):
+            msg = wire.load(self.pull.recv_multipart())
+            assert isinstance(msg, HeartbeatMsg)
+            self.heartbeats.append(msg)
+
+    def stop(self, reason: str = "test says stop") -> None:
+        self.pub.send_multipart(wire.dump(StopMsg(reason)))
+
+    def close(self) -> None:
+        self.pull.close(0)
+        self.pub.close(0)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def with_transport(cfg: Config, **endpoints: str) -> Config:
+    return dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, **endpoints))
+
+
+def start(target: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def cartpole_batch(n: int, reward: float = 1.0) -> TransitionBatch:
+    rng = np.random.default_rng(0)
+    return TransitionBatch(
+        obs=rng.normal(size=(n, 4)).astype(np.float32),
+        action=rng.integers(0, 2, size=n).astype(np.int64),
+        reward=np.full(n, reward, dtype=np.float32),
+        next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+        discount=np.full(n, 0.97, dtype=np.float32),
+    )
+
+
+def test_learner_and_actor_threads_train_sync_weights_and_stop(ctx: zmq.Context, tmp_path: Path) -> None:
+    sup = FakeSupervisor(ctx)
+    cfg = with_transport(tiny_config(tmp_path), **sup.endpoints())
+    learner = Learner(cfg, ctx=ctx)
+    learner_thread = start(learner.run)
+    assert learner.ready.wait(30)
+    actor = Actor(with_transport(cfg, **learner.endpoints), 0, ctx=ctx)
+    actor_thread = start(actor.run)
+
+    learner_thread.join(timeout=90)
+    assert not learner_thread.is_alive(), "learner did not finish its updates"
+    sup.stop()
+    actor_thread.join(timeout=30)
+    assert not actor_thread.is_alive(), "actor ignored the stop broadcast"
+    sup.drain()
+    sup.close()
+
+    ls, acs = learner.stats, actor.stats
+    assert ls["state"] == "finished" and ls["updates"] == 300
+    assert ls["samples"] >= 200 and ls["bad_messages"] == 0
+    assert ls["samples"] <= acs["samples"], "learner cannot receive more than the actor sent"
+    assert ls["weights_version"] > 2  # initial publish + one per sync_interval
+    assert 2 <= acs["weights_version"] <= ls["weights_version"]
+    assert acs["state"] == "stopped" and actor.link.stop_reason == "test says stop"
+    assert len(ls["eval_history"]) == 2  # at 150 and 300 updates, not repeated at the end
+    run_dir = cfg.run_dir
+    assert (run_dir / "checkpoints" / "latest").is_file() and (run_dir / "checkpoints" / "best").is_file()
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    roles = {(hb.role, hb.id) for hb in sup.heartbeats}
+    assert roles == {("learner", 0), ("actor", 0)}
+    final_actor = [hb for hb in sup.heartbeats if hb.role == "actor"][-1]
+    assert final_actor.state == "stopped" and final_actor.counters["steps"] == acs["steps"]
+
+
+def test_learner_counts_and_drops_malformed_samples(ctx: zmq.Context, tmp_path: Path) -> None:
+    sup = FakeSupervisor(ctx)
+    cfg = with_transport(tiny_config(tmp_path, learner__min_replay_size=1000), **sup.endpoints())
+    learner = Learner(cfg, ctx=ctx)
+    thread = start(learner.run)
+    assert learner.ready.wait(30)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(learner.endpoints["samples"])
+
+    good = SamplesMsg(
+        actor_id=0, seq=0, weights_version=1, batch=cartpole_batch(8), episodes=[EpisodeStat(9, 9)]
+    )
+    good_frames = [bytes(f) for f in wire.dump(good)]
+    nan = cartpole_batch(8, reward=float("nan"))
+    wrong_shape = cartpole_batch(8)._replace(
+        obs=np.zeros((8, 5), np.float32), next_obs=np.zeros((8, 5), np.float32)
+    )
+    bad_action = cartpole_batch(8)._replace(action=np.full(8, 7, np.int64))
+    malformed: list[list[bytes]] = [
+        [b"\x00garbage"],
+        [],  # replaced below by an empty-ish message
+        good_frames[:-1],  # a frame missing
+        [*good_frames[:-1], good_frames[-1][:-1]],  # a lying length
+        [bytes(f) for f in wire.dump(StopMsg("not a sample"))],
+        [bytes(f) for f in wire.dump(dataclasses.replace(good, batch=nan))],
+        [bytes(f) for f in wire.dump(dataclasses.replace(good, batch=wrong_shape))],
+        [bytes(f) for f in wire.dump(dataclasses.replace(good, batch=bad_action))],
+    ]
+    malformed[1] = [b""]
+    for frames in malformed:
+        push.send_multipart(frames)
+    push.send_multipart(good_frames)
+
+    wait_until(lambda: learner.samples == 8 and learner.receiver.bad.count == len(malformed), 10, "ingest")
+    assert len(learner.replay) == 8
+    stored = learner.replay.sample(64)
+    assert np.isfinite(stored.reward).all() and set(stored.action.tolist()) <= {0, 1}
+    assert thread.is_alive(), "bad input must not stop the learner"
+    learner.request_stop()
+    thread.join(timeout=30)
+    push.close(0)
+    sup.close()
+    assert learner.stats["state"] == "stopped"
+    assert learner.stats["bad_messages"] == len(malformed)
+
+
+def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, tmp_path: Path) -> None:
+    sup = FakeSupervisor(ctx)
+    pull = ctx.socket(zmq.PULL)
+    pull.bind("tcp://127.0.0.1:0")
+    pub = ctx.socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:0")
+    cfg = with_transport(
+        tiny_config(tmp_path, actor__weights_poll_steps=1),
+        samples=pull.getsockopt_string(zmq.LAST_ENDPOINT),
+        weights=pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        **sup.endpoints(),
+    )
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+
+    def recv_sample() -> SamplesMsg:
+        assert pull.poll(20_000), "actor sent nothing"
+        msg = wire.load(pull.recv_multipart())
+        assert isinstance(msg, SamplesMsg)
+        return msg
+
+    first = recv_sample()
+    assert first.actor_id == 0 and first.weights_version == 0  # acting with its own initial weights
+    reference = actor.agent.export_weights().arrays
+    newer = Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()})
+    older = Weights(3, {k: np.zeros_like(v) for k, v in reference.items()})
+
+    def publish(weights: Weights) -> None:
+        pub.send_multipart(wire.dump(WeightsMsg(weights, "dqn")))
+
+    def stamped_with(version: int) -> bool:
+        publish(newer)
+        pub.send_multipart([b"\x81\xa5proto\x63"])  # foreign junk on the weights channel
+        return recv_sample().weights_version == version
+
+    wait_until(lambda: stamped_with(5), 20, "actor to adopt version 5")
+    publish(older)
+    seqs = [recv_sample() for _ in range(5)]
+    assert all(m.weights_version == 5 for m in seqs[1:]), "an older version must never be applied"
+    assert [m.seq for m in seqs] == sorted(m.seq for m in seqs)
+    assert actor.agent.weights_version == 5
+    np.testing.assert_allclose(actor.agent.export_weights().arrays[next(iter(reference))], 0.01)
+    assert actor.weights.bad.count >= 1
+    sup.stop()
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    for sock in (pull, pub):
+        sock.close(0)
+    sup.close()
+    assert actor.stats["state"] == "stopped"
