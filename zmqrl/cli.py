@@ -26,7 +26,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="zmqrl: asynchronous reinforcement learning over ZeroMQ. Many CPU actors sample, one learner "
     "trains from replay and publishes weights, a supervisor keeps them running. Start with "
-    "`zmqrl launch configs/cartpole_dqn.yaml`.",
+    "`zmqrl launch configs/cartpole_dqn.yaml`. Every command takes a YAML config and repeatable "
+    "`--set section.key=value` overrides; `zmqrl config FILE` prints the resolved config.",
 )
 
 ConfigArg = Annotated[

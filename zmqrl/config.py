@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from typing import Any
 import yaml
 
 from zmqrl.agents.configs import DQNConfig
+
+# A decimal number, exponent allowed: what YAML 1.2 would read as a float where PyYAML gives a string.
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
@@ -120,9 +124,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"{source}: config file not found")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{source}: cannot read the file: {exc}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -143,6 +149,14 @@ def save_config(cfg: Config, path: Path) -> None:
     tmp.replace(path)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message folded into one line: where, then what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}: {problem}"
+
+
 def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or "." not in key:
@@ -152,7 +166,15 @@ def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         value = text
-    target = raw.setdefault(section, {})
+    # Check key and value now, so that a mistake is blamed on the --set and not on the file.
+    label = f"--set {item!r}"
+    sections = typing.get_type_hints(Config)
+    if section not in sections:
+        _build(Config, {section: None}, label, prefix="")
+    _build(sections[section], {name: value}, label, prefix=f"{section}.")
+    target = raw.get(section)
+    if target is None:  # `learner:` with nothing under it means "all defaults", as without --set
+        target = raw[section] = {}
     if not isinstance(target, dict):
         raise ConfigError(f"{source}: section '{section}' must be a mapping")
     target[name] = value
@@ -196,6 +218,8 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            return float(value)  # "1e-4": PyYAML (YAML 1.1) reads exponents without a dot as text
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -223,6 +247,18 @@ def _check(cfg: Config, source: str) -> None:
         ),
         ("learner.sync_interval must be >= 1", cfg.learner.sync_interval >= 1),
         ("learner.republish_seconds must be > 0", cfg.learner.republish_seconds > 0),
+        (
+            "learner.max_seconds must be > 0 (or null for no limit)",
+            cfg.learner.max_seconds is None or cfg.learner.max_seconds > 0,
+        ),
+        ("learner.progress_seconds must be > 0", cfg.learner.progress_seconds > 0),
+        (
+            "env.max_episode_steps must be >= 1 (or null)",
+            cfg.env.max_episode_steps is None or cfg.env.max_episode_steps >= 1,
+        ),
+        ("actor.max_steps must be >= 1 (or null)", cfg.actor.max_steps is None or cfg.actor.max_steps >= 1),
+        ("supervisor.startup_timeout must be > 0", cfg.supervisor.startup_timeout > 0),
+        ("supervisor.progress_seconds must be > 0", cfg.supervisor.progress_seconds > 0),
         ("learner.eval_interval must be >= 0", cfg.learner.eval_interval >= 0),
         ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
         ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
@@ -254,6 +290,10 @@ def _check(cfg: Config, source: str) -> None:
     for message, ok in problems:
         if not ok:
             raise ConfigError(f"{source}: {message}")
+    endpoints = [getattr(cfg.transport, name) for name in ("samples", "weights", "heartbeat", "control")]
+    fixed = [e for e in endpoints if not e.endswith(":0")]  # port 0: the OS picks a free port for each
+    if len(set(fixed)) != len(fixed):
+        raise ConfigError(f"{source}: transport.samples, weights, heartbeat and control must all differ")
     for name in ("samples", "weights", "heartbeat", "control"):
         endpoint = getattr(cfg.transport, name)
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):

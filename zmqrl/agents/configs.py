@@ -23,6 +23,8 @@ class DQNConfig:
     gamma: float = 0.99  # per-step discount; used by the actors' n-step processor, not by update()
     n_step: int = 3  # length of the n-step return window (actors' n-step processor)
     lr: float = 5e-4  # Adam learning rate
+    lr_final: float | None = None  # anneal lr linearly to this over lr_decay_updates (None: constant)
+    lr_decay_updates: int = 0  # updates over which lr moves from `lr` to `lr_final`
     adam_eps: float = 1.5e-4  # Adam epsilon; larger than torch's 1e-8 to damp steps on tiny gradients
     batch_size: int = 128  # transitions per gradient step (the learner samples this many)
     huber_delta: float = 1.0  # TD error beyond which the loss grows linearly instead of quadratically
@@ -48,6 +50,12 @@ class DQNConfig:
             raise ValueError(f"agent.n_step: must be >= 1, got {self.n_step}")
         if not self.lr > 0.0:
             raise ValueError(f"agent.lr: must be > 0, got {self.lr}")
+        if self.lr_final is not None and not self.lr_final >= 0.0:
+            raise ValueError(f"agent.lr_final: must be >= 0 or null, got {self.lr_final}")
+        if self.lr_decay_updates < 0:
+            raise ValueError(f"agent.lr_decay_updates: must be >= 0, got {self.lr_decay_updates}")
+        if self.lr_final is not None and self.lr_decay_updates == 0:
+            raise ValueError("agent.lr_decay_updates: must be > 0 when agent.lr_final is set")
         if not self.adam_eps > 0.0:
             raise ValueError(f"agent.adam_eps: must be > 0, got {self.adam_eps}")
         if self.batch_size < 1:

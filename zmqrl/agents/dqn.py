@@ -139,6 +139,8 @@ class DQNAgent:
         q_taken = self.online(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
         loss = F.huber_loss(q_taken, td_target, delta=cfg.huber_delta)
 
+        if cfg.lr_final is not None:
+            self._set_lr(self.current_lr())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in self.online.parameters() if p.grad is not None]
@@ -158,6 +160,21 @@ class DQNAgent:
             td_abs = (td_target - q_taken).abs().mean()
             values = torch.stack([loss, q_taken.mean(), td_abs, grad_norm, target_q.mean()]).tolist()
         return dict(zip(("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean"), values, strict=True))
+
+    def current_lr(self) -> float:
+        """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` if set.
+
+        Annealing lets a policy that has learned settle instead of oscillating (DQN on
+        CartPole is prone to late collapses at a constant, large step size)."""
+        cfg = self.config
+        if cfg.lr_final is None:
+            return cfg.lr
+        frac = min(1.0, self.updates / cfg.lr_decay_updates)
+        return cfg.lr + frac * (cfg.lr_final - cfg.lr)
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     # ------------------------------------------------------------------------------ weight sync
 

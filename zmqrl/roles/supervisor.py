@@ -56,7 +56,7 @@ class Child:
     last_seen: float = 0.0
     last: HeartbeatMsg | None = None
     exit_code: int | None = None
-    given_up: bool = False
+    retired: bool = False  # no longer watched: finished on its own, or out of restarts
     history: list[int] = field(default_factory=list)  # exit codes of earlier incarnations
 
     @property
@@ -219,7 +219,7 @@ class Supervisor:
                 )
                 return EXIT_FAILED
             for child in list(self.children.values()):
-                if child.role == "actor" and not child.given_up:
+                if child.role == "actor" and not child.retired:
                     self._check_actor(child, now)
             if now >= next_progress:
                 next_progress = now + scfg.progress_seconds
@@ -240,8 +240,12 @@ class Supervisor:
         if rc is None:
             return
         child.exit_code = rc
+        if rc == 0:  # it finished on its own (e.g. actor.max_steps): nothing to repair
+            child.retired = True
+            self._say(f"{child.name} finished")
+            return
         if child.restarts >= scfg.max_restarts:
-            child.given_up = True
+            child.retired = True
             self._say(
                 f"warning: {child.name} exited with code {rc} and used its {scfg.max_restarts} restarts; "
                 "continuing without it"
