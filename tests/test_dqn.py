@@ -410,3 +410,26 @@ def test_q_values_converge_to_the_analytical_solution_on_a_two_state_problem() -
         agent.update(batch)
     q = agent.q_values(np.array([s0, s1], np.float32))
     np.testing.assert_allclose(q, [[2.8, 2.52], [2.0, 0.0]], atol=0.05)
+
+
+def test_learning_rate_anneals_linearly_to_lr_final_then_holds() -> None:
+    agent = make_agent(lr=1e-3, lr_final=1e-4, lr_decay_updates=4)
+    seen = []
+    for _ in range(6):
+        agent.update(fake_batch())
+        seen.append(agent.optimizer.param_groups[0]["lr"])
+    # the lr used by update k (k = 0..5) is lr + min(k/4, 1) * (lr_final - lr)
+    np.testing.assert_allclose(seen, [1e-3, 7.75e-4, 5.5e-4, 3.25e-4, 1e-4, 1e-4], rtol=1e-6)
+    assert agent.current_lr() == pytest.approx(1e-4)
+
+
+def test_constant_learning_rate_without_lr_final() -> None:
+    agent = make_agent(lr=3e-4)
+    for _ in range(3):
+        agent.update(fake_batch())
+    assert agent.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
+
+
+def test_lr_final_needs_a_decay_length() -> None:
+    with pytest.raises(ValueError, match="lr_decay_updates"):
+        DQNConfig(lr_final=1e-4).check()

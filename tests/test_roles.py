@@ -177,7 +177,9 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
     pub = ctx.socket(zmq.PUB)
     pub.bind("tcp://127.0.0.1:0")
     cfg = with_transport(
-        tiny_config(tmp_path, actor__weights_poll_steps=1),
+        tiny_config(
+            tmp_path, actor__weights_poll_steps=1, actor__epsilon_decay_steps=64, actor__epsilon=0.25
+        ),
         samples=pull.getsockopt_string(zmq.LAST_ENDPOINT),
         weights=pub.getsockopt_string(zmq.LAST_ENDPOINT),
         **sup.endpoints(),
@@ -220,3 +222,4 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
         sock.close(0)
     sup.close()
     assert actor.stats["state"] == "stopped"
+    assert actor.stats["epsilon"] == 0.25, "epsilon anneals from 1.0 onto the actor's rung of the ladder"

@@ -70,6 +70,7 @@ class ActorConfig:
     send_batch: int = 64  # transitions per samples message
     epsilon: float = 0.4  # Ape-X ladder base: actor i explores with eps ** (1 + alpha * i / (N - 1))
     epsilon_alpha: float = 7.0  # Ape-X ladder exponent
+    epsilon_decay_steps: int = 0  # anneal each actor from epsilon 1.0 to its ladder value over its first steps
     max_steps_per_s: float | None = None  # cap each actor's env steps/s (None: as fast as it can)
     weights_poll_steps: int = 32  # env steps between checks for newly published weights
     max_steps: int | None = None  # stop after this many env steps (None: until told to stop)
@@ -268,6 +269,7 @@ def _check(cfg: Config, source: str) -> None:
         ("actor.send_batch must be >= 1", cfg.actor.send_batch >= 1),
         ("actor.epsilon must be in [0, 1]", 0.0 <= cfg.actor.epsilon <= 1.0),
         ("actor.epsilon_alpha must be >= 0", cfg.actor.epsilon_alpha >= 0),
+        ("actor.epsilon_decay_steps must be >= 0", cfg.actor.epsilon_decay_steps >= 0),
         (
             "actor.max_steps_per_s must be > 0 (or null)",
             cfg.actor.max_steps_per_s is None or cfg.actor.max_steps_per_s > 0,

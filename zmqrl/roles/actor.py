@@ -15,7 +15,7 @@ import zmq
 from zmqrl.agents import make_agent
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
-from zmqrl.exploration import apex_epsilon
+from zmqrl.exploration import LinearSchedule, apex_epsilon
 from zmqrl.roles.link import SupervisorLink, socket_limits
 from zmqrl.steps import NStepProcessor, Transition, to_batch
 from zmqrl.transport import sockets
@@ -68,7 +68,11 @@ class Actor:
         seed = cfg.run.seed + ACTOR_SEED_STRIDE * (self.actor_id + 1)
         env = make_env(cfg.env)
         spec = sample_spec(env)
-        self.agent = make_agent(cfg.agent, spec, epsilon=self.epsilon, device="cpu", seed=seed)
+        # Start fully random and anneal to this actor's rung of the ladder (no-op when decay is 0).
+        self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, cfg.actor.epsilon_decay_steps)
+        self.agent = make_agent(
+            cfg.agent, spec, epsilon=self._epsilon_schedule(0), device="cpu", seed=seed
+        )
         steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
         limits = socket_limits(cfg)
         samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits)
@@ -119,6 +123,7 @@ class Actor:
             if self.steps % HOUSEKEEPING_EVERY == 0:
                 if self.link.tick(self._counters):
                     break
+                agent.epsilon = self._epsilon_schedule(self.steps)
                 if step_period:
                     self._pace(step_period)
             if max_steps is not None and self.steps >= max_steps:
@@ -180,7 +185,7 @@ class Actor:
             "batches": self.sender.messages_sent,
             "weights_version": self.agent.weights_version,
             "weights_loaded": self.weights_loaded,
-            "epsilon": self.epsilon,
+            "epsilon": self.agent.epsilon,
             "steps_per_s": self.steps / elapsed,
             "samples_per_s": self.samples_sent / elapsed,
             "blocked_seconds": self.sender.blocked_seconds,
