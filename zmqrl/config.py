@@ -70,7 +70,7 @@ class ActorConfig:
     send_batch: int = 64  # transitions per samples message
     epsilon: float = 0.4  # Ape-X ladder base: actor i explores with eps ** (1 + alpha * i / (N - 1))
     epsilon_alpha: float = 7.0  # Ape-X ladder exponent
-    epsilon_decay_steps: int = 0  # anneal each actor from epsilon 1.0 to its ladder value over its first steps
+    epsilon_decay_steps: int = 0  # anneal each actor from epsilon 1.0 to its ladder rung over these steps
     max_steps_per_s: float | None = None  # cap each actor's env steps/s (None: as fast as it can)
     weights_poll_steps: int = 32  # env steps between checks for newly published weights
     max_steps: int | None = None  # stop after this many env steps (None: until told to stop)
