@@ -93,7 +93,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ entry point
     def run(self) -> int:
-        self.launched = time.time()
+        self.launched = process_start_time()
         self._t0 = self._clock()
         limits = socket_limits(self.cfg)
         hb_sock, hb_ep = sockets.heartbeat_pull(self._ctx, self.cfg.transport.heartbeat, limits)
@@ -435,6 +435,17 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
         return dict(learner.last.counters) if learner and learner.last else {}
+
+
+def process_start_time() -> float:
+    """When this process started (Unix seconds), so "after launch" includes interpreter start-up
+    and imports; falls back to now where /proc is not available."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
 
 
 def _asks_os_for_port(endpoint: str) -> bool:
