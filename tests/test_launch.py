@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -134,33 +136,31 @@ def test_ctrl_c_stops_every_process_and_exits_130(run_root: Path) -> None:
     assert stats["learner"]["state"] == "stopped"
 
 
-def test_port_in_use_names_the_port_and_leaves_no_children(run_root: Path) -> None:
+@contextlib.contextmanager
+def port_taken_by_someone_else() -> Iterator[str]:
     ctx = zmq.Context()
     squatter = ctx.socket(zmq.PULL)
     squatter.bind("tcp://127.0.0.1:0")
-    taken = squatter.getsockopt_string(zmq.LAST_ENDPOINT)
     try:
-        launch = Launch(tiny_overrides(run_root, transport__samples=taken))
-        code = launch.finish(timeout=90)
+        yield squatter.getsockopt_string(zmq.LAST_ENDPOINT)
     finally:
         squatter.close(0)
         ctx.term()
+
+
+def test_port_in_use_names_the_port_and_leaves_no_children(run_root: Path) -> None:
+    with port_taken_by_someone_else() as taken:
+        launch = Launch(tiny_overrides(run_root, transport__samples=taken))
+        code = launch.finish(timeout=90)
     assert code != 0
     assert f"cannot bind samples on {taken}: address already in use" in launch.output
     assert_nothing_left(run_root / "t")
 
 
 def test_supervisor_port_in_use_fails_before_starting_anything(run_root: Path) -> None:
-    ctx = zmq.Context()
-    squatter = ctx.socket(zmq.PULL)
-    squatter.bind("tcp://127.0.0.1:0")
-    taken = squatter.getsockopt_string(zmq.LAST_ENDPOINT)
-    try:
+    with port_taken_by_someone_else() as taken:
         launch = Launch(tiny_overrides(run_root, transport__heartbeat=taken))
         code = launch.finish(timeout=60)
-    finally:
-        squatter.close(0)
-        ctx.term()
     assert code == 1
     assert f"cannot bind heartbeat on {taken}" in launch.output
     assert not (run_root / "t" / "logs").exists()

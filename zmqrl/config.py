@@ -197,7 +197,7 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
 
 
 def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value if value is not None else {}, source, prefix=f"{key}.")
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)

@@ -70,7 +70,7 @@ class Learner:
         self.episodes = 0
         self._lock = threading.Lock()  # guards the counters and queues shared with the ingest thread
         self._episode_queue: deque[EpisodeStat] = deque(maxlen=10_000)
-        self._lags: list[int] = []
+        self._lags: deque[int] = deque(maxlen=10_000)  # policy lag per batch since the last log point
         self._replay_ready = threading.Event()
         self._ingest_stop = threading.Event()
         self.eval_last = float("nan")
@@ -233,7 +233,8 @@ class Learner:
         with self._lock:
             episodes = list(self._episode_queue)
             self._episode_queue.clear()
-            lags, self._lags = self._lags, []
+            lags = list(self._lags)
+            self._lags.clear()
         for ep in episodes:
             tb.scalar("charts/episodic_return", ep.ret, step)
             tb.scalar("charts/episodic_length", ep.length, step)

@@ -14,6 +14,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import zmq
 
@@ -34,6 +35,7 @@ BAD_MESSAGE_LOG_SECONDS = 5.0
 SEND_POLL_MS = 100
 
 Clock = Callable[[], float]
+_M = TypeVar("_M", HeartbeatMsg, StopMsg)
 
 
 class BadMessages:
@@ -244,23 +246,9 @@ class HeartbeatReceiver:
         self.bad = bad
 
     def recv_all(self, timeout_ms: int) -> list[HeartbeatMsg]:
-        out: list[HeartbeatMsg] = []
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
-            return out
-        while True:
-            try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return out
-            try:
-                msg = wire.load(frames)
-            except WireError as exc:
-                self.bad.record(exc)
-                continue
-            if isinstance(msg, HeartbeatMsg):
-                out.append(msg)
-            else:
-                self.bad.record(WireError(f"expected a heartbeat, got {type(msg).__name__}"))
+            return []
+        return _drain(self._sock, HeartbeatMsg, self.bad)
 
 
 class ControlPublisher:
@@ -282,18 +270,24 @@ class ControlSubscriber:
         self.bad = bad
 
     def poll_stop(self) -> StopMsg | None:
-        stop: StopMsg | None = None
-        while True:
-            try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return stop
-            try:
-                msg = wire.load(frames)
-            except WireError as exc:
-                self.bad.record(exc)
-                continue
-            if isinstance(msg, StopMsg):
-                stop = msg
-            else:
-                self.bad.record(WireError(f"unexpected {type(msg).__name__} on the control channel"))
+        stops = _drain(self._sock, StopMsg, self.bad)
+        return stops[-1] if stops else None
+
+
+def _drain(sock: zmq.Socket, kind: type[_M], bad: BadMessages) -> list[_M]:
+    """Every message queued on ``sock`` that decodes to ``kind``; anything else is counted as bad."""
+    out: list[_M] = []
+    while True:
+        try:
+            frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return out
+        try:
+            msg = wire.load(frames)
+        except WireError as exc:
+            bad.record(exc)
+            continue
+        if isinstance(msg, kind):
+            out.append(msg)
+        else:
+            bad.record(WireError(f"expected {kind.__name__}, got {type(msg).__name__} on {bad.channel}"))

@@ -427,7 +427,7 @@ def _array_frame(name: str, value: Any) -> tuple[dict[str, Any], memoryview]:
         arr = arr.astype(le)
     arr = np.ascontiguousarray(arr)
     desc = {"name": name, "dtype": dtype, "shape": list(arr.shape)}
-    return desc, memoryview(arr.reshape(-1).view(np.uint8))
+    return desc, memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def dump(msg: Message) -> list[bytes | memoryview]:
@@ -581,10 +581,12 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
         _fail(f"expected a samples message, got {type(msg).__name__}")
     for what in ("actor_id", "seq", "weights_version"):
         _py_int(getattr(msg, what), what)
-    cols = [getattr(msg.batch, name, None) for name in BATCH_FIELDS]
-    for name, col in zip(BATCH_FIELDS, cols, strict=True):
+    cols: list[np.ndarray] = []
+    for name in BATCH_FIELDS:
+        col = getattr(msg.batch, name, None)
         if not isinstance(col, np.ndarray):
             _fail(f"samples column {name!r} is not a numpy array")
+        cols.append(col)
     obs, action, reward, next_obs, discount = cols
     if reward.ndim != 1:
         _fail(f"reward must have shape (B,), got {reward.shape}")
