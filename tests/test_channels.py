@@ -138,3 +138,17 @@ def test_blocked_sample_sender_gives_up_when_told_to_stop(ctx: zmq.Context) -> N
     sent = sender.send(SamplesMsg(0, 0, 0, batch, []), idle=idle)
     assert not sent and len(calls) == 3 and sender.messages_sent == 0
     assert sender.blocked_seconds > 0
+
+
+def test_weights_subscriber_notices_the_learners_stop_announcement(ctx: zmq.Context) -> None:
+    pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    publisher = WeightsPublisher(pub_sock, "dqn")
+    sub = WeightsSubscriber(sockets.weights_sub(ctx, endpoint, LIMITS), None, BadMessages("w"))
+    for _ in range(100):  # PUB/SUB: repeat until the subscription is through
+        publisher.announce_stop("learner finished")
+        time.sleep(0.02)
+        assert sub.latest() is None
+        if sub.stop is not None:
+            break
+    assert sub.stop == StopMsg("learner finished")
+    assert sub.bad.count == 0, "a stop announcement is not a malformed message"

@@ -362,3 +362,17 @@ def test_every_config_field_is_documented_in_readme() -> None:
         key for key in dotted_keys(Config) if not re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", section)
     ]
     assert not missing, f"README '## Configuration' does not document: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("role", ["launch", "learner", "actor"])
+def test_bin_scripts_run_from_a_checkout(role: str) -> None:
+    script = Path(__file__).resolve().parents[1] / "bin" / f"zmqrl-{role}"
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--set" in result.stdout

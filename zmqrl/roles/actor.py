@@ -70,9 +70,7 @@ class Actor:
         spec = sample_spec(env)
         # Start fully random and anneal to this actor's rung of the ladder (no-op when decay is 0).
         self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, cfg.actor.epsilon_decay_steps)
-        self.agent = make_agent(
-            cfg.agent, spec, epsilon=self._epsilon_schedule(0), device="cpu", seed=seed
-        )
+        self.agent = make_agent(cfg.agent, spec, epsilon=self._epsilon_schedule(0), device="cpu", seed=seed)
         steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
         limits = socket_limits(cfg)
         samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits)
@@ -83,9 +81,10 @@ class Actor:
         )
         self.link = SupervisorLink(self._ctx, cfg, "actor", self.actor_id, self.stop_event)
         log.info(
-            "actor %d up: epsilon %.4f, seed %d, samples -> %s",
+            "actor %d up: epsilon %.4f (annealed from 1.0 over %d steps), seed %d, samples -> %s",
             self.actor_id,
             self.epsilon,
+            cfg.actor.epsilon_decay_steps,
             seed,
             cfg.transport.samples,
         )
@@ -175,6 +174,10 @@ class Actor:
         msg = self.weights.latest()
         if msg is not None and self.agent.import_weights(msg.weights):
             self.weights_loaded += 1
+        if self.weights.stop is not None and not self.stop_event.is_set():
+            self.link.stop_reason = self.weights.stop.reason or "learner stopped"
+            log.info("stop announced by the learner: %s", self.link.stop_reason)
+            self.stop_event.set()
 
     def _counters(self) -> dict[str, float | int]:
         elapsed = max(time.monotonic() - self.started, 1e-9)

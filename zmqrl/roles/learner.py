@@ -34,6 +34,8 @@ INGEST_POLL_MS = 100
 INGEST_MAX_DRAIN = 64
 # Main loop: updates between (cheap, time-gated) housekeeping calls.
 HOUSEKEEPING_EVERY = 8
+# How long the closing weights socket may take to deliver the learner's stop announcement.
+STOP_LINGER_MS = 500
 # Eval env seeds live far from actor seeds so evaluation never replays a training episode.
 EVAL_SEED_OFFSET = 999_999
 
@@ -143,8 +145,9 @@ class Learner:
             self._tb.close()
             for env in eval_envs:
                 env.close()
+            self.publisher.announce_stop(f"learner {state}")
             samples_sock.close(linger=0)
-            weights_sock.close(linger=0)
+            weights_sock.close(linger=STOP_LINGER_MS)
             self.link.close()
             self._write_stats()
         return self.stats

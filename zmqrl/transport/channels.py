@@ -158,6 +158,11 @@ class WeightsPublisher:
         self._send()
         return True
 
+    def announce_stop(self, reason: str) -> None:
+        """Tell subscribers the learner is gone, so actors started by hand leave with it."""
+        with contextlib.suppress(zmq.Again):
+            self._sock.send_multipart(wire.dump(StopMsg(reason=reason)), flags=zmq.NOBLOCK)
+
     def _send(self) -> None:
         assert self._frames is not None
         try:
@@ -177,9 +182,11 @@ class WeightsSubscriber:
         self._sock = sock
         self._reference = reference
         self.bad = bad
+        self.stop: StopMsg | None = None  # set once the learner announced that it has stopped
 
     def latest(self) -> WeightsMsg | None:
-        """The newest valid weights message queued since the last call, or None."""
+        """The newest valid weights message queued since the last call, or None. A ``stop`` from
+        the learner is kept in ``self.stop``; anything else that is not valid weights is counted."""
         queued: list[list[bytes]] = []
         while True:
             try:
@@ -191,7 +198,11 @@ class WeightsSubscriber:
             try:
                 return wire.load_weights(frames, self._reference)
             except WireError as exc:
-                self.bad.record(exc)
+                stop = _as_stop(frames)
+                if stop is None:
+                    self.bad.record(exc)
+                else:
+                    self.stop = stop
         return None
 
 
@@ -272,6 +283,14 @@ class ControlSubscriber:
     def poll_stop(self) -> StopMsg | None:
         stops = _drain(self._sock, StopMsg, self.bad)
         return stops[-1] if stops else None
+
+
+def _as_stop(frames: list[bytes]) -> StopMsg | None:
+    try:
+        msg = wire.load(frames)
+    except WireError:
+        return None
+    return msg if isinstance(msg, StopMsg) else None
 
 
 def _drain(sock: zmq.Socket, kind: type[_M], bad: BadMessages) -> list[_M]:
