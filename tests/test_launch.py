@@ -166,3 +166,37 @@ def test_supervisor_port_in_use_fails_before_starting_anything(run_root: Path) -
     assert code == 1
     assert f"cannot bind heartbeat on {taken}" in launch.output
     assert not (run_root / "t" / "logs").exists()
+
+
+def test_children_die_with_a_sigkilled_supervisor(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(tiny_overrides(run_root, learner__max_updates=1_000_000))
+    launch.wait_for("actor(s) started", 60)
+    wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
+    launch.proc.kill()  # no chance to clean up: the kernel's parent-death signal must do it
+    launch.finish(timeout=30)
+    assert_nothing_left(run_dir)
+
+
+def test_a_hung_actor_is_detected_by_its_silence_and_replaced(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    overrides = tiny_overrides(
+        run_root,
+        learner__max_updates=1_000_000,
+        supervisor__heartbeat_timeout=2.0,
+    )
+    launch = Launch(overrides)
+    launch.wait_for("actor(s) started", 60)
+    victim = wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
+    time.sleep(1.0)
+    os.kill(victim, signal.SIGSTOP)  # alive to the OS, silent to the supervisor
+    stopped_at = time.monotonic()
+    launch.wait_for("actor-0 (pid", 30)
+    detected_after = time.monotonic() - stopped_at
+    launch.wait_for("actor-0 exited with code -9; restarting", 10)
+    replacement = wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
+    assert replacement != victim
+    assert detected_after < 2.0 + 3.0, f"hang detected only after {detected_after:.1f} s"
+    launch.proc.send_signal(signal.SIGINT)
+    assert launch.finish(timeout=60) == 130, launch.output
+    assert_nothing_left(run_dir)

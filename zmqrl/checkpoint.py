@@ -32,7 +32,16 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    """The payload of a checkpoint; ``ValueError`` for a torn, corrupt or foreign file."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as exc:  # torch raises many types for bad bytes (pickle, zip, runtime errors)
+        raise ValueError(
+            f"{path}: not a readable zmqrl checkpoint: corrupt, truncated or not written by zmqrl "
+            f"({type(exc).__name__})"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a zmqrl checkpoint (format {CHECKPOINT_FORMAT})")
     return payload

@@ -1,10 +1,15 @@
-"""Command line: ``zmqrl launch | learner | actor | config``.
+"""Command line: ``zmqrl launch | learner | actor | eval | config``.
 
 Every command takes a YAML config and any number of ``--set section.key=value`` overrides. Process
 mains stay thin: parse config, build the role, run it, clean up, report.
 """
 
 from __future__ import annotations
+
+import time
+
+# Before the heavier imports: "N s after launch" in the summary counts from here.
+COMMAND_STARTED = time.time()
 
 import json
 import logging
@@ -24,6 +29,7 @@ EXIT_RUNTIME, EXIT_CONFIG = 1, 2
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    pretty_exceptions_enable=False,  # plain tracebacks: short, and never dumping local variables
     help="zmqrl: asynchronous reinforcement learning over ZeroMQ. Many CPU actors sample, one learner "
     "trains from replay and publishes weights, a supervisor keeps them running. Start with "
     "`zmqrl launch configs/cartpole_dqn.yaml`. Every command takes a YAML config and repeatable "
@@ -124,7 +130,7 @@ def launch(
     from zmqrl.transport.sockets import BindError
 
     try:
-        code = Supervisor(cfg).run()
+        code = Supervisor(cfg, launched=COMMAND_STARTED).run()
     except BindError as exc:
         _fail(str(exc), EXIT_RUNTIME)
     raise typer.Exit(code)
@@ -169,6 +175,36 @@ def actor(
 
     stats = _run_role(lambda: Actor(cfg, id))
     typer.echo(json.dumps({"actor": id, **stats}, default=float))
+
+
+@app.command("eval")
+def eval_checkpoint(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best.")],
+    episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Episode i resets with seed + i.")] = 0,
+    set_: SetOpt = None,
+) -> None:
+    """Play a saved policy greedily and print its mean ± std return (uses the config stored in the
+    checkpoint; --set can change it, e.g. --set env.max_episode_steps=1000)."""
+    from zmqrl.config import ConfigError
+    from zmqrl.envs import EnvError
+    from zmqrl.evaluation import evaluate_checkpoint
+
+    if episodes < 1:
+        _fail("--episodes must be >= 1", EXIT_CONFIG)
+    if not checkpoint.is_file():
+        _fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+    try:
+        result = evaluate_checkpoint(checkpoint, episodes, seed, list(set_ or []))
+    except (ConfigError, EnvError) as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    typer.echo(
+        f"{checkpoint}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes "
+        f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
+        f"{sum(result.lengths) / len(result.lengths):.0f})"
+    )
 
 
 @app.command("config")

@@ -142,6 +142,16 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return cfg
 
 
+def config_from_dict(data: dict[str, Any], source: str, overrides: list[str] | None = None) -> Config:
+    """A config from an already-parsed mapping (e.g. the copy stored in a checkpoint)."""
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for item in overrides or []:
+        _apply_override(raw, item, source)
+    cfg = _build(Config, raw, source, prefix="")
+    _check(cfg, source)
+    return cfg
+
+
 def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved config, so a run directory always says exactly what ran."""
     path.parent.mkdir(parents=True, exist_ok=True)

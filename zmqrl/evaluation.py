@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -34,3 +35,25 @@ def evaluate(agent: Agent, envs: list[gym.Env[Any, Any]], seed: int) -> EvalResu
                 still.append(i)
         live = still
     return EvalResult(float(np.mean(returns)), float(np.std(returns)), returns, lengths)
+
+
+def evaluate_checkpoint(
+    path: Path, episodes: int, seed: int = 0, overrides: list[str] | None = None
+) -> EvalResult:
+    """Greedy episodes of a saved policy, on envs built from the config stored in the checkpoint
+    (``overrides`` may change e.g. ``env.kwargs``)."""
+    from zmqrl.agents import make_agent
+    from zmqrl.checkpoint import load_checkpoint
+    from zmqrl.config import config_from_dict
+    from zmqrl.envs import make_env, sample_spec
+
+    payload = load_checkpoint(path)
+    cfg = config_from_dict(payload["config"], f"{path} (stored config)", overrides)
+    envs = [make_env(cfg.env) for _ in range(episodes)]
+    try:
+        agent = make_agent(cfg.agent, sample_spec(envs[0]), device="cpu")
+        agent.load_state_dict(payload["agent"])
+        return evaluate(agent, envs, seed=seed)
+    finally:
+        for env in envs:
+            env.close()

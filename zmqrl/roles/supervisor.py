@@ -80,8 +80,10 @@ class Supervisor:
         out: TextIO | None = None,
         ctx: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        launched: float | None = None,
     ) -> None:
         self.cfg = cfg
+        self._launched = launched  # when `zmqrl launch` began (Unix s): "after launch" counts from it
         self.run_dir = cfg.run_dir
         self._out = out or sys.stdout
         self._ctx = ctx or zmq.Context.instance()
@@ -93,7 +95,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ entry point
     def run(self) -> int:
-        self.launched = process_start_time()
+        self.launched = self._launched if self._launched is not None else time.time()
         self._t0 = self._clock()
         limits = socket_limits(self.cfg)
         hb_sock, hb_ep = sockets.heartbeat_pull(self._ctx, self.cfg.transport.heartbeat, limits)
@@ -435,17 +437,6 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
         return dict(learner.last.counters) if learner and learner.last else {}
-
-
-def process_start_time() -> float:
-    """When this process started (Unix seconds), so "after launch" includes interpreter start-up
-    and imports; falls back to now where /proc is not available."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - age
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
 
 
 def _asks_os_for_port(endpoint: str) -> bool:
