@@ -33,6 +33,8 @@ def tiny_overrides(run_dir: Path, **extra: object) -> list[str]:
         "learner.republish_seconds": 0.2,
         "actor.num_actors": 1,
         "actor.send_batch": 16,
+        # In-process tests share one GIL: an uncapped actor thread would starve the learner's.
+        "actor.max_steps_per_s": 2000,
         "supervisor.heartbeat_interval": 0.2,
         "supervisor.progress_seconds": 1.0,
         "supervisor.stop_grace": 5.0,

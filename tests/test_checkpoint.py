@@ -72,33 +72,24 @@ def test_evaluate_checkpoint_plays_greedy_episodes_from_the_stored_config(tmp_pa
     assert np.isclose(result.mean, np.mean(result.returns))
 
 
+def zmqrl_eval(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zmqrl", "eval", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
 def test_zmqrl_eval_prints_mean_and_std_and_refuses_bad_files(tmp_path: Path) -> None:
     path = tmp_path / "best"
     saved_agent(path)
-    env = {**os.environ, "COLUMNS": "200"}
-    ok = subprocess.run(
-        [sys.executable, "-m", "zmqrl", "eval", str(path), "--episodes", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    ok = zmqrl_eval(str(path), "--episodes", "2")
     assert ok.returncode == 0, ok.stderr
     assert "mean return" in ok.stdout and "± " in ok.stdout and "over 2 episodes" in ok.stdout
     (tmp_path / "junk").write_bytes(b"junk")
-    bad = subprocess.run(
-        [sys.executable, "-m", "zmqrl", "eval", str(tmp_path / "junk")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    bad = zmqrl_eval(str(tmp_path / "junk"))
     assert bad.returncode == 1 and bad.stderr.startswith("error:") and len(bad.stderr.splitlines()) == 1
-    missing = subprocess.run(
-        [sys.executable, "-m", "zmqrl", "eval", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    missing = zmqrl_eval(str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such checkpoint" in missing.stderr

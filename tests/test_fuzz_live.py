@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config
-from tests.test_roles import FakeSupervisor, cartpole_batch, start, wait_until, with_transport
+from tests.test_roles import FakeLearner, FakeSupervisor, cartpole_batch, start, wait_until, with_transport
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
 from zmqrl.transport import wire
@@ -129,15 +129,10 @@ def test_learner_survives_ten_thousand_malformed_messages(ctx: zmq.Context, tmp_
 
 def test_actor_survives_a_flood_of_malformed_weights(ctx: zmq.Context, tmp_path: Path) -> None:
     sup = FakeSupervisor(ctx)
-    pull = ctx.socket(zmq.PULL)
-    pull.bind("tcp://127.0.0.1:0")
-    pub = ctx.socket(zmq.PUB)
-    pub.bind("tcp://127.0.0.1:0")
+    fake = FakeLearner(ctx)
+    pull, pub = fake.pull, fake.pub
     cfg = with_transport(
-        tiny_config(tmp_path, actor__weights_poll_steps=1),
-        samples=pull.getsockopt_string(zmq.LAST_ENDPOINT),
-        weights=pub.getsockopt_string(zmq.LAST_ENDPOINT),
-        **sup.endpoints(),
+        tiny_config(tmp_path, actor__weights_poll_steps=1), **fake.endpoints(), **sup.endpoints()
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
@@ -161,29 +156,25 @@ def test_actor_survives_a_flood_of_malformed_weights(ctx: zmq.Context, tmp_path:
     for i in range(10_200):
         pub.send_multipart(junk[i % len(junk)]())
         if i % 100 == 0:
-            while pull.poll(0):  # keep the actor's samples flowing
-                pull.recv_multipart()
+            fake.discard_samples()  # keep the actor's samples flowing
     wait_until(lambda: actor.weights.bad.count > 0, 10, "the actor to see junk")
     assert thread.is_alive() and actor.agent.weights_version == 0, "no malformed weights were applied"
 
     def adopted() -> bool:
         pub.send_multipart(good)
-        while pull.poll(0):
-            pull.recv_multipart()
+        fake.discard_samples()
         return actor.agent.weights_version == 7
 
     wait_until(adopted, 20, "the actor to adopt the valid weights after the flood")
     steps_before = actor.steps
 
     def stepping() -> bool:
-        while pull.poll(0):
-            pull.recv_multipart()
+        fake.discard_samples()
         return actor.steps > steps_before
 
     wait_until(stepping, 10, "the actor to keep stepping")
     sup.stop()
     thread.join(timeout=20)
-    for sock in (pull, pub):
-        sock.close(0)
+    fake.close()
     sup.close()
     assert actor.stats["state"] == "stopped"

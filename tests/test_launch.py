@@ -84,6 +84,13 @@ def assert_nothing_left(run_dir: Path) -> None:
     assert processes_mentioning(str(run_dir)) == [], "child processes were left behind"
 
 
+def launch_until_actor_runs(run_root: Path, **extra: object) -> tuple[Launch, int]:
+    """A launch whose actor 0 process is up; returns it and that actor's pid."""
+    launch = Launch(tiny_overrides(run_root, **extra))
+    launch.wait_for("actor(s) started", 60)
+    return launch, wait_for_process(f"{run_root / 't'}/config.yaml --id 0", 30)
+
+
 def test_launch_trains_restarts_a_killed_actor_stops_everyone_and_reports(run_root: Path) -> None:
     run_dir = run_root / "t"
     overrides = tiny_overrides(
@@ -126,9 +133,7 @@ def test_launch_trains_restarts_a_killed_actor_stops_everyone_and_reports(run_ro
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_stops_every_process(run_root: Path, signum: int, code: int) -> None:
     run_dir = run_root / "t"
-    launch = Launch(tiny_overrides(run_root, learner__max_updates=1_000_000))
-    launch.wait_for("actor(s) started", 60)
-    wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
+    launch, _ = launch_until_actor_runs(run_root, learner__max_updates=1_000_000)
     time.sleep(1.0)
     launch.proc.send_signal(signum)
     assert launch.finish(timeout=60) == code, launch.output
@@ -170,9 +175,7 @@ def test_supervisor_port_in_use_fails_before_starting_anything(run_root: Path) -
 
 def test_children_die_with_a_sigkilled_supervisor(run_root: Path) -> None:
     run_dir = run_root / "t"
-    launch = Launch(tiny_overrides(run_root, learner__max_updates=1_000_000))
-    launch.wait_for("actor(s) started", 60)
-    wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
+    launch, _ = launch_until_actor_runs(run_root, learner__max_updates=1_000_000)
     launch.proc.kill()  # no chance to clean up: the kernel's parent-death signal must do it
     launch.finish(timeout=30)
     assert_nothing_left(run_dir)
@@ -180,14 +183,9 @@ def test_children_die_with_a_sigkilled_supervisor(run_root: Path) -> None:
 
 def test_a_hung_actor_is_detected_by_its_silence_and_replaced(run_root: Path) -> None:
     run_dir = run_root / "t"
-    overrides = tiny_overrides(
-        run_root,
-        learner__max_updates=1_000_000,
-        supervisor__heartbeat_timeout=2.0,
+    launch, victim = launch_until_actor_runs(
+        run_root, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=2.0
     )
-    launch = Launch(overrides)
-    launch.wait_for("actor(s) started", 60)
-    victim = wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
     time.sleep(1.0)
     os.kill(victim, signal.SIGSTOP)  # alive to the OS, silent to the supervisor
     stopped_at = time.monotonic()

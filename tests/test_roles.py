@@ -54,6 +54,30 @@ class FakeSupervisor:
         self.pub.close(0)
 
 
+class FakeLearner:
+    """Binds the samples PULL and weights PUB sockets like the real learner, for actor tests."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.bind("tcp://127.0.0.1:0")
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.bind("tcp://127.0.0.1:0")
+
+    def endpoints(self) -> dict[str, str]:
+        return {
+            "samples": self.pull.getsockopt_string(zmq.LAST_ENDPOINT),
+            "weights": self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        }
+
+    def discard_samples(self) -> None:
+        while self.pull.poll(0):
+            self.pull.recv_multipart()
+
+    def close(self) -> None:
+        self.pull.close(0)
+        self.pub.close(0)
+
+
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
     context = zmq.Context()
@@ -172,16 +196,13 @@ def test_learner_counts_and_drops_malformed_samples(ctx: zmq.Context, tmp_path: 
 
 def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, tmp_path: Path) -> None:
     sup = FakeSupervisor(ctx)
-    pull = ctx.socket(zmq.PULL)
-    pull.bind("tcp://127.0.0.1:0")
-    pub = ctx.socket(zmq.PUB)
-    pub.bind("tcp://127.0.0.1:0")
+    fake = FakeLearner(ctx)
+    pull, pub = fake.pull, fake.pub
     cfg = with_transport(
         tiny_config(
             tmp_path, actor__weights_poll_steps=1, actor__epsilon_decay_steps=64, actor__epsilon=0.25
         ),
-        samples=pull.getsockopt_string(zmq.LAST_ENDPOINT),
-        weights=pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        **fake.endpoints(),
         **sup.endpoints(),
     )
     actor = Actor(cfg, 0, ctx=ctx)
@@ -218,8 +239,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
     sup.stop()
     thread.join(timeout=20)
     assert not thread.is_alive()
-    for sock in (pull, pub):
-        sock.close(0)
+    fake.close()
     sup.close()
     assert actor.stats["state"] == "stopped" and actor.link.stop_reason == "test says stop"
     assert actor.stats["epsilon"] == 0.25, "epsilon anneals from 1.0 onto the actor's rung of the ladder"

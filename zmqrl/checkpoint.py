@@ -37,7 +37,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
         raise
-    except Exception as exc:  # torch raises many types for bad bytes (pickle, zip, runtime errors)
+    except Exception as exc:  # torch raises many different exception types for bad bytes
         raise ValueError(
             f"{path}: not a readable zmqrl checkpoint: corrupt, truncated or not written by zmqrl "
             f"({type(exc).__name__})"

@@ -167,7 +167,10 @@ class Actor:
             time.sleep(ahead)
 
     def _idle(self) -> bool:
-        """Called while the learner's queue is full: keep heartbeating; stop if told to."""
+        """Called while the learner's queue is full: keep draining weights (newer versions, and the
+        learner's stop announcement, which a full subscriber queue could otherwise crowd out) and
+        heartbeating; stop if told to."""
+        self._sync_weights()
         return self.link.tick(self._counters, state="blocked")
 
     def _sync_weights(self) -> None:
