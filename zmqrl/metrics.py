@@ -6,8 +6,9 @@ Tags are namespaced as in README "Metrics": ``charts/...``, ``losses/...``, ``le
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Logger(Protocol):
@@ -47,3 +48,10 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def fmt_value(value: Any, digits: int = 1) -> str:
+    """A number for progress lines; "-" for values not measured yet (None or NaN)."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return f"{value:.{digits}f}"
+    return "-"

@@ -20,7 +20,7 @@ from zmqrl.checkpoint import save_checkpoint
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.evaluation import EvalResult, evaluate
-from zmqrl.metrics import Logger, TensorBoardLogger
+from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
 from zmqrl.replay import UniformReplay
 from zmqrl.roles.link import SupervisorLink, socket_limits
 from zmqrl.transport import sockets
@@ -216,7 +216,7 @@ class Learner:
             self._last_progress = now
             c = self._counters()
             log.info(
-                "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | eval %.1f (best %.1f)",
+                "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | eval %s (best %s)",
                 c["updates"],
                 self.cfg.learner.max_updates,
                 c["samples"],
@@ -224,8 +224,8 @@ class Learner:
                 c["updates_per_s"],
                 c["replay_size"],
                 c["weights_version"],
-                c["eval_return"],
-                c["eval_best"],
+                fmt_value(c["eval_return"]),
+                fmt_value(c["eval_best"]),
             )
 
     def _log_scalars(self, metrics: dict[str, float]) -> None:

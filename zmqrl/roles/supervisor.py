@@ -27,6 +27,7 @@ from typing import Any, TextIO
 import zmq
 
 from zmqrl.config import Config, save_config
+from zmqrl.metrics import fmt_value
 from zmqrl.roles.link import socket_limits
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, ControlPublisher, HeartbeatReceiver
@@ -348,7 +349,7 @@ class Supervisor:
         self._say(
             f"updates {int(c.get('updates', 0))}/{self.cfg.learner.max_updates} | "
             f"samples {int(c.get('samples', 0))} | {c.get('updates_per_s', 0.0):.0f} upd/s | "
-            f"eval {_fmt(c.get('eval_return'))} (best {_fmt(c.get('eval_best'))}) | "
+            f"eval {fmt_value(c.get('eval_return'))} (best {fmt_value(c.get('eval_best'))}) | "
             f"actors {alive}/{len(actors)}, {steps_per_s:.0f} steps/s"
         )
 
@@ -392,7 +393,9 @@ class Supervisor:
                 file=out,
             )
             print(
-                f"eval return: last {_fmt(ls.get('eval_return'))}, best {_fmt(ls.get('eval_best'))}", file=out
+                f"eval return: last {fmt_value(ls.get('eval_return'))}, "
+                f"best {fmt_value(ls.get('eval_best'))}",
+                file=out,
             )
             target = self.cfg.learner.target_return
             when = ls.get("target_time")
@@ -441,7 +444,3 @@ class Supervisor:
 
 def _asks_os_for_port(endpoint: str) -> bool:
     return endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1] in ("0", "*")
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.1f}" if isinstance(value, (int, float)) and math.isfinite(value) else "-"
