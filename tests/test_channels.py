@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 import zmq
 
+from zmqrl.config import load_config
+from zmqrl.roles.link import SupervisorLink
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import (
     BadMessages,
@@ -152,3 +155,40 @@ def test_weights_subscriber_notices_the_learners_stop_announcement(ctx: zmq.Cont
             break
     assert sub.stop == StopMsg("learner finished")
     assert sub.bad.count == 0, "a stop announcement is not a malformed message"
+
+
+def test_roles_leave_when_the_supervisor_falls_silent(ctx: zmq.Context) -> None:
+    pub, control = sockets.control_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    _, heartbeat = sockets.heartbeat_pull(ctx, "tcp://127.0.0.1:0", LIMITS)
+    cfg = load_config(
+        None,
+        [
+            f"transport.control={control}",
+            f"transport.heartbeat={heartbeat}",
+            "supervisor.heartbeat_timeout=5",
+            "supervisor.heartbeat_interval=1",
+        ],
+    )
+    clock = FakeClock()
+    stop = threading.Event()
+    link = SupervisorLink(ctx, cfg, "actor", 0, stop, clock=clock, watch_supervisor=True)
+    supervisor = ControlPublisher(pub)
+    for t in range(1, 9):  # a live supervisor: heartbeats keep the role going past the timeout
+        clock.now = float(t)
+        supervisor.heartbeat()
+        time.sleep(0.05)
+        assert not link.tick(dict), f"stopped at t={t} although the supervisor is alive"
+    assert link.control.supervisor_seen is not None
+    clock.now = 8.0 + 5.5  # ... then silence for longer than supervisor.heartbeat_timeout
+    assert link.tick(dict)
+    assert link.stop_reason.startswith("supervisor silent for")
+    link.close()
+
+
+def test_roles_started_by_hand_do_not_watch_for_a_supervisor(ctx: zmq.Context) -> None:
+    cfg = load_config(None, ["transport.control=tcp://127.0.0.1:1", "transport.heartbeat=tcp://127.0.0.1:2"])
+    clock = FakeClock()
+    link = SupervisorLink(ctx, cfg, "learner", 0, threading.Event(), clock=clock, watch_supervisor=False)
+    clock.now = 10_000.0
+    assert not link.tick(dict)
+    link.close()

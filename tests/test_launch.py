@@ -198,3 +198,22 @@ def test_a_hung_actor_is_detected_by_its_silence_and_replaced(run_root: Path) ->
     launch.proc.send_signal(signal.SIGINT)
     assert launch.finish(timeout=60) == 130, launch.output
     assert_nothing_left(run_dir)
+
+
+def test_children_leave_when_the_supervisor_hangs(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch, _ = launch_until_actor_runs(
+        run_root, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=2.0
+    )
+    os.kill(launch.proc.pid, signal.SIGSTOP)  # alive to the kernel (no parent-death signal), but silent
+    try:
+        deadline = time.monotonic() + 20
+        while processes_mentioning(f"{run_dir}/config.yaml") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = processes_mentioning(f"{run_dir}/config.yaml")
+    finally:
+        launch.proc.kill()
+        launch.finish(timeout=30)
+    assert left == [], "children outlived their hung supervisor"
+    for log in (run_dir / "logs").glob("*.log"):
+        assert "supervisor silent for" in log.read_text(), log.name

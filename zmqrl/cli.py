@@ -143,8 +143,9 @@ def learner(config: ConfigArg, set_: SetOpt = None) -> None:
     _setup_logging(cfg.run.log_level)
     from zmqrl.config import save_config
     from zmqrl.roles.learner import Learner
+    from zmqrl.roles.link import SUPERVISED_ENV
 
-    if not os.environ.get("ZMQRL_SUPERVISED"):
+    if not os.environ.get(SUPERVISED_ENV):
         save_config(cfg, cfg.run_dir / "config.yaml")
     stats = _run_role(lambda: Learner(cfg))
     stats.pop("eval_history", None)

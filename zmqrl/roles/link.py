@@ -7,6 +7,7 @@ main loop (not some helper thread) is making progress.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,6 +18,8 @@ from zmqrl.config import Config
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, ControlSubscriber, HeartbeatSender
 
+# Set by the supervisor in its children's environment: they then watch its heartbeat.
+SUPERVISED_ENV = "ZMQRL_SUPERVISED"
 # Seconds between polls of the control socket; bounds how late a stop broadcast is noticed.
 CONTROL_POLL_SECONDS = 0.1
 
@@ -39,6 +42,7 @@ class SupervisorLink:
         role_id: int,
         stop_event: threading.Event,
         clock: Callable[[], float] = time.monotonic,
+        watch_supervisor: bool | None = None,
     ) -> None:
         limits = socket_limits(cfg)
         self._hb_sock = sockets.heartbeat_push(ctx, cfg.transport.heartbeat, limits)
@@ -46,11 +50,17 @@ class SupervisorLink:
         self.heartbeat = HeartbeatSender(
             self._hb_sock, role, role_id, cfg.supervisor.heartbeat_interval, clock
         )
-        self.control = ControlSubscriber(self._ctl_sock, BadMessages(f"{role}-{role_id} control", log))
+        self.control = ControlSubscriber(self._ctl_sock, BadMessages(f"{role}-{role_id} control", log), clock)
         self.stop_event = stop_event
         self.stop_reason = ""
         self._clock = clock
         self._next_control = 0.0
+        # Started by `zmqrl launch`: leave if the supervisor falls silent (it died, or hangs), so
+        # no process of a run outlives its supervisor, on any OS and whatever killed it.
+        if watch_supervisor is None:
+            watch_supervisor = os.environ.get(SUPERVISED_ENV) == "1"
+        self._watch_timeout = cfg.supervisor.heartbeat_timeout if watch_supervisor else None
+        self._created = clock()
 
     def tick(
         self,
@@ -67,6 +77,12 @@ class SupervisorLink:
                 self.stop_reason = stop.reason or "stop broadcast"
                 log.info("stop received from supervisor: %s", self.stop_reason)
                 self.stop_event.set()
+            if self._watch_timeout is not None and not self.stop_event.is_set():
+                silent = now - (self.control.supervisor_seen or self._created)
+                if silent > self._watch_timeout:
+                    self.stop_reason = f"supervisor silent for {silent:.0f} s"
+                    log.error("%s: shutting down (the run has lost its supervisor)", self.stop_reason)
+                    self.stop_event.set()
         if self.heartbeat.due():
             self.heartbeat.beat(state, counters(), info)
         return self.stop_event.is_set()

@@ -28,7 +28,7 @@ import zmq
 
 from zmqrl.config import Config, save_config
 from zmqrl.metrics import fmt_value
-from zmqrl.roles.link import socket_limits
+from zmqrl.roles.link import SUPERVISED_ENV, socket_limits
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, ControlPublisher, HeartbeatReceiver
 from zmqrl.transport.wire import HeartbeatMsg
@@ -92,6 +92,7 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self._signal: int | None = None
         self._stopping = False
+        self._next_control_beat = 0.0
         self.summary: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ entry point
@@ -161,7 +162,7 @@ class Supervisor:
         cmd = [sys.executable, "-m", "zmqrl", role, str(self.run_dir / "config.yaml")]
         if role == "actor":
             cmd += ["--id", str(index)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "ZMQRL_SUPERVISED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1"}
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
                 cmd,
@@ -263,7 +264,12 @@ class Supervisor:
         self._spawn(child.role, child.id, previous=child)
 
     def _pump(self, timeout_ms: int) -> None:
-        """Receive heartbeats and attribute them to the process currently in each slot."""
+        """Heartbeat the roles (time-gated), then receive theirs and attribute each to the process
+        currently in its slot."""
+        now = self._clock()
+        if now >= self._next_control_beat:
+            self._next_control_beat = now + self.cfg.supervisor.heartbeat_interval
+            self.control.heartbeat()
         for hb in self.heartbeats.recv_all(timeout_ms):
             child = self.children.get(f"{hb.role}-{hb.id}")
             if child is None or hb.pid != child.proc.pid:

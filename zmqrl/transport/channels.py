@@ -35,7 +35,7 @@ BAD_MESSAGE_LOG_SECONDS = 5.0
 SEND_POLL_MS = 100
 
 Clock = Callable[[], float]
-_M = TypeVar("_M", HeartbeatMsg, StopMsg)
+_M = TypeVar("_M", bound=HeartbeatMsg | StopMsg)
 
 
 class BadMessages:
@@ -263,10 +263,16 @@ class HeartbeatReceiver:
 
 
 class ControlPublisher:
-    """Supervisor side of the control channel (stop broadcasts)."""
+    """Supervisor side of the control channel: stop broadcasts, and the supervisor's own
+    heartbeat, by which roles notice a supervisor that died or hangs."""
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
+
+    def heartbeat(self) -> None:
+        msg = HeartbeatMsg("supervisor", 0, os.getpid(), time.time(), "running", {}, {})
+        with contextlib.suppress(zmq.Again):
+            self._sock.send_multipart(wire.dump(msg), flags=zmq.NOBLOCK)
 
     def stop(self, reason: str) -> None:
         with contextlib.suppress(zmq.Again):
@@ -274,15 +280,25 @@ class ControlPublisher:
 
 
 class ControlSubscriber:
-    """Role side of the control channel: has a stop been broadcast?"""
+    """Role side of the control channel: has a stop been broadcast, and when was the supervisor
+    last heard from?"""
 
-    def __init__(self, sock: zmq.Socket, bad: BadMessages) -> None:
+    def __init__(self, sock: zmq.Socket, bad: BadMessages, clock: Clock = time.monotonic) -> None:
         self._sock = sock
         self.bad = bad
+        self._clock = clock
+        self.supervisor_seen: float | None = None  # clock() of the last supervisor heartbeat
 
     def poll_stop(self) -> StopMsg | None:
-        stops = _drain(self._sock, StopMsg, self.bad)
-        return stops[-1] if stops else None
+        stop: StopMsg | None = None
+        for msg in _drain(self._sock, (StopMsg, HeartbeatMsg), self.bad):
+            if isinstance(msg, StopMsg):
+                stop = msg
+            elif msg.role == "supervisor":
+                self.supervisor_seen = self._clock()
+            else:
+                self.bad.record(WireError(f"a {msg.role} heartbeat on the control channel"))
+        return stop
 
 
 def _as_stop(frames: list[bytes]) -> StopMsg | None:
@@ -293,9 +309,10 @@ def _as_stop(frames: list[bytes]) -> StopMsg | None:
     return msg if isinstance(msg, StopMsg) else None
 
 
-def _drain(sock: zmq.Socket, kind: type[_M], bad: BadMessages) -> list[_M]:
+def _drain(sock: zmq.Socket, kind: type[_M] | tuple[type[_M], ...], bad: BadMessages) -> list[_M]:
     """Every message queued on ``sock`` that decodes to ``kind``; anything else is counted as bad."""
     out: list[_M] = []
+    names = "/".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
     while True:
         try:
             frames = sock.recv_multipart(flags=zmq.NOBLOCK)
@@ -309,4 +326,4 @@ def _drain(sock: zmq.Socket, kind: type[_M], bad: BadMessages) -> list[_M]:
         if isinstance(msg, kind):
             out.append(msg)
         else:
-            bad.record(WireError(f"expected {kind.__name__}, got {type(msg).__name__} on {bad.channel}"))
+            bad.record(WireError(f"expected {names}, got {type(msg).__name__} on {bad.channel}"))
