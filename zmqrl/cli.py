@@ -165,6 +165,14 @@ def actor(
             help="Actor index: picks its seed and its epsilon on the Ape-X ladder (0 explores most).",
         ),
     ] = 0,
+    replacement: Annotated[
+        bool,
+        typer.Option(
+            "--replacement",
+            help="Started in place of a failed actor (launch does this): wait "
+            "for the learner's current weights before acting, and skip the epsilon warm-up.",
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
@@ -174,7 +182,7 @@ def actor(
         _fail("--id must be >= 0", EXIT_CONFIG)
     from zmqrl.roles.actor import Actor
 
-    stats = _run_role(lambda: Actor(cfg, id))
+    stats = _run_role(lambda: Actor(cfg, id, replacement=replacement))
     typer.echo(json.dumps({"actor": id, **stats}, default=float))
 
 

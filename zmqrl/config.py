@@ -92,7 +92,10 @@ class SupervisorConfig:
     heartbeat_interval: float = 1.0  # seconds between heartbeats from every role
     heartbeat_timeout: float = 30.0  # a process silent this long is killed and replaced
     startup_timeout: float = 60.0  # seconds to wait for the learner's first heartbeat
-    max_restarts: int = 5  # restarts of one actor slot before it is left down
+    max_restarts: int = 5  # restarts of one actor slot within restart_window; past that it stays down
+    restart_window: float = 300.0  # seconds over which max_restarts is counted
+    restart_backoff: float = 1.0  # delay before a restart, doubled for each restart in the window
+    restart_backoff_max: float = 30.0  # the longest delay before a restart
     stop_grace: float = 10.0  # seconds from the stop broadcast to SIGTERM, and again to SIGKILL
     progress_seconds: float = 5.0  # seconds between progress lines on the console
 
@@ -293,6 +296,12 @@ def _check(cfg: Config, source: str) -> None:
             cfg.supervisor.heartbeat_timeout > cfg.supervisor.heartbeat_interval,
         ),
         ("supervisor.max_restarts must be >= 0", cfg.supervisor.max_restarts >= 0),
+        ("supervisor.restart_window must be > 0", cfg.supervisor.restart_window > 0),
+        ("supervisor.restart_backoff must be >= 0", cfg.supervisor.restart_backoff >= 0),
+        (
+            "supervisor.restart_backoff_max must be >= supervisor.restart_backoff",
+            cfg.supervisor.restart_backoff_max >= cfg.supervisor.restart_backoff,
+        ),
         ("supervisor.stop_grace must be > 0", cfg.supervisor.stop_grace > 0),
         (
             "run.log_level must be debug, info, warning or error",

@@ -27,6 +27,8 @@ from zmqrl.types import EpisodeStat
 ACTOR_SEED_STRIDE = 1000
 # Env steps between (time-gated) heartbeat / control checks.
 HOUSEKEEPING_EVERY = 16
+# A replacement actor checks for the learner's weights this often while it waits for them.
+WEIGHTS_WAIT_POLL_SECONDS = 0.05
 # Pacing never lets an actor bank more than this many seconds of unused step budget (e.g. while it
 # was blocked on a full learner queue), so a capped actor does not burst afterwards.
 PACE_MAX_DEBT = 0.05
@@ -42,11 +44,16 @@ class Actor:
     oldest transition was acted with, so the learner can measure policy lag.
     """
 
-    def __init__(self, cfg: Config, actor_id: int, *, ctx: zmq.Context | None = None) -> None:
+    def __init__(
+        self, cfg: Config, actor_id: int, *, ctx: zmq.Context | None = None, replacement: bool = False
+    ) -> None:
         if not 0 <= actor_id < max(cfg.actor.num_actors, actor_id + 1):
             raise ValueError(f"actor id {actor_id} must be >= 0")
         self.cfg = cfg
         self.actor_id = actor_id
+        # Started in place of a failed actor: the run is under way, so act with the learner's
+        # current weights from the first step and at this slot's rung of the ladder (no warm-up).
+        self.replacement = replacement
         self._ctx = ctx or zmq.Context.instance()
         self.stop_event = threading.Event()
         self.stats: dict[str, Any] = {}
@@ -69,7 +76,8 @@ class Actor:
         env = make_env(cfg.env)
         spec = sample_spec(env)
         # Start fully random and anneal to this actor's rung of the ladder (no-op when decay is 0).
-        self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, cfg.actor.epsilon_decay_steps)
+        decay = 0 if self.replacement else cfg.actor.epsilon_decay_steps
+        self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, decay)
         self.agent = make_agent(cfg.agent, spec, epsilon=self._epsilon_schedule(0), device="cpu", seed=seed)
         steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
         limits = socket_limits(cfg)
@@ -92,7 +100,8 @@ class Actor:
         self._pace_due = self.started
         state = "failed"
         try:
-            self._loop(env, steps, spec.obs_dtype, spec.action_dtype, seed)
+            if not self.replacement or self._await_weights():
+                self._loop(env, steps, spec.obs_dtype, spec.action_dtype, seed)
             state = "stopped"
         finally:
             self.stats = {**self._counters(), "state": state, "stop_reason": self.link.stop_reason}
@@ -156,6 +165,18 @@ class Actor:
                 seq += 1
                 self.samples_sent += len(pending)
                 pending, finished = [], []
+
+    def _await_weights(self) -> bool:
+        """Block until published weights are loaded (the learner republishes about every second);
+        returns False if told to stop meanwhile."""
+        log.info("replacement actor: waiting for the learner's current weights before acting")
+        while self.agent.weights_version == 0:
+            if self.link.tick(self._counters, state="waiting"):
+                return False
+            self._sync_weights()
+            time.sleep(WEIGHTS_WAIT_POLL_SECONDS)
+        log.info("weights version %d loaded; starting", self.agent.weights_version)
+        return True
 
     def _pace(self, step_period: float) -> None:
         """Sleep off any lead over ``actor.max_steps_per_s`` (leaves CPU to the learner)."""

@@ -44,6 +44,24 @@ _PR_SET_PDEATHSIG = 1
 log = logging.getLogger("zmqrl.supervisor")
 
 
+class RestartPolicy:
+    """When to restart a failed slot: exponential backoff, and at most ``max_restarts`` within any
+    ``window`` seconds (a crash loop should end in a clear warning, not burn the machine)."""
+
+    def __init__(self, max_restarts: int, window: float, backoff: float, backoff_max: float) -> None:
+        self.max_restarts = max_restarts
+        self.window = window
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+
+    def delay(self, restart_times: list[float], now: float) -> float | None:
+        """Seconds to wait before the next restart, or None when the slot used up its restarts."""
+        recent = sum(1 for t in restart_times if now - t < self.window)
+        if recent >= self.max_restarts:
+            return None
+        return min(self.backoff_max, self.backoff * 2.0**recent)
+
+
 @dataclass
 class Child:
     """One slot (learner, or actor i) and the process currently filling it."""
@@ -58,6 +76,8 @@ class Child:
     last: HeartbeatMsg | None = None
     exit_code: int | None = None
     retired: bool = False  # no longer watched: finished on its own, or out of restarts
+    restart_at: float | None = None  # clock() at which a failed slot is started again
+    restart_times: list[float] = field(default_factory=list)  # clock() of this slot's restarts
     history: list[int] = field(default_factory=list)  # exit codes of earlier incarnations
 
     @property
@@ -90,6 +110,10 @@ class Supervisor:
         self._ctx = ctx or zmq.Context.instance()
         self._clock = clock
         self.children: dict[str, Child] = {}
+        scfg = cfg.supervisor
+        self.restart_policy = RestartPolicy(
+            scfg.max_restarts, scfg.restart_window, scfg.restart_backoff, scfg.restart_backoff_max
+        )
         self._signal: int | None = None
         self._stopping = False
         self._next_control_beat = 0.0
@@ -162,6 +186,8 @@ class Supervisor:
         cmd = [sys.executable, "-m", "zmqrl", role, str(self.run_dir / "config.yaml")]
         if role == "actor":
             cmd += ["--id", str(index)]
+            if previous is not None:
+                cmd.append("--replacement")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1"}
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
@@ -177,6 +203,7 @@ class Supervisor:
         child = Child(role, index, proc, log_path, started=now, last_seen=now)
         if previous is not None:
             child.restarts = previous.restarts + 1
+            child.restart_times = [*previous.restart_times, now]
             child.history = [*previous.history, previous.exit_code if previous.exit_code is not None else -9]
             child.last = previous.last
         self.children[child.name] = child
@@ -243,25 +270,27 @@ class Supervisor:
             rc = child.proc.returncode
         if rc is None:
             return
+        if child.restart_at is not None:  # already failed: waiting out the backoff
+            if now >= child.restart_at:
+                self._spawn(child.role, child.id, previous=child)
+            return
         child.exit_code = rc
         if rc == 0:  # it finished on its own (e.g. actor.max_steps): nothing to repair
             child.retired = True
             self._say(f"{child.name} finished")
             return
-        if child.restarts >= scfg.max_restarts:
+        delay = self.restart_policy.delay(child.restart_times, now)
+        if delay is None:
             child.retired = True
             self._say(
-                f"warning: {child.name} exited with code {rc} and used its {scfg.max_restarts} restarts; "
-                "continuing without it"
+                f"warning: {child.name} exited with code {rc} and already restarted {scfg.max_restarts} "
+                f"times within {scfg.restart_window:.0f} s; the run goes on without it (degraded)"
             )
             self._show_tail(child)
             return
-        self._say(
-            f"warning: {child.name} exited with code {rc}; restarting "
-            f"({child.restarts + 1}/{scfg.max_restarts})"
-        )
+        self._say(f"warning: {child.name} exited with code {rc}; restarting in {delay:.1f} s")
         self._show_tail(child)
-        self._spawn(child.role, child.id, previous=child)
+        child.restart_at = now + delay
 
     def _pump(self, timeout_ms: int) -> None:
         """Heartbeat the roles (time-gated), then receive theirs and attribute each to the process
