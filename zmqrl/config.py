@@ -85,6 +85,8 @@ class TransportConfig:
     samples_hwm: int = 64  # queued sample messages per peer before the actor blocks (backpressure)
     max_message_mb: int = 64  # larger incoming messages are dropped by ZeroMQ before decoding
     linger_ms: int = 1_000  # how long a closing socket may keep flushing queued messages
+    keys_dir: str | None = None  # CurveZMQ keys made by `zmqrl keys DIR` (None: no encryption)
+    insecure: bool = False  # allow binding a non-loopback address without keys (prints a warning)
 
 
 @dataclass
