@@ -228,3 +228,41 @@ def test_children_leave_when_the_supervisor_hangs(run_root: Path) -> None:
     assert "supervisor silent for" in (run_dir / "logs" / "learner-0.log").read_text()
     actor_log = (run_dir / "logs" / "actor-0.log").read_text()  # noticed itself, or was told by the learner
     assert "supervisor silent for" in actor_log or "stop announced by the learner" in actor_log
+
+
+def test_a_killed_learner_is_restarted_from_its_checkpoint_and_the_run_completes(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            learner__max_updates=3000,
+            learner__checkpoint_interval=100,
+            learner__eval_interval=0,
+            supervisor__restart_backoff=0.2,
+            checkpoint__replay=True,
+        )
+    )
+    launch.wait_for("actor(s) started", 60)
+    deadline = time.monotonic() + 60
+    while not (run_dir / "checkpoints" / "latest").is_file():
+        assert time.monotonic() < deadline, "no checkpoint was ever written"
+        time.sleep(0.05)
+    published_before = int((run_dir / "weights-version").read_text().split()[0])
+    os.kill(learner_pid(run_dir), signal.SIGKILL)
+    launch.wait_for("restarting it from its latest checkpoint", 20)
+
+    code = launch.finish(timeout=180)
+    assert code == 0, launch.output
+    assert_nothing_left(run_dir)
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert "resumed from" in log
+    stats = json.loads((run_dir / "stats.json").read_text())
+    assert stats["learner"]["state"] == "finished" and stats["learner"]["updates"] == 3000
+    assert stats["learner"]["weights_version"] > published_before
+    assert stats["actors"][0]["weights_version"] > published_before, "actors follow the restarted learner"
+
+
+def learner_pid(run_dir: Path) -> int:
+    found = [pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if " learner " in cmd]
+    assert found, "no learner process"
+    return found[0]

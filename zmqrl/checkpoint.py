@@ -45,3 +45,41 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a zmqrl checkpoint (format {CHECKPOINT_FORMAT})")
     return payload
+
+
+PERIODIC_PREFIX = "ckpt-"  # periodic checkpoints: ckpt-<updates, 10 digits>; the newest k are kept
+LATEST = "latest"  # the newest checkpoint (a hard link to the newest periodic one when possible)
+
+
+def save_periodic(directory: Path, updates: int, payload: dict[str, Any], keep: int) -> Path:
+    """Save ``ckpt-<updates>``, point ``latest`` at it (atomically) and keep only the newest ``keep``
+    periodic files, so that a torn or corrupt newest file still leaves older ones to resume from."""
+    path = directory / f"{PERIODIC_PREFIX}{updates:010d}"
+    save_checkpoint(path, payload)
+    tmp = directory / f".{LATEST}.link-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+        os.replace(tmp, directory / LATEST)
+    except OSError:  # no hard links here: write `latest` as a second copy
+        tmp.unlink(missing_ok=True)
+        save_checkpoint(directory / LATEST, payload)
+    for old in sorted(directory.glob(f"{PERIODIC_PREFIX}*"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_resumable(directory: Path, log: Any = None) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that loads: ``latest`` first, then periodic ones newest first.
+    Unreadable ones (torn by a crash mid-write on another file system, corrupted on disk) are
+    skipped with a warning. FileNotFoundError when there is none."""
+    candidates = [directory / LATEST, *sorted(directory.glob(f"{PERIODIC_PREFIX}*"), reverse=True)]
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            return path, load_checkpoint(path)
+        except (ValueError, OSError) as exc:
+            if log is not None:
+                log.warning("skipping checkpoint %s: %s", path, exc)
+    raise FileNotFoundError(f"no readable checkpoint in {directory}")

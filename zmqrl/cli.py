@@ -106,7 +106,21 @@ def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
 
 @app.command()
 def launch(
-    config: ConfigArg,
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="YAML config file (see configs/ and README 'Configuration'); omit with --resume."
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            metavar="RUN_DIR",
+            help="Continue the run in RUN_DIR from its checkpoints, "
+            "with the config saved there (--set still applies).",
+        ),
+    ] = None,
     actors: Annotated[
         int | None,
         typer.Option("--actors", "-n", help="Number of actor processes (overrides actor.num_actors)."),
@@ -122,22 +136,49 @@ def launch(
     overrides = list(set_ or [])
     if actors is not None:
         overrides.append(f"actor.num_actors={actors}")
+    if resume is not None:
+        if config is not None:
+            _fail("give either CONFIG or --resume RUN_DIR, not both", EXIT_CONFIG)
+        config = resume / "config.yaml"
+        overrides += [f"run.dir={resume.parent}", f"run.name={resume.name}"]
+    elif config is None:
+        _fail(
+            "missing CONFIG (or --resume RUN_DIR); try: zmqrl launch configs/cartpole_dqn.yaml", EXIT_CONFIG
+        )
     if name is not None:
         overrides.append(f"run.name={name}")
     cfg = _load(config, overrides)
     _setup_logging(cfg.run.log_level)
-    from zmqrl.roles.supervisor import Supervisor
+    from zmqrl.roles.supervisor import Supervisor, previous_run_state
     from zmqrl.transport.sockets import BindError
 
+    resuming = resume is not None
+    if not resuming and previous_run_state(cfg.run_dir) == "stopped":
+        typer.echo(
+            f"{cfg.run_dir} holds a stopped run: continuing it from its latest checkpoint "
+            f"(use --name to start a separate run)"
+        )
+        resuming = True
     try:
-        code = Supervisor(cfg, launched=COMMAND_STARTED).run()
+        code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming).run()
     except BindError as exc:
         _fail(str(exc), EXIT_RUNTIME)
     raise typer.Exit(code)
 
 
 @app.command()
-def learner(config: ConfigArg, set_: SetOpt = None) -> None:
+def learner(
+    config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue from the newest readable checkpoint "
+            "in the run directory (network, optimizer, counters, replay).",
+        ),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
     """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
     cfg = _load(config, set_)
     _setup_logging(cfg.run.log_level)
@@ -147,7 +188,7 @@ def learner(config: ConfigArg, set_: SetOpt = None) -> None:
 
     if not os.environ.get(SUPERVISED_ENV):
         save_config(cfg, cfg.run_dir / "config.yaml")
-    stats = _run_role(lambda: Learner(cfg))
+    stats = _run_role(lambda: Learner(cfg, resume=resume))
     stats.pop("eval_history", None)
     typer.echo(json.dumps({"learner": stats}, default=float))
     if stats.get("state") == "failed":

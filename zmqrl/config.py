@@ -103,11 +103,19 @@ class SupervisorConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    keep: int = 3  # periodic checkpoints kept (ckpt-<updates>); older ones are deleted
+    replay: bool = False  # also save the replay buffer, so a resumed learner does not start empty
+    replay_max_mb: int = 1024  # at most this much replay is saved (the newest transitions)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     agent: DQNConfig = field(default_factory=DQNConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
@@ -279,6 +287,8 @@ def _check(cfg: Config, source: str) -> None:
         ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
         ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
         ("learner.log_interval must be >= 1", cfg.learner.log_interval >= 1),
+        ("checkpoint.keep must be >= 1", cfg.checkpoint.keep >= 1),
+        ("checkpoint.replay_max_mb must be >= 1", cfg.checkpoint.replay_max_mb >= 1),
         ("learner.torch_threads must be >= 1", cfg.learner.torch_threads >= 1),
         ("actor.num_actors must be >= 1", cfg.actor.num_actors >= 1),
         ("actor.send_batch must be >= 1", cfg.actor.send_batch >= 1),

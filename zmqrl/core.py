@@ -55,6 +55,10 @@ class Agent(Protocol):
         """Load ``weights`` if newer than the current version; return whether it was loaded."""
         ...
 
+    def continue_versions_after(self, floor: int) -> None:
+        """Learner side, after a restart: number the next export above ``floor``."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume training (networks, optimiser, counters, version)."""
         ...

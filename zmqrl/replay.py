@@ -86,6 +86,28 @@ class UniformReplay:
         """All-time number of transitions passed to ``add``, including overwritten ones."""
         return self._total_added
 
+    def snapshot(self, max_rows: int | None = None) -> TransitionBatch:
+        """The stored transitions, oldest first (at most the newest ``max_rows``), as copies: what a
+        checkpoint keeps so that a resumed learner does not start from an empty buffer."""
+        with self._lock:
+            order = (np.arange(self._size) + (self._pos - self._size)) % self._capacity
+            if max_rows is not None:
+                order = order[max(0, len(order) - max_rows) :]
+            return TransitionBatch(*(col[order] for col in self._columns))
+
+    def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
+        """Refill from a ``snapshot`` (appended in order, as if just received)."""
+        if batch.size:
+            self.add(batch)
+        if total_added is not None:
+            self._total_added = max(self._total_added, total_added)
+
+    def rng_state(self) -> dict[str, object]:
+        return dict(self._rng.bit_generator.state)
+
+    def set_rng_state(self, state: dict[str, object]) -> None:
+        self._rng.bit_generator.state = state
+
     def _validate(self, batch: TransitionBatch) -> int:
         """Check every column's shape (and that its dtype casts safely); return the batch size.
 

@@ -207,6 +207,13 @@ class DQNAgent:
         }
         return Weights(self._version, arrays)
 
+    def continue_versions_after(self, floor: int) -> None:
+        """Learner side, after a restart: the next export gets a version above ``floor`` (the
+        highest ever published in this run), so actors never mistake new weights for old."""
+        if floor >= self._version:
+            self._version = floor
+            self._dirty = True
+
     def import_weights(self, weights: Weights) -> bool:
         """Load ``weights`` if strictly newer; all names and shapes are checked before anything is loaded.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -16,7 +17,7 @@ import torch
 import zmq
 
 from zmqrl.agents import make_agent
-from zmqrl.checkpoint import save_checkpoint
+from zmqrl.checkpoint import load_resumable, save_checkpoint, save_periodic
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.evaluation import EvalResult, evaluate
@@ -26,7 +27,7 @@ from zmqrl.roles.link import SupervisorLink, socket_limits
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
 from zmqrl.transport.wire import SamplesMsg
-from zmqrl.types import EpisodeStat
+from zmqrl.types import EpisodeStat, TransitionBatch
 
 # Ingest thread: wait this long for a message before re-checking its stop flag.
 INGEST_POLL_MS = 100
@@ -39,7 +40,34 @@ STOP_LINGER_MS = 500
 # Eval env seeds live far from actor seeds so evaluation never replays a training episode.
 EVAL_SEED_OFFSET = 999_999
 
+# Files in the run directory: the highest weights version published, and the replay snapshot.
+VERSION_FILE = "weights-version"
+REPLAY_SNAPSHOT = "replay.npz"
+
 log = logging.getLogger("zmqrl.learner")
+
+
+class PublishedVersions:
+    """The highest weights version this run ever published, kept in a small file.
+
+    One ``pwrite`` per publish (no fsync): it survives the learner process crashing, which is what
+    a restarted learner must number above; a machine crash takes the actors down too."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.highest = int(os.pread(self._fd, 32, 0).decode().strip() or 0)
+        except ValueError:
+            self.highest = 0
+
+    def record(self, version: int) -> None:
+        if version > self.highest:
+            self.highest = version
+            os.pwrite(self._fd, f"{version:<20d}\n".encode(), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class Learner:
@@ -56,8 +84,10 @@ class Learner:
         ctx: zmq.Context | None = None,
         logger: Logger | None = None,
         run_dir: Path | None = None,
+        resume: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.resume = resume  # continue from the run directory's newest readable checkpoint
         self._ctx = ctx or zmq.Context.instance()
         self.run_dir = run_dir if run_dir is not None else cfg.run_dir
         self._logger = logger
@@ -98,6 +128,12 @@ class Learner:
             self.spec.action_dtype,
             seed=cfg.run.seed,
         )
+        self.versions = PublishedVersions(self.run_dir / VERSION_FILE)
+        if self.resume:
+            self._restore()
+        # Number above anything published before in this run (a previous learner may have got
+        # further than its last checkpoint), so actors never see the version go backwards.
+        self.agent.continue_versions_after(self.versions.highest)
         log.info(
             "replay: %d transitions, %.1f MB preallocated; agent on %s",
             cfg.replay.capacity,
@@ -127,7 +163,7 @@ class Learner:
         log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
         state = "failed"
         try:
-            self.publisher.publish(self.agent.export_weights())  # version 1: actors adopt the learner's init
+            self._publish()  # first publish: actors adopt the learner's weights
             self._wait_for_replay()
             if not self.stop_event.is_set():
                 self._train(eval_envs)
@@ -136,7 +172,7 @@ class Learner:
             if finished and last_eval != self.updates:  # the run's final word on quality
                 self._evaluate(eval_envs)
             state = "finished" if finished else "stopped"
-            self._save("latest")
+            self._save_latest()
         finally:
             self._ingest_stop.set()
             ingest.join(timeout=5)
@@ -148,6 +184,7 @@ class Learner:
             self.publisher.announce_stop(f"learner {state}")
             samples_sock.close(linger=0)
             weights_sock.close(linger=STOP_LINGER_MS)
+            self.versions.close()
             self.link.close()
             self._write_stats()
         return self.stats
@@ -155,6 +192,9 @@ class Learner:
     def _wait_for_replay(self) -> None:
         """Sleep (no spinning) until replay holds ``min_replay_size`` transitions, keeping the
         weights republished and the supervisor informed meanwhile."""
+        if len(self.replay) >= self.cfg.learner.min_replay_size:  # e.g. restored from a snapshot
+            self._replay_ready.set()
+            return
         log.info("waiting for %d transitions before the first update", self.cfg.learner.min_replay_size)
         while not self._replay_ready.wait(timeout=min(0.25, self.cfg.learner.republish_seconds)):
             self._housekeeping()
@@ -170,18 +210,18 @@ class Learner:
             metrics = self.agent.update(self.replay.sample(batch_size))
             self.updates += 1
             if self.updates % lcfg.sync_interval == 0:
-                self.publisher.publish(self.agent.export_weights())
+                self._publish()
             if self.updates % lcfg.log_interval == 0:
                 self._log_scalars(metrics)
             if lcfg.eval_interval and self.updates % lcfg.eval_interval == 0:
                 self._evaluate(eval_envs)
             if lcfg.checkpoint_interval and self.updates % lcfg.checkpoint_interval == 0:
-                self._save("latest")
+                self._save_latest()
             if self.updates % HOUSEKEEPING_EVERY == 0:
                 self._housekeeping()
                 if self.stop_event.is_set() or time.monotonic() > deadline:
                     break
-        self.publisher.publish(self.agent.export_weights())
+        self._publish()
 
     # ------------------------------------------------------------------ ingest thread
     def _ingest_loop(self) -> None:
@@ -196,9 +236,9 @@ class Learner:
                     self._accept(msg)  # type: ignore[arg-type]
 
     def _accept(self, msg: SamplesMsg) -> None:
-        self.replay.add(msg.batch)
         lag = self.publisher.version - msg.weights_version
-        with self._lock:
+        with self._lock:  # replay and counters change together, so a checkpoint sees them agree
+            self.replay.add(msg.batch)
             self.samples += msg.batch.size
             self.batches += 1
             self.episodes += len(msg.episodes)
@@ -273,7 +313,9 @@ class Learner:
         improved = result.mean >= self.eval_best
         if improved:
             self.eval_best = result.mean
-            self._save("best")
+            with self._lock:
+                payload = self._payload()
+            save_checkpoint(self.run_dir / "checkpoints" / "best", payload)
         target = self.cfg.learner.target_return
         if target is not None and self.target_reached is None and result.mean >= target:
             self.target_reached = record
@@ -287,14 +329,100 @@ class Learner:
         )
         return result
 
-    def _save(self, name: str) -> None:
-        payload = {
+    # ------------------------------------------------------------------ checkpoints and resume
+    def _publish(self) -> None:
+        weights = self.agent.export_weights()
+        self.publisher.publish(weights)
+        self.versions.record(weights.version)
+
+    def _payload(self) -> dict[str, Any]:
+        """Everything a resumed learner needs; the caller holds ``self._lock`` so that the counters
+        agree with each other (and with a replay snapshot taken under the same lock)."""
+        counters = {
+            "updates": self.updates,
+            "samples": self.samples,
+            "batches": self.batches,
+            "episodes": self.episodes,
+        }
+        return {
             "agent": self.agent.state_dict(),
-            "counters": {"updates": self.updates, "samples": self.samples, "episodes": self.episodes},
-            "eval": {"last": self.eval_last, "best": self.eval_best},
+            "counters": counters,
+            "eval": {
+                "last": self.eval_last,
+                "best": self.eval_best,
+                "history": self.eval_history,
+                "target_reached": self.target_reached,
+            },
+            "replay_rng": self.replay.rng_state(),
             "config": self.cfg.to_dict(),
         }
-        save_checkpoint(self.run_dir / "checkpoints" / name, payload)
+
+    def _save_latest(self) -> None:
+        directory = self.run_dir / "checkpoints"
+        snap: TransitionBatch | None = None
+        with self._lock:  # counters and replay snapshot from the same instant
+            payload = self._payload()
+            if self.cfg.checkpoint.replay:
+                row_bytes = self.replay.nbytes / self.replay.capacity
+                snap = self.replay.snapshot(int(self.cfg.checkpoint.replay_max_mb * 2**20 / row_bytes))
+        save_periodic(directory, self.updates, payload, self.cfg.checkpoint.keep)
+        if snap is not None:
+            self._save_replay(directory / REPLAY_SNAPSHOT, snap)
+
+    def _save_replay(self, path: Path, snap: TransitionBatch) -> None:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            np.savez_compressed(
+                f,
+                updates=np.int64(self.updates),
+                total_added=np.int64(self.replay.total_added),
+                **snap._asdict(),
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _restore(self) -> None:
+        directory = self.run_dir / "checkpoints"
+        try:
+            path, payload = load_resumable(directory, log)
+        except FileNotFoundError:
+            log.warning("asked to resume, but %s holds no readable checkpoint: starting fresh", directory)
+            return
+        self.agent.load_state_dict(payload["agent"])
+        counters = payload["counters"]
+        self.updates = int(counters["updates"])
+        self.samples = int(counters["samples"])
+        self.batches = int(counters.get("batches", 0))
+        self.episodes = int(counters["episodes"])
+        ev = payload.get("eval", {})
+        self.eval_last = float(ev.get("last", float("nan")))
+        self.eval_best = float(ev.get("best", -float("inf")))
+        self.eval_history = list(ev.get("history", []))
+        self.target_reached = ev.get("target_reached")
+        if payload.get("replay_rng"):
+            self.replay.set_rng_state(payload["replay_rng"])
+        restored = 0
+        snapshot = directory / REPLAY_SNAPSHOT
+        if self.cfg.checkpoint.replay and snapshot.is_file():
+            try:
+                with np.load(snapshot, allow_pickle=False) as data:
+                    if int(data["updates"]) == self.updates:
+                        batch = TransitionBatch(*(data[name] for name in TransitionBatch._fields))
+                        self.replay.restore(batch, int(data["total_added"]))
+                        restored = batch.size
+                    else:
+                        log.warning("replay snapshot is from another checkpoint; starting with empty replay")
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("replay snapshot %s unreadable (%s); starting with empty replay", snapshot, exc)
+        log.info(
+            "resumed from %s: %d updates, %d samples, weights version %d, %d transitions in replay",
+            path,
+            self.updates,
+            self.samples,
+            self.agent.weights_version,
+            restored,
+        )
 
     def _counters(self) -> dict[str, float | int]:
         elapsed = max(time.monotonic() - self.started, 1e-9)

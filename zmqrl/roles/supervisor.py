@@ -102,8 +102,10 @@ class Supervisor:
         ctx: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
         launched: float | None = None,
+        resume: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.resume = resume  # the learner continues from the run directory's checkpoints
         self._launched = launched  # when `zmqrl launch` began (Unix s): "after launch" counts from it
         self.run_dir = cfg.run_dir
         self._out = out or sys.stdout
@@ -188,6 +190,8 @@ class Supervisor:
             cmd += ["--id", str(index)]
             if previous is not None:
                 cmd.append("--replacement")
+        elif previous is not None or self.resume:
+            cmd.append("--resume")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1"}
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
@@ -236,18 +240,11 @@ class Supervisor:
             self._pump(100)
             now = self._clock()
             learner = self.children["learner-0"]
-            if learner.proc.poll() is not None:
-                learner.exit_code = learner.proc.returncode
-                if learner.exit_code == 0:
-                    self._say("learner finished; stopping actors")
-                    return EXIT_OK
-                self._say(f"error: the learner exited with code {learner.exit_code}")
-                self._show_tail(learner)
-                return EXIT_FAILED
-            if now - learner.last_seen > scfg.heartbeat_timeout:
-                self._say(
-                    f"error: no heartbeat from the learner for {now - learner.last_seen:.0f} s; stopping"
-                )
+            if learner.restart_at is None and learner.proc.poll() == 0:
+                learner.exit_code = 0
+                self._say("learner finished; stopping actors")
+                return EXIT_OK
+            if not self._check_learner(learner, now):
                 return EXIT_FAILED
             for child in list(self.children.values()):
                 if child.role == "actor" and not child.retired:
@@ -256,6 +253,41 @@ class Supervisor:
                 next_progress = now + scfg.progress_seconds
                 self._progress()
         return EXIT_FAILED
+
+    def _check_learner(self, learner: Child, now: float) -> bool:
+        """Replace a crashed or silent learner from its latest checkpoint; False once it used up its
+        restarts (the run then stops with an error)."""
+        scfg = self.cfg.supervisor
+        if learner.restart_at is not None:
+            if now >= learner.restart_at:
+                self._spawn("learner", 0, previous=learner)
+            return True
+        rc = learner.proc.poll()
+        if rc is None and now - learner.last_seen > scfg.heartbeat_timeout:
+            self._say(
+                f"warning: no heartbeat from the learner for {now - learner.last_seen:.0f} s; killing it"
+            )
+            learner.proc.kill()
+            rc = learner.proc.wait()
+        if rc is None:
+            return True
+        learner.exit_code = rc
+        self._show_tail(learner)
+        delay = self.restart_policy.delay(learner.restart_times, now)
+        checkpoints = self.run_dir / "checkpoints"
+        if delay is None:
+            self._say(
+                f"error: the learner failed (exit code {rc}) {scfg.max_restarts + 1} times within "
+                f"{scfg.restart_window:.0f} s; stopping the run. Its latest checkpoint is in {checkpoints}: "
+                f"fix the cause (see {learner.log_path}), then `zmqrl launch --resume {self.run_dir}`"
+            )
+            return False
+        self._say(
+            f"warning: the learner exited with code {rc}; restarting it from its latest checkpoint "
+            f"in {delay:.1f} s"
+        )
+        learner.restart_at = now + delay
+        return True
 
     def _check_actor(self, child: Child, now: float) -> None:
         scfg = self.cfg.supervisor
@@ -475,6 +507,18 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
         return dict(learner.last.counters) if learner and learner.last else {}
+
+
+def previous_run_state(run_dir: Path) -> str | None:
+    """How the last run in ``run_dir`` ended ("finished", "stopped", "failed"), if it left
+    checkpoints to continue from; None otherwise."""
+    stats = run_dir / "learner-stats.json"
+    if not (run_dir / "checkpoints" / "latest").is_file() or not stats.is_file():
+        return None
+    try:
+        return str(json.loads(stats.read_text()).get("state"))
+    except (OSError, ValueError):
+        return None
 
 
 def _asks_os_for_port(endpoint: str) -> bool:

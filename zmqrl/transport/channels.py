@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -50,7 +49,6 @@ class BadMessages:
     ) -> None:
         self.channel = channel
         self.count = 0
-        self.reasons: Counter[str] = Counter()
         self._log = logger or logging.getLogger("zmqrl.transport")
         self._interval = interval
         self._clock = clock
@@ -61,7 +59,6 @@ class BadMessages:
         self.count += 1
         self._unlogged += 1
         reason = str(error)[:120]
-        self.reasons[reason] += 1
         now = self._clock()
         if now - self._last_log >= self._interval:
             self._log.warning(

@@ -4,6 +4,11 @@ Who binds and who connects (see README "Sockets and ports"):
   learner    binds PULL samples, PUB weights;   connects PUSH heartbeat, SUB control
   supervisor binds PULL heartbeat, PUB control
   actor      connects PUSH samples, SUB weights, PUSH heartbeat, SUB control
+
+Security (README "Security"): every constructor takes ``security``. None (the default) means
+plaintext, which binding constructors allow on loopback only unless ``insecure`` is set. With
+keys, binding sockets are CurveZMQ servers and connecting sockets CurveZMQ clients; a context
+must run :meth:`Security.start_authenticator` before it binds a secured socket.
 """
 
 from __future__ import annotations
@@ -11,6 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import zmq
+
+from zmqrl.transport.security import (
+    Security,
+    SecurityError,
+    authenticator_running,
+    check_bind_allowed,
+    curve_options,
+)
 
 # A weights subscriber only ever wants the newest snapshot; keep few queued (ZMQ_CONFLATE does
 # not work with multipart messages, so the subscriber drains to the latest instead).
@@ -45,6 +58,51 @@ def _base(ctx: zmq.Context, kind: int, limits: SocketLimits) -> zmq.Socket:
     return sock
 
 
+def _secure(sock: zmq.Socket, security: Security | None, server: bool) -> None:
+    """Make ``sock`` a CurveZMQ server or client; must run before bind/connect to take effect."""
+    if security is None:
+        return
+    try:
+        for option, value in curve_options(security, server):
+            sock.setsockopt(option, value)
+    except (zmq.ZMQError, SecurityError) as exc:
+        sock.close(linger=0)
+        if isinstance(exc, SecurityError):
+            raise
+        raise SecurityError(
+            f"cannot enable CurveZMQ on this socket ({exc}); zmqrl needs libzmq >= 4.3 built with CURVE "
+            f"(this one is {zmq.zmq_version()})"
+        ) from None
+
+
+def _server(
+    ctx: zmq.Context,
+    kind: int,
+    limits: SocketLimits,
+    endpoint: str,
+    what: str,
+    security: Security | None,
+    insecure: bool,
+) -> zmq.Socket:
+    """A binding socket, after the checks that decide whether it may exist at all."""
+    check_bind_allowed(endpoint, what, security, insecure)
+    if security is not None and not authenticator_running(ctx):
+        # With the ZAP domain enforced, nobody could connect; say so now instead of hanging later.
+        raise SecurityError(
+            f"cannot bind {what} with CurveZMQ: no authenticator runs in this zmq.Context; "
+            f"call security.start_authenticator(ctx) before binding"
+        )
+    sock = _base(ctx, kind, limits)
+    _secure(sock, security, server=True)
+    return sock
+
+
+def _client(ctx: zmq.Context, kind: int, limits: SocketLimits, security: Security | None) -> zmq.Socket:
+    sock = _base(ctx, kind, limits)
+    _secure(sock, security, server=False)
+    return sock
+
+
 def bind(sock: zmq.Socket, endpoint: str, what: str) -> str:
     """Bind and return the real endpoint (port 0 / ``*`` resolved by the OS)."""
     try:
@@ -60,15 +118,24 @@ def bind(sock: zmq.Socket, endpoint: str, what: str) -> str:
     return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
-def samples_pull(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
-    sock = _base(ctx, zmq.PULL, limits)
+def samples_pull(
+    ctx: zmq.Context,
+    endpoint: str,
+    limits: SocketLimits,
+    *,
+    security: Security | None = None,
+    insecure: bool = False,
+) -> tuple[zmq.Socket, str]:
+    sock = _server(ctx, zmq.PULL, limits, endpoint, "samples", security, insecure)
     sock.setsockopt(zmq.RCVHWM, limits.samples_hwm)
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
     return sock, bind(sock, endpoint, "samples")
 
 
-def samples_push(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
-    sock = _base(ctx, zmq.PUSH, limits)
+def samples_push(
+    ctx: zmq.Context, endpoint: str, limits: SocketLimits, *, security: Security | None = None
+) -> zmq.Socket:
+    sock = _client(ctx, zmq.PUSH, limits, security)
     sock.setsockopt(zmq.SNDHWM, limits.samples_hwm)
     # Queue only on completed connections, so an actor started before its learner blocks rather
     # than piling messages into a pipe that may never connect.
@@ -77,15 +144,24 @@ def samples_push(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.S
     return sock
 
 
-def weights_pub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
-    sock = _base(ctx, zmq.PUB, limits)
+def weights_pub(
+    ctx: zmq.Context,
+    endpoint: str,
+    limits: SocketLimits,
+    *,
+    security: Security | None = None,
+    insecure: bool = False,
+) -> tuple[zmq.Socket, str]:
+    sock = _server(ctx, zmq.PUB, limits, endpoint, "weights", security, insecure)
     sock.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
     sock.setsockopt(zmq.LINGER, 0)  # weights are republished; never hold a closing learner up
     return sock, bind(sock, endpoint, "weights")
 
 
-def weights_sub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
-    sock = _base(ctx, zmq.SUB, limits)
+def weights_sub(
+    ctx: zmq.Context, endpoint: str, limits: SocketLimits, *, security: Security | None = None
+) -> zmq.Socket:
+    sock = _client(ctx, zmq.SUB, limits, security)
     sock.setsockopt(zmq.RCVHWM, WEIGHTS_RCVHWM)
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
@@ -93,28 +169,46 @@ def weights_sub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.So
     return sock
 
 
-def heartbeat_pull(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
-    sock = _base(ctx, zmq.PULL, limits)
+def heartbeat_pull(
+    ctx: zmq.Context,
+    endpoint: str,
+    limits: SocketLimits,
+    *,
+    security: Security | None = None,
+    insecure: bool = False,
+) -> tuple[zmq.Socket, str]:
+    sock = _server(ctx, zmq.PULL, limits, endpoint, "heartbeat", security, insecure)
     sock.setsockopt(zmq.RCVHWM, HEARTBEAT_HWM * 16)
     sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
     return sock, bind(sock, endpoint, "heartbeat")
 
 
-def heartbeat_push(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
-    sock = _base(ctx, zmq.PUSH, limits)
+def heartbeat_push(
+    ctx: zmq.Context, endpoint: str, limits: SocketLimits, *, security: Security | None = None
+) -> zmq.Socket:
+    sock = _client(ctx, zmq.PUSH, limits, security)
     sock.setsockopt(zmq.SNDHWM, HEARTBEAT_HWM)
     sock.connect(endpoint)
     return sock
 
 
-def control_pub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> tuple[zmq.Socket, str]:
-    sock = _base(ctx, zmq.PUB, limits)
+def control_pub(
+    ctx: zmq.Context,
+    endpoint: str,
+    limits: SocketLimits,
+    *,
+    security: Security | None = None,
+    insecure: bool = False,
+) -> tuple[zmq.Socket, str]:
+    sock = _server(ctx, zmq.PUB, limits, endpoint, "control", security, insecure)
     sock.setsockopt(zmq.SNDHWM, CONTROL_HWM)
     return sock, bind(sock, endpoint, "control")
 
 
-def control_sub(ctx: zmq.Context, endpoint: str, limits: SocketLimits) -> zmq.Socket:
-    sock = _base(ctx, zmq.SUB, limits)
+def control_sub(
+    ctx: zmq.Context, endpoint: str, limits: SocketLimits, *, security: Security | None = None
+) -> zmq.Socket:
+    sock = _client(ctx, zmq.SUB, limits, security)
     sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
     sock.setsockopt(zmq.SUBSCRIBE, b"")

@@ -425,7 +425,8 @@ def _array_frame(name: str, value: Any) -> tuple[dict[str, Any], memoryview]:
     le = _LE_DTYPES[dtype]
     if arr.dtype != le:
         arr = arr.astype(le)
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:  # np.ascontiguousarray would turn a 0-d array into shape (1,)
+        arr = np.ascontiguousarray(arr)
     desc = {"name": name, "dtype": dtype, "shape": list(arr.shape)}
     return desc, memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
