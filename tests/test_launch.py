@@ -266,3 +266,47 @@ def learner_pid(run_dir: Path) -> int:
     found = [pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if " learner " in cmd]
     assert found, "no learner process"
     return found[0]
+
+
+def test_a_run_with_curve_keys_trains_over_encrypted_authenticated_sockets(run_root: Path) -> None:
+    keys_dir = run_root / "keys"
+    made = subprocess.run(
+        [sys.executable, "-m", "zmqrl", "keys", str(keys_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert made.returncode == 0, made.stderr
+    assert (keys_dir / "server.key_secret").is_file() and (keys_dir / "authorized" / "client.key").is_file()
+    again = subprocess.run(
+        [sys.executable, "-m", "zmqrl", "keys", str(keys_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 1 and again.stderr.startswith("error:"), "existing keys are never overwritten"
+
+    run_dir = run_root / "t"
+    launch = Launch(tiny_overrides(run_root, learner__max_updates=200, transport__keys_dir=str(keys_dir)))
+    assert launch.finish(timeout=120) == 0, launch.output
+    assert_nothing_left(run_dir)
+    stats = json.loads((run_dir / "stats.json").read_text())
+    assert stats["learner"]["samples"] > 0 and stats["learner"]["updates"] == 200
+    assert stats["actors"][0]["weights_version"] >= 2
+
+
+def test_binding_beyond_loopback_without_keys_is_refused_before_anything_binds(run_root: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zmqrl",
+            "learner",
+            str(REPO / "configs" / "cartpole_dqn.yaml"),
+            *[
+                arg
+                for item in tiny_overrides(run_root, transport__samples="tcp://0.0.0.0:0")
+                for arg in ("--set", item)
+            ],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "zmqrl keys" in result.stderr and "--insecure" in result.stderr
+    assert_nothing_left(run_root / "t")

@@ -1,4 +1,4 @@
-"""Command line: ``zmqrl launch | learner | actor | eval | config``.
+"""Command line: ``zmqrl launch | learner | actor | eval | keys | config``.
 
 Every command takes a YAML config and any number of ``--set section.key=value`` overrides. Process
 mains stay thin: parse config, build the role, run it, clean up, report.
@@ -87,8 +87,19 @@ def _on_stop_signals(request_stop: Callable[[], None]) -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Allow binding a non-loopback address without Curve keys (prints a "
+        "warning): only on a trusted network. See README 'Security'.",
+    ),
+]
+
+
 def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
     from zmqrl.envs import EnvError
+    from zmqrl.transport.security import SecurityError
     from zmqrl.transport.sockets import BindError
 
     try:
@@ -98,7 +109,7 @@ def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
     _on_stop_signals(role.request_stop)
     try:
         return dict(role.run())
-    except BindError as exc:
+    except (BindError, SecurityError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     except EnvError as exc:
         _fail(str(exc), EXIT_CONFIG)
@@ -126,6 +137,7 @@ def launch(
         typer.Option("--actors", "-n", help="Number of actor processes (overrides actor.num_actors)."),
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Run name: results go to runs/NAME/.")] = None,
+    insecure: InsecureOpt = False,
     set_: SetOpt = None,
 ) -> None:
     """Train: start the learner and N actors as separate processes and supervise them.
@@ -147,9 +159,12 @@ def launch(
         )
     if name is not None:
         overrides.append(f"run.name={name}")
+    if insecure:
+        overrides.append("transport.insecure=true")
     cfg = _load(config, overrides)
     _setup_logging(cfg.run.log_level)
     from zmqrl.roles.supervisor import Supervisor, previous_run_state
+    from zmqrl.transport.security import SecurityError
     from zmqrl.transport.sockets import BindError
 
     resuming = resume is not None
@@ -161,7 +176,7 @@ def launch(
         resuming = True
     try:
         code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming).run()
-    except BindError as exc:
+    except (BindError, SecurityError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     raise typer.Exit(code)
 
@@ -177,10 +192,11 @@ def learner(
             "in the run directory (network, optimizer, counters, replay).",
         ),
     ] = False,
+    insecure: InsecureOpt = False,
     set_: SetOpt = None,
 ) -> None:
     """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
-    cfg = _load(config, set_)
+    cfg = _load(config, [*(set_ or []), *(["transport.insecure=true"] if insecure else [])])
     _setup_logging(cfg.run.log_level)
     from zmqrl.config import save_config
     from zmqrl.roles.learner import Learner
@@ -255,6 +271,32 @@ def eval_checkpoint(
         f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
         f"{sum(result.lengths) / len(result.lengths):.0f})"
     )
+
+
+@app.command()
+def keys(
+    keys_dir: Annotated[Path, typer.Argument(help="Directory for the keys (created if missing).")],
+    client: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--client",
+            "-c",
+            help="Name of a client key pair to add and authorize (repeatable); "
+            "default: a server pair plus one client pair named 'client'.",
+        ),
+    ] = None,
+) -> None:
+    """Make CurveZMQ keys: a server pair (learner, supervisor), client pairs (every process that
+    connects), and KEYS_DIR/authorized/ listing the clients the servers accept. Then run with
+    --set transport.keys_dir=KEYS_DIR (README 'Security')."""
+    from zmqrl.transport.security import SecurityError, create_keys
+
+    try:
+        written = create_keys(keys_dir, list(client) if client else None)
+    except (SecurityError, FileExistsError, ValueError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    for path in written:
+        typer.echo(str(path))
 
 
 @app.command("config")

@@ -16,7 +16,7 @@ from zmqrl.agents import make_agent
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.exploration import LinearSchedule, apex_epsilon
-from zmqrl.roles.link import SupervisorLink, socket_limits
+from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.steps import NStepProcessor, Transition, to_batch
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleSender, WeightsSubscriber
@@ -81,8 +81,9 @@ class Actor:
         self.agent = make_agent(cfg.agent, spec, epsilon=self._epsilon_schedule(0), device="cpu", seed=seed)
         steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
         limits = socket_limits(cfg)
-        samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits)
-        weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits)
+        security = transport_security(cfg)
+        samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits, security=security)
+        weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
         self.sender = SampleSender(samples_sock)
         self.weights = WeightsSubscriber(
             weights_sock, self.agent.weights_spec(), BadMessages(f"actor-{self.actor_id} weights", log)

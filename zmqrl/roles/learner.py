@@ -23,7 +23,7 @@ from zmqrl.envs import make_env, sample_spec
 from zmqrl.evaluation import EvalResult, evaluate
 from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
 from zmqrl.replay import UniformReplay
-from zmqrl.roles.link import SupervisorLink, socket_limits
+from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
 from zmqrl.transport.wire import SamplesMsg
@@ -141,11 +141,24 @@ class Learner:
             self.agent.device,
         )
         limits = socket_limits(cfg)
-        samples_sock, samples_ep = sockets.samples_pull(self._ctx, cfg.transport.samples, limits)
+        security = transport_security(cfg)
+        # Authentication must be running before a Curve server socket binds.
+        self._auth = security.start_authenticator(self._ctx) if security else None
+        insecure = cfg.transport.insecure
         try:
-            weights_sock, weights_ep = sockets.weights_pub(self._ctx, cfg.transport.weights, limits)
-        except sockets.BindError:
+            samples_sock, samples_ep = sockets.samples_pull(
+                self._ctx, cfg.transport.samples, limits, security=security, insecure=insecure
+            )
+        except Exception:
+            self._stop_auth()
+            raise
+        try:
+            weights_sock, weights_ep = sockets.weights_pub(
+                self._ctx, cfg.transport.weights, limits, security=security, insecure=insecure
+            )
+        except Exception:
             samples_sock.close(linger=0)
+            self._stop_auth()
             raise
         self.endpoints = {"samples": samples_ep, "weights": weights_ep}
         self.receiver = SampleReceiver(samples_sock, self.spec, BadMessages("learner samples", log))
@@ -185,6 +198,7 @@ class Learner:
             samples_sock.close(linger=0)
             weights_sock.close(linger=STOP_LINGER_MS)
             self.versions.close()
+            self._stop_auth()
             self.link.close()
             self._write_stats()
         return self.stats
@@ -328,6 +342,10 @@ class Learner:
             " (new best)" if improved else "",
         )
         return result
+
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
 
     # ------------------------------------------------------------------ checkpoints and resume
     def _publish(self) -> None:

@@ -11,12 +11,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import zmq
 
 from zmqrl.config import Config
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, ControlSubscriber, HeartbeatSender
+from zmqrl.transport.security import Security
 
 # Set by the supervisor in its children's environment: they then watch its heartbeat.
 SUPERVISED_ENV = "ZMQRL_SUPERVISED"
@@ -24,6 +26,11 @@ SUPERVISED_ENV = "ZMQRL_SUPERVISED"
 CONTROL_POLL_SECONDS = 0.1
 
 log = logging.getLogger("zmqrl.link")
+
+
+def transport_security(cfg: Config) -> Security | None:
+    """This process's Curve keys when the run uses them (``transport.keys_dir``), else None."""
+    return Security.load(Path(cfg.transport.keys_dir)) if cfg.transport.keys_dir else None
 
 
 def socket_limits(cfg: Config) -> sockets.SocketLimits:
@@ -45,8 +52,9 @@ class SupervisorLink:
         watch_supervisor: bool | None = None,
     ) -> None:
         limits = socket_limits(cfg)
-        self._hb_sock = sockets.heartbeat_push(ctx, cfg.transport.heartbeat, limits)
-        self._ctl_sock = sockets.control_sub(ctx, cfg.transport.control, limits)
+        security = transport_security(cfg)
+        self._hb_sock = sockets.heartbeat_push(ctx, cfg.transport.heartbeat, limits, security=security)
+        self._ctl_sock = sockets.control_sub(ctx, cfg.transport.control, limits, security=security)
         self.heartbeat = HeartbeatSender(
             self._hb_sock, role, role_id, cfg.supervisor.heartbeat_interval, clock
         )

@@ -28,7 +28,7 @@ import zmq
 
 from zmqrl.config import Config, save_config
 from zmqrl.metrics import fmt_value
-from zmqrl.roles.link import SUPERVISED_ENV, socket_limits
+from zmqrl.roles.link import SUPERVISED_ENV, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, ControlPublisher, HeartbeatReceiver
 from zmqrl.transport.wire import HeartbeatMsg
@@ -126,11 +126,23 @@ class Supervisor:
         self.launched = self._launched if self._launched is not None else time.time()
         self._t0 = self._clock()
         limits = socket_limits(self.cfg)
-        hb_sock, hb_ep = sockets.heartbeat_pull(self._ctx, self.cfg.transport.heartbeat, limits)
+        security = transport_security(self.cfg)
+        auth = security.start_authenticator(self._ctx) if security else None
+        insecure = self.cfg.transport.insecure
         try:
-            ctl_sock, ctl_ep = sockets.control_pub(self._ctx, self.cfg.transport.control, limits)
-        except sockets.BindError:
-            hb_sock.close(linger=0)
+            hb_sock, hb_ep = sockets.heartbeat_pull(
+                self._ctx, self.cfg.transport.heartbeat, limits, security=security, insecure=insecure
+            )
+            try:
+                ctl_sock, ctl_ep = sockets.control_pub(
+                    self._ctx, self.cfg.transport.control, limits, security=security, insecure=insecure
+                )
+            except Exception:
+                hb_sock.close(linger=0)
+                raise
+        except Exception:
+            if auth is not None:
+                auth.stop()
             raise
         self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
         self.control = ControlPublisher(ctl_sock)
@@ -143,6 +155,8 @@ class Supervisor:
             self._shutdown()
             hb_sock.close(linger=0)
             ctl_sock.close(linger=0)
+            if auth is not None:
+                auth.stop()
         self._report()
         if self._signal == signal.SIGINT:
             return EXIT_SIGINT
