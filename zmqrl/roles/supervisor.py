@@ -76,6 +76,7 @@ class Child:
     last: HeartbeatMsg | None = None
     exit_code: int | None = None
     retired: bool = False  # no longer watched: finished on its own, or out of restarts
+    heard: bool = False  # this process has sent a heartbeat (until then it is still starting up)
     restart_at: float | None = None  # clock() at which a failed slot is started again
     restart_times: list[float] = field(default_factory=list)  # clock() of this slot's restarts
     history: list[int] = field(default_factory=list)  # exit codes of earlier incarnations
@@ -268,6 +269,13 @@ class Supervisor:
                 self._progress()
         return EXIT_FAILED
 
+    def _silent_too_long(self, child: Child, now: float) -> bool:
+        """A starting process (python, torch, env) gets ``startup_timeout`` for its first
+        heartbeat; after that, ``heartbeat_timeout`` of silence means it is hung."""
+        scfg = self.cfg.supervisor
+        limit = scfg.heartbeat_timeout if child.heard else max(scfg.startup_timeout, scfg.heartbeat_timeout)
+        return now - child.last_seen > limit
+
     def _check_learner(self, learner: Child, now: float) -> bool:
         """Replace a crashed or silent learner from its latest checkpoint; False once it used up its
         restarts (the run then stops with an error)."""
@@ -277,7 +285,7 @@ class Supervisor:
                 self._spawn("learner", 0, previous=learner)
             return True
         rc = learner.proc.poll()
-        if rc is None and now - learner.last_seen > scfg.heartbeat_timeout:
+        if rc is None and self._silent_too_long(learner, now):
             self._say(
                 f"warning: no heartbeat from the learner for {now - learner.last_seen:.0f} s; killing it"
             )
@@ -306,7 +314,7 @@ class Supervisor:
     def _check_actor(self, child: Child, now: float) -> None:
         scfg = self.cfg.supervisor
         rc = child.proc.poll()
-        if rc is None and now - child.last_seen > scfg.heartbeat_timeout:
+        if rc is None and self._silent_too_long(child, now):
             self._say(
                 f"warning: {child.name} (pid {child.proc.pid}) silent for "
                 f"{now - child.last_seen:.0f} s; killing"
@@ -351,6 +359,7 @@ class Supervisor:
                 continue  # a stranger, or a previous incarnation's last words
             child.last = hb
             child.last_seen = self._clock()
+            child.heard = True
 
     # ------------------------------------------------------------------ shutdown
     def _install_signals(self) -> None:
@@ -459,7 +468,9 @@ class Supervisor:
             "launched": self.launched,
             "wall_seconds": self._clock() - self._t0,
             "shutdown_seconds": getattr(self, "shutdown_seconds", float("nan")),
-            "learner": learner_stats,
+            "learner": {**learner_stats, "restarts": self.children["learner-0"].restarts}
+            if "learner-0" in self.children
+            else learner_stats,
             "actors": rows,
         }
         out = self._out
