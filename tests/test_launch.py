@@ -78,6 +78,13 @@ def wait_for_process(text: str, timeout: float) -> int:
     raise AssertionError(f"no process with {text!r} in its command line")
 
 
+def wait_for_log(path: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.is_file() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.05)
+
+
 def assert_nothing_left(run_dir: Path) -> None:
     deadline = time.monotonic() + 5
     while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
@@ -196,7 +203,8 @@ def test_a_hung_actor_is_detected_by_its_silence_and_replaced(run_root: Path) ->
     launch, victim = launch_until_actor_runs(
         run_root, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=2.0
     )
-    time.sleep(1.0)
+    wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 60)  # heartbeating, past start-up
+    time.sleep(0.5)
     os.kill(victim, signal.SIGSTOP)  # alive to the OS, silent to the supervisor
     stopped_at = time.monotonic()
     launch.wait_for("actor-0 (pid", 30)
