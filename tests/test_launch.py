@@ -318,3 +318,73 @@ def test_binding_beyond_loopback_without_keys_is_refused_before_anything_binds(r
     assert result.returncode == 1
     assert "zmqrl keys" in result.stderr and "--insecure" in result.stderr
     assert_nothing_left(run_root / "t")
+
+
+def test_a_learner_failing_past_its_restarts_stops_the_run_with_a_clear_error(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            learner__max_updates=1_000_000,
+            learner__checkpoint_interval=50,
+            supervisor__max_restarts=1,
+            supervisor__restart_backoff=0.2,
+        )
+    )
+    for incarnation in (1, 2):
+        wait_for_log(run_dir / "logs" / "learner-0.log", "training:", 60)
+        log = (run_dir / "logs" / "learner-0.log").read_text()
+        deadline = time.monotonic() + 60
+        while log.count("training:") < incarnation:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            log = (run_dir / "logs" / "learner-0.log").read_text()
+        os.kill(learner_pid(run_dir), signal.SIGKILL)
+        if incarnation == 1:
+            launch.wait_for("restarting it from its latest checkpoint", 20)
+    assert launch.finish(timeout=60) == 1, launch.output
+    assert "the learner failed (exit code -9) 2 times" in launch.output
+    assert f"zmqrl launch --resume {run_dir}" in launch.output
+    assert_nothing_left(run_dir)
+
+
+def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    overrides = tiny_overrides(run_root, learner__max_updates=1500, learner__checkpoint_interval=100)
+    first = Launch(overrides)
+    first.wait_for("actor(s) started", 60)
+    deadline = time.monotonic() + 60
+    while not list((run_dir / "checkpoints").glob("ckpt-*")):
+        assert time.monotonic() < deadline, first.output
+        time.sleep(0.05)
+    first.proc.send_signal(signal.SIGINT)
+    assert first.finish(timeout=60) == 130, first.output
+    stopped_at = json.loads((run_dir / "learner-stats.json").read_text())["updates"]
+    assert 0 < stopped_at < 1500
+
+    again = Launch(overrides)  # the same command: a stopped run is continued, not overwritten
+    assert again.finish(timeout=120) == 0, again.output
+    assert "holds a stopped run: continuing it" in again.output
+    stats = json.loads((run_dir / "stats.json").read_text())["learner"]
+    assert stats["state"] == "finished" and stats["updates"] == 1500
+    assert "resumed from" in (run_dir / "logs" / "learner-0.log").read_text()
+
+    more = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zmqrl",
+            "launch",
+            "--resume",
+            str(run_dir),
+            "--set",
+            "learner.max_updates=1600",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert json.loads((run_dir / "stats.json").read_text())["learner"]["updates"] == 1600
+    assert_nothing_left(run_dir)
