@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,5 +71,11 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
 
 
 @pytest.fixture
-def run_root(tmp_path: Path) -> Path:
-    return tmp_path / "runs"
+def run_root(tmp_path: Path) -> Iterator[Path]:
+    """Where a test's runs go. At teardown, anything still running from there is SIGKILLed (even
+    stopped processes), so a failing test cannot leave processes behind for the next one."""
+    root = tmp_path / "runs"
+    yield root
+    for pid, _ in processes_mentioning(str(root)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -388,3 +388,18 @@ def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Pa
     assert more.returncode == 0, more.stdout + more.stderr
     assert json.loads((run_dir / "stats.json").read_text())["learner"]["updates"] == 1600
     assert_nothing_left(run_dir)
+
+
+def test_a_closed_console_does_not_stop_the_supervisor_from_cleaning_up(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    cmd = [sys.executable, "-m", "zmqrl", "launch", str(REPO / "configs" / "cartpole_dqn.yaml")]
+    for item in tiny_overrides(run_root, learner__max_updates=1_000_000):
+        cmd += ["--set", item]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_process(f"{run_dir}/config.yaml --id 0", 60)
+    assert proc.stdout is not None
+    proc.stdout.close()  # whoever watched the console went away: every write now fails
+    time.sleep(1.5)  # progress lines hit the closed pipe
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert_nothing_left(run_dir)

@@ -9,6 +9,7 @@ also get SIGTERM from the kernel if the supervisor itself dies (PR_SET_PDEATHSIG
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -42,6 +43,23 @@ EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 _PR_SET_PDEATHSIG = 1
 
 log = logging.getLogger("zmqrl.supervisor")
+
+
+class _Console:
+    """The supervisor's output stream. A closed terminal or pipe must never stop the supervisor
+    from shutting its children down, so write errors are swallowed."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
 
 
 class RestartPolicy:
@@ -109,7 +127,7 @@ class Supervisor:
         self.resume = resume  # the learner continues from the run directory's checkpoints
         self._launched = launched  # when `zmqrl launch` began (Unix s): "after launch" counts from it
         self.run_dir = cfg.run_dir
-        self._out = out or sys.stdout
+        self._out = _Console(out or sys.stdout)
         self._ctx = ctx or zmq.Context.instance()
         self._clock = clock
         self.children: dict[str, Child] = {}
