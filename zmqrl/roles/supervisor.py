@@ -89,7 +89,6 @@ class Child:
     proc: subprocess.Popen[bytes]
     log_path: Path
     started: float
-    restarts: int = 0
     last_seen: float = 0.0
     last: HeartbeatMsg | None = None
     exit_code: int | None = None
@@ -97,7 +96,10 @@ class Child:
     heard: bool = False  # this process has sent a heartbeat (until then it is still starting up)
     restart_at: float | None = None  # clock() at which a failed slot is started again
     restart_times: list[float] = field(default_factory=list)  # clock() of this slot's restarts
-    history: list[int] = field(default_factory=list)  # exit codes of earlier incarnations
+
+    @property
+    def restarts(self) -> int:
+        return len(self.restart_times)
 
     @property
     def name(self) -> str:
@@ -136,7 +138,7 @@ class Supervisor:
             scfg.max_restarts, scfg.restart_window, scfg.restart_backoff, scfg.restart_backoff_max
         )
         self._signal: int | None = None
-        self._stopping = False
+        self.shutdown_seconds = float("nan")
         self._next_control_beat = 0.0
         self.summary: dict[str, Any] = {}
 
@@ -239,9 +241,7 @@ class Supervisor:
         now = self._clock()
         child = Child(role, index, proc, log_path, started=now, last_seen=now)
         if previous is not None:
-            child.restarts = previous.restarts + 1
             child.restart_times = [*previous.restart_times, now]
-            child.history = [*previous.history, previous.exit_code if previous.exit_code is not None else -9]
             child.last = previous.last
         self.children[child.name] = child
         log.debug("started %s pid %d", child.name, proc.pid)
@@ -403,7 +403,6 @@ class Supervisor:
         return [c for c in self.children.values() if c.proc.poll() is None]
 
     def _shutdown(self) -> None:
-        self._stopping = True
         grace = self.cfg.supervisor.stop_grace
         reason = "interrupted" if self._signal is not None else "run finished"
         started = self._clock()
@@ -485,7 +484,7 @@ class Supervisor:
         self.summary = {
             "launched": self.launched,
             "wall_seconds": self._clock() - self._t0,
-            "shutdown_seconds": getattr(self, "shutdown_seconds", float("nan")),
+            "shutdown_seconds": self.shutdown_seconds,
             "learner": {**learner_stats, "restarts": self.children["learner-0"].restarts}
             if "learner-0" in self.children
             else learner_stats,
