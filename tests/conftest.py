@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,15 @@ def tiny_overrides(run_dir: Path, **extra: object) -> list[str]:
 
 def tiny_config(run_dir: Path, **extra: object) -> Config:
     return load_config(None, tiny_overrides(run_dir, **extra))
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def processes_mentioning(text: str) -> list[tuple[int, str]]:

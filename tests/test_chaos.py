@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import processes_mentioning, tiny_overrides
-from tests.test_launch import Launch, assert_nothing_left
+from tests.conftest import processes_mentioning, tiny_overrides, wait_until
+from tests.test_launch import Launch, assert_nothing_left, wait_for_log
 
 pytestmark = pytest.mark.slow
 REPLACED_WITHIN = 5.0  # seconds from a fault to a new process in that slot
@@ -59,10 +59,7 @@ def test_random_kills_and_hangs_are_repaired_and_the_run_completes(run_root: Pat
         )
     )
     launch.wait_for("actor(s) started", 60)
-    deadline = time.monotonic() + 60
-    while not (run_dir / "checkpoints" / "latest").is_file():  # the learner is training
-        assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output
-        time.sleep(0.05)
+    wait_until((run_dir / "checkpoints" / "latest").is_file, 60, "the learner to be training")
 
     repairs: list[tuple[str, str, float]] = []
     learner_fault_at = rng.randrange(2, FAULTS - 2)
@@ -76,13 +73,10 @@ def test_random_kills_and_hangs_are_repaired_and_the_run_completes(run_root: Pat
         name = "learner-0" if slot == "learner" else f"actor-{slot.split()[-1]}"
         up_line = "learner up" if slot == "learner" else f"actor {slot.split()[-1]} up"
         incarnations = 1 + sum(1 for s_, _, _ in repairs if s_ == slot)
-        deadline = time.monotonic() + 60
-        while (run_dir / "logs" / f"{name}.log").read_text().count(up_line) < incarnations or (
-            pid := slot_pid(run_dir, slot)
-        ) is None:
-            assert time.monotonic() < deadline, f"{slot} never came up"
-            assert launch.proc.poll() is None, launch.output
-            time.sleep(0.05)
+        wait_for_log(run_dir / "logs" / f"{name}.log", up_line, 60, times=incarnations)
+        wait_until(lambda s=slot: slot_pid(run_dir, s) is not None, 10, f"a process in slot {slot}")
+        pid = slot_pid(run_dir, slot)
+        assert pid is not None
         time.sleep(rng.uniform(0.3, 1.0))
         os.kill(pid, how)
         repairs.append((slot, signal.Signals(how).name, wait_for_new_process(run_dir, slot, pid)))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import tiny_config
-from tests.test_roles import FakeLearner, FakeSupervisor, cartpole_batch, start, wait_until, with_transport
+from tests.conftest import tiny_config, wait_until
+from tests.test_roles import FakeLearner, FakeSupervisor, cartpole_batch, start, with_transport
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
 from zmqrl.transport import wire

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.conftest import processes_mentioning, tiny_overrides
+from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -78,11 +78,12 @@ def wait_for_process(text: str, timeout: float) -> int:
     raise AssertionError(f"no process with {text!r} in its command line")
 
 
-def wait_for_log(path: Path, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.is_file() and text in path.read_text()):
-        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
-        time.sleep(0.05)
+def log_count(path: Path, text: str) -> int:
+    return path.read_text().count(text) if path.is_file() else 0
+
+
+def wait_for_log(path: Path, text: str, timeout: float, times: int = 1) -> None:
+    wait_until(lambda: log_count(path, text) >= times, timeout, f"{text!r} x{times} in {path}")
 
 
 def assert_nothing_left(run_dir: Path) -> None:
@@ -115,10 +116,7 @@ def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_ro
     actor_log = run_dir / "logs" / "actor-1.log"
 
     def kill_actor_1_once_up(times_up: int) -> None:
-        deadline = time.monotonic() + 40
-        while actor_log.read_text().count("actor 1 up") < times_up:
-            assert time.monotonic() < deadline, f"actor 1 never came up (#{times_up})"
-            time.sleep(0.05)
+        wait_for_log(actor_log, "actor 1 up", 40, times=times_up)
         time.sleep(0.5)
         os.kill(wait_for_process(f"{run_dir}/config.yaml --id 1", 10), signal.SIGKILL)
 
@@ -251,10 +249,7 @@ def test_a_killed_learner_is_restarted_from_its_checkpoint_and_the_run_completes
         )
     )
     launch.wait_for("actor(s) started", 60)
-    deadline = time.monotonic() + 60
-    while not (run_dir / "checkpoints" / "latest").is_file():
-        assert time.monotonic() < deadline, "no checkpoint was ever written"
-        time.sleep(0.05)
+    wait_until((run_dir / "checkpoints" / "latest").is_file, 60, "a first checkpoint")
     published_before = int((run_dir / "weights-version").read_text().split()[0])
     os.kill(learner_pid(run_dir), signal.SIGKILL)
     launch.wait_for("restarting it from its latest checkpoint", 20)
@@ -332,13 +327,7 @@ def test_a_learner_failing_past_its_restarts_stops_the_run_with_a_clear_error(ru
         )
     )
     for incarnation in (1, 2):
-        wait_for_log(run_dir / "logs" / "learner-0.log", "training:", 60)
-        log = (run_dir / "logs" / "learner-0.log").read_text()
-        deadline = time.monotonic() + 60
-        while log.count("training:") < incarnation:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-            log = (run_dir / "logs" / "learner-0.log").read_text()
+        wait_for_log(run_dir / "logs" / "learner-0.log", "training:", 60, times=incarnation)
         os.kill(learner_pid(run_dir), signal.SIGKILL)
         if incarnation == 1:
             launch.wait_for("restarting it from its latest checkpoint", 20)
@@ -353,10 +342,7 @@ def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Pa
     overrides = tiny_overrides(run_root, learner__max_updates=1500, learner__checkpoint_interval=100)
     first = Launch(overrides)
     first.wait_for("actor(s) started", 60)
-    deadline = time.monotonic() + 60
-    while not list((run_dir / "checkpoints").glob("ckpt-*")):
-        assert time.monotonic() < deadline, first.output
-        time.sleep(0.05)
+    wait_until(lambda: list((run_dir / "checkpoints").glob("ckpt-*")), 60, "a first checkpoint")
     first.proc.send_signal(signal.SIGINT)
     assert first.finish(timeout=60) == 130, first.output
     stopped_at = json.loads((run_dir / "learner-stats.json").read_text())["updates"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, wait_until
 from zmqrl.config import Config
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
@@ -93,14 +92,6 @@ def start(target: Any) -> threading.Thread:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def cartpole_batch(n: int, reward: float = 1.0) -> TransitionBatch:
