@@ -148,11 +148,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{source}: the top level must be a mapping of sections")
         raw = loaded
-    for item in overrides or []:
-        _apply_override(raw, item, source)
-    cfg = _build(Config, raw, source, prefix="")
-    _check(cfg, source)
-    return cfg
+    return config_from_dict(raw, source, overrides)
 
 
 def config_from_dict(data: dict[str, Any], source: str, overrides: list[str] | None = None) -> Config:
