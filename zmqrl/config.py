@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from zmqrl.agents.configs import DQNConfig
+from zmqrl.agents.configs import AGENT_CONFIGS, AgentConfig, DQNConfig
 
 # A decimal number, exponent allowed: what YAML 1.2 would read as a float where PyYAML gives a string.
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -37,15 +37,33 @@ class RunConfig:
 
 
 @dataclass
+class AtariConfig:
+    noop_max: int = 30  # up to this many no-op actions after each reset (random start states)
+    frame_skip: int = 4  # repeat each action this many frames (the env itself must use frameskip=1)
+    screen_size: int = 84  # frames are resized to screen_size x screen_size
+    grayscale: bool = True  # one luminance channel instead of RGB
+    frame_stack: int = 4  # observations are the last this many frames
+    terminal_on_life_loss: bool = False  # training episodes end when a life is lost (eval never)
+    clip_rewards: bool = True  # training rewards become their sign (-1, 0, 1); eval sees raw rewards
+
+
+@dataclass
 class EnvConfig:
-    id: str = "CartPole-v1"  # gymnasium environment id
+    id: str = "CartPole-v1"  # gymnasium environment id (e.g. ALE/Pong-v5 with the `atari` extra)
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
     max_episode_steps: int | None = None  # override the registered time limit
+    preprocess: str = "none"  # "none", or "atari": the standard DeepMind preprocessing (env.atari.*)
+    atari: AtariConfig = field(default_factory=AtariConfig)  # used when preprocess is "atari"
 
 
 @dataclass
 class ReplayConfig:
     capacity: int = 100_000  # transitions kept (oldest overwritten)
+    prioritized: bool = False  # sample in proportion to priority ** alpha (Schaul et al., 2016)
+    alpha: float = 0.6  # how strongly priorities skew sampling (0: uniform)
+    beta: float = 0.4  # importance-sampling exponent at the first update, annealed linearly to 1
+    beta_updates: int = 100_000  # updates over which beta reaches 1
+    priority_eps: float = 1e-6  # added to |TD error| so no transition's priority is ever 0
 
 
 @dataclass
@@ -62,6 +80,9 @@ class LearnerConfig:
     log_interval: int = 100  # updates between TensorBoard scalar writes
     progress_seconds: float = 5.0  # seconds between progress lines in the learner's log
     torch_threads: int = 1  # intra-op threads for the learner's torch on CPU
+    samples_per_insert: float | None = None  # replay ratio: transitions sampled per transition received
+    samples_per_insert_tolerance: int = 1_000  # transitions received ahead of/behind the ratio before a side waits
+    max_policy_lag: int | None = None  # drop batches acted with weights this many versions old or older
 
 
 @dataclass
@@ -74,6 +95,7 @@ class ActorConfig:
     max_steps_per_s: float | None = None  # cap each actor's env steps/s (None: as fast as it can)
     weights_poll_steps: int = 32  # env steps between checks for newly published weights
     max_steps: int | None = None  # stop after this many env steps (None: until told to stop)
+    envs_per_actor: int = 1  # sub-envs each actor steps together (a gymnasium vector env, batched acting)
 
 
 @dataclass
@@ -103,6 +125,14 @@ class SupervisorConfig:
 
 
 @dataclass
+class EvaluatorConfig:
+    enabled: bool = False  # evaluate in a separate `zmqrl evaluator` process (the learner then does not)
+    episodes: int = 10  # greedy episodes per evaluation, played in lockstep
+    interval_seconds: float = 5.0  # evaluate the newest weights at most this often
+    torch_threads: int = 1  # intra-op threads for the evaluator's torch
+
+
+@dataclass
 class CheckpointConfig:
     keep: int = 3  # periodic checkpoints kept (ckpt-<updates>); older ones are deleted
     replay: bool = False  # also save the replay buffer, so a resumed learner does not start empty
@@ -113,11 +143,12 @@ class CheckpointConfig:
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    agent: DQNConfig = field(default_factory=DQNConfig)
+    agent: AgentConfig = field(default_factory=DQNConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
@@ -191,7 +222,12 @@ def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
     sections = typing.get_type_hints(Config)
     if section not in sections:
         _build(Config, {section: None}, label, prefix="")
-    _build(sections[section], {name: value}, label, prefix=f"{section}.")
+    if section == "agent":
+        current = raw.get("agent") if isinstance(raw.get("agent"), dict) else {}
+        kind = value if name == "kind" else (current or {}).get("kind", "dqn")
+        _build(_agent_class(kind, label), {name: value}, label, prefix="agent.")
+    else:
+        _build(sections[section], {name: value}, label, prefix=f"{section}.")
     target = raw.get(section)
     if target is None:  # `learner:` with nothing under it means "all defaults", as without --set
         target = raw[section] = {}
@@ -215,7 +251,18 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _agent_class(kind: Any, source: str) -> type:
+    if kind not in AGENT_CONFIGS:
+        raise ConfigError(f"{source}: 'agent.kind' must be one of {', '.join(AGENT_CONFIGS)}, got {kind!r}")
+    return AGENT_CONFIGS[kind]
+
+
 def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    if key == "agent":  # a union of agent configs, told apart by their `kind`
+        data = value if value is not None else {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: 'agent' must be a mapping")
+        return _build(_agent_class(data.get("kind", "dqn"), source), data, source, prefix="agent.")
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value if value is not None else {}, source, prefix=f"{key}.")
     origin = typing.get_origin(tp)
@@ -286,6 +333,28 @@ def _check(cfg: Config, source: str) -> None:
         ("checkpoint.keep must be >= 1", cfg.checkpoint.keep >= 1),
         ("checkpoint.replay_max_mb must be >= 1", cfg.checkpoint.replay_max_mb >= 1),
         ("learner.torch_threads must be >= 1", cfg.learner.torch_threads >= 1),
+        (
+            "learner.samples_per_insert must be > 0 (or null for no limit)",
+            cfg.learner.samples_per_insert is None or cfg.learner.samples_per_insert > 0,
+        ),
+        ("learner.samples_per_insert_tolerance must be >= 1", cfg.learner.samples_per_insert_tolerance >= 1),
+        (
+            "learner.max_policy_lag must be >= 1 (or null)",
+            cfg.learner.max_policy_lag is None or cfg.learner.max_policy_lag >= 1,
+        ),
+        ("replay.alpha must be >= 0", cfg.replay.alpha >= 0),
+        ("replay.beta must be in [0, 1]", 0.0 <= cfg.replay.beta <= 1.0),
+        ("replay.beta_updates must be >= 1", cfg.replay.beta_updates >= 1),
+        ("replay.priority_eps must be > 0", cfg.replay.priority_eps > 0),
+        ("actor.envs_per_actor must be >= 1", cfg.actor.envs_per_actor >= 1),
+        ("evaluator.episodes must be >= 1", cfg.evaluator.episodes >= 1),
+        ("evaluator.interval_seconds must be >= 0", cfg.evaluator.interval_seconds >= 0),
+        ("evaluator.torch_threads must be >= 1", cfg.evaluator.torch_threads >= 1),
+        ("env.preprocess must be none or atari", cfg.env.preprocess in ("none", "atari")),
+        ("env.atari.noop_max must be >= 0", cfg.env.atari.noop_max >= 0),
+        ("env.atari.frame_skip must be >= 1", cfg.env.atari.frame_skip >= 1),
+        ("env.atari.screen_size must be >= 1", cfg.env.atari.screen_size >= 1),
+        ("env.atari.frame_stack must be >= 1", cfg.env.atari.frame_stack >= 1),
         ("actor.num_actors must be >= 1", cfg.actor.num_actors >= 1),
         ("actor.send_batch must be >= 1", cfg.actor.send_batch >= 1),
         ("actor.epsilon must be in [0, 1]", 0.0 <= cfg.actor.epsilon <= 1.0),

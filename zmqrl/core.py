@@ -43,8 +43,28 @@ class Agent(Protocol):
         """Actions for a batch of observations ``(B, *obs_shape)``; explore=False is greedy."""
         ...
 
-    def update(self, batch: TransitionBatch) -> dict[str, float]:
-        """One gradient step on ``batch``; returns scalar metrics (e.g. ``loss``, ``q_mean``)."""
+    epsilon: float
+    """Probability that ``act(explore=True)`` takes a uniformly random action (set by the actor)."""
+
+    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
+        """One gradient step on ``batch``; returns scalar metrics (e.g. ``loss``, ``q_mean``).
+
+        ``importance``: per-row loss weights ``(B,)`` from prioritized replay (None: all 1)."""
+        ...
+
+    @property
+    def last_td_errors(self) -> np.ndarray:
+        """``|TD error|`` per row ``(B,)`` float32 of the batch of the last ``update``: the new
+        priorities of the rows it was sampled from."""
+        ...
+
+    def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
+        """Actor side (Ape-X): ``|TD error|`` of fresh transitions under this copy's weights, or
+        None when the copy cannot compute them (e.g. SAC actors hold no critic)."""
+        ...
+
+    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Name -> (shape, dtype) of what ``export_weights`` sends, for wire validation."""
         ...
 
     def export_weights(self) -> Weights:
@@ -83,6 +103,25 @@ class ReplayBuffer(Protocol):
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """A batch drawn from what is stored (uniformly, for the plain buffer)."""
+        ...
+
+
+@runtime_checkable
+class PrioritizedBuffer(ReplayBuffer, Protocol):
+    """Replay that samples in proportion to priority and corrects the bias with importance weights."""
+
+    def add_with_priorities(self, batch: TransitionBatch, priorities: np.ndarray | None) -> None:
+        """Insert with initial priorities (None: the largest priority seen so far)."""
+        ...
+
+    def sample_prioritized(
+        self, batch_size: int, beta: float
+    ) -> tuple[TransitionBatch, np.ndarray, np.ndarray]:
+        """``(batch, indices, importance weights normalised to max 1)``."""
+        ...
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """Set new priorities (e.g. ``|TD error|``) for rows returned by ``sample_prioritized``."""
         ...
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 # Values accepted by every agent's `device` field ("auto": cuda when available, else cpu).
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# Values of DQNConfig.torso: the layers between observation and Q-value head.
+TORSOS = ("mlp", "nature_cnn")
 
 
 @dataclass
@@ -32,6 +34,7 @@ class DQNConfig:
     target_update_interval: int = 250  # gradient steps between target network updates
     tau: float = 1.0  # target update weight: 1.0 = hard copy each interval; e.g. 0.005 with interval 1
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+    torso: str = "mlp"  # "mlp" (hidden_sizes) or "nature_cnn" (Atari: uint8 (4, 84, 84) frames)
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value.
@@ -68,3 +71,59 @@ class DQNConfig:
             raise ValueError(f"agent.tau: must be in (0, 1], got {self.tau}")
         if self.device not in DEVICE_NAMES:
             raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
+        if self.torso not in TORSOS:
+            raise ValueError(f"agent.torso: must be one of {', '.join(TORSOS)}, got {self.torso!r}")
+
+
+@dataclass
+class SACConfig:
+    """Hyperparameters of soft actor-critic (Haarnoja et al., 2018, with automatic entropy tuning).
+
+    Actors get only the policy's weights; the learner keeps the twin critics and their targets.
+    """
+
+    kind: str = "sac"  # agent family, used to pick the agent class from a config file
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])  # MLP widths (policy and critics)
+    gamma: float = 0.99  # per-step discount; used by the actors' n-step processor
+    n_step: int = 1  # length of the n-step return window (actors' n-step processor)
+    actor_lr: float = 3e-4  # Adam learning rate of the policy
+    critic_lr: float = 3e-4  # Adam learning rate of the twin critics
+    alpha_lr: float = 3e-4  # Adam learning rate of log(alpha) when autotune is on
+    alpha: float = 1.0  # entropy weight: the starting value when autotune is on, else fixed
+    autotune: bool = True  # adjust alpha so the policy's entropy tracks target_entropy
+    target_entropy: float | None = None  # None: -(action dimensions), the usual choice
+    batch_size: int = 256  # transitions per gradient step (the learner samples this many)
+    tau: float = 0.005  # Polyak weight of the critic targets, applied every target_update_interval
+    target_update_interval: int = 1  # gradient steps between critic target updates
+    policy_update_interval: int = 1  # critic steps per policy (and alpha) step
+    max_grad_norm: float = 0.0  # clip each network's gradient norm to this; <= 0 disables clipping
+    device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+
+    def check(self) -> None:
+        """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value."""
+        if self.kind != "sac":
+            raise ValueError(f"agent.kind: expected 'sac', got {self.kind!r}")
+        sizes = self.hidden_sizes
+        if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+            raise ValueError(f"agent.hidden_sizes: every size must be a positive int, got {sizes!r}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"agent.gamma: must be in (0, 1], got {self.gamma}")
+        if self.n_step < 1:
+            raise ValueError(f"agent.n_step: must be >= 1, got {self.n_step}")
+        for name in ("actor_lr", "critic_lr", "alpha_lr", "alpha"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"agent.{name}: must be > 0, got {getattr(self, name)}")
+        if self.batch_size < 1:
+            raise ValueError(f"agent.batch_size: must be >= 1, got {self.batch_size}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"agent.tau: must be in (0, 1], got {self.tau}")
+        for name in ("target_update_interval", "policy_update_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"agent.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.device not in DEVICE_NAMES:
+            raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
+
+
+# Every agent config, selected by the `kind` key of a config's `agent` section.
+AgentConfig = DQNConfig | SACConfig
+AGENT_CONFIGS: dict[str, type[DQNConfig] | type[SACConfig]] = {"dqn": DQNConfig, "sac": SACConfig}

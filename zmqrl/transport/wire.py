@@ -85,6 +85,9 @@ _INT64_MAX = 2**63 - 1
 # whatever the host's byte order ("|" for single-byte types, "<" otherwise).
 _LE_DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}
 
+# Name of the optional sixth samples array: the actor's initial replay priorities.
+PRIORITY_FIELD = "priority"
+
 # Exact key set of each kind's header. Unknown keys are rejected rather than ignored: a typo in
 # another language's encoder should fail at once, and additions go with a PROTO_VERSION bump.
 _COMMON_KEYS = ("proto", "kind", "arrays")
@@ -165,6 +168,9 @@ class SamplesMsg:
     weights_version: int
     batch: TransitionBatch
     episodes: list[EpisodeStat]
+    # Optional initial replay priorities (B,) float32 >= 0, computed by the actor (Ape-X); sent as a
+    # sixth array frame named "priority". None: the learner gives new rows its maximum priority.
+    priorities: np.ndarray | None = None
 
 
 @dataclass
@@ -322,8 +328,11 @@ def _episodes(value: Any) -> list[EpisodeStat]:
 def _check_sample_columns(descs: list[_Desc]) -> None:
     """The protocol-fixed part of a samples message's layout (the spec-dependent part is later)."""
     names = tuple(d.name for d in descs)
-    if names != BATCH_FIELDS:
-        _fail(f"samples arrays must be {list(BATCH_FIELDS)} in that order, got {[_short(n) for n in names]}")
+    if names not in (BATCH_FIELDS, (*BATCH_FIELDS, PRIORITY_FIELD)):
+        _fail(
+            f"samples arrays must be {list(BATCH_FIELDS)} (optionally then {PRIORITY_FIELD!r}) in that order,"
+            f" got {[_short(n) for n in names]}"
+        )
     lead = None
     for d in descs:
         if not d.shape:
@@ -332,7 +341,7 @@ def _check_sample_columns(descs: list[_Desc]) -> None:
             lead = d.shape[0]
         elif d.shape[0] != lead:
             _fail(f"samples column {d.name!r} has {d.shape[0]} rows, expected {lead}")
-    for d in (descs[2], descs[4]):  # reward, discount
+    for d in (descs[2], descs[4], *descs[5:]):  # reward, discount, priority
         if d.dtype != "float32" or len(d.shape) != 1:
             _fail(f"samples column {d.name!r} must be float32 of shape (B,), got {d.dtype} {list(d.shape)}")
 
@@ -451,6 +460,8 @@ def dump(msg: Message) -> list[bytes | memoryview]:
             episodes.append([float(_py_number(ret, "episode return")), _py_int(length, "episode length")])
         header["episodes"] = episodes
         arrays = [(name, getattr(msg.batch, name)) for name in BATCH_FIELDS]
+        if msg.priorities is not None:
+            arrays.append((PRIORITY_FIELD, msg.priorities))
     elif isinstance(msg, WeightsMsg):
         header["kind"] = KIND_WEIGHTS
         header["version"] = _py_int(msg.weights.version, "version")
@@ -524,8 +535,9 @@ def _load(frames: Sequence[Any]) -> Message:
             actor_id=header["actor_id"],
             seq=header["seq"],
             weights_version=header["weights_version"],
-            batch=TransitionBatch(*arrays),
+            batch=TransitionBatch(*arrays[:5]),
             episodes=_episodes(header["episodes"]),
+            priorities=arrays[5] if len(arrays) > 5 else None,
         )
     if kind == KIND_WEIGHTS:
         named = {d.name: a for d, a in zip(descs, arrays, strict=True)}
@@ -608,6 +620,12 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
     # min/max propagate NaN and a NaN comparison is False, so this also rejects NaN and inf.
     if not (discount.min() >= 0.0 and discount.max() <= 1.0):
         _fail("discount outside [0, 1]")
+    priorities = getattr(msg, "priorities", None)
+    if priorities is not None:
+        if not isinstance(priorities, np.ndarray) or priorities.shape != (n,) or priorities.dtype.name != "float32":
+            _fail(f"priority must be float32 of shape ({n},)")
+        if not (priorities.min() >= 0.0 and priorities.max() < math.inf):
+            _fail("priority must be finite and >= 0")
     _check_content(obs, "obs")
     _check_content(next_obs, "next_obs")
     if action.dtype.kind in "iu" and spec.num_actions is not None:
