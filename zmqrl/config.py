@@ -81,8 +81,8 @@ class LearnerConfig:
     progress_seconds: float = 5.0  # seconds between progress lines in the learner's log
     torch_threads: int = 1  # intra-op threads for the learner's torch on CPU
     samples_per_insert: float | None = None  # replay ratio: transitions sampled per transition received
-    samples_per_insert_tolerance: int = 1_000  # transitions received ahead of/behind the ratio before a side waits
-    max_policy_lag: int | None = None  # drop batches acted with weights this many versions old or older
+    samples_per_insert_tolerance: int = 1_000  # transitions either side of the ratio before a side waits
+    max_policy_lag: int | None = None  # drop batches acted with weights more than this many versions old
 
 
 @dataclass

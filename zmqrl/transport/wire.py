@@ -622,7 +622,8 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
         _fail("discount outside [0, 1]")
     priorities = getattr(msg, "priorities", None)
     if priorities is not None:
-        if not isinstance(priorities, np.ndarray) or priorities.shape != (n,) or priorities.dtype.name != "float32":
+        shaped = isinstance(priorities, np.ndarray) and priorities.shape == (n,)
+        if not shaped or priorities.dtype.name != "float32":
             _fail(f"priority must be float32 of shape ({n},)")
         if not (priorities.min() >= 0.0 and priorities.max() < math.inf):
             _fail("priority must be finite and >= 0")
