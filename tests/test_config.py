@@ -50,8 +50,11 @@ def dotted_keys(cls: type, prefix: str = "") -> list[str]:
     keys: list[str] = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        members = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]  # agent: DQN | SAC
         if dataclasses.is_dataclass(tp):
             keys.extend(dotted_keys(tp, f"{prefix}{f.name}."))
+        elif members:
+            keys.extend(dict.fromkeys(k for m in members for k in dotted_keys(m, f"{prefix}{f.name}.")))
         else:
             keys.append(f"{prefix}{f.name}")
     return keys
@@ -364,7 +367,7 @@ def test_every_config_field_is_documented_in_readme() -> None:
     assert not missing, f"README '## Configuration' does not document: {', '.join(missing)}"
 
 
-@pytest.mark.parametrize("role", ["launch", "learner", "actor"])
+@pytest.mark.parametrize("role", ["launch", "learner", "actor", "evaluator"])
 def test_bin_scripts_run_from_a_checkout(role: str) -> None:
     script = Path(__file__).resolve().parents[1] / "bin" / f"zmqrl-{role}"
     result = subprocess.run(
@@ -376,3 +379,55 @@ def test_bin_scripts_run_from_a_checkout(role: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "--set" in result.stdout
+
+
+# ---------------------------------------------------------------------------------- agent kinds
+
+
+def test_agent_kind_picks_the_agent_config_class(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "agent:\n  kind: sac\n  actor_lr: 0.001\n"))
+    assert type(cfg.agent).__name__ == "SACConfig"
+    assert cfg.agent.actor_lr == 0.001
+    assert type(load_config(None).agent).__name__ == "DQNConfig"
+
+
+def test_a_key_of_another_agent_kind_is_named_as_unknown(tmp_path: Path) -> None:
+    message = config_error(write(tmp_path, "agent:\n  kind: sac\n  dueling: true\n"))
+    assert "agent.dueling" in message and "run.yaml" in message
+
+
+def test_unknown_agent_kind_lists_the_known_ones(tmp_path: Path) -> None:
+    message = config_error(write(tmp_path, "agent:\n  kind: ppo\n"))
+    assert "agent.kind" in message and "dqn" in message and "sac" in message
+
+
+def test_overrides_switch_agent_kind_and_set_its_keys() -> None:
+    cfg = load_config(None, ["agent.kind=sac", "agent.alpha=0.2", "agent.autotune=false"])
+    assert type(cfg.agent).__name__ == "SACConfig"
+    assert (cfg.agent.alpha, cfg.agent.autotune) == (0.2, False)
+    assert "agent.critic_lr" in config_error(None, ["agent.critic_lr=0.1"])  # a DQN run has no critic
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("replay.alpha=-1", "replay.alpha"),
+        ("replay.beta=1.5", "replay.beta"),
+        ("learner.samples_per_insert=0", "learner.samples_per_insert"),
+        ("learner.max_policy_lag=0", "learner.max_policy_lag"),
+        ("actor.envs_per_actor=0", "actor.envs_per_actor"),
+        ("env.preprocess=mario", "env.preprocess"),
+        ("env.atari.frame_stack=0", "env.atari.frame_stack"),
+        ("evaluator.episodes=0", "evaluator.episodes"),
+    ],
+)
+def test_issue4_options_are_range_checked(override: str, key: str) -> None:
+    assert key in config_error(None, [override])
+
+
+def test_nested_env_atari_section_round_trips_through_yaml(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "env:\n  preprocess: atari\n  atari:\n    frame_stack: 2\n"))
+    assert cfg.env.atari.frame_stack == 2 and cfg.env.atari.frame_skip == 4
+    save_config(cfg, tmp_path / "out.yaml")
+    again = load_config(tmp_path / "out.yaml")
+    assert again == cfg

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+import numpy as np
 import zmq
 
 from zmqrl.transport import wire
@@ -32,6 +33,8 @@ from zmqrl.types import Weights
 BAD_MESSAGE_LOG_SECONDS = 5.0
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
+# Observation rows at least this large (an 84x84 frame is 7 KB) are received without a copy.
+ZERO_COPY_MIN_OBS_BYTES = 1024
 
 Clock = Callable[[], float]
 _M = TypeVar("_M", bound=HeartbeatMsg | StopMsg)
@@ -103,12 +106,21 @@ class SampleSender:
 
 
 class SampleReceiver:
-    """Learner side of the samples channel: decodes and validates against the run's spec."""
+    """Learner side of the samples channel: decodes and validates against the run's spec.
 
-    def __init__(self, sock: zmq.Socket, spec: SampleSpec, bad: BadMessages) -> None:
+    Large rows (images) are received zero-copy: the decoded arrays are views of ZeroMQ's own
+    message buffers, copied once, into replay. For small rows a plain copy is cheaper than the
+    per-frame bookkeeping of zero-copy frames, so ``zero_copy`` defaults by observation size.
+    """
+
+    def __init__(
+        self, sock: zmq.Socket, spec: SampleSpec, bad: BadMessages, zero_copy: bool | None = None
+    ) -> None:
         self._sock = sock
         self.spec = spec
         self.bad = bad
+        obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
+        self.zero_copy = obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
 
     def wait(self, timeout_ms: int) -> bool:
         """Whether a message is ready within ``timeout_ms`` (so the ingest thread never spins)."""
@@ -118,7 +130,7 @@ class SampleReceiver:
         """One message: a valid ``SamplesMsg``; ``None`` if it was malformed (counted); ``False``
         if nothing is queued."""
         try:
-            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=not self.zero_copy)
         except zmq.Again:
             return False
         try:
