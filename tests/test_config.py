@@ -431,3 +431,9 @@ def test_nested_env_atari_section_round_trips_through_yaml(tmp_path: Path) -> No
     save_config(cfg, tmp_path / "out.yaml")
     again = load_config(tmp_path / "out.yaml")
     assert again == cfg
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_names_its_run_after_its_file(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.run.name == path.stem
