@@ -614,3 +614,55 @@ def test_one_corrupted_byte_in_any_frame_of_any_kind_decodes_or_raises_wire_erro
 def test_wire_module_never_imports_pickle_or_zmq() -> None:
     source = Path(wire.__file__).read_text(encoding="utf-8")
     assert "import pickle" not in source and "import zmq" not in source
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional initial priorities (Ape-X): a sixth array named "priority"
+# ---------------------------------------------------------------------------------------------
+
+
+def with_priorities(priorities: np.ndarray, n: int = 16) -> SamplesMsg:
+    msg = make_samples(n=n)
+    msg.priorities = priorities
+    return msg
+
+
+def test_priorities_round_trip_as_a_sixth_array() -> None:
+    pri = np.linspace(0.0, 3.0, 16, dtype=np.float32)
+    frames = dump(with_priorities(pri))
+    assert [d["name"] for d in header_of(frames)["arrays"]] == [*BATCH_FIELDS, "priority"]
+    got = load_samples(as_bytes(frames), CARTPOLE)
+    assert got.priorities is not None
+    np.testing.assert_array_equal(got.priorities, pri)
+
+
+def test_samples_without_priorities_decode_to_none() -> None:
+    assert load_samples(as_bytes(dump(make_samples())), CARTPOLE).priorities is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.full(16, -0.5, np.float32),
+        np.full(16, np.nan, np.float32),
+        np.full(16, np.inf, np.float32),
+        np.ones(16, np.float64),
+        np.ones(15, np.float32),
+        np.ones((16, 1), np.float32),
+    ],
+    ids=["negative", "nan", "inf", "float64", "short", "2d"],
+)
+def test_rejects_bad_priorities(bad: np.ndarray) -> None:
+    msg = with_priorities(bad)
+    with pytest.raises(WireError):  # the sender's own dump refuses a wrong layout; contents: the receiver
+        load_samples(as_bytes(dump(msg)), CARTPOLE)
+    with pytest.raises(WireError):
+        validate_samples(msg, CARTPOLE)
+
+
+def test_rejects_priority_in_the_wrong_place() -> None:
+    def swap(h: dict[str, Any]) -> None:
+        h["arrays"][0]["name"], h["arrays"][5]["name"] = "priority", "obs"
+
+    frames = dump(with_priorities(np.ones(16, np.float32)))
+    reject(with_header(frames, swap))
