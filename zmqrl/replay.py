@@ -1,4 +1,5 @@
-"""Replay storage for the learner: a preallocated, thread-safe, uniform ring buffer.
+"""Replay storage for the learner: preallocated, thread-safe ring buffers, sampled uniformly
+(``UniformReplay``) or in proportion to priority (``PrioritizedReplay``, as in Ape-X).
 
 The learner's ingest thread adds batches that arrive from actors while its main thread samples
 training batches, so both operations take one internal lock. The lock is held only while numpy
@@ -18,8 +19,10 @@ import threading
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 from numpy.typing import DTypeLike
 
+from zmqrl.sumtree import SumTree
 from zmqrl.types import TransitionBatch
 
 # Dtypes of the scalar columns; fixed by the TransitionBatch contract.
@@ -30,6 +33,15 @@ DISCOUNT_DTYPE = np.dtype(np.float32)
 # (int64 -> int32 actions, float64 -> float32 rewards) are harmless, but e.g. float obs into a
 # uint8 buffer would silently wrap values, so that is rejected.
 _CASTING: Final = "same_kind"
+
+# Prioritized replay defaults: Ape-X (Horgan et al. 2018) uses alpha = 0.6; the epsilon only has to
+# keep a zero-|TD error| row drawable, so it is tiny relative to typical TD errors.
+DEFAULT_ALPHA: Final = 0.6
+DEFAULT_PRIORITY_EPS: Final = 1e-6
+# Raw priority that rows inserted without one get before any priority has been seen (Schaul et al.).
+INITIAL_MAX_PRIORITY: Final = 1.0
+# `_ordinal` value of a slot that has never held a row: no real insertion ordinal is negative.
+_NO_ORDINAL: Final = -1
 
 
 class UniformReplay:
@@ -140,15 +152,22 @@ class UniformReplay:
         m = b - start
         with self._lock:
             pos = self._pos
-            first = min(m, cap - pos)  # rows that fit before the end of the ring
-            rest = m - first
-            for store, col in zip(self._columns, batch, strict=True):
-                store[pos : pos + first] = col[start : start + first]
-                if rest:
-                    store[:rest] = col[start + first :]
+            self._write_rows_locked(batch, start, pos)
             self._pos = (pos + m) % cap
             self._size = min(cap, self._size + m)
             self._total_added += b
+
+    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int) -> None:
+        """Copy rows ``batch[start:]`` (at most ``capacity``) into the ring from slot ``pos`` on,
+        wrapping once; the caller holds the lock and updates ``_pos``/``_size``/counters."""
+        cap = self._capacity
+        m = batch.size - start
+        first = min(m, cap - pos)  # rows that fit before the end of the ring
+        rest = m - first
+        for store, col in zip(self._columns, batch, strict=True):
+            store[pos : pos + first] = col[start : start + first]
+            if rest:
+                store[:rest] = col[start + first :]
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement; the arrays are copies.
@@ -164,3 +183,254 @@ class UniformReplay:
             # Rows 0..size-1 are exactly the stored rows: the ring fills from 0 and never shrinks.
             cols = [c[idx] for c in self._columns]
         return TransitionBatch(*cols)
+
+
+class PrioritizedReplay(UniformReplay):
+    """Proportional prioritized replay (Schaul et al. 2016) on ``UniformReplay``'s ring storage.
+
+    Satisfies ``zmqrl.core.PrioritizedBuffer``. Row ``i`` is drawn with probability
+    ``P(i) = v_i / sum(v)``, ``v_i = (p_i + priority_eps) ** alpha``, where ``p_i`` is the raw
+    priority (``|TD error|``) last given for the row; ``alpha = 0`` is uniform sampling.
+
+    Ids: ``sample_prioritized`` returns each row's *insertion ordinal* (its position in the
+    all-time insertion order: the value of ``total_added`` when it was written), not its ring
+    slot. The slot is ``id % capacity``, and ``_ordinal[slot]`` records which ordinal the slot
+    holds now, so ``update_priorities`` can recognise (and skip) a row that the ingest thread
+    overwrote while the trainer was computing its TD error: a slot index alone cannot tell the
+    old row from the new one, and would hand the new row a priority it never earned.
+
+    To keep ``slot == ordinal % capacity`` this class places rows by ordinal: a batch larger than
+    the capacity keeps its newest rows (as ``UniformReplay``) but at the slots their ordinals map to,
+    and ``restore`` into an empty buffer re-bases the ring so restored rows carry the ordinals they
+    had in the run that saved them. The stored set is always the contiguous ring segment ending at
+    ``_pos``, so ``snapshot`` (oldest first) works unchanged.
+
+    One lock guards ring, tree, ordinals and RNG; it is held only for numpy calls.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: DTypeLike,
+        action_shape: tuple[int, ...],
+        action_dtype: DTypeLike,
+        seed: int | None = None,
+        *,
+        alpha: float = DEFAULT_ALPHA,
+        priority_eps: float = DEFAULT_PRIORITY_EPS,
+    ) -> None:
+        if not (np.isfinite(alpha) and alpha >= 0):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+        if not (np.isfinite(priority_eps) and priority_eps >= 0):
+            raise ValueError(f"priority_eps must be finite and >= 0, got {priority_eps}")
+        super().__init__(capacity, obs_shape, obs_dtype, action_shape, action_dtype, seed)
+        self._alpha = float(alpha)
+        self._eps = float(priority_eps)
+        self._tree = SumTree(self._capacity)
+        self._ordinal: npt.NDArray[np.int64] = np.full(self._capacity, _NO_ORDINAL, dtype=np.int64)
+        # Ordinal of the next row written. Equals total_added except after restoring into a
+        # non-empty buffer (see `restore`); invariant: _pos == _next_ordinal % capacity.
+        self._next_ordinal = 0
+        self._max_priority = INITIAL_MAX_PRIORITY
+        self._stale_updates = 0
+
+    @property
+    def alpha(self) -> float:
+        """Priority exponent: 0 is uniform, 1 fully proportional."""
+        return self._alpha
+
+    @property
+    def priority_eps(self) -> float:
+        """Added to every raw priority so that no stored row has zero probability."""
+        return self._eps
+
+    @property
+    def max_priority(self) -> float:
+        """Largest raw priority seen so far (never decreases): what rows without one get."""
+        return self._max_priority
+
+    @property
+    def stale_priority_updates(self) -> int:
+        """Rows whose ``update_priorities`` was skipped because their slot had been overwritten."""
+        return self._stale_updates
+
+    @property
+    def total_priority(self) -> float:
+        """Sum of the transformed priorities ``(p + eps) ** alpha`` of all stored rows."""
+        with self._lock:
+            return self._tree.total
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes preallocated: the columns plus the sum tree and the per-slot ordinals."""
+        return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)
+
+    # ------------------------------------------------------------------ insertion
+    def add(self, batch: TransitionBatch) -> None:
+        """Insert with the maximum priority seen so far (``add_with_priorities(batch, None)``)."""
+        self.add_with_priorities(batch, None)
+
+    def add_with_priorities(self, batch: TransitionBatch, priorities: np.ndarray | None) -> None:
+        """Insert ``batch`` with raw priorities ``(B,)`` (e.g. actor-side ``|TD error|``).
+
+        ``None`` gives every row the running maximum raw priority, so a new row is sampled at
+        least once soon (Schaul et al.). Rows beyond the capacity are dropped oldest-first.
+        Raises ValueError for priorities of the wrong shape, negative, or not finite.
+        """
+        b = self._validate(batch)
+        raw = None if priorities is None else self._check_priorities(priorities, b)
+        if b == 0:
+            return
+        with self._lock:
+            self._insert_locked(batch, b, raw)
+
+    def _insert_locked(self, batch: TransitionBatch, b: int, raw: npt.NDArray[np.float64] | None) -> None:
+        """Write the surviving rows at the slots their ordinals map to and set their priorities."""
+        cap = self._capacity
+        start = max(0, b - cap)
+        m = b - start
+        first = self._next_ordinal + start  # ordinal of the first surviving row
+        ordinals = np.arange(first, first + m, dtype=np.int64)
+        slots = ordinals % cap
+        if raw is None:
+            values = np.full(m, self._transform_scalar(self._max_priority))
+        else:
+            raw = raw[start:]
+            values = self._transform(raw)
+        # The tree validates before it writes, so a value that overflowed to inf raises here with
+        # nothing changed yet; ring, ordinals and max are written only after it succeeded.
+        self._tree.update(slots, values)
+        if raw is not None:
+            self._max_priority = max(self._max_priority, float(raw.max()))
+        self._write_rows_locked(batch, start, first % cap)
+        self._ordinal[slots] = ordinals
+        self._next_ordinal += b
+        self._pos = self._next_ordinal % cap
+        self._size = min(cap, self._size + m)
+        self._total_added += b
+
+    def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
+        """Refill from a ``snapshot``; restored rows get the maximum priority seen so far.
+
+        Priorities are not part of a snapshot (they are stale by the time a learner resumes with
+        retrained weights anyway); max priority makes every restored row drawn early, which
+        re-measures its TD error. Into an empty buffer with ``total_added`` given, the ring is
+        re-based so the rows get the ordinals they had when saved (``total_added - n`` onward).
+        Into a non-empty buffer the rows are appended with the next ordinals and ``total_added``
+        is only raised as the counter (as in ``UniformReplay``): ids then run behind it.
+        """
+        b = self._validate(batch)
+        with self._lock:
+            if self._size == 0 and total_added is not None and total_added >= b:
+                self._next_ordinal = self._total_added = total_added - b
+                self._pos = self._next_ordinal % self._capacity
+            if b:
+                self._insert_locked(batch, b, None)
+            if total_added is not None:
+                self._total_added = max(self._total_added, total_added)
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int) -> TransitionBatch:
+        """``batch_size`` rows drawn by priority (no importance weights): the plain-buffer API."""
+        batch, _, _ = self._sample(batch_size)
+        return batch
+
+    def sample_prioritized(
+        self, batch_size: int, beta: float
+    ) -> tuple[TransitionBatch, npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """``(batch, ids, weights)``: rows drawn in proportion to priority, with replacement.
+
+        Stratified: ``[0, total)`` is cut into ``batch_size`` equal segments with one uniform draw
+        in each, which lowers the variance of a batch's composition versus independent draws
+        (the scheme of Schaul et al.). ``ids`` are insertion ordinals (int64) for
+        ``update_priorities``. ``weights`` (float32) are ``(N * P(i)) ** -beta`` with ``N`` the
+        number of stored rows, divided by the largest weight *in this batch* so that they only
+        ever scale the loss down. Schaul et al. divide by the largest weight over the whole
+        buffer instead; the batch maximum (as e.g. Dopamine does) needs no min-tree, and the two
+        differ only by a per-batch factor that a gradient step's learning rate absorbs.
+        """
+        if not (np.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta must be finite and >= 0, got {beta}")
+        batch, ids, probs_times_n = self._sample(batch_size)
+        weights = probs_times_n ** (-float(beta))
+        weights /= weights.max()
+        return batch, ids, weights.astype(np.float32)
+
+    def _sample(
+        self, batch_size: int
+    ) -> tuple[TransitionBatch, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Stratified draw; returns ``(batch, ids, N * P(i))``."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        with self._lock:
+            if self._size == 0:
+                raise ValueError("cannot sample from an empty replay buffer")
+            total = self._tree.total
+            if not total > 0:
+                raise ValueError("cannot sample: every stored row has priority zero")
+            targets = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
+            slots = self._tree.find_prefix_sum(targets)
+            values = self._tree.get(slots)
+            ids = self._ordinal[slots]
+            cols = [c[slots] for c in self._columns]
+            n = self._size
+        return TransitionBatch(*cols), ids, values * (n / total)
+
+    # ------------------------------------------------------------------ priorities
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """Set raw priorities for rows by the ids ``sample_prioritized`` returned.
+
+        Rows overwritten since they were sampled are skipped (counted in
+        ``stale_priority_updates``). A repeated id (sampling is with replacement) takes its last
+        priority. Raises ValueError for ids that are not non-negative integers, mismatched
+        lengths, or priorities that are negative or not finite.
+        """
+        ids = np.asarray(indices)
+        if ids.dtype.kind not in "iu" and ids.size:
+            raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        raw = self._check_priorities(priorities, ids.size)
+        if ids.size == 0:
+            return
+        if int(ids.min()) < 0:
+            raise ValueError("ids must be >= 0")
+        values = self._transform(raw)
+        with self._lock:
+            slots = ids % self._capacity
+            live = self._ordinal[slots] == ids
+            n_live = int(np.count_nonzero(live))
+            if n_live:
+                if n_live < ids.size:
+                    slots, values, raw = slots[live], values[live], raw[live]
+                self._tree.update(slots, values)  # first: it raises before writing anything
+                self._max_priority = max(self._max_priority, float(raw.max()))
+            self._stale_updates += ids.size - n_live
+
+    def priorities_of(self, ids: np.ndarray) -> npt.NDArray[np.float64]:
+        """Transformed priorities ``(p + eps) ** alpha`` of rows by id; NaN for overwritten ids
+        (for tests and diagnostics)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        with self._lock:
+            slots = ids % self._capacity
+            out = self._tree.get(slots)
+            out[self._ordinal[slots] != ids] = np.nan
+        return out
+
+    def _transform(self, raw: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Raw priorities -> tree values ``(p + eps) ** alpha``."""
+        out: npt.NDArray[np.float64] = (raw + self._eps) ** self._alpha
+        return out
+
+    def _transform_scalar(self, raw: float) -> float:
+        return float((raw + self._eps) ** self._alpha)
+
+    @staticmethod
+    def _check_priorities(priorities: npt.ArrayLike, n: int) -> npt.NDArray[np.float64]:
+        """Priorities as float64 ``(n,)``; ValueError unless all finite and >= 0."""
+        raw = np.asarray(priorities, dtype=np.float64)
+        if raw.shape != (n,):
+            raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
+        if not (np.isfinite(raw).all() and (raw >= 0).all()):
+            raise ValueError("priorities must be finite and >= 0")
+        return raw
