@@ -1,35 +1,105 @@
-"""Environment construction from config, and the sample spec a run's messages must match."""
+"""Environment construction from config, and the sample spec a run's messages must match.
+
+Every role builds its envs here, so training, evaluation and the spec the learner checks samples
+against all agree on one pipeline. Atari games get the standard DeepMind preprocessing
+(``env.preprocess: atari``); every other env is ``gymnasium.make`` as configured, untouched.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.config import EnvConfig
+from zmqrl.config import AtariConfig, EnvConfig
 from zmqrl.transport.wire import SampleSpec
+
+# What to run when an optional extra is missing; the project's extras pull in everything the env needs.
+ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'
+MUJOCO_INSTALL_HINT = 'pip install -e ".[mujoco]"'
+
+# Ids in this namespace come from ale_py, which must register them before gymnasium.make can find them.
+ALE_NAMESPACE = "ALE/"
+
+# Words in a DependencyNotInstalled message that point at one of the extras. Gymnasium's messages
+# name the missing package, so matching the text covers every id without a hardcoded list.
+_MUJOCO_WORDS = ("mujoco",)
+_ATARI_WORDS = ("ale_py", "ale-py", "atari", "opencv", "cv2")
+
+# The frame-skip the raw ALE env must use under the preprocessing: AtariPreprocessing repeats each
+# action itself (and max-pools the last two frames), so any skip in the env would multiply with it.
+_RAW_FRAMESKIP = 1
+
+# Channel count of an RGB frame, for moving colour channels in front (see _channels_first).
+_RGB_CHANNELS = 3
 
 
 class EnvError(ValueError):
     """The configured environment cannot be made or is not supported by the configured agent."""
 
 
-def make_env(cfg: EnvConfig) -> gym.Env[Any, Any]:
-    """A fresh environment from ``env.id`` + ``env.kwargs`` (seeded later, at its first reset)."""
+def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
+    """A fresh environment from ``env.id`` + ``env.kwargs`` (seeded later, at its first reset).
+
+    ``training`` only matters for ``env.preprocess: atari``: a training env clips rewards to their
+    sign and may end episodes on a lost life (per ``env.atari``), while an evaluation env
+    (``training=False``) always reports the raw game score and plays every life, so that evaluation
+    returns are comparable to published scores whatever the training tricks.
+    """
+    if cfg.preprocess == "atari":
+        return _make_atari_env(cfg, training=training)
+    if cfg.preprocess != "none":
+        raise EnvError(f"env.preprocess must be 'none' or 'atari', got {cfg.preprocess!r}")
+    if cfg.id.startswith(ALE_NAMESPACE):
+        _register_ale(cfg.id)  # a raw (unpreprocessed) ALE env is allowed too; it still needs registering
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
-    try:
-        return gym.make(cfg.id, **kwargs)
-    except (gym.error.Error, TypeError, ImportError, ModuleNotFoundError) as exc:
-        raise EnvError(f"env.id '{cfg.id}' could not be made: {exc}") from None
+    return _gym_make(cfg.id, kwargs)
 
 
-def sample_spec(env: gym.Env[Any, Any], max_batch: int = 65536) -> SampleSpec:
-    """What every samples message of this run must look like, from the env's spaces."""
-    obs_space = env.observation_space
-    act_space = env.action_space
+def make_vector_env(cfg: EnvConfig, num_envs: int, *, training: bool = True) -> gym.vector.SyncVectorEnv:
+    """``num_envs`` copies of :func:`make_env` stepped in lockstep in this process.
+
+    The autoreset mode is pinned to NEXT_STEP (rather than left to the installed gymnasium's
+    default) because the actor relies on it: after a sub-env's episode ends, its *next* ``step``
+    ignores the action and returns the reset observation with reward 0 and
+    ``terminated = truncated = False``; that row is not a transition and must not be stored.
+    """
+    if num_envs < 1:
+        raise EnvError(f"num_envs must be >= 1, got {num_envs}")
+    thunks: list[Callable[[], gym.Env[Any, Any]]] = [
+        functools.partial(make_env, cfg, training=training) for _ in range(num_envs)
+    ]
+    kwargs: dict[str, Any] = {}
+    autoreset_mode = getattr(gym.vector, "AutoresetMode", None)
+    if (
+        autoreset_mode is not None
+        and "autoreset_mode" in inspect.signature(gym.vector.SyncVectorEnv).parameters
+    ):
+        kwargs["autoreset_mode"] = autoreset_mode.NEXT_STEP
+    # Without the argument (gymnasium 1.0), next-step autoreset is the only behaviour there is.
+    return gym.vector.SyncVectorEnv(thunks, **kwargs)
+
+
+def sample_spec(
+    env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any], max_batch: int = 65536
+) -> SampleSpec:
+    """What every samples message of this run must look like, from the env's spaces.
+
+    A vector env's spaces are batched; one transition has the shape of a single sub-env's, so
+    ``single_observation_space`` / ``single_action_space`` are used when the env has them.
+    """
+    obs_space = getattr(env, "single_observation_space", None)
+    if obs_space is None:
+        obs_space = env.observation_space
+    act_space = getattr(env, "single_action_space", None)
+    if act_space is None:
+        act_space = env.action_space
     if not isinstance(obs_space, gym.spaces.Box):
         raise EnvError(f"observation space {obs_space} is not supported (need a Box)")
     obs_dtype = np.dtype(obs_space.dtype).name
@@ -54,3 +124,138 @@ def sample_spec(env: gym.Env[Any, Any], max_batch: int = 65536) -> SampleSpec:
             max_batch=max_batch,
         )
     raise EnvError(f"action space {act_space} is not supported (need Discrete or Box)")
+
+
+def action_bounds(env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any]) -> dict[str, np.ndarray]:
+    """``action_low`` / ``action_high`` keyword arguments for ``make_agent``, from a Box action space.
+
+    A continuous-action agent squashes its policy onto these bounds; the spec does not carry them
+    (it describes messages, not the env). Discrete envs give ``{}``, so callers can always splat it.
+    """
+    space = getattr(env, "single_action_space", None)
+    if space is None:
+        space = env.action_space
+    if not isinstance(space, gym.spaces.Box):
+        return {}
+    return {
+        "action_low": np.asarray(space.low, dtype=np.float32).copy(),
+        "action_high": np.asarray(space.high, dtype=np.float32).copy(),
+    }
+
+
+def _gym_make(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    """``gymnasium.make`` with its many failure types turned into one EnvError that says what to do."""
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        raise EnvError(_missing_dependency_message(env_id, exc)) from None
+    except (gym.error.Error, TypeError, ImportError) as exc:
+        raise EnvError(f"env.id '{env_id}' could not be made: {exc}") from None
+
+
+def _missing_dependency_message(env_id: str, exc: Exception) -> str:
+    """Point at the project's extra for a missing package, read off gymnasium's own message."""
+    text = str(exc).lower()
+    if any(word in text for word in _MUJOCO_WORDS):
+        return f"env.id '{env_id}' needs MuJoCo: run `{MUJOCO_INSTALL_HINT}` ({exc})"
+    if any(word in text for word in _ATARI_WORDS):
+        return f"env.id '{env_id}' needs the Atari dependencies: run `{ATARI_INSTALL_HINT}` ({exc})"
+    return f"env.id '{env_id}' needs a package that is not installed: {exc}"
+
+
+def _register_ale(env_id: str) -> None:
+    """Make ale_py's ids known to gymnasium (gymnasium 1.x no longer does this on its own)."""
+    try:
+        import ale_py
+    except ImportError:
+        raise EnvError(
+            f"env.id '{env_id}' needs the Atari emulator (ale-py, which ships the ROMs): "
+            f"run `{ATARI_INSTALL_HINT}`"
+        ) from None
+    gym.register_envs(ale_py)
+
+
+def _make_atari_env(cfg: EnvConfig, *, training: bool) -> gym.Env[Any, Any]:
+    """The DeepMind pipeline: no-op starts, frame skip + max-pool, 84x84 grey, 4-frame stack, uint8.
+
+    Observations are channel-first ``(frame_stack, screen, screen)`` uint8, what NatureCNN takes.
+    With ``grayscale: false`` each frame's RGB channels are moved in front and folded into the stack
+    axis, giving ``(3 * frame_stack, screen, screen)``: still channel-first, so the same network
+    works with more input channels.
+
+    ``env.max_episode_steps`` counts agent steps (after frame skipping), so its TimeLimit goes
+    outside the preprocessing; inside, it would count raw emulator frames.
+    """
+    _register_ale(cfg.id)
+    atari = cfg.atari
+    kwargs = dict(cfg.kwargs)
+    frameskip = kwargs.pop("frameskip", _RAW_FRAMESKIP)
+    if frameskip != _RAW_FRAMESKIP:
+        raise EnvError(
+            f"env.kwargs.frameskip={frameskip!r} cannot be used with env.preprocess 'atari': the "
+            f"preprocessing skips env.atari.frame_skip={atari.frame_skip} frames itself (leave frameskip out)"
+        )
+    # ALE v5 defaults to frameskip=4, which would stack with the wrapper's skip. Everything else the
+    # user gave (e.g. repeat_action_probability) passes through; what they did not keeps the env default.
+    kwargs["frameskip"] = _RAW_FRAMESKIP
+    env = _gym_make(cfg.id, kwargs)
+    env = _atari_preprocessing(env, cfg.id, atari, training=training)
+    env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
+    if not atari.grayscale:
+        env = _channels_first(env)
+    if cfg.max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, max_episode_steps=cfg.max_episode_steps)
+    if training and atari.clip_rewards:
+        env = gym.wrappers.TransformReward(env, _sign_reward)
+    return env
+
+
+def _atari_preprocessing(
+    env: gym.Env[Any, Any], env_id: str, atari: AtariConfig, *, training: bool
+) -> gym.Env[Any, Any]:
+    """Gymnasium's AtariPreprocessing as configured; life-loss terminals only ever when training.
+
+    Note gymnasium's life-loss terminal is followed by a *full* game reset (unlike the DeepMind
+    EpisodicLife wrapper, which plays on): with it, training episodes are single lives. Machado et
+    al. (2018) advise against it anyway, which is why it is off by default.
+    """
+    try:
+        return gym.wrappers.AtariPreprocessing(
+            env,
+            noop_max=atari.noop_max,
+            frame_skip=atari.frame_skip,
+            screen_size=atari.screen_size,
+            terminal_on_life_loss=atari.terminal_on_life_loss and training,
+            grayscale_obs=atari.grayscale,
+            grayscale_newaxis=False,
+            scale_obs=False,  # keep uint8: 4x less replay memory; the network scales by 1/255 itself
+        )
+    except gym.error.DependencyNotInstalled as exc:  # the resize needs OpenCV
+        env.close()
+        raise EnvError(_missing_dependency_message(env_id, exc)) from None
+    except (ValueError, TypeError) as exc:  # e.g. noop_max > 0 for a game whose action 0 is not NOOP
+        env.close()
+        raise EnvError(f"env.id '{env_id}' cannot take the Atari preprocessing: {exc}") from None
+
+
+def _channels_first(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    """``(stack, H, W, 3)`` RGB stacks -> ``(stack * 3, H, W)``, channel-first like the grey stacks."""
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or space.shape is None or space.shape[-1] != _RGB_CHANNELS:
+        raise EnvError(f"expected stacked RGB frames (stack, H, W, 3), got {space}")
+    stack, height, width, channels = space.shape
+    shape = (stack * channels, height, width)
+    new_space = gym.spaces.Box(low=0, high=255, shape=shape, dtype=np.uint8)
+
+    def to_channels_first(obs: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(obs.transpose(0, 3, 1, 2).reshape(shape))
+
+    return gym.wrappers.TransformObservation(env, to_channels_first, new_space)
+
+
+def _sign_reward(reward: SupportsFloat) -> float:
+    """DQN's reward clipping: -1, 0 or +1, so one learning rate suits every game's score scale.
+
+    A module-level function (not a lambda) so the wrapped env stays picklable for subprocess vector envs.
+    """
+    return float(np.sign(float(reward)))
