@@ -1,14 +1,33 @@
-"""Greedy evaluation: several episodes played in lockstep so the policy runs once per step, batched."""
+"""Greedy evaluation: several episodes played in lockstep so the policy runs once per step, batched.
+
+Also how a saved policy is played again: ``evaluate_checkpoint`` reads both checkpoint kinds (the
+learner's full training state, and the evaluator's weights-only ``best``), optionally on video.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from zmqrl.core import Agent
+
+if TYPE_CHECKING:
+    from zmqrl.config import Config, EnvConfig
+
+# ``payload["contents"]`` of a weights-only checkpoint (the evaluator's ``best``): just the acting
+# network as published, no optimiser or counters. (``format`` is the checkpoint layout version,
+# set by ``save_checkpoint``.) Full-state checkpoints have no ``contents`` and hold ``agent``.
+WEIGHTS_ONLY = "weights"
+# Eval env seeds start here (+ run.seed), far from actor seeds, so evaluation never replays a
+# training episode; the learner's own evaluations use the same offset.
+EVAL_SEED_OFFSET = 999_999
+# File names of recorded episodes: <prefix>-episode-<i>.mp4 (gymnasium's RecordVideo naming).
+VIDEO_PREFIX = "eval"
 
 
 class EvalResult(NamedTuple):
@@ -16,15 +35,32 @@ class EvalResult(NamedTuple):
     std: float
     returns: list[float]
     lengths: list[int]
+    videos: tuple[Path, ...] = ()  # episode videos written by evaluate_checkpoint(video_dir=...)
 
 
-def evaluate(agent: Agent, envs: list[gym.Env[Any, Any]], seed: int) -> EvalResult:
-    """One greedy episode in each env (env i reset with ``seed + i``); returns their statistics."""
+class EvaluationAborted(Exception):
+    """``evaluate``'s ``tick`` asked to stop before every episode had finished."""
+
+
+class VideoUnavailable(RuntimeError):
+    """Recording was asked for, but moviepy (the video extra), or what the env draws its frames
+    with, is not installed."""
+
+
+def evaluate(
+    agent: Agent, envs: list[gym.Env[Any, Any]], seed: int, tick: Callable[[], bool] | None = None
+) -> EvalResult:
+    """One greedy episode in each env (env i reset with ``seed + i``); returns their statistics.
+
+    ``tick`` is called once per lockstep step, so a long evaluation can keep heartbeating and
+    notice a stop request; when it returns True, ``EvaluationAborted`` is raised."""
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     returns = [0.0] * len(envs)
     lengths = [0] * len(envs)
     live = list(range(len(envs)))
     while live:
+        if tick is not None and tick():
+            raise EvaluationAborted(f"stopped after {max(lengths)} steps")
         actions = agent.act(np.stack([obs[i] for i in live]), explore=False)
         still: list[int] = []
         for i, action in zip(live, actions, strict=True):
@@ -37,23 +73,109 @@ def evaluate(agent: Agent, envs: list[gym.Env[Any, Any]], seed: int) -> EvalResu
     return EvalResult(float(np.mean(returns)), float(np.std(returns)), returns, lengths)
 
 
+def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> Agent:
+    """A CPU agent sized for ``env`` (a continuous policy also needs the env's action bounds)."""
+    from zmqrl.agents import make_agent
+    from zmqrl.envs import sample_spec
+
+    spec = sample_spec(env)
+    bounds: dict[str, Any] = {}
+    if spec.num_actions is None:
+        space = env.action_space
+        assert isinstance(space, gym.spaces.Box)  # sample_spec accepts only Box or Discrete
+        bounds = {"action_low": space.low, "action_high": space.high}
+    return make_agent(cfg.agent, spec, device="cpu", seed=seed, **bounds)
+
+
+def load_policy(agent: Agent, payload: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint's policy into ``agent``: a weights-only payload through
+    ``import_weights``, a full training state through ``load_state_dict``."""
+    from zmqrl.types import Weights
+
+    if payload.get("contents") == WEIGHTS_ONLY:
+        arrays = {name: tensor.numpy() for name, tensor in payload["weights"].items()}
+        # A fresh agent holds version 0 and import_weights only takes newer versions.
+        version = max(int(payload.get("version", 1)), 1)
+        if not agent.import_weights(Weights(version, arrays)):
+            raise ValueError(f"{path}: the agent refused the stored weights")
+    elif "agent" in payload:
+        agent.load_state_dict(payload["agent"])
+    else:
+        raise ValueError(f"{path}: holds neither an agent state nor weights")
+
+
+def require_video_support() -> None:
+    """Fail before anything is played when episodes cannot be written as video."""
+    try:
+        import moviepy  # noqa: F401
+    except ImportError:
+        raise VideoUnavailable(
+            'recording videos needs moviepy, which is not installed: pip install -e ".[video]"'
+        ) from None
+
+
 def evaluate_checkpoint(
-    path: Path, episodes: int, seed: int = 0, overrides: list[str] | None = None
+    path: Path,
+    episodes: int,
+    seed: int = 0,
+    overrides: list[str] | None = None,
+    video_dir: Path | None = None,
 ) -> EvalResult:
     """Greedy episodes of a saved policy, on envs built from the config stored in the checkpoint
-    (``overrides`` may change e.g. ``env.kwargs``)."""
-    from zmqrl.agents import make_agent
+    (``overrides`` may change e.g. ``env.kwargs``). Episode i resets with ``seed + i``.
+
+    With ``video_dir`` every episode is recorded to ``video_dir/eval-episode-<i>.mp4``
+    (``result.videos``); the episodes are then played one after another in a single rendering env
+    rather than in lockstep, same seeds."""
     from zmqrl.checkpoint import load_checkpoint
     from zmqrl.config import config_from_dict
-    from zmqrl.envs import make_env, sample_spec
+    from zmqrl.envs import make_env
 
+    if video_dir is not None:
+        require_video_support()
     payload = load_checkpoint(path)
     cfg = config_from_dict(payload["config"], f"{path} (stored config)", overrides)
-    envs = [make_env(cfg.env) for _ in range(episodes)]
+    kind = payload.get("agent_kind", cfg.agent.kind)
+    if kind != cfg.agent.kind:
+        raise ValueError(f"{path}: weights of a '{kind}' agent, but the config asks for '{cfg.agent.kind}'")
+    if video_dir is None:
+        envs = [make_env(cfg.env, training=False) for _ in range(episodes)]
+    else:
+        envs = [_recording_env(cfg.env, video_dir)]
     try:
-        agent = make_agent(cfg.agent, sample_spec(envs[0]), device="cpu")
-        agent.load_state_dict(payload["agent"])
-        return evaluate(agent, envs, seed=seed)
+        agent = make_eval_agent(cfg, envs[0])
+        load_policy(agent, payload, path)
+        if video_dir is None:
+            return evaluate(agent, envs, seed=seed)
+        try:
+            played = [evaluate(agent, envs, seed=seed + i) for i in range(episodes)]
+        except gym.error.DependencyNotInstalled as exc:  # e.g. classic-control envs draw with pygame
+            raise VideoUnavailable(f"cannot render {cfg.env.id} for video: {exc}") from None
     finally:
         for env in envs:
-            env.close()
+            env.close()  # RecordVideo writes the last episode's file here
+    returns = [r for result in played for r in result.returns]
+    lengths = [n for result in played for n in result.lengths]
+    videos = tuple(video_dir / f"{VIDEO_PREFIX}-episode-{i}.mp4" for i in range(episodes))
+    return EvalResult(
+        float(np.mean(returns)),
+        float(np.std(returns)),
+        returns,
+        lengths,
+        tuple(v for v in videos if v.is_file()),
+    )
+
+
+def _recording_env(env_cfg: EnvConfig, video_dir: Path) -> gym.Env[Any, Any]:
+    """The evaluation-flavour env, rendering RGB frames, wrapped to record every episode."""
+    from gymnasium.wrappers import RecordVideo
+
+    from zmqrl.envs import make_env
+
+    rendering = dataclasses.replace(env_cfg, kwargs={**env_cfg.kwargs, "render_mode": "rgb_array"})
+    return RecordVideo(
+        make_env(rendering, training=False),
+        str(video_dir),
+        episode_trigger=lambda _: True,
+        name_prefix=VIDEO_PREFIX,
+    )

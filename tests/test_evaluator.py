@@ -1,0 +1,345 @@
+"""The evaluator role against an in-test weights publisher and supervisor (threads over 127.0.0.1),
+and replaying its checkpoints: greedy play, weights-only loading, video recording."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import zmq
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+from tests.conftest import ANY_PORT, tiny_config
+from zmqrl.checkpoint import load_checkpoint, save_checkpoint
+from zmqrl.config import Config
+from zmqrl.envs import make_env
+from zmqrl.evaluation import (
+    EvaluationAborted,
+    VideoUnavailable,
+    evaluate,
+    evaluate_checkpoint,
+    make_eval_agent,
+)
+from zmqrl.metrics import NullLogger
+from zmqrl.roles.evaluator import Evaluator
+from zmqrl.transport import sockets, wire
+from zmqrl.transport.channels import WeightsPublisher
+from zmqrl.transport.wire import HeartbeatMsg, StopMsg
+from zmqrl.types import Weights
+
+# CartPole episodes are cut here, so a policy that balances scores exactly this.
+EPISODE_CAP = 50
+# A CartPole whose frames need no pygame (classic-control draws with it), for the video tests.
+FRAMED_CARTPOLE = "ZmqrlTest/FramedCartPole-v0"
+
+
+class FramedCartPole(CartPoleEnv):
+    """CartPole drawing its own tiny RGB frames: a white column where the cart is."""
+
+    def render(self) -> np.ndarray:
+        frame = np.zeros((64, 96, 3), np.uint8)
+        x = 0.0 if self.state is None else float(self.state[0])
+        frame[:, int(np.clip((x + 2.4) / 4.8 * 95, 0, 95))] = 255
+        return frame
+
+
+def framed_cartpole(**kwargs: Any) -> gym.Env[Any, Any]:
+    return FramedCartPole(**kwargs)
+
+
+if FRAMED_CARTPOLE not in gym.registry:
+    gym.register(FRAMED_CARTPOLE, entry_point=framed_cartpole, max_episode_steps=500)
+
+
+class SupervisorDouble:
+    """Binds the heartbeat and control sockets like the supervisor; records heartbeats."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.bind(ANY_PORT)
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.bind(ANY_PORT)
+        self.heartbeats: list[HeartbeatMsg] = []
+
+    def endpoints(self) -> dict[str, str]:
+        return {
+            "heartbeat": self.pull.getsockopt_string(zmq.LAST_ENDPOINT),
+            "control": self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
+        }
+
+    def drain(self, quiet_ms: int = 0) -> list[HeartbeatMsg]:
+        while self.pull.poll(quiet_ms):
+            msg = wire.load(self.pull.recv_multipart())
+            assert isinstance(msg, HeartbeatMsg)
+            self.heartbeats.append(msg)
+        return self.heartbeats
+
+    def stop(self, reason: str = "test says stop") -> None:
+        self.pub.send_multipart(wire.dump(StopMsg(reason)))
+
+    def close(self) -> None:
+        self.pull.close(0)
+        self.pub.close(0)
+
+
+class LearnerDouble:
+    """The learner's side of the weights channel: a real PUB socket and WeightsPublisher."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.sock, self.endpoint = sockets.weights_pub(ctx, ANY_PORT, sockets.SocketLimits())
+        self.publisher = WeightsPublisher(self.sock, "dqn")
+
+    def publish_until(self, weights: Weights | None, done: Any, timeout: float, what: str) -> None:
+        """Publish ``weights`` (or announce the learner's stop) every 50 ms until ``done()``: a
+        subscriber may join late, as an evaluator started after the learner does."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            if weights is None:
+                self.publisher.announce_stop("learner finished")
+            else:
+                self.publisher.publish(weights)
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def evaluator_config(
+    tmp_path: Path, sup: SupervisorDouble, learner: LearnerDouble, **extra: object
+) -> Config:
+    values: dict[str, object] = {
+        "env__max_episode_steps": EPISODE_CAP,
+        "evaluator__episodes": 2,
+        "evaluator__interval_seconds": 0,
+    }
+    values.update(extra)
+    cfg = tiny_config(tmp_path, **values)
+    ends = sup.endpoints()
+    transport = dataclasses.replace(
+        cfg.transport, weights=learner.endpoint, heartbeat=ends["heartbeat"], control=ends["control"]
+    )
+    return dataclasses.replace(cfg, transport=transport)
+
+
+def initial_weights(cfg: Config) -> dict[str, np.ndarray]:
+    env = make_env(cfg.env, training=False)
+    try:
+        return make_eval_agent(cfg, env, seed=cfg.run.seed).export_weights().arrays
+    finally:
+        env.close()
+
+
+def balancing_weights(reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An MLP Q-net (two hidden layers) acting as the textbook CartPole controller: push the way
+    the pole falls (angle + angular velocity). Hidden unit 0 carries s = angle + velocity when
+    positive, unit 1 carries -s; Q(right) = unit 0, Q(left) = unit 1."""
+    w = {name: np.zeros_like(array) for name, array in reference.items()}
+    w["torso.0.weight"][0, 2:] = 1.0
+    w["torso.0.weight"][1, 2:] = -1.0
+    w["torso.2.weight"][0, 0] = w["torso.2.weight"][1, 1] = 1.0
+    w["head.weight"][1, 0] = w["head.weight"][0, 1] = 1.0
+    return w
+
+
+def start(target: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_evaluator_scores_each_new_version_once_and_keeps_the_best_weights(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    sup, learner = SupervisorDouble(ctx), LearnerDouble(ctx)
+    cfg = evaluator_config(tmp_path, sup, learner, learner__target_return=EPISODE_CAP - 5)
+    evaluator = Evaluator(cfg, ctx=ctx)
+    thread = start(evaluator.run)
+    reference = initial_weights(cfg)
+    started_wall = time.time()
+    best = cfg.run_dir / "checkpoints" / "best"
+
+    def evaluated(version: int) -> Any:
+        return lambda: evaluator.evaluated_version == version
+
+    learner.publish_until(Weights(1, reference), evaluated(1), 20, "version 1 to be evaluated")
+    first = load_checkpoint(best)  # the first evaluation is the best so far
+    assert first["contents"] == "weights" and first["version"] == 1 and first["agent_kind"] == "dqn"
+    assert all(isinstance(t, torch.Tensor) for t in first["weights"].values())
+    learner.publish_until(Weights(2, balancing_weights(reference)), evaluated(2), 20, "version 2")
+    assert evaluator.eval_last == EPISODE_CAP and load_checkpoint(best)["version"] == 2
+    zeros = {name: np.zeros_like(array) for name, array in reference.items()}  # always pushes left
+    learner.publish_until(Weights(3, zeros), evaluated(3), 20, "version 3")
+    # Republishing what was evaluated already (the learner does, every second) changes nothing.
+    for _ in range(10):
+        learner.publisher.publish(Weights(3, zeros))
+        time.sleep(0.05)
+    sup.stop()
+    thread.join(timeout=20)
+    assert not thread.is_alive(), "evaluator did not obey the supervisor's stop"
+
+    stats = evaluator.stats
+    assert stats["state"] == "stopped" and stats["stop_reason"] == "test says stop"
+    assert [r["weights_version"] for r in stats["eval_history"]] == [1, 2, 3]
+    assert stats["evaluations"] == 3 and stats["evaluated_version"] == 3
+    assert stats["eval_return"] < EPISODE_CAP and stats["eval_best"] == EPISODE_CAP
+    assert load_checkpoint(best)["version"] == 2, "a worse version must not replace the best"
+    assert stats["target_time"] >= started_wall and stats["target_reached"]["weights_version"] == 2
+    written = json.loads((cfg.run_dir / "evaluator-stats.json").read_text())
+    assert [r["weights_version"] for r in written["eval_history"]] == [1, 2, 3]
+    assert list((cfg.run_dir / "tb" / "evaluator").glob("events.out.tfevents.*"))
+
+    beats = sup.drain(quiet_ms=300)
+    sup.close()
+    learner.close()
+    assert {(hb.role, hb.id) for hb in beats} == {("evaluator", 0)}
+    final = beats[-1]
+    assert final.state == "stopped"
+    assert final.counters["evaluations"] == 3 and final.counters["eval_best"] == EPISODE_CAP
+    assert final.counters["evaluated_version"] == final.counters["weights_version"] == 3
+    assert {"eval_return", "eval_seconds", "target_time"} <= final.counters.keys()
+    early = [hb for hb in beats if hb.counters["evaluations"] == 0]
+    assert early and "target_time" not in early[0].counters, "NaN (not reached yet) is left out"
+
+    # The weights-only `best` plays through the same entry point as the learner's checkpoints.
+    result = evaluate_checkpoint(best, episodes=3, seed=7)
+    assert result.returns == [EPISODE_CAP] * 3 and result.videos == ()
+
+
+def test_evaluator_waits_out_the_interval_but_scores_the_final_weights_when_the_learner_stops(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    sup, learner = SupervisorDouble(ctx), LearnerDouble(ctx)
+    cfg = evaluator_config(tmp_path, sup, learner, evaluator__interval_seconds=60)
+    evaluator = Evaluator(cfg, ctx=ctx, logger=NullLogger())
+    thread = start(evaluator.run)
+    reference = initial_weights(cfg)
+
+    learner.publish_until(Weights(1, reference), lambda: evaluator.evaluated_version == 1, 20, "version 1")
+    final = Weights(2, balancing_weights(reference))
+    learner.publish_until(final, lambda: evaluator.received_version == 2, 20, "version 2 to arrive")
+    time.sleep(0.3)
+    assert evaluator.evaluated_version == 1, "evaluated again before evaluator.interval_seconds passed"
+    learner.publish_until(None, lambda: not thread.is_alive(), 20, "the evaluator to leave with the learner")
+
+    stats = evaluator.stats
+    assert stats["state"] == "stopped" and stats["stop_reason"] == "learner finished"
+    assert [r["weights_version"] for r in stats["eval_history"]] == [1, 2]
+    assert stats["eval_best"] == EPISODE_CAP and math.isnan(stats["target_time"])  # no target set
+
+    # Restarted into the same run, it must beat the score of the `best` already there.
+    again = Evaluator(cfg, ctx=ctx, logger=NullLogger(), resume=True)
+    thread = start(again.run)
+    learner.publish_until(Weights(3, reference), lambda: again.evaluated_version == 3, 20, "version 3")
+    learner.publish_until(None, lambda: not thread.is_alive(), 20, "the evaluator to leave")
+    sup.close()
+    learner.close()
+    assert again.stats["eval_return"] < again.stats["eval_best"] == EPISODE_CAP
+    assert load_checkpoint(cfg.run_dir / "checkpoints" / "best")["version"] == 2
+
+
+def test_a_long_evaluation_keeps_heartbeating_and_a_supervisor_stop_abandons_it(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    sup, learner = SupervisorDouble(ctx), LearnerDouble(ctx)
+    # Always pushing left, MountainCar's car never reaches the flag: the episode never ends.
+    cfg = evaluator_config(
+        tmp_path, sup, learner, env__id="MountainCar-v0", env__max_episode_steps=10**9, evaluator__episodes=1
+    )
+    evaluator = Evaluator(cfg, ctx=ctx, logger=NullLogger())
+    thread = start(evaluator.run)
+    zeros = {name: np.zeros_like(array) for name, array in initial_weights(cfg).items()}
+
+    def evaluating_beats() -> int:
+        return sum(hb.state == "evaluating" for hb in sup.drain())
+
+    learner.publish_until(Weights(1, zeros), lambda: evaluating_beats() >= 3, 20, "heartbeats mid-evaluation")
+    sup.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "a stop must not wait for the evaluation to finish"
+    sup.close()
+    learner.close()
+    stats = evaluator.stats
+    assert stats["state"] == "stopped" and stats["evaluations"] == 0 and stats["eval_history"] == []
+    assert not (cfg.run_dir / "checkpoints" / "best").exists()
+
+
+def test_evaluate_calls_tick_every_step_and_aborts_when_it_says_so(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, env__max_episode_steps=EPISODE_CAP)
+    envs = [make_env(cfg.env, training=False) for _ in range(2)]
+    agent = make_eval_agent(cfg, envs[0], seed=0)
+    assert agent.import_weights(Weights(2, balancing_weights(agent.export_weights().arrays)))
+    ticks = 0
+
+    def tick(abort_after: int | None = None) -> bool:
+        nonlocal ticks
+        ticks += 1
+        return abort_after is not None and ticks > abort_after
+
+    assert evaluate(agent, envs, seed=3, tick=tick) == evaluate(agent, envs, seed=3)
+    assert ticks == EPISODE_CAP  # one per lockstep step
+    ticks = 0
+    with pytest.raises(EvaluationAborted):
+        evaluate(agent, envs, seed=3, tick=lambda: tick(abort_after=5))
+    assert ticks == 6
+
+
+def full_state_checkpoint(tmp_path: Path, **extra: object) -> Path:
+    """A learner-style checkpoint (the agent's whole state) of a freshly made agent."""
+    cfg = tiny_config(tmp_path, **extra)
+    env = make_env(cfg.env, training=False)
+    agent = make_eval_agent(cfg, env, seed=0)
+    env.close()
+    path = tmp_path / "latest"
+    save_checkpoint(path, {"agent": agent.state_dict(), "config": cfg.to_dict()})
+    return path
+
+
+def test_evaluate_checkpoint_records_every_episode_on_video(tmp_path: Path) -> None:
+    pytest.importorskip("moviepy")
+    path = full_state_checkpoint(tmp_path, env__id=FRAMED_CARTPOLE, env__max_episode_steps=8)
+    video_dir = tmp_path / "videos"
+    result = evaluate_checkpoint(path, episodes=2, seed=1, video_dir=video_dir)
+    assert len(result.returns) == 2 and max(result.lengths) <= 8
+    assert [v.name for v in result.videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    assert all(v.parent == video_dir and v.stat().st_size > 0 for v in result.videos)
+    # Recording plays the episodes one by one, with the seeds of the lockstep evaluation.
+    assert result.returns == evaluate_checkpoint(path, episodes=2, seed=1).returns
+
+
+def test_evaluate_checkpoint_records_cartpole(tmp_path: Path) -> None:
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame", reason="CartPole draws its frames with pygame")
+    path = full_state_checkpoint(tmp_path, env__max_episode_steps=5)
+    result = evaluate_checkpoint(path, episodes=1, video_dir=tmp_path / "videos")
+    assert [v.suffix for v in result.videos] == [".mp4"]
+
+
+def test_video_without_moviepy_fails_clearly_before_playing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = full_state_checkpoint(tmp_path, env__id=FRAMED_CARTPOLE)
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # `import moviepy` now raises ImportError
+    video_dir = tmp_path / "videos"
+    with pytest.raises(VideoUnavailable, match=r'pip install -e "\.\[video\]"'):
+        evaluate_checkpoint(path, episodes=1, video_dir=video_dir)
+    assert not video_dir.exists()
