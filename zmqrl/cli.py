@@ -1,4 +1,4 @@
-"""Command line: ``zmqrl launch | learner | actor | eval | keys | config``.
+"""Command line: ``zmqrl launch | learner | actor | evaluator | eval | keys | config``.
 
 Every command takes a YAML config and any number of ``--set section.key=value`` overrides. Process
 mains stay thin: parse config, build the role, run it, clean up, report.
@@ -243,11 +243,43 @@ def actor(
     typer.echo(json.dumps({"actor": id, **stats}, default=float))
 
 
+@app.command()
+def evaluator(
+    config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Keep the score of the run's existing checkpoints/best as the one to beat."
+        ),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Run the evaluator: follows transport.weights, plays evaluator.episodes greedy episodes of each
+    new version (at most every evaluator.interval_seconds), logs to TensorBoard and keeps the best
+    weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
+    cfg = _load(config, set_)
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.roles.evaluator import Evaluator
+
+    stats = _run_role(lambda: Evaluator(cfg, resume=resume))
+    stats.pop("eval_history", None)
+    typer.echo(json.dumps({"evaluator": stats}, default=float))
+
+
 @app.command("eval")
 def eval_checkpoint(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best.")],
     episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Episode i resets with seed + i.")] = 0,
+    video: Annotated[
+        Path | None,
+        typer.Option(
+            "--video",
+            help="Also record every episode as DIR/eval-episode-<i>.mp4 (needs the `video` extra: "
+            'pip install -e ".[video]").',
+            metavar="DIR",
+        ),
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Play a saved policy greedily and print its mean ± std return (uses the config stored in the
@@ -261,7 +293,7 @@ def eval_checkpoint(
     if not checkpoint.is_file():
         _fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
     try:
-        result = evaluate_checkpoint(checkpoint, episodes, seed, list(set_ or []))
+        result = evaluate_checkpoint(checkpoint, episodes, seed, list(set_ or []), video_dir=video)
     except (ConfigError, EnvError) as exc:
         _fail(str(exc), EXIT_CONFIG)
     except (ValueError, KeyError, RuntimeError, OSError) as exc:
@@ -271,6 +303,8 @@ def eval_checkpoint(
         f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
         f"{sum(result.lengths) / len(result.lengths):.0f})"
     )
+    for path in result.videos:
+        typer.echo(f"video: {path}")
 
 
 @app.command()

@@ -19,14 +19,16 @@ import zmq
 from zmqrl.agents import make_agent
 from zmqrl.checkpoint import load_resumable, save_checkpoint, save_periodic
 from zmqrl.config import Config
-from zmqrl.envs import make_env, sample_spec
-from zmqrl.evaluation import EvalResult, evaluate
+from zmqrl.envs import action_bounds, make_env, sample_spec
+from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, evaluate
+from zmqrl.memory import available_memory_bytes, format_bytes
 from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
-from zmqrl.replay import UniformReplay
+from zmqrl.ratelimit import NoLimit, RateLimiter, make_rate_limiter
+from zmqrl.replay import PrioritizedReplay, UniformReplay
 from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
-from zmqrl.transport.wire import SamplesMsg
+from zmqrl.transport.wire import SamplesMsg, SampleSpec
 from zmqrl.types import EpisodeStat, TransitionBatch
 
 # Ingest thread: wait this long for a message before re-checking its stop flag.
@@ -37,14 +39,29 @@ INGEST_MAX_DRAIN = 64
 HOUSEKEEPING_EVERY = 8
 # How long the closing weights socket may take to deliver the learner's stop announcement.
 STOP_LINGER_MS = 500
-# Eval env seeds live far from actor seeds so evaluation never replays a training episode.
-EVAL_SEED_OFFSET = 999_999
+# Longest single wait on the replay-ratio limiter, so waiting threads still heartbeat and see stops.
+LIMITER_WAIT_SECONDS = 0.1
+# Bytes per slot of prioritized replay's bookkeeping (sum tree leaves and parents, insertion ids).
+PRIORITY_BYTES_PER_ROW = 8 + 16 + 8
 
 # Files in the run directory: the highest weights version published, and the replay snapshot.
 VERSION_FILE = "weights-version"
 REPLAY_SNAPSHOT = "replay.npz"
 
 log = logging.getLogger("zmqrl.learner")
+
+
+class ReplayMemoryError(RuntimeError):
+    """The configured replay would not fit in this machine's available memory."""
+
+
+def replay_footprint(capacity: int, spec: SampleSpec, prioritized: bool) -> int:
+    """Bytes the replay buffer will occupy once full: obs and next_obs, action, reward, discount
+    (and the priority bookkeeping). Computed before allocating, so it can be refused up front."""
+    obs = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
+    action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
+    row = 2 * obs + action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
+    return capacity * row
 
 
 class PublishedVersions:
@@ -100,6 +117,8 @@ class Learner:
         self.samples = 0
         self.batches = 0
         self.episodes = 0
+        self.stale_batches = 0  # dropped for exceeding learner.max_policy_lag
+        self.stale_samples = 0
         self._lock = threading.Lock()  # guards the counters and queues shared with the ingest thread
         self._episode_queue: deque[EpisodeStat] = deque(maxlen=10_000)
         self._lags: deque[int] = deque(maxlen=10_000)  # policy lag per batch since the last log point
@@ -117,20 +136,31 @@ class Learner:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         torch.set_num_threads(cfg.learner.torch_threads)
-        eval_envs = [make_env(cfg.env) for _ in range(cfg.learner.eval_episodes)]
+        # With a separate evaluator process the learner keeps one env, only to read the spaces.
+        n_eval = 1 if cfg.evaluator.enabled else cfg.learner.eval_episodes
+        eval_envs = [make_env(cfg.env, training=False) for _ in range(n_eval)]
         self.spec = sample_spec(eval_envs[0])
-        self.agent = make_agent(cfg.agent, self.spec, seed=cfg.run.seed)
-        self.replay = UniformReplay(
-            cfg.replay.capacity,
-            self.spec.obs_shape,
-            self.spec.obs_dtype,
-            self.spec.action_shape,
-            self.spec.action_dtype,
+        self.replay = self._make_replay(self.spec)
+        bounds = action_bounds(eval_envs[0])
+        self.agent = make_agent(
+            cfg.agent,
+            self.spec,
             seed=cfg.run.seed,
+            action_low=bounds.get("action_low"),
+            action_high=bounds.get("action_high"),
+        )
+        self.limiter: RateLimiter | NoLimit = make_rate_limiter(
+            cfg.learner.samples_per_insert,
+            cfg.learner.samples_per_insert_tolerance,
+            cfg.learner.min_replay_size,
         )
         self.versions = PublishedVersions(self.run_dir / VERSION_FILE)
         if self.resume:
             self._restore()
+        # Count the ratio from what replay holds now: a restored snapshot of at least min_replay_size
+        # puts the run exactly on the ratio's line, so a resumed learner neither waits for data it
+        # already has nor holds the actors back for training it has already done.
+        self.limiter.reset(inserted=min(len(self.replay), cfg.learner.min_replay_size))
         # Number above anything published before in this run (a previous learner may have got
         # further than its last checkpoint), so actors never see the version go backwards.
         self.agent.continue_versions_after(self.versions.highest)
@@ -182,12 +212,14 @@ class Learner:
                 self._train(eval_envs)
             finished = not self.stop_event.is_set()  # max_updates or max_seconds reached
             last_eval = self.eval_history[-1]["updates"] if self.eval_history else -1
-            if finished and last_eval != self.updates:  # the run's final word on quality
+            evaluates = not cfg.evaluator.enabled
+            if evaluates and finished and last_eval != self.updates:  # the run's final word on quality
                 self._evaluate(eval_envs)
             state = "finished" if finished else "stopped"
             self._save_latest()
         finally:
             self._ingest_stop.set()
+            self.limiter.close()  # an ingest thread waiting for room must not outlive the run
             ingest.join(timeout=5)
             self.stats = {**self._final_stats(), "state": state}
             self.link.final(state, self._counters(), self.endpoints)
@@ -220,14 +252,21 @@ class Learner:
         batch_size = self.cfg.agent.batch_size
         deadline = self.started + lcfg.max_seconds if lcfg.max_seconds else math.inf
         log.info("training: %d updates of batch %d", lcfg.max_updates, batch_size)
+        evaluates = lcfg.eval_interval and not self.cfg.evaluator.enabled
         while self.updates < lcfg.max_updates:
-            metrics = self.agent.update(self.replay.sample(batch_size))
+            if not self.limiter.await_sample(batch_size, LIMITER_WAIT_SECONDS):
+                self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
+                if self.stop_event.is_set() or time.monotonic() > deadline:
+                    break
+                continue
+            metrics = self._update(batch_size)
+            self.limiter.sampled(batch_size)
             self.updates += 1
             if self.updates % lcfg.sync_interval == 0:
                 self._publish()
             if self.updates % lcfg.log_interval == 0:
                 self._log_scalars(metrics)
-            if lcfg.eval_interval and self.updates % lcfg.eval_interval == 0:
+            if evaluates and self.updates % lcfg.eval_interval == 0:
                 self._evaluate(eval_envs)
             if lcfg.checkpoint_interval and self.updates % lcfg.checkpoint_interval == 0:
                 self._save_latest()
@@ -236,6 +275,54 @@ class Learner:
                 if self.stop_event.is_set() or time.monotonic() > deadline:
                     break
         self._publish()
+
+    def _update(self, batch_size: int) -> dict[str, float]:
+        """One agent update; with prioritized replay, importance-weighted, and the batch's rows get
+        their new |TD error| priorities (rows overwritten meanwhile are skipped by the buffer)."""
+        replay = self.replay
+        if not isinstance(replay, PrioritizedReplay):
+            return self.agent.update(replay.sample(batch_size))
+        beta = self._beta()
+        batch, ids, importance = replay.sample_prioritized(batch_size, beta)
+        metrics = self.agent.update(batch, importance)
+        replay.update_priorities(ids, self.agent.last_td_errors)
+        metrics["per_beta"] = beta
+        metrics["per_importance_min"] = float(importance.min())
+        return metrics
+
+    def _beta(self) -> float:
+        """Importance-sampling exponent, annealed linearly from replay.beta to 1 (full correction
+        by the end of training, when unbiased updates matter most)."""
+        rcfg = self.cfg.replay
+        frac = min(1.0, self.updates / rcfg.beta_updates)
+        return rcfg.beta + frac * (1.0 - rcfg.beta)
+
+    def _make_replay(self, spec: SampleSpec) -> UniformReplay:
+        """The configured buffer, after checking that it fits: printed so people see the cost."""
+        rcfg = self.cfg.replay
+        need = replay_footprint(rcfg.capacity, spec, rcfg.prioritized)
+        available = available_memory_bytes()
+        log.info(
+            "replay: %s, %d transitions of obs %s %s: %s when full (%s available)",
+            "prioritized" if rcfg.prioritized else "uniform",
+            rcfg.capacity,
+            spec.obs_dtype,
+            list(spec.obs_shape),
+            format_bytes(need),
+            format_bytes(available) if available is not None else "unknown",
+        )
+        if available is not None and need > available:
+            raise ReplayMemoryError(
+                f"replay.capacity {rcfg.capacity} needs {format_bytes(need)} but this machine has "
+                f"{format_bytes(available)} available; lower replay.capacity (e.g. --set replay.capacity="
+                f"{max(1, int(rcfg.capacity * available / need * 0.8))})"
+            )
+        args = (rcfg.capacity, spec.obs_shape, spec.obs_dtype, spec.action_shape, spec.action_dtype)
+        if rcfg.prioritized:
+            return PrioritizedReplay(
+                *args, seed=self.cfg.run.seed, alpha=rcfg.alpha, priority_eps=rcfg.priority_eps
+            )
+        return UniformReplay(*args, seed=self.cfg.run.seed)
 
     # ------------------------------------------------------------------ ingest thread
     def _ingest_loop(self) -> None:
@@ -251,8 +338,27 @@ class Learner:
 
     def _accept(self, msg: SamplesMsg) -> None:
         lag = self.publisher.version - msg.weights_version
+        n = msg.batch.size
+        max_lag = self.cfg.learner.max_policy_lag
+        if max_lag is not None and lag > max_lag:  # acted by a policy too old to learn from
+            with self._lock:
+                self.stale_batches += 1
+                self.stale_samples += n
+                self.episodes += len(msg.episodes)
+                self._episode_queue.extend(msg.episodes)
+                self._lags.append(lag)
+            return
+        # Replay-ratio backpressure: while the learner is behind, hold this batch (and stop reading
+        # the socket), so the actors' queues fill and their sends block.
+        while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
+            if self._ingest_stop.is_set():
+                return
         with self._lock:  # replay and counters change together, so a checkpoint sees them agree
-            self.replay.add(msg.batch)
+            if isinstance(self.replay, PrioritizedReplay):
+                self.replay.add_with_priorities(msg.batch, msg.priorities)
+            else:
+                self.replay.add(msg.batch)
+            self.limiter.inserted(n)
             self.samples += msg.batch.size
             self.batches += 1
             self.episodes += len(msg.episodes)
@@ -296,8 +402,14 @@ class Learner:
             tb.scalar("charts/episodic_return", ep.ret, step)
             tb.scalar("charts/episodic_length", ep.length, step)
         if lags:
+            tb.scalar("learner/policy_lag_min", float(np.min(lags)), step)
             tb.scalar("learner/policy_lag_mean", float(np.mean(lags)), step)
             tb.scalar("learner/policy_lag_max", float(np.max(lags)), step)
+        tb.scalar("learner/stale_batches", self.stale_batches, step)
+        limits = self.limiter.stats
+        tb.scalar("replay/samples_per_insert", limits["ratio"], step)
+        tb.scalar("perf/sample_blocked_seconds", limits["sample_blocked_seconds"], step)
+        tb.scalar("perf/insert_blocked_seconds", limits["insert_blocked_seconds"], step)
         now = time.monotonic()
         t0, u0, s0 = self._rate_mark
         if now > t0:
@@ -446,8 +558,15 @@ class Learner:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         with self._lock:
             samples, batches, episodes = self.samples, self.batches, self.episodes
+            stale_batches, stale_samples = self.stale_batches, self.stale_samples
         reached = self.target_reached or {}
+        limits = self.limiter.stats
         return {
+            "stale_batches": stale_batches,
+            "stale_samples": stale_samples,
+            "samples_per_insert": limits["ratio"],
+            "sample_blocked_seconds": limits["sample_blocked_seconds"],
+            "insert_blocked_seconds": limits["insert_blocked_seconds"],
             "updates": self.updates,
             "samples": samples,
             "batches": batches,

@@ -141,6 +141,9 @@ class Supervisor:
         self.shutdown_seconds = float("nan")
         self._next_control_beat = 0.0
         self.summary: dict[str, Any] = {}
+        self.target_at_learner: dict[str, Any] | None = (
+            None  # learner counters when the evaluator hit the target
+        )
 
     # ------------------------------------------------------------------ entry point
     def run(self) -> int:
@@ -215,8 +218,11 @@ class Supervisor:
 
     # ------------------------------------------------------------------ processes
     def _spawn_actors(self) -> None:
+        """Every role that consumes the learner's weights: the actors and, if enabled, the evaluator."""
         for i in range(self.cfg.actor.num_actors):
             self._spawn("actor", i)
+        if self.cfg.evaluator.enabled:
+            self._spawn("evaluator", 0)
 
     def _spawn(self, role: str, index: int, previous: Child | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
@@ -225,7 +231,7 @@ class Supervisor:
             cmd += ["--id", str(index)]
             if previous is not None:
                 cmd.append("--replacement")
-        elif previous is not None or self.resume:
+        elif previous is not None or self.resume:  # learner: its checkpoint; evaluator: best so far
             cmd.append("--resume")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", SUPERVISED_ENV: "1"}
         with open(log_path, "ab") as logf:
@@ -276,16 +282,28 @@ class Supervisor:
             if learner.restart_at is None and learner.proc.poll() == 0:
                 learner.exit_code = 0
                 self._say("learner finished; stopping actors")
+                self._let_evaluator_finish()
                 return EXIT_OK
             if not self._check_learner(learner, now):
                 return EXIT_FAILED
             for child in list(self.children.values()):
-                if child.role == "actor" and not child.retired:
+                if child.role != "learner" and not child.retired:
                     self._check_actor(child, now)
             if now >= next_progress:
                 next_progress = now + scfg.progress_seconds
                 self._progress()
         return EXIT_FAILED
+
+    def _let_evaluator_finish(self) -> None:
+        """The evaluator saw the learner's end on the weights channel and is scoring the final
+        weights: give it up to ``stop_grace`` to finish before the stop broadcast cuts it short."""
+        evaluator = self.children.get("evaluator-0")
+        if evaluator is None or evaluator.retired or evaluator.proc.poll() is not None:
+            return
+        self._say("waiting for the evaluator's final evaluation")
+        deadline = self._clock() + self.cfg.supervisor.stop_grace
+        while evaluator.proc.poll() is None and self._clock() < deadline and self._signal is None:
+            self._pump(100)
 
     def _silent_too_long(self, child: Child, now: float) -> bool:
         """A starting process (python, torch, env) gets ``startup_timeout`` for its first
@@ -378,6 +396,13 @@ class Supervisor:
             child.last = hb
             child.last_seen = self._clock()
             child.heard = True
+            if hb.role == "evaluator" and self.target_at_learner is None:
+                reached = hb.counters.get("target_time", math.nan)
+                learner = self.children.get("learner-0")
+                if math.isfinite(reached) and learner is not None and learner.last is not None:
+                    # The evaluator knows weights versions, not env steps: take the learner's
+                    # counters from the moment the evaluator said so (a heartbeat apart at most).
+                    self.target_at_learner = dict(learner.last.counters)
 
     # ------------------------------------------------------------------ shutdown
     def _install_signals(self) -> None:
@@ -449,7 +474,11 @@ class Supervisor:
 
     def _progress(self) -> None:
         learner = self.children["learner-0"].last
-        c = learner.counters if learner else {}
+        c = dict(learner.counters) if learner else {}
+        evaluator = self.children.get("evaluator-0")
+        if evaluator is not None and evaluator.last is not None:
+            c["eval_return"] = evaluator.last.counters.get("eval_return", math.nan)
+            c["eval_best"] = evaluator.last.counters.get("eval_best", math.nan)
         actors = [ch for ch in self.children.values() if ch.role == "actor"]
         alive = sum(1 for a in actors if a.proc.poll() is None)
         steps_per_s = sum(float(a.last.counters.get("steps_per_s", 0.0)) for a in actors if a.last)
@@ -490,6 +519,14 @@ class Supervisor:
             else learner_stats,
             "actors": rows,
         }
+        evaluator = self.children.get("evaluator-0")
+        if evaluator is not None:
+            ev = self._evaluator_stats()
+            self.summary["evaluator"] = {
+                **ev,
+                "restarts": evaluator.restarts,
+                "exit_code": evaluator.exit_code,
+            }
         out = self._out
         print("\n== learner ==", file=out)
         if learner_stats:
@@ -501,12 +538,24 @@ class Supervisor:
                 f"duration {ls.get('duration', 0.0):.1f} s | bad messages {int(ls.get('bad_messages', 0))}",
                 file=out,
             )
-            print(
-                f"eval return: last {fmt_value(ls.get('eval_return'))}, "
-                f"best {fmt_value(ls.get('eval_best'))}",
-                file=out,
-            )
-            target = self.cfg.learner.target_return
+            extra = [
+                f"{key.replace('_', ' ')} {fmt_value(ls[key])}"
+                for key in ("samples_per_insert", "sample_blocked_seconds", "insert_blocked_seconds")
+                if key in ls and math.isfinite(float(ls[key])) and float(ls[key]) > 0
+            ]
+            if int(ls.get("stale_batches", 0)):
+                extra.append(f"stale batches dropped {int(ls['stale_batches'])}")
+            if extra:
+                print(" | ".join(extra), file=out)
+            if self.cfg.evaluator.enabled:
+                self._report_evaluator(out)
+            else:
+                print(
+                    f"eval return: last {fmt_value(ls.get('eval_return'))}, "
+                    f"best {fmt_value(ls.get('eval_best'))}",
+                    file=out,
+                )
+            target = None if self.cfg.evaluator.enabled else self.cfg.learner.target_return
             when = ls.get("target_time")
             if target is not None and isinstance(when, (int, float)) and math.isfinite(when):
                 print(
@@ -538,6 +587,41 @@ class Supervisor:
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "stats.json").write_text(json.dumps(self.summary, indent=2, default=str))
+
+    def _evaluator_stats(self) -> dict[str, Any]:
+        """The evaluator's own final stats file if it wrote one, else its last heartbeat."""
+        path = self.run_dir / "evaluator-stats.json"
+        evaluator = self.children.get("evaluator-0")
+        if path.is_file():
+            try:
+                return dict(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass
+        return dict(evaluator.last.counters) if evaluator and evaluator.last else {}
+
+    def _report_evaluator(self, out: Any) -> None:
+        ev = self._evaluator_stats()
+        print(
+            f"evaluator: {int(ev.get('evaluations', 0))} evaluations, "
+            f"last {fmt_value(ev.get('eval_return'))} "
+            f"(weights v{int(ev.get('evaluated_version', 0))}), best {fmt_value(ev.get('eval_best'))}",
+            file=out,
+        )
+        target = self.cfg.learner.target_return
+        when = ev.get("target_time")
+        if target is not None and isinstance(when, (int, float)) and math.isfinite(when):
+            at = self.target_at_learner or {}
+            where = (
+                f" (about {int(at['samples'])} env steps, {int(at['updates'])} updates)"
+                if {"samples", "updates"} <= at.keys()
+                else ""
+            )
+            print(
+                f"target return {target:g} first reached {when - self.launched:.1f} s after launch{where}",
+                file=out,
+            )
+        elif target is not None:
+            print(f"target return {target:g} not reached", file=out)
 
     def _learner_stats(self) -> dict[str, Any]:
         """The learner's own final stats file if it wrote one, else its last heartbeat."""

@@ -1,0 +1,212 @@
+"""Learner behaviour added for Ape-X-style runs: prioritized replay fed by actor priorities, the
+replay-ratio limiter (both directions, and recovery), the policy-lag cut-off, and the memory check.
+
+A real Learner runs in a thread over 127.0.0.1; the tests play the actors by hand with a PUSH
+socket, so they control exactly what arrives and when."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from tests.conftest import tiny_config, wait_until
+from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
+from zmqrl.config import Config
+from zmqrl.replay import PrioritizedReplay
+from zmqrl.roles.actor import Actor
+from zmqrl.roles.learner import Learner, ReplayMemoryError, replay_footprint
+from zmqrl.transport import wire
+from zmqrl.transport.wire import SamplesMsg, SampleSpec
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+class Running:
+    """A learner thread plus a hand-driven actor socket; stops and joins on exit."""
+
+    def __init__(self, ctx: zmq.Context, cfg: Config) -> None:
+        self.sup = FakeSupervisor(ctx)
+        self.cfg = with_transport(cfg, **self.sup.endpoints())
+        self.learner = Learner(self.cfg, ctx=ctx)
+        self.thread = threading.Thread(target=self.learner.run, daemon=True)
+        self.thread.start()
+        assert self.learner.ready.wait(30)
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.SNDHWM, 4)
+        self.push.connect(self.learner.endpoints["samples"])
+        self.seq = 0
+
+    def send(self, n: int = 32, version: int | None = None, priorities: np.ndarray | None = None) -> None:
+        msg = SamplesMsg(
+            actor_id=0,
+            seq=self.seq,
+            weights_version=self.learner.publisher.version if version is None else version,
+            batch=cartpole_batch(n),
+            episodes=[],
+            priorities=priorities,
+        )
+        self.push.send_multipart(wire.dump(msg))
+        self.seq += 1
+
+    def try_send(self, n: int = 32) -> bool:
+        """Send unless the learner's queue (and ours) is full: False means backpressure."""
+        if not self.push.poll(0, zmq.POLLOUT):
+            return False
+        self.send(n)
+        return True
+
+    def stop(self) -> dict[str, object]:
+        self.learner.request_stop()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+        self.push.close(0)
+        self.sup.close()
+        return self.learner.stats
+
+
+def test_prioritized_learner_trains_and_refreshes_priorities(ctx: zmq.Context, tmp_path: Path) -> None:
+    cfg = tiny_config(
+        tmp_path, replay__prioritized=True, learner__min_replay_size=64, learner__max_updates=10**6
+    )
+    run = Running(ctx, cfg)
+    high = np.full(32, 50.0, np.float32)
+    run.send(priorities=high)
+    run.send()  # no priorities: the running maximum
+    wait_until(lambda: run.learner.updates > 200, 30, "updates on prioritized replay")
+    replay = run.learner.replay
+    assert isinstance(replay, PrioritizedReplay)
+    stats = run.stop()
+    assert stats["samples"] == 64 and stats["bad_messages"] == 0
+    # Both batches started at priority 50 (the sent one, and the running max for the other); every
+    # row has since been sampled and re-prioritized with its TD error, which is far smaller here.
+    stored = replay.priorities_of(np.arange(64))
+    assert np.all(stored < 50.0**cfg.replay.alpha / 2), stored
+
+
+def test_real_actor_sends_priorities_that_the_learner_accepts(ctx: zmq.Context, tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, replay__prioritized=True)
+    sup = FakeSupervisor(ctx)
+    cfg = with_transport(cfg, **sup.endpoints())
+    learner = Learner(cfg, ctx=ctx)
+    lt = threading.Thread(target=learner.run, daemon=True)
+    lt.start()
+    assert learner.ready.wait(30)
+    actor = Actor(with_transport(cfg, **learner.endpoints), 0, ctx=ctx)
+    at = threading.Thread(target=actor.run, daemon=True)
+    at.start()
+    lt.join(timeout=90)
+    at.join(timeout=30)
+    sup.close()
+    assert not lt.is_alive() and not at.is_alive()
+    assert learner.stats["state"] == "finished" and learner.stats["bad_messages"] == 0
+    assert learner.stats["updates"] == cfg.learner.max_updates
+
+
+def test_stale_batches_are_dropped_and_counted(ctx: zmq.Context, tmp_path: Path) -> None:
+    cfg = tiny_config(
+        tmp_path,
+        learner__max_policy_lag=3,
+        learner__sync_interval=2,
+        learner__min_replay_size=32,
+        learner__max_updates=10**6,
+    )
+    run = Running(ctx, cfg)
+    run.send()
+    wait_until(lambda: run.learner.publisher.version > 10, 30, "several published versions")
+    before = len(run.learner.replay)
+    for _ in range(5):
+        run.send(version=1)  # acted by weights far older than max_policy_lag versions
+    run.send()  # current: kept
+    wait_until(lambda: run.learner.stale_batches == 5 and run.learner.samples == 64, 10, "ingest")
+    assert len(run.learner.replay) == before + 32
+    stats = run.stop()
+    assert stats["stale_batches"] == 5 and stats["stale_samples"] == 160
+
+
+def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(ctx: zmq.Context, tmp_path: Path) -> None:
+    # 32 per batch, 2 sampled per inserted, 64 rows of tolerance: 256 rows allow about 20 updates.
+    cfg = tiny_config(
+        tmp_path,
+        learner__samples_per_insert=2.0,
+        learner__samples_per_insert_tolerance=64,
+        learner__min_replay_size=64,
+        learner__max_updates=10**6,
+    )
+    run = Running(ctx, cfg)
+    for _ in range(8):
+        run.send()
+    wait_until(lambda: run.learner.limiter.stats["sample_blocked_seconds"] > 0.3, 20, "the learner to wait")
+    paused_at = run.learner.updates
+    assert 0 < paused_at * 32 <= (256 + 64) * 2 + 32
+    time.sleep(0.5)
+    assert run.learner.updates == paused_at, "no updates while the actors are paused"
+    for _ in range(8):  # actors resume
+        run.send()
+    wait_until(lambda: run.learner.updates > paused_at + 10, 20, "training to resume")
+    stats = run.stop()
+    ratio = float(stats["samples_per_insert"])  # type: ignore[arg-type]
+    assert 1.0 < ratio <= 2.0 + 64 * 2 / 512 + 0.2
+    assert float(stats["sample_blocked_seconds"]) > 0.3  # type: ignore[arg-type]
+
+
+def test_actors_are_held_back_when_the_learner_falls_behind(ctx: zmq.Context, tmp_path: Path) -> None:
+    # 1000 sampled per inserted: the learner cannot keep up, so it stops reading the socket.
+    cfg = tiny_config(
+        tmp_path,
+        learner__samples_per_insert=1000.0,
+        learner__samples_per_insert_tolerance=64,
+        learner__min_replay_size=64,
+        learner__max_updates=10**6,
+        transport__samples_hwm=4,
+    )
+    run = Running(ctx, cfg)
+    # Send as fast as the sockets take it. Queues (ZeroMQ's and the kernel's TCP buffers) absorb a
+    # few MB, then the sender must find itself blocked for good: that is the backpressure.
+    blocked_since: float | None = None
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        if run.try_send():
+            blocked_since = None
+        elif blocked_since is None:
+            blocked_since = time.monotonic()
+        elif time.monotonic() - blocked_since > 1.0:
+            break
+        else:
+            time.sleep(0.01)
+    limits = run.learner.limiter.stats
+    allowed = 64 + limits["sampled"] / 1000 + 64 + 32  # min size + what was learned from + tolerance
+    try:
+        assert blocked_since is not None and time.monotonic() - blocked_since > 1.0, "never held back"
+        assert limits["inserted"] <= allowed, "replay must not run ahead of the ratio's tolerance"
+        assert run.learner.limiter.stats["insert_blocked_seconds"] > 0.5
+    finally:
+        stats = run.stop()  # closing the limiter releases the waiting ingest thread
+    assert stats["state"] == "stopped"
+
+
+def test_replay_larger_than_memory_is_refused_before_anything_binds(ctx: zmq.Context, tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, replay__capacity=10**12, learner__min_replay_size=10)
+    learner = Learner(cfg, ctx=ctx)
+    with pytest.raises(ReplayMemoryError, match=r"replay.capacity"):
+        learner.run()
+    assert not learner.ready.is_set()
+
+
+def test_replay_footprint_counts_both_observations_and_priorities() -> None:
+    spec = SampleSpec(
+        obs_shape=(4, 84, 84), obs_dtype="uint8", action_shape=(), action_dtype="int64", num_actions=6
+    )
+    row = 2 * 4 * 84 * 84 + 8 + 4 + 4
+    assert replay_footprint(1000, spec, prioritized=False) == 1000 * row
+    assert replay_footprint(1000, spec, prioritized=True) > 1000 * row
