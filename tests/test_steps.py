@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zmqrl.core import StepProcessor
-from zmqrl.steps import NStepProcessor, Transition, to_batch
+from zmqrl.steps import NStepProcessor, Transition, VectorNStep, to_batch
+from zmqrl.types import EpisodeStat
 
 END_NONE, END_TERMINATED, END_TRUNCATED, END_BOTH = "none", "terminated", "truncated", "both"
 
@@ -202,3 +203,242 @@ def test_property_matches_direct_sum(rewards: list[float], n: int, gamma: float,
         expected_discount = 0.0 if terminated_in_window else gamma**k
         assert math.isclose(tr[4], expected_discount, rel_tol=1e-12, abs_tol=1e-15)
     assert len(proc) == (0 if ended else min(length, n - 1))
+
+
+# ------------------------------------------------------------------------------ VectorNStep
+#
+# Vector observations are rows [env, row, 0]: row r of sub-env j is the observation the vector env
+# returned at call r, so next_obs of call r is obs_at(j, r + 1) and every emitted transition says
+# which sub-env and call it started at and which observation it bootstraps from. A row in its
+# autoreset step gets a garbage action and reward, which must never show up anywhere.
+
+AUTORESET_REWARD = 1e6  # gymnasium gives 0; something unmistakable proves the row is ignored
+AUTORESET_ACTION = 77
+
+
+def vo(env: int, row: int) -> np.ndarray:
+    return np.array([env, row, 0], dtype=np.float32)
+
+
+def vstep(
+    vec: VectorNStep,
+    row: int,
+    rewards: list[float],
+    term: list[bool] | None = None,
+    trunc: list[bool] | None = None,
+    actions: list[int] | None = None,
+) -> list[Transition]:
+    """One vector call at ``row`` for every sub-env (obs rows ``row``, next_obs rows ``row + 1``)."""
+    e = vec.num_envs
+    return vec.step(
+        np.stack([vo(j, row) for j in range(e)]),
+        np.array(actions if actions is not None else [100 * j + row for j in range(e)], dtype=np.int64),
+        np.array(rewards, dtype=np.float32),
+        np.array(term or [False] * e),
+        np.array(trunc or [False] * e),
+        np.stack([vo(j, row + 1) for j in range(e)]),
+    )
+
+
+def env_of(tr: Transition) -> int:
+    return int(tr[0][0])
+
+
+def row_of(tr: Transition) -> int:
+    return int(tr[0][1])
+
+
+def boot_row(tr: Transition) -> int:
+    assert int(tr[3][0]) == env_of(tr), "bootstrap obs from another sub-env"
+    return int(tr[3][1])
+
+
+def test_vector_windows_never_mix_sub_envs() -> None:
+    """Sub-env j earns 10**j per step: every n-step sum is a multiple of one power of ten only."""
+    vec = VectorNStep(3, n=3, gamma=1.0)
+    out: list[Transition] = []
+    for row in range(6):
+        out += vstep(vec, row, [1.0, 10.0, 100.0])
+    assert len(out) == 3 * 4 and vec.real_steps == 3
+    for tr in out:
+        assert tr[2] == 3 * 10.0 ** env_of(tr)
+        assert boot_row(tr) == row_of(tr) + 3 and tr[4] == 1.0
+        assert tr[1] == 100 * env_of(tr) + row_of(tr), "each transition keeps its own sub-env's action"
+    assert vec.env_steps == [6, 6, 6] and len(vec) == 3 * 2
+
+
+def test_vector_order_is_env_major_then_step() -> None:
+    vec = VectorNStep(3, n=2, gamma=0.5)
+    vstep(vec, 0, [1.0, 1.0, 1.0])
+    out = vstep(vec, 1, [1.0, 1.0, 1.0], term=[True, False, True])
+    assert [(env_of(t), row_of(t)) for t in out] == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]
+
+
+def test_vector_autoreset_step_is_skipped_and_not_counted() -> None:
+    vec = VectorNStep(2, n=3, gamma=0.5)
+    vstep(vec, 0, [1.0, 2.0])
+    ended = vstep(vec, 1, [1.0, 2.0], term=[True, False])
+    assert [(env_of(t), row_of(t)) for t in ended] == [(0, 0), (0, 1)]
+    assert vec.ended == [(0, EpisodeStat(2.0, 2))] and vec.real_steps == 2
+    # Call 2: sub-env 0 is in its autoreset step (garbage action/reward), sub-env 1 steps on.
+    out = vstep(vec, 2, [AUTORESET_REWARD, 2.0], actions=[AUTORESET_ACTION, 1])
+    assert [(env_of(t), row_of(t)) for t in out] == [(1, 0)]
+    assert vec.real_steps == 1 and vec.ended == [] and vec.env_steps == [2, 3]
+    assert len(vec.processors[0]) == 0, "the autoreset row must not enter the window"
+    # Call 3: sub-env 0's new episode starts from the reset obs (row 3), and only real rewards count.
+    vstep(vec, 3, [5.0, 2.0])
+    (first,) = vstep(vec, 4, [5.0, 2.0], term=[True, False])[:1]
+    assert (env_of(first), row_of(first)) == (0, 3) and first[2] == pytest.approx(5.0 + 0.5 * 5.0)
+    assert first[4] == 0.0 and vec.ended == [(0, EpisodeStat(10.0, 2))]
+
+
+def test_vector_truncation_bootstraps_from_final_obs_and_termination_from_nothing() -> None:
+    vec = VectorNStep(2, n=3, gamma=0.5)
+    vstep(vec, 0, [1.0, 1.0])
+    out = vstep(vec, 1, [2.0, 2.0], term=[True, False], trunc=[False, True])
+    by_env = {j: [t for t in out if env_of(t) == j] for j in (0, 1)}
+    assert [t[4] for t in by_env[0]] == [0.0, 0.0]  # terminated: no bootstrap
+    assert [t[2] for t in by_env[0]] == pytest.approx([2.0, 2.0])
+    # truncated: gamma**k to the real final observation (row 2, returned by this very call)
+    assert [boot_row(t) for t in by_env[1]] == [2, 2]
+    assert [t[4] for t in by_env[1]] == pytest.approx([0.25, 0.5])
+    assert [t[2] for t in by_env[1]] == pytest.approx([2.0, 2.0])
+    assert vec.autoreset == [True, True]
+
+
+def test_vector_one_env_ending_does_not_flush_the_others() -> None:
+    vec = VectorNStep(3, n=4, gamma=0.9)
+    vstep(vec, 0, [1.0, 1.0, 1.0])
+    vstep(vec, 1, [1.0, 1.0, 1.0])
+    out = vstep(vec, 2, [1.0, 1.0, 1.0], trunc=[False, True, False])
+    assert {env_of(t) for t in out} == {1}
+    assert [len(p) for p in vec.processors] == [3, 0, 3]
+
+
+def test_vector_reset_and_validation() -> None:
+    vec = VectorNStep(2, n=3, gamma=0.9)
+    vstep(vec, 0, [1.0, 1.0], term=[True, False])
+    vec.reset()
+    assert len(vec) == 0 and vec.autoreset == [False, False] and vec.env_steps == [1, 1]
+    assert vec.episode_return == [0.0, 0.0] and vec.episode_length == [0, 0]
+    with pytest.raises(ValueError):
+        VectorNStep(0, 3, 0.9)
+    with pytest.raises(ValueError):
+        vstep(vec, 0, [1.0, 1.0, 1.0])
+
+
+EpisodeScript = tuple[list[float], str]  # (rewards, end kind) of one episode of one sub-env
+
+
+def _rows(episodes: list[EpisodeScript]) -> list[tuple[float, bool, bool, bool]]:
+    """A sub-env's calls as (reward, terminated, truncated, is_autoreset), autoreset rows included."""
+    rows = []
+    for rewards, end in episodes:
+        last = len(rewards) - 1
+        for t, r in enumerate(rewards):
+            term = t == last and end in (END_TERMINATED, END_BOTH)
+            trunc = t == last and end in (END_TRUNCATED, END_BOTH)
+            rows.append((r, term, trunc, False))
+        if end != END_NONE:
+            rows.append((AUTORESET_REWARD, False, False, True))
+    return rows
+
+
+def _reference(
+    rows: list[tuple[float, bool, bool, bool]], n: int, gamma: float
+) -> list[tuple[int, float, int, float]]:
+    """Brute force from one sub-env's own trajectory: (start row, n-step reward, boot row, discount)."""
+    episodes: list[tuple[list[int], str]] = []  # (rows of the real steps, end kind)
+    current: list[int] = []
+    for r, (_, term, trunc, reset) in enumerate(rows):
+        if reset:
+            continue
+        current.append(r)
+        if term or trunc:
+            episodes.append((current, END_TERMINATED if term else END_TRUNCATED))
+            current = []
+    if current:
+        episodes.append((current, END_NONE))
+    out = []
+    for ep_rows, end in episodes:
+        length = len(ep_rows)
+        for t, start_row in enumerate(ep_rows):
+            k = min(n, length - t)
+            if end == END_NONE and k < n:
+                continue  # still pending in the window
+            ret = sum(gamma**i * rows[ep_rows[t + i]][0] for i in range(k))
+            boot = ep_rows[t + k - 1] + 1  # the obs returned by the window's last real step
+            discount = 0.0 if end == END_TERMINATED and t + k == length else gamma**k
+            out.append((start_row, ret, boot, discount))
+    return out
+
+
+episode_scripts = st.lists(
+    st.tuples(
+        st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=8),
+        st.sampled_from([END_TERMINATED, END_TRUNCATED, END_BOTH]),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(database=None, max_examples=150, deadline=None)
+@given(
+    scripts=st.lists(episode_scripts, min_size=1, max_size=4),
+    cut=st.integers(1, 40),
+    n=st.integers(1, 5),
+    gamma=st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+)
+def test_vector_property_matches_per_env_brute_force(
+    scripts: list[list[EpisodeScript]], cut: int, n: int, gamma: float
+) -> None:
+    """Lockstep vector calls (autoreset rows included, cut at an arbitrary call) give each sub-env
+    exactly the transitions computed from its own trajectory, in order, and nothing else."""
+    per_env = [_rows(s) for s in scripts]
+    calls = min(cut, *(len(r) for r in per_env))
+    per_env = [r[:calls] for r in per_env]
+    e = len(per_env)
+    vec = VectorNStep(e, n, gamma)
+    got: list[list[tuple[int, float, int, float]]] = [[] for _ in range(e)]
+    real_total = 0
+    ended: list[list[EpisodeStat]] = [[] for _ in range(e)]
+    for row in range(calls):
+        rewards = [per_env[j][row][0] for j in range(e)]
+        term = [per_env[j][row][1] for j in range(e)]
+        trunc = [per_env[j][row][2] for j in range(e)]
+        actions = [AUTORESET_ACTION if per_env[j][row][3] else row for j in range(e)]
+        out = vec.step(
+            np.stack([vo(j, row) for j in range(e)]),
+            np.array(actions, dtype=np.int64),
+            np.array(rewards, dtype=np.float64),
+            np.array(term),
+            np.array(trunc),
+            np.stack([vo(j, row + 1) for j in range(e)]),
+        )
+        assert [env_of(t) for t in out] == sorted(env_of(t) for t in out), "env-major order"
+        for tr in out:
+            assert tr[1] != AUTORESET_ACTION and tr[1] == row_of(tr)
+            got[env_of(tr)].append((row_of(tr), tr[2], boot_row(tr), tr[4]))
+        real_total += vec.real_steps
+        for j, stat in vec.ended:
+            ended[j].append(stat)
+    for j in range(e):
+        want = _reference(per_env[j], n, gamma)
+        assert [g[0] for g in got[j]] == [w[0] for w in want]
+        for g, w in zip(got[j], want, strict=True):
+            assert math.isclose(g[1], w[1], rel_tol=1e-9, abs_tol=1e-9)
+            assert g[2] == w[2]
+            assert math.isclose(g[3], w[3], rel_tol=1e-12, abs_tol=1e-15)
+        real_rows = [r for r in per_env[j] if not r[3]]
+        assert vec.env_steps[j] == len(real_rows)
+        ends = [i for i, r in enumerate(real_rows) if r[1] or r[2]]
+        starts = [0, *(i + 1 for i in ends)]
+        expected_stats = [
+            EpisodeStat(sum(r[0] for r in real_rows[a : b + 1]), b + 1 - a)
+            for a, b in zip(starts, ends, strict=False)
+        ]
+        assert [s.length for s in ended[j]] == [s.length for s in expected_stats]
+        for s, x in zip(ended[j], expected_stats, strict=True):
+            assert math.isclose(s.ret, x.ret, rel_tol=1e-9, abs_tol=1e-9)
+    assert real_total == sum(vec.env_steps)

@@ -5,7 +5,8 @@ ready-made ``(obs, action, reward, next_obs, discount)`` rows and never needs ``
 ``discount`` already carries both the horizon (``gamma ** k``) and termination (0.0).
 
 This runs once per env step in every actor, so it keeps to plain Python floats, a deque, and
-precomputed powers of gamma; it never copies observation arrays.
+precomputed powers of gamma; it never copies observation arrays. ``VectorNStep`` runs one
+``NStepProcessor`` per sub-env of a gymnasium vector env (``AutoresetMode.NEXT_STEP``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TypeAlias
 import numpy as np
 from numpy.typing import DTypeLike
 
-from zmqrl.types import TransitionBatch
+from zmqrl.types import EpisodeStat, TransitionBatch
 
 # (obs, action, n_step_reward, bootstrap_obs, discount), as returned by StepProcessor.step.
 Transition: TypeAlias = tuple[np.ndarray, np.ndarray | int, float, np.ndarray, float]
@@ -45,7 +46,7 @@ class NStepProcessor:
     *next* ``step`` call: for a sub-env that ended, that call ignores the action and returns the
     reset observation with reward 0 and no end flags. The caller must NOT feed that autoreset step
     here (it is not a real transition); it should only take its observation as the new episode's
-    first ``obs``. (Open issue: handled by the vector-env actor, not here.)
+    first ``obs``. ``VectorNStep`` does exactly that for a whole vector env.
 
     Observation arrays are stored by reference until emitted, so the caller must not mutate them
     in place afterwards (gymnasium envs return fresh arrays per step).
@@ -109,6 +110,103 @@ class NStepProcessor:
             out.append((o, a, ret, next_obs, powers[k] if bootstrap else TERMINAL_DISCOUNT))
         window.clear()
         out.reverse()
+        return out
+
+
+class VectorNStep:
+    """One ``NStepProcessor`` per sub-env of a vector env with ``AutoresetMode.NEXT_STEP``; pure, no I/O.
+
+    Feed it every ``vector_env.step`` with the observations the actions were chosen from. Per call:
+
+    - A sub-env whose episode ended (terminated or truncated) on the previous call is in its
+      *autoreset step* now: gymnasium ignored its action and returned the new episode's first
+      observation with reward 0 and no end flags. That row is not a transition: it is skipped
+      (not fed to any window, not counted), and the caller simply keeps the returned observation
+      as the row's next ``obs``.
+    - Every other row is one real env transition of that sub-env, fed to that sub-env's own
+      window only, so n-step windows never mix sub-envs or episodes. Truncation bootstraps from the
+      row's ``next_obs``, which in NEXT_STEP mode is the real final observation (the reset comes
+      on the next call); termination writes discount 0. One sub-env ending flushes only its window.
+    - Returned transitions are ordered by sub-env index, then by step within the sub-env: the
+      output is a deterministic function of the inputs.
+
+    After each call ``real_steps`` is the number of real transitions in it (rows not in their
+    autoreset step) and ``ended`` lists ``(sub-env index, EpisodeStat)`` for the episodes that
+    ended in it, in sub-env order. ``env_steps[j]`` counts sub-env j's transitions so far.
+    """
+
+    def __init__(self, num_envs: int, n: int, gamma: float) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs = int(num_envs)
+        self.processors = [NStepProcessor(n, gamma) for _ in range(self.num_envs)]
+        # autoreset[j]: sub-env j ended on the previous call, so this call is its autoreset step.
+        self.autoreset = [False] * self.num_envs
+        self.env_steps = [0] * self.num_envs
+        self.episode_return = [0.0] * self.num_envs
+        self.episode_length = [0] * self.num_envs
+        self.real_steps = 0
+        self.ended: list[tuple[int, EpisodeStat]] = []
+
+    def __len__(self) -> int:
+        """Pending (not yet emitted) steps over all sub-envs."""
+        return sum(len(p) for p in self.processors)
+
+    def reset(self) -> None:
+        """Forget windows, autoreset marks and running episodes (after an explicit ``env.reset()``).
+
+        ``env_steps`` is kept: it counts transitions over the processor's lifetime."""
+        for proc in self.processors:
+            proc.reset()
+        self.autoreset = [False] * self.num_envs
+        self.episode_return = [0.0] * self.num_envs
+        self.episode_length = [0] * self.num_envs
+        self.real_steps = 0
+        self.ended = []
+
+    def step(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        next_obs: np.ndarray,
+    ) -> list[Transition]:
+        """Feed one vector step (arrays with the sub-envs on axis 0); return the completed transitions.
+
+        Observation and action rows are stored as views until emitted: the caller must not mutate
+        these arrays in place afterwards (``SyncVectorEnv`` with ``copy=True`` returns fresh ones).
+        """
+        num = self.num_envs
+        if len(obs) != num or len(next_obs) != num or len(actions) != num:
+            raise ValueError(f"expected {num} rows of obs, actions and next_obs")
+        reward_list = np.asarray(rewards, dtype=np.float64).tolist()
+        term_list = np.asarray(terminated, dtype=bool).tolist()
+        trunc_list = np.asarray(truncated, dtype=bool).tolist()
+        if len(reward_list) != num or len(term_list) != num or len(trunc_list) != num:
+            raise ValueError(f"expected {num} rewards, terminated and truncated flags")
+        autoreset = self.autoreset
+        out: list[Transition] = []
+        ended: list[tuple[int, EpisodeStat]] = []
+        real = 0
+        for j in range(num):
+            if autoreset[j]:
+                autoreset[j] = False  # the reset step: next_obs[j] is the new episode's first obs
+                continue
+            real += 1
+            reward, term, trunc = reward_list[j], term_list[j], trunc_list[j]
+            out += self.processors[j].step(obs[j], actions[j], reward, term, trunc, next_obs[j])
+            self.env_steps[j] += 1
+            self.episode_return[j] += reward
+            self.episode_length[j] += 1
+            if term or trunc:
+                ended.append((j, EpisodeStat(self.episode_return[j], self.episode_length[j])))
+                self.episode_return[j] = 0.0
+                self.episode_length[j] = 0
+                autoreset[j] = True
+        self.real_steps = real
+        self.ended = ended
         return out
 
 

@@ -1,7 +1,16 @@
-"""An actor: its own env and agent copy, an n-step processor, and a socket to push samples on."""
+"""An actor: its own env (or vector of sub-envs) and agent copy, n-step processing, and a socket to push
+samples on.
+
+With ``actor.envs_per_actor`` = E > 1 the actor steps a gymnasium ``SyncVectorEnv`` (autoreset
+mode NEXT_STEP) with one batched ``act`` per vector step, and behaves like E single-env actors on
+consecutive rungs of the Ape-X ladder. Its ``steps`` counter (and everything paced or scheduled by
+it: ``max_steps``, ``max_steps_per_s``, weight polls, housekeeping) counts real env transitions,
+i.e. sub-env steps that are not a NEXT_STEP autoreset step.
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -14,16 +23,17 @@ import zmq
 
 from zmqrl.agents import make_agent
 from zmqrl.config import Config
-from zmqrl.envs import make_env, sample_spec
+from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.exploration import LinearSchedule, apex_epsilon
 from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
-from zmqrl.steps import NStepProcessor, Transition, to_batch
+from zmqrl.steps import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleSender, WeightsSubscriber
-from zmqrl.transport.wire import SamplesMsg
-from zmqrl.types import EpisodeStat
+from zmqrl.transport.wire import SamplesMsg, SampleSpec
+from zmqrl.types import EpisodeStat, TransitionBatch
 
 # Actor i's env is seeded with run.seed + ACTOR_SEED_STRIDE * (i + 1): distinct and reproducible.
+# Sub-env j of a vector actor gets that seed + j (distinct while envs_per_actor < the stride).
 ACTOR_SEED_STRIDE = 1000
 # Env steps between (time-gated) heartbeat / control checks.
 HOUSEKEEPING_EVERY = 16
@@ -62,7 +72,12 @@ class Actor:
         self.samples_sent = 0
         self.weights_loaded = 0
         self.paced_seconds = 0.0
+        self.priority_seconds = 0.0
+        self.num_envs = cfg.actor.envs_per_actor
+        # Per-sub-env exploration of a vector actor (None for a single env: agent.epsilon is used).
+        self._env_epsilons: np.ndarray | None = None
         self._recent_returns: deque[float] = deque(maxlen=20)
+        self._bad_priorities_logged = False
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -71,15 +86,50 @@ class Actor:
         cfg = self.cfg
         torch.set_num_threads(1)
         num_actors = max(cfg.actor.num_actors, self.actor_id + 1)
-        self.epsilon = apex_epsilon(self.actor_id, num_actors, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
+        num_envs = self.num_envs
+        # The ladder spans every sub-env of every actor: sub-env j of actor i is rung i * E + j of
+        # N * E, so N vector actors explore like N * E single-env actors (E = 1: rung i of N).
+        self.epsilons = np.array(
+            [
+                apex_epsilon(
+                    self.actor_id * num_envs + j,
+                    num_actors * num_envs,
+                    cfg.actor.epsilon,
+                    cfg.actor.epsilon_alpha,
+                )
+                for j in range(num_envs)
+            ]
+        )
+        self.epsilon = float(self.epsilons[0])
         seed = cfg.run.seed + ACTOR_SEED_STRIDE * (self.actor_id + 1)
-        env = make_env(cfg.env)
-        spec = sample_spec(env)
-        # Start fully random and anneal to this actor's rung of the ladder (no-op when decay is 0).
-        decay = 0 if self.replacement else cfg.actor.epsilon_decay_steps
-        self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, decay)
-        self.agent = make_agent(cfg.agent, spec, epsilon=self._epsilon_schedule(0), device="cpu", seed=seed)
-        steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
+        # Start fully random and anneal to each rung of the ladder (no-op when decay is 0).
+        self._epsilon_decay = 0 if self.replacement else cfg.actor.epsilon_decay_steps
+        self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, self._epsilon_decay)
+        env: Any
+        if num_envs == 1:
+            env = make_env(cfg.env)
+            spec = sample_spec(env)
+            action_space = env.action_space
+            initial_epsilon = self._epsilon_schedule(0)
+        else:
+            env = make_vector_env(cfg.env, num_envs, training=True)
+            spec = sample_spec(env)
+            action_space = env.single_action_space
+            # The agent acts without epsilon; the actor mixes in random actions per row.
+            initial_epsilon = 0.0
+            self._env_epsilons = self._sub_env_epsilons(np.zeros(num_envs))
+        bounds = action_bounds(env)
+        self.agent = make_agent(
+            cfg.agent,
+            spec,
+            epsilon=initial_epsilon,
+            device="cpu",
+            seed=seed,
+            action_low=bounds.get("action_low"),
+            action_high=bounds.get("action_high"),
+        )
+        initial_priorities = getattr(self.agent, "initial_priorities", None)
+        self._initial_priorities = initial_priorities if cfg.replay.prioritized else None
         limits = socket_limits(cfg)
         security = transport_security(cfg)
         samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits, security=security)
@@ -90,10 +140,11 @@ class Actor:
         )
         self.link = SupervisorLink(self._ctx, cfg, "actor", self.actor_id, self.stop_event)
         log.info(
-            "actor %d up: epsilon %.4f (annealed from 1.0 over %d steps), seed %d, samples -> %s",
+            "actor %d up: %d env(s), epsilon %s (annealed from 1.0 over %d steps), seed %d, samples -> %s",
             self.actor_id,
-            self.epsilon,
-            cfg.actor.epsilon_decay_steps,
+            num_envs,
+            " ".join(f"{e:.4f}" for e in self.epsilons),
+            self._epsilon_decay,
             seed,
             cfg.transport.samples,
         )
@@ -102,7 +153,11 @@ class Actor:
         state = "failed"
         try:
             if not self.replacement or self._await_weights():
-                self._loop(env, steps, spec.obs_dtype, spec.action_dtype, seed)
+                if num_envs == 1:
+                    steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
+                    self._loop(env, steps, spec.obs_dtype, spec.action_dtype, seed)
+                else:
+                    self._vector_loop(env, spec, action_space, seed)
             state = "stopped"
         finally:
             self.stats = {**self._counters(), "state": state, "stop_reason": self.link.stop_reason}
@@ -134,7 +189,7 @@ class Actor:
                     break
                 agent.epsilon = self._epsilon_schedule(self.steps)
                 if step_period:
-                    self._pace(step_period)
+                    self._pace(step_period, HOUSEKEEPING_EVERY)
             if max_steps is not None and self.steps >= max_steps:
                 break
             action = agent.act(obs[None], explore=True)[0]
@@ -154,18 +209,130 @@ class Actor:
             else:
                 obs = next_obs
             if len(pending) >= send_batch:
-                msg = SamplesMsg(
-                    actor_id=self.actor_id,
-                    seq=seq,
-                    weights_version=pending_version,
-                    batch=to_batch(pending, obs_dtype, action_dtype),
-                    episodes=finished,
-                )
-                if not self.sender.send(msg, idle=self._idle):
+                if not self._ship(pending, finished, pending_version, seq, obs_dtype, action_dtype):
                     break
                 seq += 1
-                self.samples_sent += len(pending)
                 pending, finished = [], []
+
+    def _vector_loop(self, env: Any, spec: SampleSpec, action_space: Any, seed: int) -> None:
+        """``_loop`` for E > 1 sub-envs: one batched ``act`` and one ``env.step`` per iteration.
+
+        Counters, pacing, weight polls, housekeeping and ``max_steps`` go by real env transitions
+        (``VectorNStep.real_steps``), which advance by up to E per iteration: ``max_steps`` may be
+        overshot by fewer than E, and housekeeping runs on the first iteration at or past each
+        multiple-of-``HOUSEKEEPING_EVERY`` mark rather than exactly on it.
+        """
+        cfg = self.cfg
+        num_envs = self.num_envs
+        send_batch = cfg.actor.send_batch
+        poll_every = cfg.actor.weights_poll_steps
+        max_steps = cfg.actor.max_steps
+        step_period = 1.0 / cfg.actor.max_steps_per_s if cfg.actor.max_steps_per_s else 0.0
+        obs_dtype, action_dtype = spec.obs_dtype, spec.action_dtype
+        agent = self.agent
+        agent.epsilon = 0.0  # exploration is mixed in per row by _explore
+        vec = VectorNStep(num_envs, cfg.agent.n_step, cfg.agent.gamma)
+        explorer = _RowExplorer(spec, action_space, action_dtype, seed)
+        # SyncVectorEnv(copy=True), the default, returns fresh arrays; transitions keep row views.
+        copy_obs = getattr(env, "copy", True) is False
+        pending: list[Transition] = []
+        pending_version = agent.weights_version
+        finished: list[EpisodeStat] = []
+        seq = 0
+        next_poll = next_housekeeping = paced_steps = 0
+        obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
+        if copy_obs:
+            obs = np.array(obs)
+        epsilons = self._sub_env_epsilons(np.asarray(vec.env_steps))
+        while True:
+            if self.steps >= next_poll:
+                self._sync_weights()
+                next_poll = self.steps + poll_every
+            if self.steps >= next_housekeeping:
+                if self.link.tick(self._counters):
+                    break
+                epsilons = self._env_epsilons = self._sub_env_epsilons(np.asarray(vec.env_steps))
+                if step_period:
+                    self._pace(step_period, self.steps - paced_steps)
+                    paced_steps = self.steps
+                next_housekeeping = self.steps + HOUSEKEEPING_EVERY
+            if max_steps is not None and self.steps >= max_steps:
+                break
+            actions = explorer.act(agent, obs, epsilons)
+            next_obs, rewards, terminated, truncated, _ = env.step(actions)
+            if copy_obs:
+                next_obs = np.array(next_obs)
+            if not pending:
+                pending_version = agent.weights_version
+            pending.extend(vec.step(obs, actions, rewards, terminated, truncated, next_obs))
+            self.steps += vec.real_steps
+            for _, stat in vec.ended:
+                finished.append(stat)
+                self._recent_returns.append(stat.ret)
+                self.episodes += 1
+            obs = next_obs
+            if len(pending) >= send_batch:
+                if not self._ship(pending, finished, pending_version, seq, obs_dtype, action_dtype):
+                    break
+                seq += 1
+                pending, finished = [], []
+
+    def _sub_env_epsilons(self, env_steps: np.ndarray) -> np.ndarray:
+        """Each sub-env's epsilon: annealed linearly from 1.0 to its rung over ``epsilon_decay_steps``
+        of that sub-env's own transitions (as a single-env actor on that rung would be)."""
+        if self._epsilon_decay == 0:
+            return self.epsilons.copy()
+        frac = np.minimum(env_steps / self._epsilon_decay, 1.0)
+        return 1.0 + (self.epsilons - 1.0) * frac
+
+    def _ship(
+        self,
+        pending: list[Transition],
+        finished: list[EpisodeStat],
+        version: int,
+        seq: int,
+        obs_dtype: str,
+        action_dtype: str,
+    ) -> bool:
+        """Send ``pending`` (with Ape-X initial priorities where the run and the agent have them);
+        returns False if told to stop while the learner's queue was full."""
+        batch = to_batch(pending, obs_dtype, action_dtype)
+        priorities = self._priorities(batch) if self._initial_priorities is not None else None
+        msg = SamplesMsg(
+            actor_id=self.actor_id,
+            seq=seq,
+            weights_version=version,
+            batch=batch,
+            episodes=finished,
+            priorities=priorities,
+        )
+        if not self.sender.send(msg, idle=self._idle):
+            return False
+        self.samples_sent += len(pending)
+        return True
+
+    def _priorities(self, batch: TransitionBatch) -> np.ndarray | None:
+        """``agent.initial_priorities(batch)`` as float32 (B,), or None when the agent has none or
+        they are unusable (NaN, inf, negative: the learner then gives the rows its max priority)."""
+        assert self._initial_priorities is not None
+        started = time.perf_counter()
+        try:
+            raw = self._initial_priorities(batch)
+        finally:
+            self.priority_seconds += time.perf_counter() - started
+        if raw is None:
+            return None
+        priorities = np.ascontiguousarray(raw, dtype=np.float32)
+        if priorities.shape != (batch.size,):
+            raise ValueError(
+                f"initial_priorities returned shape {priorities.shape}, expected ({batch.size},)"
+            )
+        if not (priorities.min() >= 0.0 and priorities.max() < np.inf):
+            if not self._bad_priorities_logged:
+                log.warning("initial priorities not finite and >= 0; sending batches without them")
+                self._bad_priorities_logged = True
+            return None
+        return priorities
 
     def _await_weights(self) -> bool:
         """Block until published weights are loaded (the learner republishes about every second);
@@ -179,10 +346,11 @@ class Actor:
         log.info("weights version %d loaded; starting", self.agent.weights_version)
         return True
 
-    def _pace(self, step_period: float) -> None:
-        """Sleep off any lead over ``actor.max_steps_per_s`` (leaves CPU to the learner)."""
+    def _pace(self, step_period: float, steps: int) -> None:
+        """Sleep off any lead over ``actor.max_steps_per_s`` (leaves CPU to the learner), ``steps``
+        being the env transitions this call accounts for."""
         now = time.monotonic()
-        self._pace_due = max(self._pace_due, now - PACE_MAX_DEBT) + HOUSEKEEPING_EVERY * step_period
+        self._pace_due = max(self._pace_due, now - PACE_MAX_DEBT) + steps * step_period
         ahead = self._pace_due - now
         if ahead > 0:
             self.paced_seconds += ahead
@@ -206,19 +374,60 @@ class Actor:
 
     def _counters(self) -> dict[str, float | int]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
+        eps = self._env_epsilons
         return {
+            "envs": self.num_envs,
             "steps": self.steps,
             "episodes": self.episodes,
             "samples": self.samples_sent,
             "batches": self.sender.messages_sent,
             "weights_version": self.agent.weights_version,
             "weights_loaded": self.weights_loaded,
-            "epsilon": self.agent.epsilon,
+            # A vector actor reports the mean of its sub-envs' epsilons.
+            "epsilon": self.agent.epsilon if eps is None else float(eps.mean()),
             "steps_per_s": self.steps / elapsed,
             "samples_per_s": self.samples_sent / elapsed,
             "blocked_seconds": self.sender.blocked_seconds,
             "paced_seconds": self.paced_seconds,
+            "priority_seconds": self.priority_seconds,
             "bad_messages": self.weights.bad.count,
             "recent_return": float(np.mean(self._recent_returns)) if self._recent_returns else float("nan"),
             "duration": elapsed,
         }
+
+
+class _RowExplorer:
+    """Epsilon-greedy acting for a batch of sub-envs, each row with its own epsilon.
+
+    ``Agent.epsilon`` is one float per agent, so the mixing happens here: the agent acts with
+    ``explore=True`` at epsilon 0 (greedy for DQN; the policy's own sampling for stochastic
+    policies), then each row is replaced, with its own probability, by a uniformly random action
+    (``rng.integers`` for discrete actions, the action space's ``sample`` for continuous ones). When
+    every row explores, the agent is not called at all.
+    """
+
+    def __init__(self, spec: SampleSpec, action_space: Any, action_dtype: str, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.num_actions = spec.num_actions
+        self.action_dtype = np.dtype(action_dtype)
+        self.action_shape = spec.action_shape
+        self.space: Any = None
+        if self.num_actions is None:
+            self.space = copy.deepcopy(action_space)
+            self.space.seed(seed)
+
+    def _random(self, count: int) -> np.ndarray:
+        if self.num_actions is not None:
+            return self.rng.integers(self.num_actions, size=count, dtype=np.int64)
+        return np.array([self.space.sample() for _ in range(count)], dtype=self.action_dtype)
+
+    def act(self, agent: Any, obs: np.ndarray, epsilons: np.ndarray) -> np.ndarray:
+        rows = obs.shape[0]
+        explore = self.rng.random(rows) < epsilons
+        n_random = int(np.count_nonzero(explore))
+        if n_random == rows:
+            return self._random(rows)
+        actions = np.array(agent.act(obs, explore=True), dtype=self.action_dtype)
+        if n_random:
+            actions[explore] = self._random(n_random)
+        return actions

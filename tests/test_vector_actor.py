@@ -1,0 +1,291 @@
+"""Vector actors (``actor.envs_per_actor`` > 1) and actor-computed initial priorities, over real
+sockets against the FakeLearner / FakeSupervisor doubles of test_roles.
+
+A registered marker env makes the actor's output checkable end to end: sub-env j (the j-th instance
+made) observes ``[j, t, episode]``, earns ``j + 1`` per step and terminates at ``t == 4 + 3 * j``,
+under a time limit of 8 steps, so sub-envs 0 and 1 terminate and sub-env 2 is truncated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import zmq
+
+from tests.conftest import tiny_config
+from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
+from zmqrl.config import Config
+from zmqrl.envs import make_env, sample_spec
+from zmqrl.exploration import apex_epsilon
+from zmqrl.roles import actor as actor_module
+from zmqrl.roles.actor import ACTOR_SEED_STRIDE, Actor
+from zmqrl.transport import wire
+from zmqrl.transport.wire import SamplesMsg, SampleSpec
+from zmqrl.types import EpisodeStat
+
+MARKER_ID = "ZmqrlTestMarker-v0"
+MARKER_TIME_LIMIT = 8
+
+
+def terminates_at(j: int) -> int:
+    return 4 + 3 * j
+
+
+class MarkerEnv(gym.Env[np.ndarray, np.int64]):
+    instances: ClassVar[itertools.count[int]] = itertools.count()
+    reset_seeds: ClassVar[dict[int, int | None]] = {}
+
+    observation_space = gym.spaces.Box(-1.0, 1000.0, shape=(3,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.index = next(MarkerEnv.instances)
+        self.t = 0
+        self.episode = -1
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.index, self.t, self.episode], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        if seed is not None:
+            MarkerEnv.reset_seeds[self.index] = seed
+        self.t = 0
+        self.episode += 1
+        return self._obs(), {}
+
+    def step(self, action: Any) -> Any:
+        assert self.action_space.contains(action)
+        self.t += 1
+        return self._obs(), float(self.index + 1), self.t >= terminates_at(self.index), False, {}
+
+
+if MARKER_ID not in gym.registry:
+    gym.register(MARKER_ID, entry_point=MarkerEnv, max_episode_steps=MARKER_TIME_LIMIT)
+
+
+@pytest.fixture
+def ctx() -> Any:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def fresh_marker_envs() -> None:
+    """Number the next MarkerEnv instances from 0 again (the actor's sub-envs are made in order)."""
+    MarkerEnv.instances = itertools.count()
+    MarkerEnv.reset_seeds = {}
+
+
+def actor_config(tmp_path: Path, fake: FakeLearner, sup: FakeSupervisor, **extra: object) -> Config:
+    values: dict[str, object] = {"actor__max_steps_per_s": "null", "actor__send_batch": 16}
+    values.update(extra)
+    return with_transport(tiny_config(tmp_path, **values), **fake.endpoints(), **sup.endpoints())
+
+
+def collect(fake: FakeLearner, thread: Any, spec: SampleSpec, timeout: float = 20.0) -> list[SamplesMsg]:
+    """Every samples message until the actor thread ends, each checked as the learner would."""
+    msgs: list[SamplesMsg] = []
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() or fake.pull.poll(200):
+        assert time.monotonic() < deadline, "actor did not finish"
+        if fake.pull.poll(50):
+            msg = wire.load(fake.pull.recv_multipart())
+            assert isinstance(msg, SamplesMsg)
+            wire.validate_samples(msg, spec)
+            msgs.append(msg)
+    return msgs
+
+
+def test_vector_actor_keeps_sub_envs_apart(ctx: zmq.Context, tmp_path: Path) -> None:
+    fake, sup = FakeLearner(ctx), FakeSupervisor(ctx)
+    n, gamma = 3, 0.5
+    cfg = actor_config(
+        tmp_path,
+        fake,
+        sup,
+        env__id=MARKER_ID,
+        agent__n_step=n,
+        agent__gamma=gamma,
+        actor__envs_per_actor=3,
+        actor__num_actors=2,
+        actor__max_steps=300,
+    )
+    spec = sample_spec(make_env(cfg.env))
+    fresh_marker_envs()
+    actor = Actor(cfg, 1, ctx=ctx)
+    thread = start(actor.run)
+    msgs = collect(fake, thread, spec)
+    fake.close()
+    sup.close()
+
+    stats = actor.stats
+    assert stats["state"] == "stopped" and stats["envs"] == 3
+    assert 300 <= stats["steps"] < 303, "steps count real transitions; may overshoot by < E"
+    assert [m.seq for m in msgs] == list(range(len(msgs))) and len(msgs) >= 10
+    assert sum(m.batch.size for m in msgs) == stats["samples"] <= stats["steps"]
+    seed = cfg.run.seed + ACTOR_SEED_STRIDE * 2
+    assert MarkerEnv.reset_seeds == {0: seed, 1: seed + 1, 2: seed + 2}
+    rungs = [apex_epsilon(3 + j, 6, cfg.actor.epsilon, cfg.actor.epsilon_alpha) for j in range(3)]
+    np.testing.assert_allclose(actor.epsilons, rungs)
+    assert stats["epsilon"] == pytest.approx(np.mean(rungs))
+
+    seen = set()
+    for msg in msgs:
+        b = msg.batch
+        for obs, action, reward, next_obs, discount in zip(
+            b.obs, b.action, b.reward, b.next_obs, b.discount, strict=True
+        ):
+            j, t, episode = (int(v) for v in obs)
+            seen.add(j)
+            assert (int(next_obs[0]), int(next_obs[2])) == (j, episode), "window mixed sub-envs or episodes"
+            k = int(next_obs[1]) - t
+            assert 1 <= k <= n and action in (0, 1)
+            assert reward == pytest.approx((j + 1) * sum(gamma**i for i in range(k)))
+            ended_here = int(next_obs[1]) == min(terminates_at(j), MARKER_TIME_LIMIT)
+            assert k == n or ended_here, "short windows only at an episode's end"
+            terminated = ended_here and terminates_at(j) <= MARKER_TIME_LIMIT
+            assert discount == pytest.approx(0.0 if terminated else gamma**k)
+    assert seen == {0, 1, 2}
+    episodes = [ep for m in msgs for ep in m.episodes]
+    assert {EpisodeStat(*ep) for ep in episodes} == {
+        EpisodeStat(4.0, 4),
+        EpisodeStat(14.0, 7),
+        EpisodeStat(24.0, 8),
+    }
+    assert stats["episodes"] >= len(episodes)
+
+
+def test_vector_actor_warm_up_anneals_each_rung(ctx: zmq.Context, tmp_path: Path) -> None:
+    fake, sup = FakeLearner(ctx), FakeSupervisor(ctx)
+    cfg = actor_config(
+        tmp_path, fake, sup, actor__envs_per_actor=2, actor__epsilon_decay_steps=100, actor__max_steps=1000
+    )
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+    collect(fake, thread, sample_spec(make_env(cfg.env)))
+    fake.close()
+    sup.close()
+    # Each sub-env anneals over its own transitions (~500 each here), so all sit on their rungs.
+    assert actor.stats["epsilon"] == pytest.approx(float(np.mean(actor.epsilons)))
+    np.testing.assert_allclose(actor._sub_env_epsilons(np.array([0, 50])), [1.0, (1 + actor.epsilons[1]) / 2])
+
+
+def test_vector_actor_stops_on_supervisor_broadcast(ctx: zmq.Context, tmp_path: Path) -> None:
+    fake, sup = FakeLearner(ctx), FakeSupervisor(ctx)
+    cfg = actor_config(tmp_path, fake, sup, actor__envs_per_actor=4, actor__max_steps_per_s=2000)
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+    assert fake.pull.poll(20_000), "vector actor sent nothing"
+    sup.stop()
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    fake.close()
+    sup.close()
+    assert actor.stats["state"] == "stopped" and actor.link.stop_reason == "test says stop"
+    assert actor.stats["steps"] > 0 and actor.stats["envs"] == 4
+
+
+@pytest.mark.parametrize(("envs_per_actor", "prioritized"), [(1, True), (3, True), (3, False), (1, False)])
+def test_dqn_actor_sends_initial_priorities_only_for_prioritized_replay(
+    ctx: zmq.Context, tmp_path: Path, envs_per_actor: int, prioritized: bool
+) -> None:
+    fake, sup = FakeLearner(ctx), FakeSupervisor(ctx)
+    cfg = actor_config(
+        tmp_path,
+        fake,
+        sup,
+        actor__envs_per_actor=envs_per_actor,
+        actor__max_steps=200,
+        replay__prioritized=prioritized,
+    )
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+    msgs = collect(fake, thread, sample_spec(make_env(cfg.env)))
+    fake.close()
+    sup.close()
+    assert len(msgs) >= 5
+    if not prioritized:
+        assert all(m.priorities is None for m in msgs)
+        assert actor.stats["priority_seconds"] == 0.0
+        return
+    assert actor.stats["priority_seconds"] > 0.0
+    for msg in msgs:
+        p = msg.priorities
+        assert p is not None and p.dtype == np.float32 and p.shape == (msg.batch.size,)
+        assert np.isfinite(p).all() and (p >= 0).all()
+        # No weights were published, so the actor's copy still holds the weights it scored with.
+        expected = actor.agent.initial_priorities(msg.batch)
+        assert expected is not None
+        np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sac_vector_actor_sends_no_priorities_and_bounded_actions(ctx: zmq.Context, tmp_path: Path) -> None:
+    """SAC actors hold no critic: initial_priorities is None, so batches go without (and the
+    continuous random rows come from the action space, inside its bounds)."""
+    fake, sup = FakeLearner(ctx), FakeSupervisor(ctx)
+    cfg = actor_config(
+        tmp_path,
+        fake,
+        sup,
+        env__id="Pendulum-v1",
+        agent__kind="sac",
+        agent__hidden_sizes="[16, 16]",
+        agent__n_step=1,
+        actor__envs_per_actor=2,
+        actor__max_steps=200,
+        replay__prioritized=True,
+    )
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+    msgs = collect(fake, thread, sample_spec(make_env(cfg.env)))
+    fake.close()
+    sup.close()
+    assert actor.stats["state"] == "stopped" and len(msgs) >= 5
+    assert all(m.priorities is None for m in msgs)
+    actions = np.concatenate([m.batch.action for m in msgs])
+    assert actions.shape[1:] == (1,) and (np.abs(actions) <= 2.0).all()
+
+
+class _ConstantAgent:
+    def __init__(self, action: Any) -> None:
+        self.action = action
+        self.calls = 0
+
+    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
+        assert explore
+        self.calls += 1
+        return np.array([self.action] * obs.shape[0])
+
+
+def test_row_explorer_mixes_per_row_epsilon_discrete() -> None:
+    spec = SampleSpec((3,), "float32", (), "int64", num_actions=5)
+    explorer = actor_module._RowExplorer(spec, gym.spaces.Discrete(5), "int64", seed=0)
+    agent = _ConstantAgent(4)
+    obs = np.zeros((3, 3), np.float32)
+    rows = np.stack([explorer.act(agent, obs, np.array([0.0, 1.0, 0.5])) for _ in range(2000)])
+    assert rows.dtype == np.int64 and (rows[:, 0] == 4).all(), "epsilon 0: always the agent's action"
+    assert set(rows[:, 1].tolist()) == set(range(5)) and abs((rows[:, 1] == 4).mean() - 0.2) < 0.05
+    assert abs((rows[:, 2] != 4).mean() - 0.5 * 0.8) < 0.05
+    calls = agent.calls
+    explorer.act(agent, obs, np.ones(3))
+    assert agent.calls == calls, "when every row explores, the agent is not called"
+
+
+def test_row_explorer_continuous_samples_the_action_space() -> None:
+    space = gym.spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32)
+    spec = SampleSpec((3,), "float32", (2,), "float32", num_actions=None)
+    explorer = actor_module._RowExplorer(spec, space, "float32", seed=0)
+    agent = _ConstantAgent([9.0, 9.0])  # out of bounds: marks the agent's rows
+    rows = np.stack(
+        [explorer.act(agent, np.zeros((2, 3), np.float32), np.array([0.0, 1.0])) for _ in range(200)]
+    )
+    assert rows.dtype == np.float32 and rows.shape == (200, 2, 2)
+    assert (rows[:, 0] == 9.0).all()
+    assert (np.abs(rows[:, 1]) <= 2.0).all() and rows[:, 1].std() > 0.5
