@@ -1,0 +1,108 @@
+"""`zmqrl launch` with the Ape-X features all on, as separate OS processes: prioritized replay fed
+by actor priorities, the replay-ratio limiter, vectorized actors and the evaluator process; and the
+limiter surviving paused actors and a killed learner without deadlocking."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import processes_mentioning, tiny_overrides, wait_until
+from tests.test_launch import REPO, Launch, assert_nothing_left, wait_for_log
+
+pytestmark = pytest.mark.slow
+
+
+def apex_overrides(run_root: Path, **extra: object) -> list[str]:
+    values: dict[str, object] = {
+        "replay__prioritized": True,
+        "learner__samples_per_insert": 8.0,
+        "learner__samples_per_insert_tolerance": 500,
+        "learner__max_policy_lag": 1000,
+        "actor__num_actors": 2,
+        "actor__envs_per_actor": 2,
+        "evaluator__enabled": True,
+        "evaluator__episodes": 2,
+        "evaluator__interval_seconds": 0.5,
+        "learner__target_return": 1.0,  # reached by any policy: exercises the evaluator's report
+    }
+    values.update(extra)
+    return tiny_overrides(run_root, **values)
+
+
+def test_apex_run_with_evaluator_finishes_and_reports_everything(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(apex_overrides(run_root, learner__max_updates=400))
+    code = launch.finish(timeout=180)
+    assert code == 0, launch.output
+    assert_nothing_left(run_dir)
+    out = launch.output
+    assert "evaluator: " in out and "target return 1 first reached" in out, out
+
+    stats = json.loads((run_dir / "stats.json").read_text())
+    learner, evaluator = stats["learner"], stats["evaluator"]
+    assert learner["state"] == "finished" and learner["updates"] == 400 and learner["bad_messages"] == 0
+    # 400 updates of 32 at 8 sampled per inserted: the learner waited for data rather than overfit.
+    assert learner["samples_per_insert"] <= 8.0 + 500 * 8 / learner["samples"] + 0.5
+    assert learner["eval_history"] == [], "with an evaluator process the learner does not evaluate"
+    assert evaluator["evaluations"] >= 1 and evaluator["state"] == "stopped", evaluator
+    assert evaluator["evaluated_version"] == learner["weights_version"], "the final weights get scored"
+    assert {row["actor_id"] for row in stats["actors"]} == {0, 1}
+
+    best = torch.load(run_dir / "checkpoints" / "best", weights_only=True)
+    assert best["contents"] == "weights"
+    played = subprocess.run(
+        [sys.executable, "-m", "zmqrl", "eval", str(run_dir / "checkpoints" / "best"), "--episodes", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert played.returncode == 0, played.stderr
+    assert "mean return" in played.stdout
+
+
+def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(
+        apex_overrides(
+            run_root,
+            evaluator__enabled=False,
+            learner__max_updates=1_000_000,
+            learner__max_seconds=12,  # per learner incarnation
+            learner__checkpoint_interval=100,
+            learner__eval_interval=0,
+            supervisor__heartbeat_timeout=15.0,
+            supervisor__restart_backoff=0.2,
+        )
+    )
+    launch.wait_for("actor(s) started", 60)
+    wait_until((run_dir / "checkpoints" / "latest").is_file, 60, "the learner to be training")
+    actors = [pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if " actor " in cmd]
+    assert len(actors) == 2
+    for pid in actors:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(2.0)  # the learner runs out of allowed updates and waits; nothing may deadlock
+    for pid in actors:
+        os.kill(pid, signal.SIGCONT)
+    learner = [pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if " learner " in cmd]
+    assert len(learner) == 1
+    os.kill(learner[0], signal.SIGKILL)
+    wait_for_log(run_dir / "logs" / "learner-0.log", "resumed from", 60)
+
+    code = launch.finish(timeout=120)
+    assert code == 0, launch.output
+    assert_nothing_left(run_dir)
+    stats = json.loads((run_dir / "stats.json").read_text())
+    learner_stats = stats["learner"]
+    assert learner_stats["state"] == "finished" and learner_stats["restarts"] == 1
+    assert learner_stats["updates"] > 100, "the resumed learner trained on the actors' new data"
+    assert all(row["restarts"] == 0 for row in stats["actors"]), "paused actors are not replaced"
