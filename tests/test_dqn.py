@@ -433,3 +433,137 @@ def test_constant_learning_rate_without_lr_final() -> None:
 def test_lr_final_needs_a_decay_length() -> None:
     with pytest.raises(ValueError, match="lr_decay_updates"):
         DQNConfig(lr_final=1e-4).check()
+
+
+# ------------------------------------------------------------------- priorities (PER, Ape-X)
+
+
+def _grads(agent: DQNAgent) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in agent.online.parameters() if p.grad is not None]
+
+
+def _rows(batch: TransitionBatch, stop: int) -> TransitionBatch:
+    return TransitionBatch(*(column[:stop] for column in batch))
+
+
+def test_importance_weights_scale_each_rows_gradient() -> None:
+    # max_grad_norm=0: clipping would rescale the gradients compared here.
+    batch = fake_batch(n=8)
+    plain, doubled, masked, shorter = (make_agent(max_grad_norm=0.0) for _ in range(4))
+    m_plain = plain.update(batch)
+    m_doubled = doubled.update(batch, np.full(8, 2.0, np.float32))
+    assert m_doubled["loss"] == pytest.approx(2 * m_plain["loss"], rel=1e-6)
+    for g_plain, g_doubled in zip(_grads(plain), _grads(doubled), strict=True):
+        torch.testing.assert_close(g_doubled, 2 * g_plain)
+
+    # A zero weight removes the row: the loss is then a mean over 8 rows of which 7 count.
+    weights = np.ones(8, np.float32)
+    weights[-1] = 0.0
+    masked.update(batch, weights)
+    shorter.update(_rows(batch, 7))
+    for g_masked, g_shorter in zip(_grads(masked), _grads(shorter), strict=True):
+        torch.testing.assert_close(g_masked * 8, g_shorter * 7)
+
+
+def test_importance_of_the_wrong_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"importance must have shape \(16,\)"):
+        make_agent().update(fake_batch(), np.ones((16, 1), np.float32))
+
+
+def test_last_td_errors_are_the_rows_absolute_td_errors_before_the_step() -> None:
+    agent = _linear_agent(double=True)
+    assert agent.last_td_errors.shape == (0,)
+    batch = TransitionBatch(  # Q_online(obs) = obs; Q_target(next) = [10, 3]; online argmax on next
+        obs=np.array([[0.0, 0.0], [2.0, -1.0], [0.5, 4.0]], np.float32),
+        action=np.array([0, 0, 1]),
+        reward=np.array([1.0, -1.0, 0.5], np.float32),
+        next_obs=np.array([[0.0, 1.0], [1.0, 0.0], [5.0, 5.0]], np.float32),
+        discount=np.array([0.5, 0.9, 0.0], np.float32),
+    )
+    # targets: 1 + 0.5 * 3 = 2.5; -1 + 0.9 * 10 = 8; 0.5 (terminal). Q taken: 0, 2, 4.
+    metrics = agent.update(batch)
+    td = agent.last_td_errors
+    assert td.dtype == np.float32 and td.shape == (3,)
+    np.testing.assert_allclose(td, [2.5, 6.0, 3.5], rtol=1e-6)
+    assert metrics["td_abs_mean"] == pytest.approx(float(td.mean()))
+
+
+@pytest.mark.parametrize("numpy_path", [True, False])
+@pytest.mark.parametrize("double", [True, False])
+def test_initial_priorities_match_the_td_errors_update_computes(numpy_path: bool, double: bool) -> None:
+    agent = make_agent(double=double, target_update_interval=1000, dueling=True)
+    for seed in range(3):  # online and target now differ
+        agent.update(fake_batch(seed=seed))
+    if not numpy_path:
+        agent._numpy_q = agent._numpy_target = None  # the torch path, as on a GPU or with a CNN
+    batch = fake_batch(n=64, seed=5)
+    priorities = agent.initial_priorities(batch)
+    agent.update(batch)
+    assert priorities.dtype == np.float32 and priorities.shape == (64,)
+    np.testing.assert_allclose(priorities, agent.last_td_errors, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("numpy_path", [True, False])
+def test_actor_priorities_after_import_use_the_imported_net_as_target(numpy_path: bool) -> None:
+    learner, actor = make_agent(seed=0), make_agent(seed=1)
+    for seed in range(3):
+        learner.update(fake_batch(seed=seed))
+    actor.import_weights(learner.export_weights())
+    if not numpy_path:
+        actor._numpy_q = actor._numpy_target = None
+    batch = fake_batch(n=64, seed=5)
+    q, next_q = actor.q_values(batch.obs), actor.q_values(batch.next_obs)
+    expected = np.abs(batch.reward + batch.discount * next_q.max(axis=1) - q[np.arange(64), batch.action])
+    np.testing.assert_allclose(actor.initial_priorities(batch), expected, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- CNN torso
+
+ATARI_SHAPE = (4, 84, 84)
+
+
+def _frames(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, *ATARI_SHAPE), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_nature_cnn_torso_forward_shapes_and_dueling(dueling: bool) -> None:
+    pytest.importorskip("zmqrl.agents.conv")
+    net = QNetwork(
+        ATARI_SHAPE, [], 6, dueling=dueling, torso="nature_cnn", generator=torch.Generator().manual_seed(0)
+    )
+    frames = torch.from_numpy(_frames(3))
+    q = net(frames)
+    assert q.shape == (3, 6) and q.dtype == torch.float32
+    torch.testing.assert_close(q, net(frames.float()))  # uint8 is widened inside
+    if dueling:
+        features = net.torso(frames)
+        assert features.shape == (3, 512)
+        value, advantage = net.value(features), net.advantage(features)
+        torch.testing.assert_close(q - value, advantage - advantage.mean(dim=1, keepdim=True))
+    twin = QNetwork(
+        ATARI_SHAPE, [], 6, dueling=dueling, torso="nature_cnn", generator=torch.Generator().manual_seed(0)
+    )
+    assert same(params(net), params(twin))  # the seed fixes the convolutions too
+
+
+def test_dqn_agent_with_nature_cnn_acts_and_learns_on_uint8_frames() -> None:
+    pytest.importorskip("zmqrl.agents.conv")
+    config = DQNConfig(torso="nature_cnn", dueling=True, device="cpu", target_update_interval=1000)
+    agent = DQNAgent(config, ATARI_SHAPE, 6, seed=0)
+    assert agent._numpy_q is None  # the numpy mirror is MLP-only
+    actions = agent.act(_frames(2), explore=False)
+    assert actions.dtype == np.int64 and actions.shape == (2,)
+    batch = TransitionBatch(
+        obs=_frames(4, seed=1),
+        action=np.array([0, 5, 2, 3]),
+        reward=np.ones(4, np.float32),
+        next_obs=_frames(4, seed=2),
+        discount=np.full(4, 0.99, np.float32),
+    )
+    priorities = agent.initial_priorities(batch)
+    metrics = agent.update(batch)
+    assert np.isfinite(metrics["loss"])
+    np.testing.assert_allclose(priorities, agent.last_td_errors, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="MLP torsos only"):
+        NumpyQForward(agent.online)

@@ -16,26 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
-from zmqrl.agents.nets import NumpyQForward, QNetwork, polyak_update, resolve_device
+from zmqrl.agents.nets import NumpyQForward, QNetwork, fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.types import TransitionBatch, Weights
 
-
-def _adam(params: Any, lr: float, eps: float) -> torch.optim.Adam:
-    """Adam with the fused kernel where this torch build has it (~20% faster steps for small
-    CPU networks, where per-tensor Python overhead dominates), else the default implementation."""
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, lr=lr, eps=eps)
-
-
-def _to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Numpy -> tensor without a copy where possible (read-only arrays, e.g. wire buffers, are copied)."""
-    if not array.flags.writeable:
-        array = array.copy()
-    tensor = torch.from_numpy(array)
-    return tensor.to(device=device, dtype=dtype) if dtype is not None else tensor.to(device)
+# Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
+_METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean")
 
 
 class DQNAgent:
@@ -64,18 +49,30 @@ class DQNAgent:
         self.rng = np.random.default_rng(seed)
 
         self.online = QNetwork(
-            self.obs_shape, config.hidden_sizes, n_actions, config.dueling, generator=init_generator
+            self.obs_shape,
+            config.hidden_sizes,
+            n_actions,
+            config.dueling,
+            generator=init_generator,
+            torso=config.torso,
         ).to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
-        self.optimizer = _adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
+        self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
 
         self.epsilon = float(epsilon)
         self.updates = 0
         self._version = 0
         self._dirty = True  # the initial weights have never been exported
+        self._td_errors = np.zeros(0, dtype=np.float32)
+        # True while target == online exactly (fresh, just imported or hard-copied): an actor's
+        # initial_priorities then needs one forward pass over obs and next_obs together, not two.
+        self._target_is_online = True
         self._on_cpu = self.device.type == "cpu"
-        # CPU acting goes through a numpy view of the online weights: ~4x less overhead per call.
-        self._numpy_q = NumpyQForward(self.online) if self._on_cpu else None
+        # CPU acting goes through a numpy view of the MLP's weights: ~4x less overhead per call.
+        # A CNN's convolutions stay with torch, where they are fast and the overhead is negligible.
+        mirror = self._on_cpu and config.torso == "mlp"
+        self._numpy_q = NumpyQForward(self.online) if mirror else None
+        self._numpy_target = NumpyQForward(self.target) if mirror else None
 
     @property
     def weights_version(self) -> int:
@@ -125,29 +122,25 @@ class DQNAgent:
 
     # --------------------------------------------------------------------------------- learning
 
-    def update(self, batch: TransitionBatch) -> dict[str, float]:
+    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
         """One Adam step on the Huber TD loss; returns pre-step metrics as python floats.
 
         ``batch.discount`` already holds ``gamma**k`` (0 on termination), so it is not multiplied
-        by gamma again here. Metrics are gathered with a single device->host transfer.
+        by gamma again here. ``importance`` (prioritized replay's bias correction, ``(B,)``) weights
+        each row's loss. Metrics and the rows' ``|TD error|`` (``last_td_errors``, the new
+        priorities) come back in a single device->host transfer.
         """
         cfg = self.config
-        obs = _to_device(batch.obs, self.device)  # cast to float32 inside the network, on the device
-        actions = _to_device(batch.action, self.device, torch.int64)
-        rewards = _to_device(batch.reward, self.device, torch.float32)
-        next_obs = _to_device(batch.next_obs, self.device)
-        discounts = _to_device(batch.discount, self.device, torch.float32)
-
+        obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
         with torch.no_grad():
-            if cfg.double:
-                next_actions = self.online(next_obs).argmax(dim=1, keepdim=True)
-                target_q = self.target(next_obs).gather(1, next_actions).squeeze(1)
-            else:
-                target_q = self.target(next_obs).max(dim=1).values
-            td_target = rewards + discounts * target_q
+            td_target, target_q = self._td_target(rewards, next_obs, discounts)
 
         q_taken = self.online(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
-        loss = F.huber_loss(q_taken, td_target, delta=cfg.huber_delta)
+        row_loss = F.huber_loss(q_taken, td_target, delta=cfg.huber_delta, reduction="none")
+        if importance is None:
+            loss = row_loss.mean()
+        else:
+            loss = (self._importance_tensor(importance, batch.size) * row_loss).mean()
 
         if cfg.lr_final is not None:
             self._set_lr(self.current_lr())
@@ -162,14 +155,89 @@ class DQNAgent:
         self.optimizer.step()
 
         self.updates += 1
+        self._target_is_online = False
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(self.target, self.online, cfg.tau)
+            self._target_is_online = cfg.tau >= 1.0
         self._dirty = True
 
         with torch.no_grad():
-            td_abs = (td_target - q_taken).abs().mean()
-            values = torch.stack([loss, q_taken.mean(), td_abs, grad_norm, target_q.mean()]).tolist()
-        return dict(zip(("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean"), values, strict=True))
+            td_abs = (td_target - q_taken).abs()
+            stats = torch.stack([loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()])
+            host = torch.cat([stats, td_abs]).cpu().numpy()
+        self._td_errors = host[len(_METRICS) :]
+        return dict(zip(_METRICS, host[: len(_METRICS)].tolist(), strict=True))
+
+    @property
+    def last_td_errors(self) -> np.ndarray:
+        """``|td_target - q_taken|`` per row ``(B,)`` float32 of the last ``update``'s batch, before
+        its step (empty before the first update)."""
+        return self._td_errors
+
+    def initial_priorities(self, batch: TransitionBatch) -> np.ndarray:
+        """``|TD error|`` per row ``(B,)`` float32 under the current weights, with ``update``'s target.
+
+        Ape-X actors send these with fresh transitions so that replay need not give every new row
+        the largest priority seen. No gradient; on CPU with the MLP torso it runs in numpy. An
+        actor's target equals its online net (both are overwritten by ``import_weights``), so
+        one forward pass over ``obs`` and ``next_obs`` together serves both nets.
+        """
+        if self._numpy_q is not None and self._numpy_target is not None:
+            return self._numpy_priorities(batch)
+        with torch.inference_mode():
+            obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
+            if self._target_is_online:
+                q_both = self.online(torch.cat([obs, next_obs]))
+                q, next_q = q_both[: batch.size], q_both[batch.size :]
+                td_target = rewards + discounts * next_q.max(dim=1).values
+            else:
+                td_target, _ = self._td_target(rewards, next_obs, discounts)
+                q = self.online(obs)
+            q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
+            return (td_target - q_taken).abs().cpu().numpy()
+
+    def _numpy_priorities(self, batch: TransitionBatch) -> np.ndarray:
+        assert self._numpy_q is not None and self._numpy_target is not None
+        n = batch.size
+        rows = np.arange(n)
+        q_both = self._numpy_q(np.concatenate([batch.obs, batch.next_obs]))
+        q_taken, next_q = q_both[rows, batch.action], q_both[n:]
+        if self._target_is_online:  # the online argmax, valued by the same net, is the max
+            target_q = next_q.max(axis=1)
+        else:
+            target_values = self._numpy_target(batch.next_obs)
+            picked = next_q.argmax(axis=1) if self.config.double else target_values.argmax(axis=1)
+            target_q = target_values[rows, picked]
+        td_target = batch.reward + batch.discount * target_q
+        return np.abs(td_target - q_taken).astype(np.float32, copy=False)
+
+    def _batch_tensors(self, batch: TransitionBatch) -> tuple[torch.Tensor, ...]:
+        """(obs, actions, rewards, next_obs, discounts) on the device; observations keep their dtype
+        (uint8 frames are widened inside the network, after the transfer)."""
+        return (
+            to_device(batch.obs, self.device),
+            to_device(batch.action, self.device, torch.int64),
+            to_device(batch.reward, self.device, torch.float32),
+            to_device(batch.next_obs, self.device),
+            to_device(batch.discount, self.device, torch.float32),
+        )
+
+    def _td_target(
+        self, rewards: torch.Tensor, next_obs: torch.Tensor, discounts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(reward + discount * target_q, target_q)``; with ``double`` the online net picks the
+        next action and the target net values it, which curbs the max operator's overestimation."""
+        if self.config.double:
+            next_actions = self.online(next_obs).argmax(dim=1, keepdim=True)
+            target_q = self.target(next_obs).gather(1, next_actions).squeeze(1)
+        else:
+            target_q = self.target(next_obs).max(dim=1).values
+        return rewards + discounts * target_q, target_q
+
+    def _importance_tensor(self, importance: np.ndarray, size: int) -> torch.Tensor:
+        if np.shape(importance) != (size,):  # (B, 1) would broadcast to (B, B) without a word
+            raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
+        return to_device(np.asarray(importance), self.device, torch.float32)
 
     def current_lr(self) -> float:
         """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` if set.
@@ -238,6 +306,7 @@ class DQNAgent:
                 # torch.tensor copies, so read-only wire buffers are fine and never aliased.
                 tensor.copy_(torch.tensor(weights.arrays[name], dtype=torch.float32))
         self.target.load_state_dict(own)
+        self._target_is_online = True
         self._version = int(weights.version)
         self._dirty = False
         return True
@@ -264,6 +333,7 @@ class DQNAgent:
         """Inverse of ``state_dict``; the optimiser keeps its saved hyperparameters (torch convention)."""
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
+        self._target_is_online = False  # not known to hold; the slower exact path is always right
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
         self._version = int(state["version"])
