@@ -105,6 +105,7 @@ class TransportConfig:
     heartbeat: str = "tcp://127.0.0.1:5557"  # supervisor binds PULL here; roles connect PUSH
     control: str = "tcp://127.0.0.1:5558"  # supervisor binds PUB here; roles connect SUB
     samples_hwm: int = 64  # queued sample messages per peer before the actor blocks (backpressure)
+    samples_buffer_kb: int = 0  # kernel TCP buffer per samples connection in KiB (0: the OS default)
     max_message_mb: int = 64  # larger incoming messages are dropped by ZeroMQ before decoding
     linger_ms: int = 1_000  # how long a closing socket may keep flushing queued messages
     keys_dir: str | None = None  # CurveZMQ keys made by `zmqrl keys DIR` (None: no encryption)
@@ -366,6 +367,7 @@ def _check(cfg: Config, source: str) -> None:
         ),
         ("actor.weights_poll_steps must be >= 1", cfg.actor.weights_poll_steps >= 1),
         ("transport.samples_hwm must be >= 1", cfg.transport.samples_hwm >= 1),
+        ("transport.samples_buffer_kb must be >= 0", cfg.transport.samples_buffer_kb >= 0),
         ("transport.max_message_mb must be >= 1", cfg.transport.max_message_mb >= 1),
         ("supervisor.heartbeat_interval must be > 0", cfg.supervisor.heartbeat_interval > 0),
         (

@@ -39,6 +39,8 @@ INGEST_MAX_DRAIN = 64
 HOUSEKEEPING_EVERY = 8
 # How long the closing weights socket may take to deliver the learner's stop announcement.
 STOP_LINGER_MS = 500
+# Batches over which the reported policy lag is averaged.
+RECENT_LAGS = 100
 # Longest single wait on the replay-ratio limiter, so waiting threads still heartbeat and see stops.
 LIMITER_WAIT_SECONDS = 0.1
 # Bytes per slot of prioritized replay's bookkeeping (sum tree leaves and parents, insertion ids).
@@ -122,6 +124,7 @@ class Learner:
         self._lock = threading.Lock()  # guards the counters and queues shared with the ingest thread
         self._episode_queue: deque[EpisodeStat] = deque(maxlen=10_000)
         self._lags: deque[int] = deque(maxlen=10_000)  # policy lag per batch since the last log point
+        self._recent_lags: deque[int] = deque(maxlen=RECENT_LAGS)  # for the progress line and stats
         self._replay_ready = threading.Event()
         self._ingest_stop = threading.Event()
         self.eval_last = float("nan")
@@ -149,6 +152,12 @@ class Learner:
             action_low=bounds.get("action_low"),
             action_high=bounds.get("action_high"),
         )
+        if cfg.learner.samples_per_insert is not None and not cfg.transport.samples_buffer_kb:
+            log.warning(
+                "learner.samples_per_insert is set but transport.samples_buffer_kb is 0: transitions "
+                "waiting in the OS's TCP buffers will be inserted long after they were acted (see "
+                "policy_lag); consider --set transport.samples_buffer_kb=4 --set transport.samples_hwm=1"
+            )
         self.limiter: RateLimiter | NoLimit = make_rate_limiter(
             cfg.learner.samples_per_insert,
             cfg.learner.samples_per_insert_tolerance,
@@ -337,33 +346,31 @@ class Learner:
                     self._accept(msg)  # type: ignore[arg-type]
 
     def _accept(self, msg: SamplesMsg) -> None:
-        lag = self.publisher.version - msg.weights_version
         n = msg.batch.size
-        max_lag = self.cfg.learner.max_policy_lag
-        if max_lag is not None and lag > max_lag:  # acted by a policy too old to learn from
-            with self._lock:
-                self.stale_batches += 1
-                self.stale_samples += n
-                self.episodes += len(msg.episodes)
-                self._episode_queue.extend(msg.episodes)
-                self._lags.append(lag)
-            return
         # Replay-ratio backpressure: while the learner is behind, hold this batch (and stop reading
         # the socket), so the actors' queues fill and their sends block.
         while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
             if self._ingest_stop.is_set():
                 return
+        lag = self.publisher.version - msg.weights_version  # measured when it would enter replay
+        max_lag = self.cfg.learner.max_policy_lag
+        stale = max_lag is not None and lag > max_lag  # acted by a policy too old to learn from
         with self._lock:  # replay and counters change together, so a checkpoint sees them agree
-            if isinstance(self.replay, PrioritizedReplay):
-                self.replay.add_with_priorities(msg.batch, msg.priorities)
+            if stale:
+                self.stale_batches += 1
+                self.stale_samples += n
             else:
-                self.replay.add(msg.batch)
-            self.limiter.inserted(n)
-            self.samples += msg.batch.size
-            self.batches += 1
+                if isinstance(self.replay, PrioritizedReplay):
+                    self.replay.add_with_priorities(msg.batch, msg.priorities)
+                else:
+                    self.replay.add(msg.batch)
+                self.limiter.inserted(n)
+                self.samples += n
+                self.batches += 1
             self.episodes += len(msg.episodes)
             self._episode_queue.extend(msg.episodes)
             self._lags.append(lag)
+            self._recent_lags.append(lag)
         if len(self.replay) >= self.cfg.learner.min_replay_size:
             self._replay_ready.set()
 
@@ -559,9 +566,11 @@ class Learner:
         with self._lock:
             samples, batches, episodes = self.samples, self.batches, self.episodes
             stale_batches, stale_samples = self.stale_batches, self.stale_samples
+            lag = float(np.mean(self._recent_lags)) if self._recent_lags else math.nan
         reached = self.target_reached or {}
         limits = self.limiter.stats
         return {
+            "policy_lag": lag,
             "stale_batches": stale_batches,
             "stale_samples": stale_samples,
             "samples_per_insert": limits["ratio"],

@@ -36,7 +36,10 @@ def transport_security(cfg: Config) -> Security | None:
 def socket_limits(cfg: Config) -> sockets.SocketLimits:
     t = cfg.transport
     return sockets.SocketLimits(
-        samples_hwm=t.samples_hwm, max_message_bytes=t.max_message_mb * 2**20, linger_ms=t.linger_ms
+        samples_hwm=t.samples_hwm,
+        max_message_bytes=t.max_message_mb * 2**20,
+        linger_ms=t.linger_ms,
+        samples_buffer_bytes=t.samples_buffer_kb * 1024,
     )
 
 

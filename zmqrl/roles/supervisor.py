@@ -540,7 +540,12 @@ class Supervisor:
             )
             extra = [
                 f"{key.replace('_', ' ')} {fmt_value(ls[key])}"
-                for key in ("samples_per_insert", "sample_blocked_seconds", "insert_blocked_seconds")
+                for key in (
+                    "policy_lag",
+                    "samples_per_insert",
+                    "sample_blocked_seconds",
+                    "insert_blocked_seconds",
+                )
                 if key in ls and math.isfinite(float(ls[key])) and float(ls[key]) > 0
             ]
             if int(ls.get("stale_batches", 0)):

@@ -47,6 +47,7 @@ class SocketLimits:
     samples_hwm: int = 64  # queued sample messages before a PUSH blocks (backpressure)
     max_message_bytes: int = 64 * 2**20  # ZeroMQ drops larger incoming messages (and the peer link)
     linger_ms: int = 1_000  # how long close() may keep flushing queued messages
+    samples_buffer_bytes: int = 0  # kernel send/receive buffer per samples connection (0: OS default)
 
 
 def _base(ctx: zmq.Context, kind: int, limits: SocketLimits) -> zmq.Socket:
@@ -129,6 +130,8 @@ def samples_pull(
     sock = _server(ctx, zmq.PULL, limits, endpoint, "samples", security, insecure)
     sock.setsockopt(zmq.RCVHWM, limits.samples_hwm)
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
+    if limits.samples_buffer_bytes:
+        sock.setsockopt(zmq.RCVBUF, limits.samples_buffer_bytes)
     return sock, bind(sock, endpoint, "samples")
 
 
@@ -137,6 +140,10 @@ def samples_push(
 ) -> zmq.Socket:
     sock = _client(ctx, zmq.PUSH, limits, security)
     sock.setsockopt(zmq.SNDHWM, limits.samples_hwm)
+    if limits.samples_buffer_bytes:
+        # The OS otherwise grows loopback TCP buffers to megabytes: thousands of queued transitions
+        # that a rate-limited learner would insert long after they were acted (policy lag).
+        sock.setsockopt(zmq.SNDBUF, limits.samples_buffer_bytes)
     # Queue only on completed connections, so an actor started before its learner blocks rather
     # than piling messages into a pipe that may never connect.
     sock.setsockopt(zmq.IMMEDIATE, 1)
