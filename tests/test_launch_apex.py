@@ -59,8 +59,10 @@ def test_apex_run_with_evaluator_finishes_and_reports_everything(run_root: Path)
 
     best = torch.load(run_dir / "checkpoints" / "best", weights_only=True)
     assert best["contents"] == "weights"
+    videos = run_root / "videos"
+    best_path = str(run_dir / "checkpoints" / "best")
     played = subprocess.run(
-        [sys.executable, "-m", "zmqrl", "eval", str(run_dir / "checkpoints" / "best"), "--episodes", "2"],
+        [sys.executable, "-m", "zmqrl", "eval", best_path, "--episodes", "2", "--video", str(videos)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -68,6 +70,9 @@ def test_apex_run_with_evaluator_finishes_and_reports_everything(run_root: Path)
     )
     assert played.returncode == 0, played.stderr
     assert "mean return" in played.stdout
+    recorded = sorted(videos.glob("*.mp4"))
+    assert len(recorded) == 2 and all(p.stat().st_size > 0 for p in recorded), played.stdout
+    assert all(f"video: {p}" in played.stdout for p in recorded)
 
 
 def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path) -> None:

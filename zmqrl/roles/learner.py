@@ -173,12 +173,7 @@ class Learner:
         # Number above anything published before in this run (a previous learner may have got
         # further than its last checkpoint), so actors never see the version go backwards.
         self.agent.continue_versions_after(self.versions.highest)
-        log.info(
-            "replay: %d transitions, %.1f MB preallocated; agent on %s",
-            cfg.replay.capacity,
-            self.replay.nbytes / 2**20,
-            self.agent.device,
-        )
+        log.info("agent %s on %s", cfg.agent.kind, self.agent.device)
         limits = socket_limits(cfg)
         security = transport_security(cfg)
         # Authentication must be running before a Curve server socket binds.
