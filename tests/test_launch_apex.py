@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,3 +112,43 @@ def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path)
     assert learner_stats["state"] == "finished" and learner_stats["restarts"] == 1
     assert learner_stats["updates"] > 100, "the resumed learner trained on the actors' new data"
     assert all(row["restarts"] == 0 for row in stats["actors"]), "paused actors are not replaced"
+
+
+def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(run_root: Path) -> None:
+    """A learner that fails by exception announces it on the weights channel. Hand-started actors
+    leave with it, but under the supervisor the learner is restarted, so its actors stay."""
+    run_dir = run_root / "t"
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            actor__num_actors=2,
+            learner__max_updates=1_000_000,
+            learner__max_seconds=8,  # per learner incarnation
+            learner__checkpoint_interval=50,
+            learner__eval_interval=0,
+            supervisor__restart_backoff=3.0,  # time to repair the run directory before the restart
+        )
+    )
+    launch.wait_for("actor(s) started", 60)
+    checkpoints = run_dir / "checkpoints"
+    wait_until((checkpoints / "latest").is_file, 60, "the learner to be training")
+    kept = run_root / "kept-checkpoints"
+    checkpoints.rename(kept)
+    checkpoints.write_text("not a directory")  # the next periodic checkpoint raises in the learner
+    launch.wait_for("the learner exited with code", 30)
+    checkpoints.unlink()
+    kept.rename(checkpoints)
+    log = run_dir / "logs" / "learner-0.log"
+    wait_for_log(log, "resumed from", 60)
+    resumed = re.search(r"resumed from .*?: \d+ updates, (\d+) samples", log.read_text())
+    assert resumed is not None
+
+    code = launch.finish(timeout=120)
+    assert code == 0, launch.output
+    assert_nothing_left(run_dir)
+    stats = json.loads((run_dir / "stats.json").read_text())
+    assert stats["learner"]["state"] == "finished" and stats["learner"]["restarts"] == 1
+    assert stats["learner"]["samples"] > int(resumed.group(1)), "the same actors fed the new learner"
+    assert all(row["restarts"] == 0 and row["state"] == "stopped" for row in stats["actors"]), stats["actors"]
+    for i in range(2):
+        assert "the learner failed; acting on" in (run_dir / "logs" / f"actor-{i}.log").read_text()

@@ -17,6 +17,7 @@ from tests.conftest import tiny_config, wait_until
 from zmqrl.config import Config
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
+from zmqrl.roles.link import SupervisorLink
 from zmqrl.transport import wire
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
 from zmqrl.types import EpisodeStat, TransitionBatch, Weights
@@ -234,3 +235,24 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
     sup.close()
     assert actor.stats["state"] == "stopped" and actor.link.stop_reason == "test says stop"
     assert actor.stats["epsilon"] == 0.25, "epsilon anneals from 1.0 onto the actor's rung of the ladder"
+
+
+@pytest.mark.parametrize(
+    ("supervised", "reason", "stays"),
+    [
+        (True, "learner failed", True),  # the supervisor restarts the learner: keep feeding it
+        (True, "learner finished", False),
+        (False, "learner failed", False),  # started by hand: nobody will restart it
+    ],
+)
+def test_only_supervised_roles_outlive_a_failed_learner(
+    ctx: zmq.Context, tmp_path: Path, supervised: bool, reason: str, stays: bool
+) -> None:
+    sup = FakeSupervisor(ctx)
+    cfg = with_transport(tiny_config(tmp_path), **sup.endpoints())
+    link = SupervisorLink(ctx, cfg, "actor", 0, threading.Event(), watch_supervisor=supervised)
+    try:
+        assert link.outlives(reason) is stays
+    finally:
+        link.close()
+        sup.close()

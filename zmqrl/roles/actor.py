@@ -367,6 +367,9 @@ class Actor:
         msg = self.weights.latest()
         if msg is not None and self.agent.import_weights(msg.weights):
             self.weights_loaded += 1
+        if self.weights.stop is not None and self.link.outlives(self.weights.stop.reason):
+            log.warning("the learner failed; acting on until the supervisor's replacement publishes")
+            self.weights.stop = None
         if self.weights.stop is not None and not self.stop_event.is_set():
             self.link.stop_reason = self.weights.stop.reason or "learner stopped"
             log.info("stop announced by the learner: %s", self.link.stop_reason)

@@ -143,6 +143,9 @@ class Evaluator:
         while not self.link.tick(self._counters, state=self._idle_state()):
             self._drain_weights()
             announced = self.weights.stop
+            if announced is not None and self.link.outlives(announced.reason):
+                log.warning("the learner failed; waiting for the supervisor's replacement")
+                self.weights.stop = announced = None
             due = announced is not None or time.monotonic() - self._last_eval_start >= interval
             if due and self._pending is not None:
                 # Loaded only now: versions superseded while waiting are never even imported.

@@ -22,6 +22,8 @@ from zmqrl.transport.security import Security
 
 # Set by the supervisor in its children's environment: they then watch its heartbeat.
 SUPERVISED_ENV = "ZMQRL_SUPERVISED"
+# What a learner that crashed announces on the weights channel before it exits.
+LEARNER_FAILED = "learner failed"
 # Seconds between polls of the control socket; bounds how late a stop broadcast is noticed.
 CONTROL_POLL_SECONDS = 0.1
 
@@ -71,7 +73,14 @@ class SupervisorLink:
         if watch_supervisor is None:
             watch_supervisor = os.environ.get(SUPERVISED_ENV) == "1"
         self._watch_timeout = cfg.supervisor.heartbeat_timeout if watch_supervisor else None
+        self.supervised = bool(watch_supervisor)
         self._created = clock()
+
+    def outlives(self, learner_stop_reason: str) -> bool:
+        """Whether to stay up through the learner's announced end: under a supervisor a failed
+        learner is restarted, and the actors (and evaluator) it had are needed again; started by
+        hand, a role leaves with its learner whatever the reason."""
+        return self.supervised and learner_stop_reason == LEARNER_FAILED
 
     def tick(
         self,
