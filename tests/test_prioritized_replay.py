@@ -81,7 +81,7 @@ def exact_values(rng: np.random.Generator, n: int, zero_frac: float = 0.3) -> np
 
 
 # ---------------------------------------------------------------------------------------- sum tree
-@pytest.mark.parametrize("capacity", [1, 2, 7, 8, 33, 64, 1000])
+@pytest.mark.parametrize("capacity", [1, 2, 7, 8, 31, 32, 33, 64, 1000, 1024, 1025, 40_000])
 def test_sumtree_matches_bruteforce(capacity: int) -> None:
     rng = np.random.default_rng(capacity)
     tree = SumTree(capacity)
