@@ -7,6 +7,7 @@ learner's full training state, and the evaluator's weights-only ``best``), optio
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -172,6 +173,9 @@ def _recording_env(env_cfg: EnvConfig, video_dir: Path) -> gym.Env[Any, Any]:
 
     from zmqrl.envs import make_env
 
+    # Frames are drawn off-screen: keep pygame-based renderers from looking for a display (and
+    # printing "error: XDG_RUNTIME_DIR is invalid" on headless machines).
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     rendering = dataclasses.replace(env_cfg, kwargs={**env_cfg.kwargs, "render_mode": "rgb_array"})
     return RecordVideo(
         make_env(rendering, training=False),
