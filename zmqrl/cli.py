@@ -140,10 +140,11 @@ def launch(
     insecure: InsecureOpt = False,
     set_: SetOpt = None,
 ) -> None:
-    """Train: start the learner and N actors as separate processes and supervise them.
+    """Train: start the learner, N actors and (if evaluator.enabled) the evaluator as separate
+    processes and supervise them.
 
-    Progress is printed every few seconds; the learner's and each actor's stats are printed at the
-    end. Ctrl-C stops every process cleanly (twice: kills them). Logs: runs/NAME/logs/.
+    Progress is printed every few seconds; the learner's, the evaluator's and each actor's stats are
+    printed at the end. Ctrl-C stops every process cleanly (twice: kills them). Logs: runs/NAME/logs/.
     """
     overrides = list(set_ or [])
     if actors is not None:
