@@ -141,9 +141,10 @@ class Supervisor:
         self.shutdown_seconds = float("nan")
         self._next_control_beat = 0.0
         self.summary: dict[str, Any] = {}
-        self.target_at_learner: dict[str, Any] | None = (
-            None  # learner counters when the evaluator hit the target
-        )
+        # The learner's counters when the evaluator first reported the target return.
+        self.target_at_learner: dict[str, Any] | None = None
+        # Per slot: (pid, heartbeat time, counter value) at the previous progress line.
+        self._rate_marks: dict[str, tuple[int, float, float]] = {}
 
     # ------------------------------------------------------------------ entry point
     def run(self) -> int:
@@ -481,13 +482,26 @@ class Supervisor:
             c["eval_best"] = evaluator.last.counters.get("eval_best", math.nan)
         actors = [ch for ch in self.children.values() if ch.role == "actor"]
         alive = sum(1 for a in actors if a.proc.poll() is None)
-        steps_per_s = sum(float(a.last.counters.get("steps_per_s", 0.0)) for a in actors if a.last)
+        steps_per_s = sum(self._recent_rate(a, "steps", "steps_per_s") for a in actors)
+        updates_per_s = self._recent_rate(self.children["learner-0"], "updates", "updates_per_s")
         self._say(
             f"updates {int(c.get('updates', 0))}/{self.cfg.learner.max_updates} | "
-            f"samples {int(c.get('samples', 0))} | {c.get('updates_per_s', 0.0):.0f} upd/s | "
+            f"samples {int(c.get('samples', 0))} | {updates_per_s:.0f} upd/s | "
             f"eval {fmt_value(c.get('eval_return'))} (best {fmt_value(c.get('eval_best'))}) | "
             f"actors {alive}/{len(actors)}, {steps_per_s:.0f} steps/s"
         )
+
+    def _recent_rate(self, child: Child, counter: str, fallback: str) -> float:
+        """``counter`` per second since the previous progress line (the counters' own rates are
+        lifetime averages, which hide a slowdown); the lifetime rate for a new process."""
+        if child.last is None:
+            return 0.0
+        now, value = child.last.time, float(child.last.counters.get(counter, 0.0))
+        mark = self._rate_marks.get(child.name)
+        self._rate_marks[child.name] = (child.proc.pid, now, value)
+        if mark is None or mark[0] != child.proc.pid or now <= mark[1]:
+            return float(child.last.counters.get(fallback, 0.0))
+        return max(0.0, (value - mark[2]) / (now - mark[1]))
 
     def _report(self) -> None:
         learner_stats = self._learner_stats()
