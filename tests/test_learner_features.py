@@ -32,13 +32,30 @@ def ctx() -> Iterator[zmq.Context]:
     context.destroy(linger=0)
 
 
+class RecordingLogger:
+    """A Logger double that keeps every scalar, so tests can check what reaches TensorBoard."""
+
+    def __init__(self) -> None:
+        self.scalars: dict[str, list[float]] = {}
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars.setdefault(tag, []).append(float(value))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Running:
     """A learner thread plus a hand-driven actor socket; stops and joins on exit."""
 
     def __init__(self, ctx: zmq.Context, cfg: Config) -> None:
         self.sup = FakeSupervisor(ctx)
         self.cfg = with_transport(cfg, **self.sup.endpoints())
-        self.learner = Learner(self.cfg, ctx=ctx)
+        self.logger = RecordingLogger()
+        self.learner = Learner(self.cfg, ctx=ctx, logger=self.logger)
         self.thread = threading.Thread(target=self.learner.run, daemon=True)
         self.thread.start()
         assert self.learner.ready.wait(30)
@@ -130,8 +147,12 @@ def test_stale_batches_are_dropped_and_counted(ctx: zmq.Context, tmp_path: Path)
     run.send()  # current: kept
     wait_until(lambda: run.learner.stale_batches == 5 and run.learner.samples == 64, 10, "ingest")
     assert len(run.learner.replay) == before + 32
+    wait_until(lambda: run.learner.updates > 3 * cfg.learner.log_interval, 30, "a few log points")
     stats = run.stop()
     assert stats["stale_batches"] == 5 and stats["stale_samples"] == 160
+    tb = run.logger.scalars
+    assert max(tb["learner/policy_lag_max"]) > 3 and min(tb["learner/policy_lag_min"]) <= 1
+    assert "learner/policy_lag_mean" in tb and max(tb["learner/stale_batches"]) == 5
 
 
 def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(ctx: zmq.Context, tmp_path: Path) -> None:
@@ -142,6 +163,7 @@ def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(ctx: zmq.Cont
         learner__samples_per_insert_tolerance=64,
         learner__min_replay_size=64,
         learner__max_updates=10**6,
+        learner__log_interval=5,
     )
     run = Running(ctx, cfg)
     for _ in range(8):
@@ -155,6 +177,8 @@ def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(ctx: zmq.Cont
         run.send()
     wait_until(lambda: run.learner.updates > paused_at + 10, 20, "training to resume")
     stats = run.stop()
+    tb = run.logger.scalars
+    assert max(tb["perf/sample_blocked_seconds"]) > 0.3 and "replay/samples_per_insert" in tb
     ratio = float(stats["samples_per_insert"])  # type: ignore[arg-type]
     assert 1.0 < ratio <= 2.0 + 64 * 2 / 512 + 0.2
     assert float(stats["sample_blocked_seconds"]) > 0.3  # type: ignore[arg-type]
