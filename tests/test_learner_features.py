@@ -6,6 +6,8 @@ socket, so they control exactly what arrives and when."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,9 +17,11 @@ import numpy as np
 import pytest
 import zmq
 
-from tests.conftest import tiny_config, wait_until
+from tests.conftest import tiny_config, tiny_overrides, wait_until
+from tests.test_launch import REPO
 from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
 from zmqrl.config import Config
+from zmqrl.envs import EnvError
 from zmqrl.replay import PrioritizedReplay
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner, ReplayMemoryError, replay_footprint
@@ -234,3 +238,21 @@ def test_replay_footprint_counts_both_observations_and_priorities() -> None:
     row = 2 * 4 * 84 * 84 + 8 + 4 + 4
     assert replay_footprint(1000, spec, prioritized=False) == 1000 * row
     assert replay_footprint(1000, spec, prioritized=True) > 1000 * row
+
+
+def test_learner_command_refuses_oversized_replay_with_exit_code_2(tmp_path: Path) -> None:
+    cfg_args = [f"--set={item}" for item in tiny_overrides(tmp_path, replay__capacity=10**12)]
+    result = subprocess.run(
+        [sys.executable, "-m", "zmqrl", "learner", str(REPO / "configs" / "cartpole_dqn.yaml"), *cfg_args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "replay.capacity" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shared_frames_on_vector_observations_is_a_clear_error(ctx: zmq.Context, tmp_path: Path) -> None:
+    learner = Learner(tiny_config(tmp_path, replay__share_frames=True), ctx=ctx)
+    with pytest.raises(EnvError, match=r"replay\.share_frames"):
+        learner.run()

@@ -99,6 +99,7 @@ InsecureOpt = Annotated[
 
 def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
     from zmqrl.envs import EnvError
+    from zmqrl.memory import ReplayMemoryError
     from zmqrl.transport.security import SecurityError
     from zmqrl.transport.sockets import BindError
 
@@ -112,6 +113,8 @@ def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
     except (BindError, SecurityError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     except EnvError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    except ReplayMemoryError as exc:
         _fail(str(exc), EXIT_CONFIG)
 
 

@@ -64,6 +64,7 @@ class ReplayConfig:
     beta: float = 0.4  # importance-sampling exponent at the first update, annealed linearly to 1
     beta_updates: int = 100_000  # updates over which beta reaches 1
     priority_eps: float = 1e-6  # added to |TD error| so no transition's priority is ever 0
+    share_frames: bool = False  # store each image plane once (stacked Atari frames: ~8x less memory)
 
 
 @dataclass

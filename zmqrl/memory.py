@@ -14,6 +14,10 @@ from pathlib import Path
 MEMINFO = Path("/proc/meminfo")
 
 
+class ReplayMemoryError(RuntimeError):
+    """The configured replay would not fit in this machine's available memory."""
+
+
 def available_memory_bytes() -> int | None:
     """Memory the kernel could give a new allocation without swapping (Linux ``MemAvailable``);
     elsewhere the physical memory size; None when neither can be read."""

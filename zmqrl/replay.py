@@ -9,8 +9,10 @@ microseconds per call.
 Storage is one preallocated array per ``TransitionBatch`` column, sized up front so the learner can
 print the eventual footprint (``nbytes``) at start. The OS commits zeroed pages lazily, so resident
 memory grows as the buffer fills; a too-large capacity still fails late, but is visible early.
-``next_obs`` is stored separately from ``obs`` (no frame sharing), which doubles observation
-memory; that is the price of accepting n-step transitions from many actors in any order.
+``next_obs`` is stored separately from ``obs``, which doubles observation memory; that is the
+price of accepting n-step transitions from many actors in any order. For stacked image frames,
+``SharedFramesReplay`` / ``SharedFramesPrioritizedReplay`` (``replay.share_frames``) store each
+distinct plane once instead, found by content, which needs no ordering either.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import DTypeLike
 
+from zmqrl.frames import FramePool
 from zmqrl.sumtree import SumTree
 from zmqrl.types import TransitionBatch
 
@@ -42,6 +45,8 @@ DEFAULT_PRIORITY_EPS: Final = 1e-6
 INITIAL_MAX_PRIORITY: Final = 1.0
 # `_ordinal` value of a slot that has never held a row: no real insertion ordinal is negative.
 _NO_ORDINAL: Final = -1
+# Plane id of a row that holds no observation yet (shared-frames storage).
+_NO_PLANE: Final = -1
 
 
 class UniformReplay:
@@ -64,21 +69,32 @@ class UniformReplay:
         self._capacity = int(capacity)
         obs_shape = tuple(int(d) for d in obs_shape)
         action_shape = tuple(int(d) for d in action_shape)
-        # Column order matches BATCH_FIELDS so that a whole batch can be zipped against it.
-        self._columns: tuple[np.ndarray, ...] = (
-            np.zeros((capacity, *obs_shape), dtype=np.dtype(obs_dtype)),
-            np.zeros((capacity, *action_shape), dtype=np.dtype(action_dtype)),
-            np.zeros((capacity,), dtype=REWARD_DTYPE),
-            np.zeros((capacity, *obs_shape), dtype=np.dtype(obs_dtype)),
-            np.zeros((capacity,), dtype=DISCOUNT_DTYPE),
+        # Row shape and dtype each column of an added batch must have, in BATCH_FIELDS order.
+        self._row_shapes: tuple[tuple[int, ...], ...] = (obs_shape, action_shape, (), obs_shape, ())
+        self._dtypes: tuple[np.dtype[np.generic], ...] = (
+            np.dtype(obs_dtype),
+            np.dtype(action_dtype),
+            REWARD_DTYPE,
+            np.dtype(obs_dtype),
+            DISCOUNT_DTYPE,
         )
-        # Row shape each column must have (everything after the batch axis), for cheap validation.
-        self._row_shapes: tuple[tuple[int, ...], ...] = tuple(c.shape[1:] for c in self._columns)
+        self._columns: tuple[np.ndarray, ...] = self._allocate(self._capacity)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self._pos = 0  # next row to write
         self._size = 0  # rows holding data, <= capacity
         self._total_added = 0
+
+    def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
+        """Storage: one preallocated array per column, in BATCH_FIELDS order."""
+        return tuple(
+            np.zeros((capacity, *shape), dtype=dtype)
+            for shape, dtype in zip(self._row_shapes, self._dtypes, strict=True)
+        )
+
+    def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
+        """Copies of the stored rows ``rows`` (ring slots); the caller holds the lock."""
+        return TransitionBatch(*(c[rows] for c in self._columns))
 
     @property
     def capacity(self) -> int:
@@ -105,7 +121,7 @@ class UniformReplay:
             order = (np.arange(self._size) + (self._pos - self._size)) % self._capacity
             if max_rows is not None:
                 order = order[max(0, len(order) - max_rows) :]
-            return TransitionBatch(*(col[order] for col in self._columns))
+            return self._gather_locked(order)
 
     def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
         """Refill from a ``snapshot`` (appended in order, as if just received)."""
@@ -129,13 +145,13 @@ class UniformReplay:
         if batch.reward.ndim != 1:
             raise ValueError(f"reward column must be 1-D, got shape {batch.reward.shape}")
         b = int(batch.reward.shape[0])
-        for name, col, store, row_shape in zip(
-            TransitionBatch._fields, batch, self._columns, self._row_shapes, strict=True
+        for name, col, dtype, row_shape in zip(
+            TransitionBatch._fields, batch, self._dtypes, self._row_shapes, strict=True
         ):
             if col.shape[0:1] != (b,) or col.shape[1:] != row_shape:
                 raise ValueError(f"column {name!r} has shape {col.shape}, expected ({b}, *{row_shape})")
-            if not np.can_cast(col.dtype, store.dtype, casting=_CASTING):
-                raise ValueError(f"column {name!r} has dtype {col.dtype}, buffer stores {store.dtype}")
+            if not np.can_cast(col.dtype, dtype, casting=_CASTING):
+                raise ValueError(f"column {name!r} has dtype {col.dtype}, buffer stores {dtype}")
         return b
 
     def add(self, batch: TransitionBatch) -> None:
@@ -181,8 +197,7 @@ class UniformReplay:
                 raise ValueError("cannot sample from an empty replay buffer")
             idx = self._rng.integers(0, self._size, size=batch_size)
             # Rows 0..size-1 are exactly the stored rows: the ring fills from 0 and never shrinks.
-            cols = [c[idx] for c in self._columns]
-        return TransitionBatch(*cols)
+            return self._gather_locked(idx)
 
 
 class PrioritizedReplay(UniformReplay):
@@ -373,9 +388,9 @@ class PrioritizedReplay(UniformReplay):
             slots = self._tree.find_prefix_sum(targets)
             values = self._tree.get(slots)
             ids = self._ordinal[slots]
-            cols = [c[slots] for c in self._columns]
+            batch = self._gather_locked(slots)
             n = self._size
-        return TransitionBatch(*cols), ids, values * (n / total)
+        return batch, ids, values * (n / total)
 
     # ------------------------------------------------------------------ priorities
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
@@ -434,3 +449,89 @@ class PrioritizedReplay(UniformReplay):
         if not (np.isfinite(raw).all() and (raw >= 0).all()):
             raise ValueError("priorities must be finite and >= 0")
         return raw
+
+
+class _SharedFrames:
+    """Storage for image observations with each plane kept once (mixed into the replay classes).
+
+    ``obs`` and ``next_obs`` of shape ``(planes, *plane_shape)`` (e.g. 4 stacked 84x84 frames) are
+    stored as ``planes`` ids per row into a ``FramePool``: consecutive transitions of one game share
+    all but about one of their 8 planes, so a row costs ~1 plane instead of 8 (see zmqrl/frames.py).
+    Sampling gathers the planes back into dense arrays, so nothing downstream changes. The pool is
+    reserved for the worst case and becomes resident as distinct planes arrive.
+    """
+
+    _capacity: int
+    _columns: tuple[np.ndarray, ...]
+    _row_shapes: tuple[tuple[int, ...], ...]
+    _dtypes: tuple[np.dtype[np.generic], ...]
+
+    def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
+        obs_shape = self._row_shapes[0]
+        if len(obs_shape) < 2:
+            raise ValueError(
+                f"replay.share_frames needs image observations (planes, height, width), got {obs_shape}"
+            )
+        planes = obs_shape[0]
+        self._pool = FramePool(capacity * 2 * planes, obs_shape[1:], self._dtypes[0])
+
+        def ids() -> np.ndarray:
+            return np.full((capacity, planes), _NO_PLANE, dtype=np.int64)
+
+        return (
+            ids(),
+            np.zeros((capacity, *self._row_shapes[1]), dtype=self._dtypes[1]),
+            np.zeros((capacity,), dtype=REWARD_DTYPE),
+            ids(),
+            np.zeros((capacity,), dtype=DISCOUNT_DTYPE),
+        )
+
+    @property
+    def live_planes(self) -> int:
+        """Distinct planes stored now (each ``plane_bytes``)."""
+        return self._pool.live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in use now: the id and scalar columns plus the distinct planes stored."""
+        plane_bytes = self._pool.planes[0].nbytes
+        return sum(c.nbytes for c in self._columns) + self._pool.live * plane_bytes
+
+    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int) -> None:
+        cap = self._capacity
+        m = batch.size - start
+        slots = (pos + np.arange(m)) % cap
+        obs_ids, action, reward, next_ids, discount = self._columns
+        planes = obs_ids.shape[1]
+        plane_shape = self._row_shapes[0][1:]
+        new_obs = self._pool.intern(batch.obs[start:].reshape(m * planes, *plane_shape))
+        new_next = self._pool.intern(batch.next_obs[start:].reshape(m * planes, *plane_shape))
+        # Release what the overwritten rows held only after interning: planes they share with the
+        # new rows keep a reference throughout and are never copied twice.
+        old = np.concatenate([obs_ids[slots].ravel(), next_ids[slots].ravel()])
+        self._pool.release(old[old != _NO_PLANE])
+        obs_ids[slots] = new_obs.reshape(m, planes)
+        next_ids[slots] = new_next.reshape(m, planes)
+        action[slots] = batch.action[start:]
+        reward[slots] = batch.reward[start:]
+        discount[slots] = batch.discount[start:]
+
+    def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
+        obs_ids, action, reward, next_ids, discount = self._columns
+        planes = self._pool.planes
+        return TransitionBatch(
+            planes[obs_ids[rows]], action[rows], reward[rows], planes[next_ids[rows]], discount[rows]
+        )
+
+
+class SharedFramesReplay(_SharedFrames, UniformReplay):
+    """``UniformReplay`` storing each image plane once (``replay.share_frames``)."""
+
+
+class SharedFramesPrioritizedReplay(_SharedFrames, PrioritizedReplay):
+    """``PrioritizedReplay`` storing each image plane once (``replay.share_frames``)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in use now, plus the sum tree and the per-slot ordinals."""
+        return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)

@@ -19,12 +19,17 @@ import zmq
 from zmqrl.agents import make_agent
 from zmqrl.checkpoint import load_resumable, save_checkpoint, save_periodic
 from zmqrl.config import Config
-from zmqrl.envs import action_bounds, make_env, sample_spec
+from zmqrl.envs import EnvError, action_bounds, make_env, sample_spec
 from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, evaluate
-from zmqrl.memory import available_memory_bytes, format_bytes
+from zmqrl.memory import ReplayMemoryError, available_memory_bytes, format_bytes
 from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
 from zmqrl.ratelimit import NoLimit, RateLimiter, make_rate_limiter
-from zmqrl.replay import PrioritizedReplay, UniformReplay
+from zmqrl.replay import (
+    PrioritizedReplay,
+    SharedFramesPrioritizedReplay,
+    SharedFramesReplay,
+    UniformReplay,
+)
 from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
@@ -45,6 +50,9 @@ RECENT_LAGS = 100
 LIMITER_WAIT_SECONDS = 0.1
 # Bytes per slot of prioritized replay's bookkeeping (sum tree leaves and parents, insertion ids).
 PRIORITY_BYTES_PER_ROW = 8 + 16 + 8
+# Distinct image planes a row adds with replay.share_frames, for the memory estimate: about one
+# (the newest frame) plus the stacks at episode starts; measured on Pong: see README.
+SHARED_PLANES_PER_ROW = 1.25
 
 # Files in the run directory: the highest weights version published, and the replay snapshot.
 VERSION_FILE = "weights-version"
@@ -53,17 +61,18 @@ REPLAY_SNAPSHOT = "replay.npz"
 log = logging.getLogger("zmqrl.learner")
 
 
-class ReplayMemoryError(RuntimeError):
-    """The configured replay would not fit in this machine's available memory."""
-
-
-def replay_footprint(capacity: int, spec: SampleSpec, prioritized: bool) -> int:
+def replay_footprint(capacity: int, spec: SampleSpec, prioritized: bool, share_frames: bool = False) -> int:
     """Bytes the replay buffer will occupy once full: obs and next_obs, action, reward, discount
-    (and the priority bookkeeping). Computed before allocating, so it can be refused up front."""
+    (and the priority bookkeeping). Computed before allocating, so it can be refused up front.
+    With shared frames, the planes are an estimate (SHARED_PLANES_PER_ROW distinct planes a row)."""
     obs = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
     action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
-    row = 2 * obs + action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
-    return capacity * row
+    row = action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
+    if not share_frames:
+        return capacity * (row + 2 * obs)
+    planes = spec.obs_shape[0]
+    ids = 2 * planes * 8
+    return int(capacity * (row + ids + SHARED_PLANES_PER_ROW * obs / planes))
 
 
 class PublishedVersions:
@@ -304,14 +313,21 @@ class Learner:
     def _make_replay(self, spec: SampleSpec) -> UniformReplay:
         """The configured buffer, after checking that it fits: printed so people see the cost."""
         rcfg = self.cfg.replay
-        need = replay_footprint(rcfg.capacity, spec, rcfg.prioritized)
+        if rcfg.share_frames and len(spec.obs_shape) < 2:
+            raise EnvError(
+                f"replay.share_frames needs image observations (planes, height, width); {self.cfg.env.id}'s "
+                f"are {list(spec.obs_shape)}: set replay.share_frames: false"
+            )
+        need = replay_footprint(rcfg.capacity, spec, rcfg.prioritized, rcfg.share_frames)
         available = available_memory_bytes()
         log.info(
-            "replay: %s, %d transitions of obs %s %s: %s when full (%s available)",
+            "replay: %s%s, %d transitions of obs %s %s: %s%s when full (%s available)",
             "prioritized" if rcfg.prioritized else "uniform",
+            ", each image plane stored once" if rcfg.share_frames else "",
             rcfg.capacity,
             spec.obs_dtype,
             list(spec.obs_shape),
+            "about " if rcfg.share_frames else "",
             format_bytes(need),
             format_bytes(available) if available is not None else "unknown",
         )
@@ -323,10 +339,10 @@ class Learner:
             )
         args = (rcfg.capacity, spec.obs_shape, spec.obs_dtype, spec.action_shape, spec.action_dtype)
         if rcfg.prioritized:
-            return PrioritizedReplay(
-                *args, seed=self.cfg.run.seed, alpha=rcfg.alpha, priority_eps=rcfg.priority_eps
-            )
-        return UniformReplay(*args, seed=self.cfg.run.seed)
+            per = SharedFramesPrioritizedReplay if rcfg.share_frames else PrioritizedReplay
+            return per(*args, seed=self.cfg.run.seed, alpha=rcfg.alpha, priority_eps=rcfg.priority_eps)
+        uniform = SharedFramesReplay if rcfg.share_frames else UniformReplay
+        return uniform(*args, seed=self.cfg.run.seed)
 
     # ------------------------------------------------------------------ ingest thread
     def _ingest_loop(self) -> None:
@@ -419,6 +435,7 @@ class Learner:
             tb.scalar("perf/samples_per_s", (self.samples - s0) / (now - t0), step)
         self._rate_mark = (now, self.updates, self.samples)
         tb.scalar("replay/size", len(self.replay), step)
+        tb.scalar("replay/megabytes", self.replay.nbytes / 2**20, step)
         tb.scalar("learner/weights_version", self.publisher.version, step)
         tb.scalar("learner/bad_messages", self.receiver.bad.count, step)
 
@@ -495,7 +512,7 @@ class Learner:
         with self._lock:  # counters and replay snapshot from the same instant
             payload = self._payload()
             if self.cfg.checkpoint.replay:
-                row_bytes = self.replay.nbytes / self.replay.capacity
+                row_bytes = replay_footprint(1, self.spec, prioritized=False)  # as saved: dense
                 snap = self.replay.snapshot(int(self.cfg.checkpoint.replay_max_mb * 2**20 / row_bytes))
         save_periodic(directory, self.updates, payload, self.cfg.checkpoint.keep)
         if snap is not None:
@@ -576,6 +593,7 @@ class Learner:
             "batches": batches,
             "episodes": episodes,
             "replay_size": len(self.replay),
+            "replay_mb": self.replay.nbytes / 2**20,
             "weights_version": self.publisher.version,
             "bad_messages": self.receiver.bad.count,
             "updates_per_s": self.updates / elapsed,

@@ -1,0 +1,125 @@
+"""Shared-frame replay storage: each image plane stored once, rows as plane ids. It must behave
+exactly like the dense buffers (same samples for the same seed), and free what it no longer uses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zmqrl import frames
+from zmqrl.frames import FramePool
+from zmqrl.replay import (
+    PrioritizedReplay,
+    SharedFramesPrioritizedReplay,
+    SharedFramesReplay,
+    UniformReplay,
+)
+from zmqrl.types import TransitionBatch
+
+STACK, SIDE, N_STEP = 4, 6, 3
+OBS_SHAPE = (STACK, SIDE, SIDE)
+
+
+def game_batches(seed: int, batches: int, rows: int = 16) -> list[TransitionBatch]:
+    """n-step transitions of a fake game whose observations stack its last 4 frames, as Atari's do:
+    consecutive rows share all but one plane, and obs/next_obs overlap."""
+    rng = np.random.default_rng(seed)
+    total = batches * rows
+    film = rng.integers(0, 256, (total + STACK + N_STEP, SIDE, SIDE), dtype=np.uint8)
+    stacks = np.stack([film[t : t + STACK] for t in range(total + N_STEP)])
+    out = []
+    for b in range(batches):
+        t = np.arange(b * rows, (b + 1) * rows)
+        out.append(
+            TransitionBatch(
+                obs=stacks[t],
+                action=rng.integers(0, 6, rows),
+                reward=rng.normal(size=rows).astype(np.float32),
+                next_obs=stacks[t + N_STEP],
+                discount=np.full(rows, 0.97, np.float32),
+            )
+        )
+    return out
+
+
+def assert_same(a: TransitionBatch, b: TransitionBatch) -> None:
+    for name, x, y in zip(TransitionBatch._fields, a, b, strict=True):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+def test_pool_stores_each_distinct_plane_once_and_frees_unreferenced_ones() -> None:
+    pool = FramePool(10, (2, 2))
+    a, b = np.zeros((2, 2), np.uint8), np.ones((2, 2), np.uint8)
+    ids = pool.intern(np.stack([a, b, a, a]))
+    assert ids.tolist() == [0, 1, 0, 0] and pool.live == 2
+    pool.release(ids[:3])  # a keeps one reference
+    assert pool.live == 1
+    np.testing.assert_array_equal(pool.planes[0], a)
+    again = pool.intern(np.stack([2 * b]))  # the freed slot is reused before an untouched one
+    assert again.tolist() == [1]
+    pool.release(np.array([0, 1]))
+    assert pool.live == 0
+
+
+def test_pool_tells_planes_apart_even_if_their_digests_collide(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Same:
+        def __init__(self, data: object, digest_size: int) -> None:
+            pass
+
+        def digest(self) -> bytes:
+            return b"x" * 16
+
+    monkeypatch.setattr(frames.hashlib, "blake2b", Same)
+    pool = FramePool(4, (2,))
+    ids = pool.intern(np.array([[1, 2], [3, 4]], np.uint8))
+    assert ids[0] != ids[1]
+    np.testing.assert_array_equal(pool.planes[ids], [[1, 2], [3, 4]])
+
+
+@pytest.mark.parametrize("capacity", [40, 256])
+def test_shared_frames_replay_samples_exactly_what_the_dense_buffer_does(capacity: int) -> None:
+    dense = UniformReplay(capacity, OBS_SHAPE, np.uint8, (), np.int64, seed=3)
+    shared = SharedFramesReplay(capacity, OBS_SHAPE, np.uint8, (), np.int64, seed=3)
+    for batch in game_batches(0, batches=12):  # 192 rows: the small buffer wraps several times
+        dense.add(batch)
+        shared.add(batch)
+        assert_same(dense.sample(32), shared.sample(32))
+    assert_same(dense.snapshot(), shared.snapshot())
+    # Each row adds about one new plane: far below the 8 a dense row holds.
+    assert shared.live_planes <= len(shared) + 2 * STACK + N_STEP + 16
+    assert shared.live_planes * 6 < len(shared) * 2 * STACK
+
+
+def test_overwritten_rows_release_their_planes() -> None:
+    shared = SharedFramesReplay(32, OBS_SHAPE, np.uint8, (), np.int64, seed=0)
+    for batch in game_batches(1, batches=2):
+        shared.add(batch)
+    for batch in game_batches(2, batches=2):  # a new game replaces every row
+        shared.add(batch)
+    referenced = np.unique(np.concatenate([shared._columns[0].ravel(), shared._columns[3].ravel()]))
+    assert shared.live_planes == referenced.size
+
+
+def test_shared_frames_prioritized_replay_matches_the_dense_one() -> None:
+    dense = PrioritizedReplay(64, OBS_SHAPE, np.uint8, (), np.int64, seed=5)
+    shared = SharedFramesPrioritizedReplay(64, OBS_SHAPE, np.uint8, (), np.int64, seed=5)
+    rng = np.random.default_rng(9)
+    for batch in game_batches(3, batches=8):
+        pri = rng.random(batch.size).astype(np.float32)
+        dense.add_with_priorities(batch, pri)
+        shared.add_with_priorities(batch, pri)
+        (a, ids_a, w_a), (b, ids_b, w_b) = (
+            dense.sample_prioritized(16, 0.5),
+            shared.sample_prioritized(16, 0.5),
+        )
+        assert_same(a, b)
+        np.testing.assert_array_equal(ids_a, ids_b)
+        np.testing.assert_array_equal(w_a, w_b)
+        td = rng.random(16)
+        dense.update_priorities(ids_a, td)
+        shared.update_priorities(ids_b, td)
+
+
+def test_shared_frames_need_image_observations() -> None:
+    with pytest.raises(ValueError, match="share_frames"):
+        SharedFramesReplay(10, (4,), np.float32, (), np.int64)
