@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.nets import NumpyQForward, QNetwork, fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.sync import PublishedModule
 from zmqrl.types import TransitionBatch, Weights
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
@@ -61,8 +62,7 @@ class DQNAgent:
 
         self.epsilon = float(epsilon)
         self.updates = 0
-        self._version = 0
-        self._dirty = True  # the initial weights have never been exported
+        self._sync = PublishedModule(self.online)  # version and dirty flag of what actors get
         self._td_errors = np.zeros(0, dtype=np.float32)
         # True while target == online exactly (fresh, just imported or hard-copied): an actor's
         # initial_priorities then needs one forward pass over obs and next_obs together, not two.
@@ -77,7 +77,7 @@ class DQNAgent:
     @property
     def weights_version(self) -> int:
         """Version of the weights the agent acts with now (0: initial, never synced)."""
-        return self._version
+        return self._sync.version
 
     # ----------------------------------------------------------------------------------- acting
 
@@ -159,7 +159,7 @@ class DQNAgent:
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(self.target, self.online, cfg.tau)
             self._target_is_online = cfg.tau >= 1.0
-        self._dirty = True
+        self._sync.dirty = True
 
         with torch.no_grad():
             td_abs = (td_target - q_taken).abs()
@@ -257,58 +257,25 @@ class DQNAgent:
     # ------------------------------------------------------------------------------ weight sync
 
     def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Parameter name -> (shape, dtype) of what ``export_weights`` sends, for wire validation."""
-        return {name: (tuple(t.shape), "float32") for name, t in self.online.state_dict().items()}
+        """Parameter name -> (shape, dtype) of what ``export_weights`` sends: the online Q-network."""
+        return self._sync.spec()
 
     def export_weights(self) -> Weights:
-        """The online network as float32 C-contiguous numpy copies, stamped with the version.
-
-        The version is bumped only when the weights changed since the last export (or were never
-        exported), so the first export is version 1 and repeated exports without updates agree.
-        """
-        if self._dirty:
-            self._version += 1
-            self._dirty = False
-        arrays = {
-            name: np.array(t.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
-            for name, t in self.online.state_dict().items()
-        }
-        return Weights(self._version, arrays)
+        """The online Q-network as float32 numpy copies, stamped with the version (see
+        ``zmqrl.agents.sync``: bumped only when the weights changed since the last export)."""
+        return self._sync.export()
 
     def continue_versions_after(self, floor: int) -> None:
-        """Learner side, after a restart: the next export gets a version above ``floor`` (the
-        highest ever published in this run), so actors never mistake new weights for old."""
-        if floor >= self._version:
-            self._version = floor
-            self._dirty = True
+        """Learner side, after a restart: number the next export above ``floor``."""
+        self._sync.continue_after(floor)
 
     def import_weights(self, weights: Weights) -> bool:
-        """Load ``weights`` if strictly newer; all names and shapes are checked before anything is loaded.
-
-        Returns False (and changes nothing) for an older or equal version, so a late or duplicated
-        publish cannot roll an actor back. The target net is overwritten too, keeping the pair
-        consistent; actors never use it.
-        """
-        if weights.version <= self._version:
+        """Load ``weights`` if strictly newer (all names and shapes checked first); False changes
+        nothing, so a late or duplicated publish cannot roll an actor back."""
+        if not self._sync.load(weights):
             return False
-        own = self.online.state_dict()
-        for name, tensor in own.items():
-            if name not in weights.arrays:
-                raise ValueError(f"import_weights: missing parameter {name!r}")
-            got = tuple(np.shape(weights.arrays[name]))
-            if got != tuple(tensor.shape):
-                raise ValueError(f"import_weights: {name!r} has shape {got}, expected {tuple(tensor.shape)}")
-        for name in weights.arrays:
-            if name not in own:
-                raise ValueError(f"import_weights: unexpected parameter {name!r}")
-        with torch.no_grad():
-            for name, tensor in own.items():
-                # torch.tensor copies, so read-only wire buffers are fine and never aliased.
-                tensor.copy_(torch.tensor(weights.arrays[name], dtype=torch.float32))
-        self.target.load_state_dict(own)
+        self.target.load_state_dict(self.online.state_dict())
         self._target_is_online = True
-        self._version = int(weights.version)
-        self._dirty = False
         return True
 
     # ------------------------------------------------------------------------------ checkpoints
@@ -323,8 +290,8 @@ class DQNAgent:
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
-            "version": self._version,
-            "dirty": self._dirty,
+            "version": self._sync.version,
+            "dirty": self._sync.dirty,
             "epsilon": self.epsilon,
             "rng": self.rng.bit_generator.state,
         }
@@ -336,7 +303,7 @@ class DQNAgent:
         self._target_is_online = False  # not known to hold; the slower exact path is always right
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
-        self._version = int(state["version"])
-        self._dirty = bool(state["dirty"])
+        self._sync.version = int(state["version"])
+        self._sync.dirty = bool(state["dirty"])
         self.epsilon = float(state["epsilon"])
         self.rng.bit_generator.state = state["rng"]

@@ -30,6 +30,7 @@ from zmqrl.agents.nets import (
     resolve_device,
     to_device,
 )
+from zmqrl.agents.sync import PublishedModule
 from zmqrl.types import TransitionBatch, Weights
 
 # Bounds of the policy's log standard deviation: below -5 the policy is deterministic for any
@@ -193,8 +194,7 @@ class SACAgent:
 
         self.epsilon = float(epsilon)
         self.updates = 0
-        self._version = 0
-        self._dirty = True  # the initial weights have never been exported
+        self._sync = PublishedModule(self.policy)  # version and dirty flag of what actors get
         self._td_errors = np.zeros(0, dtype=np.float32)
         # actor_loss, alpha_loss, entropy of the latest policy step (NaN until the first one): the
         # metrics of an update that skips the policy step (policy_update_interval > 1) repeat them.
@@ -206,7 +206,7 @@ class SACAgent:
     @property
     def weights_version(self) -> int:
         """Version of the weights the agent acts with now (0: initial, never synced)."""
-        return self._version
+        return self._sync.version
 
     @property
     def alpha(self) -> float:
@@ -301,7 +301,7 @@ class SACAgent:
             # Delayed policy steps catch up on the ones skipped (as in CleanRL's TD3-style loop).
             for _ in range(cfg.policy_update_interval):
                 alpha = self._policy_and_alpha_step(obs, alpha)
-            self._dirty = True
+            self._sync.dirty = True
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(self.critic_target, self.critic, cfg.tau)
 
@@ -366,55 +366,21 @@ class SACAgent:
 
     def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """Parameter name -> (shape, dtype) of what ``export_weights`` sends: the policy only."""
-        return {name: (tuple(t.shape), "float32") for name, t in self.policy.state_dict().items()}
+        return self._sync.spec()
 
     def export_weights(self) -> Weights:
-        """The policy as float32 C-contiguous numpy copies, stamped with the version.
-
-        The version is bumped only when the policy changed since the last export (or was never
-        exported), so the first export is version 1 and repeated exports without updates agree.
-        """
-        if self._dirty:
-            self._version += 1
-            self._dirty = False
-        arrays = {
-            name: np.array(t.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
-            for name, t in self.policy.state_dict().items()
-        }
-        return Weights(self._version, arrays)
+        """The policy (the critics stay on the learner) as float32 numpy copies, stamped with the
+        version (see ``zmqrl.agents.sync``: bumped only when the policy changed since the last export)."""
+        return self._sync.export()
 
     def continue_versions_after(self, floor: int) -> None:
-        """Learner side, after a restart: the next export gets a version above ``floor`` (the
-        highest ever published in this run), so actors never mistake new weights for old."""
-        if floor >= self._version:
-            self._version = floor
-            self._dirty = True
+        """Learner side, after a restart: number the next export above ``floor``."""
+        self._sync.continue_after(floor)
 
     def import_weights(self, weights: Weights) -> bool:
-        """Load the policy from ``weights`` if strictly newer; names and shapes are all checked first.
-
-        Returns False (and changes nothing) for an older or equal version, so a late or duplicated
-        publish cannot roll an actor back. The critics are left alone: actors never use them.
-        """
-        if weights.version <= self._version:
-            return False
-        own = self.policy.state_dict()
-        for name, tensor in own.items():
-            if name not in weights.arrays:
-                raise ValueError(f"import_weights: missing parameter {name!r}")
-            got = tuple(np.shape(weights.arrays[name]))
-            if got != tuple(tensor.shape):
-                raise ValueError(f"import_weights: {name!r} has shape {got}, expected {tuple(tensor.shape)}")
-        for name in weights.arrays:
-            if name not in own:
-                raise ValueError(f"import_weights: unexpected parameter {name!r}")
-        with torch.no_grad():
-            for name, tensor in own.items():
-                # torch.tensor copies, so read-only wire buffers are fine and never aliased.
-                tensor.copy_(torch.tensor(weights.arrays[name], dtype=torch.float32))
-        self._version = int(weights.version)
-        self._dirty = False
-        return True
+        """Load ``weights`` if strictly newer (all names and shapes checked first); False changes
+        nothing, so a late or duplicated publish cannot roll an actor back. Critics are untouched."""
+        return self._sync.load(weights)
 
     # ------------------------------------------------------------------------------ checkpoints
 
@@ -435,8 +401,8 @@ class SACAgent:
             "log_alpha": self.log_alpha.detach().clone(),
             "policy_stats": self._policy_stats.clone(),
             "updates": self.updates,
-            "version": self._version,
-            "dirty": self._dirty,
+            "version": self._sync.version,
+            "dirty": self._sync.dirty,
             "epsilon": self.epsilon,
             "rng": self.rng.bit_generator.state,
             "noise_device": self.device.type,
@@ -460,8 +426,8 @@ class SACAgent:
             self.log_alpha.copy_(state["log_alpha"])
             self._policy_stats.copy_(state["policy_stats"])
         self.updates = int(state["updates"])
-        self._version = int(state["version"])
-        self._dirty = bool(state["dirty"])
+        self._sync.version = int(state["version"])
+        self._sync.dirty = bool(state["dirty"])
         self.epsilon = float(state["epsilon"])
         self.rng.bit_generator.state = state["rng"]
         if state["noise_device"] == self.device.type:
