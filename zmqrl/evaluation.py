@@ -7,7 +7,9 @@ learner's full training state, and the evaluator's weights-only ``best``), optio
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -46,6 +48,45 @@ class EvaluationAborted(Exception):
 class VideoUnavailable(RuntimeError):
     """Recording was asked for, but moviepy (the video extra), or what the env draws its frames
     with, is not installed."""
+
+
+class EvalTracker:
+    """The running record of a run's evaluations, kept the same way by the learner and the
+    evaluator: the last and best mean return, every record, and the first that reached the target."""
+
+    def __init__(self, target: float | None) -> None:
+        self.target = target
+        self.last = float("nan")
+        self.best = -float("inf")
+        self.history: list[dict[str, Any]] = []
+        self.reached: dict[str, Any] | None = None  # the first record at or above the target
+
+    def add(self, result: EvalResult, **fields: float) -> tuple[dict[str, Any], bool]:
+        """Record ``result`` with ``fields`` (e.g. updates, weights version); returns the record and
+        whether it is the best so far (ties count: the later weights are kept)."""
+        record: dict[str, Any] = {**fields, "time": time.time(), "mean": result.mean, "std": result.std}
+        self.history.append(record)
+        self.last = result.mean
+        improved = result.mean >= self.best
+        if improved:
+            self.best = result.mean
+        if self.target is not None and self.reached is None and result.mean >= self.target:
+            self.reached = record
+        return record, improved
+
+    @property
+    def best_or_nan(self) -> float:
+        """The best mean return, NaN before the first evaluation (for heartbeats and stats)."""
+        return self.best if math.isfinite(self.best) else float("nan")
+
+    def state(self) -> dict[str, Any]:
+        return {"last": self.last, "best": self.best, "history": self.history, "target_reached": self.reached}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.last = float(state.get("last", float("nan")))
+        self.best = float(state.get("best", -float("inf")))
+        self.history = list(state.get("history", []))
+        self.reached = state.get("target_reached")
 
 
 def evaluate(

@@ -27,6 +27,7 @@ from zmqrl.evaluation import (
     EVAL_SEED_OFFSET,
     WEIGHTS_ONLY,
     EvalResult,
+    EvalTracker,
     EvaluationAborted,
     evaluate,
     make_eval_agent,
@@ -80,16 +81,22 @@ class Evaluator:
         self.resume = resume
         self.stop_event = threading.Event()
         self.stats: dict[str, Any] = {}
-        self.evaluations = 0
         self.evaluated_version = 0
-        self.eval_last = float("nan")
-        self.eval_best = -math.inf
         self.eval_seconds = float("nan")
-        self.eval_history: list[dict[str, float]] = []
-        self.target_reached: dict[str, float] | None = None
+        self.evals = EvalTracker(cfg.learner.target_return)
         self._pending: WeightsMsg | None = None  # newest weights received and not loaded yet
         self._last_eval_start = -math.inf
         self._next_drain = 0.0
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations completed by this process."""
+        return len(self.evals.history)
+
+    @property
+    def eval_last(self) -> float:
+        """Mean return of the latest evaluation (NaN before the first)."""
+        return self.evals.last
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -126,8 +133,8 @@ class Evaluator:
                 **self._counters(),
                 "state": state,
                 "stop_reason": self.link.stop_reason,
-                "eval_history": self.eval_history,
-                "target_reached": self.target_reached,
+                "eval_history": self.evals.history,
+                "target_reached": self.evals.reached,
             }
             self.link.final(state, self._counters())
             self._tb.close()
@@ -202,33 +209,25 @@ class Evaluator:
         return True
 
     def _record(self, version: int, result: EvalResult) -> None:
-        self.evaluations += 1
         self.evaluated_version = version
-        self.eval_last = result.mean
-        record = {
-            "weights_version": version,
-            "seconds": time.monotonic() - self.started,
-            "time": time.time(),
-            "mean": result.mean,
-            "std": result.std,
-            "episodes": len(result.returns),
-            "eval_seconds": self.eval_seconds,
-        }
-        self.eval_history.append(record)
+        was_reached = self.evals.reached is not None
+        record, improved = self.evals.add(
+            result,
+            weights_version=version,
+            seconds=time.monotonic() - self.started,
+            episodes=len(result.returns),
+            eval_seconds=self.eval_seconds,
+        )
         tb = self._tb
         tb.scalar("charts/eval_return", result.mean, version)
         tb.scalar("charts/eval_return_std", result.std, version)
         tb.scalar("evaluator/weights_version", version, version)
         tb.scalar("evaluator/eval_seconds", self.eval_seconds, version)
         tb.flush()
-        improved = result.mean >= self.eval_best
         if improved:
-            self.eval_best = result.mean
             self._save_best(version, result, record["time"])
-        target = self.cfg.learner.target_return
-        if target is not None and self.target_reached is None and result.mean >= target:
-            self.target_reached = record
-            log.info("target return %s reached by weights version %d", fmt_value(target), version)
+        if self.evals.reached is not None and not was_reached:
+            log.info("target return %s reached by weights version %d", fmt_value(self.evals.target), version)
         log.info(
             "eval of weights v%d: %.1f ± %.1f over %d episodes in %.1f s (best %.1f)%s",
             version,
@@ -236,7 +235,7 @@ class Evaluator:
             result.std,
             len(result.returns),
             self.eval_seconds,
-            self.eval_best,
+            self.evals.best,
             " (new best)" if improved else "",
         )
 
@@ -266,17 +265,17 @@ class Evaluator:
             return
         best = score.get("mean", score.get("best"))  # weights-only payload, or the learner's full state
         if isinstance(best, (int, float)) and math.isfinite(best):
-            self.eval_best = float(best)
+            self.evals.best = float(best)
             log.info("resuming: %s holds a policy scoring %.1f; only a better one replaces it", path, best)
 
     def _counters(self) -> dict[str, float | int]:
-        reached = self.target_reached or {}
+        reached = self.evals.reached or {}
         return {
             "evaluations": self.evaluations,
             "weights_version": self.received_version,
             "evaluated_version": self.evaluated_version,
-            "eval_return": self.eval_last,
-            "eval_best": self.eval_best if math.isfinite(self.eval_best) else float("nan"),
+            "eval_return": self.evals.last,
+            "eval_best": self.evals.best_or_nan,
             "eval_seconds": self.eval_seconds,
             "target_time": reached.get("time", float("nan")),
             "bad_messages": self.weights.bad.count,

@@ -20,7 +20,7 @@ from zmqrl.agents import make_agent
 from zmqrl.checkpoint import load_resumable, save_checkpoint, save_periodic
 from zmqrl.config import Config
 from zmqrl.envs import EnvError, action_bounds, make_env, sample_spec
-from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, evaluate
+from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
 from zmqrl.memory import ReplayMemoryError, available_memory_bytes, format_bytes
 from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
 from zmqrl.ratelimit import NoLimit, RateLimiter, make_rate_limiter
@@ -136,10 +136,7 @@ class Learner:
         self._recent_lags: deque[int] = deque(maxlen=RECENT_LAGS)  # for the progress line and stats
         self._replay_ready = threading.Event()
         self._ingest_stop = threading.Event()
-        self.eval_last = float("nan")
-        self.eval_best = -float("inf")
-        self.eval_history: list[dict[str, float]] = []
-        self.target_reached: dict[str, float] | None = None
+        self.evals = EvalTracker(cfg.learner.target_return)
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -224,7 +221,7 @@ class Learner:
             if not self.stop_event.is_set():
                 self._train(eval_envs)
             finished = not self.stop_event.is_set()  # max_updates or max_seconds reached
-            last_eval = self.eval_history[-1]["updates"] if self.eval_history else -1
+            last_eval = self.evals.history[-1]["updates"] if self.evals.history else -1
             evaluates = not cfg.evaluator.enabled
             if evaluates and finished and last_eval != self.updates:  # the run's final word on quality
                 self._evaluate(eval_envs)
@@ -440,30 +437,17 @@ class Learner:
         tb.scalar("learner/bad_messages", self.receiver.bad.count, step)
 
     def _evaluate(self, eval_envs: list[Any]) -> EvalResult:
-        seed = self.cfg.run.seed + EVAL_SEED_OFFSET + len(self.eval_history) * len(eval_envs)
+        seed = self.cfg.run.seed + EVAL_SEED_OFFSET + len(self.evals.history) * len(eval_envs)
         result = evaluate(self.agent, eval_envs, seed=seed)
-        self.eval_last = result.mean
-        elapsed = time.monotonic() - self.started
-        record = {
-            "updates": self.updates,
-            "samples": self.samples,
-            "seconds": elapsed,
-            "time": time.time(),
-            "mean": result.mean,
-            "std": result.std,
-        }
-        self.eval_history.append(record)
+        _, improved = self.evals.add(
+            result, updates=self.updates, samples=self.samples, seconds=time.monotonic() - self.started
+        )
         self._tb.scalar("charts/eval_return", result.mean, self.updates)
         self._tb.scalar("charts/eval_return_std", result.std, self.updates)
-        improved = result.mean >= self.eval_best
         if improved:
-            self.eval_best = result.mean
             with self._lock:
                 payload = self._payload()
             save_checkpoint(self.run_dir / "checkpoints" / "best", payload)
-        target = self.cfg.learner.target_return
-        if target is not None and self.target_reached is None and result.mean >= target:
-            self.target_reached = record
         log.info(
             "eval @ %d updates: %.1f ± %.1f over %d episodes%s",
             self.updates,
@@ -496,12 +480,7 @@ class Learner:
         return {
             "agent": self.agent.state_dict(),
             "counters": counters,
-            "eval": {
-                "last": self.eval_last,
-                "best": self.eval_best,
-                "history": self.eval_history,
-                "target_reached": self.target_reached,
-            },
+            "eval": self.evals.state(),
             "replay_rng": self.replay.rng_state(),
             "config": self.cfg.to_dict(),
         }
@@ -544,11 +523,7 @@ class Learner:
         self.samples = int(counters["samples"])
         self.batches = int(counters.get("batches", 0))
         self.episodes = int(counters["episodes"])
-        ev = payload.get("eval", {})
-        self.eval_last = float(ev.get("last", float("nan")))
-        self.eval_best = float(ev.get("best", -float("inf")))
-        self.eval_history = list(ev.get("history", []))
-        self.target_reached = ev.get("target_reached")
+        self.evals.load_state(payload.get("eval", {}))
         if payload.get("replay_rng"):
             self.replay.set_rng_state(payload["replay_rng"])
         restored = 0
@@ -579,7 +554,7 @@ class Learner:
             samples, batches, episodes = self.samples, self.batches, self.episodes
             stale_batches, stale_samples = self.stale_batches, self.stale_samples
             lag = float(np.mean(self._recent_lags)) if self._recent_lags else math.nan
-        reached = self.target_reached or {}
+        reached = self.evals.reached or {}
         limits = self.limiter.stats
         return {
             "policy_lag": lag,
@@ -599,15 +574,15 @@ class Learner:
             "updates_per_s": self.updates / elapsed,
             "samples_per_s": samples / elapsed,
             "duration": elapsed,
-            "eval_return": self.eval_last,
-            "eval_best": self.eval_best if self.eval_history else float("nan"),
+            "eval_return": self.evals.last,
+            "eval_best": self.evals.best_or_nan,
             "target_time": reached.get("time", float("nan")),
             "target_samples": reached.get("samples", float("nan")),
             "target_updates": reached.get("updates", float("nan")),
         }
 
     def _final_stats(self) -> dict[str, Any]:
-        return {**self._counters(), "eval_history": self.eval_history, "endpoints": self.endpoints}
+        return {**self._counters(), "eval_history": self.evals.history, "endpoints": self.endpoints}
 
     def _write_stats(self) -> None:
         path = self.run_dir / "learner-stats.json"
