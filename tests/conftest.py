@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import zmq
 
 from zmqrl.config import Config, load_config
 
@@ -89,3 +90,11 @@ def run_root(tmp_path: Path) -> Iterator[Path]:
     for pid, _ in processes_mentioning(str(root)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context per test, destroyed without lingering so no socket outlives the test."""
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)

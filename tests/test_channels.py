@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -28,13 +27,6 @@ from zmqrl.transport.wire import SamplesMsg, StopMsg
 from zmqrl.types import TransitionBatch, Weights
 
 LIMITS = sockets.SocketLimits(samples_hwm=2, linger_ms=0)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 class FakeClock:

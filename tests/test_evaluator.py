@@ -9,7 +9,6 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,13 +114,6 @@ class LearnerDouble:
 
     def close(self) -> None:
         self.sock.close(0)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def evaluator_config(

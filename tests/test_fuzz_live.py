@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
 import numpy as np
-import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
@@ -23,13 +22,6 @@ from zmqrl.types import EpisodeStat, Weights
 
 MALFORMED_PER_KIND = 700  # x 15 kinds = 10,500 messages
 VALID_EVERY = 200  # one valid batch between this many malformed ones
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def frames_of(msg: wire.Message) -> list[bytes]:

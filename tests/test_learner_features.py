@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +26,6 @@ from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner, ReplayMemoryError, replay_footprint
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg, SampleSpec
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 class RecordingLogger:

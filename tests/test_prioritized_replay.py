@@ -17,30 +17,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_replay import OBS_DIM, make_batch
 from zmqrl.core import PrioritizedBuffer, ReplayBuffer
 from zmqrl.replay import INITIAL_MAX_PRIORITY, PrioritizedReplay
 from zmqrl.sumtree import SumTree
 from zmqrl.types import TransitionBatch
 
-OBS_DIM = 3
 # chi-square critical values at p = 0.001 for the degrees of freedom used below.
 CHI2_999 = {7: 24.32, 9: 27.88, 15: 37.70}
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def make_batch(ids: np.ndarray | list[int] | range, obs_dim: int = OBS_DIM) -> TransitionBatch:
-    """A batch whose every column is derived from a unique id, so a row can be checked alone."""
-    ids = np.asarray(ids, dtype=np.int64)
-    obs = np.repeat(ids[:, None], obs_dim, axis=1).astype(np.float32)
-    return TransitionBatch(
-        obs=obs,
-        action=ids % 2,
-        reward=ids.astype(np.float32),
-        next_obs=obs + 0.5,
-        discount=np.full(len(ids), 0.99, dtype=np.float32),
-    )
-
-
 def make_per(
     capacity: int, alpha: float = 0.6, eps: float = 1e-6, seed: int | None = 0, obs_dim: int = OBS_DIM
 ) -> PrioritizedReplay:

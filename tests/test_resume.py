@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,6 @@ from tests.test_roles import FakeSupervisor, start, with_transport
 from zmqrl.checkpoint import LATEST, load_resumable, save_periodic
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner, PublishedVersions
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def test_only_the_newest_periodic_checkpoints_are_kept_and_latest_points_at_the_newest(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +75,6 @@ class FakeLearner:
     def close(self) -> None:
         self.pull.close(0)
         self.pub.close(0)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def with_transport(cfg: Config, **endpoints: str) -> Config:

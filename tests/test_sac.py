@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
+from tests.test_dqn import params, same
 from zmqrl.agents import make_agent
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, SACAgent, squashed_gaussian_log_prob
@@ -46,14 +46,6 @@ def fake_batch(n: int = 32, seed: int = 2, discount: float = 0.97) -> Transition
         next_obs=rng.standard_normal((n, *OBS_SHAPE)).astype(np.float32),
         discount=np.full(n, discount, dtype=np.float32),
     )
-
-
-def params(net: nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in net.parameters()]
-
-
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def in_bounds(actions: np.ndarray) -> bool:

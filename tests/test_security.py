@@ -41,13 +41,6 @@ DEADLINE_S = 5.0
 
 
 @pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture
 def keys(tmp_path: Path) -> Path:
     keys_dir = tmp_path / "keys"
     create_keys(keys_dir)

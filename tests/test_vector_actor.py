@@ -70,13 +70,6 @@ if MARKER_ID not in gym.registry:
     gym.register(MARKER_ID, entry_point=MarkerEnv, max_episode_steps=MARKER_TIME_LIMIT)
 
 
-@pytest.fixture
-def ctx() -> Any:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def fresh_marker_envs() -> None:
     """Number the next MarkerEnv instances from 0 again (the actor's sub-envs are made in order)."""
     MarkerEnv.instances = itertools.count()
