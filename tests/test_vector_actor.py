@@ -20,10 +20,12 @@ import zmq
 
 from tests.conftest import tiny_config
 from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
+from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.agents.dqn import DQNAgent
+from zmqrl.agents.sac import SACAgent
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.exploration import apex_epsilon
-from zmqrl.roles import actor as actor_module
 from zmqrl.roles.actor import ACTOR_SEED_STRIDE, Actor
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg, SampleSpec
@@ -246,39 +248,32 @@ def test_sac_vector_actor_sends_no_priorities_and_bounded_actions(ctx: zmq.Conte
     assert actions.shape[1:] == (1,) and (np.abs(actions) <= 2.0).all()
 
 
-class _ConstantAgent:
-    def __init__(self, action: Any) -> None:
-        self.action = action
-        self.calls = 0
-
-    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        assert explore
-        self.calls += 1
-        return np.array([self.action] * obs.shape[0])
-
-
-def test_row_explorer_mixes_per_row_epsilon_discrete() -> None:
-    spec = SampleSpec((3,), "float32", (), "int64", num_actions=5)
-    explorer = actor_module._RowExplorer(spec, gym.spaces.Discrete(5), "int64", seed=0)
-    agent = _ConstantAgent(4)
+def test_per_row_epsilon_mixes_random_actions_into_dqn_rows() -> None:
+    agent = DQNAgent(DQNConfig(hidden_sizes=[8], device="cpu"), (3,), 5, seed=0)
     obs = np.zeros((3, 3), np.float32)
-    rows = np.stack([explorer.act(agent, obs, np.array([0.0, 1.0, 0.5])) for _ in range(2000)])
-    assert rows.dtype == np.int64 and (rows[:, 0] == 4).all(), "epsilon 0: always the agent's action"
-    assert set(rows[:, 1].tolist()) == set(range(5)) and abs((rows[:, 1] == 4).mean() - 0.2) < 0.05
-    assert abs((rows[:, 2] != 4).mean() - 0.5 * 0.8) < 0.05
-    calls = agent.calls
-    explorer.act(agent, obs, np.ones(3))
-    assert agent.calls == calls, "when every row explores, the agent is not called"
+    greedy = int(agent.act(obs[:1], explore=False)[0])
+    agent.epsilon = np.array([0.0, 1.0, 0.5])  # one per row, as a vector actor's sub-envs
+    rows = np.stack([agent.act(obs, explore=True) for _ in range(2000)])
+    assert rows.dtype == np.int64 and (rows[:, 0] == greedy).all(), "epsilon 0: always the agent's action"
+    assert set(rows[:, 1].tolist()) == set(range(5)) and abs((rows[:, 1] == greedy).mean() - 0.2) < 0.05
+    assert abs((rows[:, 2] != greedy).mean() - 0.5 * 0.8) < 0.05
+    agent.epsilon = np.ones(3)
+    agent._numpy_q = None  # would be needed only if the network were evaluated
+    agent.online = None  # type: ignore[assignment]
+    assert agent.act(obs, explore=True).shape == (3,), "when every row explores, the network is not called"
 
 
-def test_row_explorer_continuous_samples_the_action_space() -> None:
-    space = gym.spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32)
-    spec = SampleSpec((3,), "float32", (2,), "float32", num_actions=None)
-    explorer = actor_module._RowExplorer(spec, space, "float32", seed=0)
-    agent = _ConstantAgent([9.0, 9.0])  # out of bounds: marks the agent's rows
-    rows = np.stack(
-        [explorer.act(agent, np.zeros((2, 3), np.float32), np.array([0.0, 1.0])) for _ in range(200)]
+def test_per_row_epsilon_gives_uniform_actions_in_bounds_for_sac() -> None:
+    agent = SACAgent(
+        SACConfig(hidden_sizes=[8], device="cpu"),
+        (3,),
+        2,
+        action_low=np.full(2, -2.0, np.float32),
+        action_high=np.full(2, 2.0, np.float32),
+        seed=0,
     )
+    obs = np.zeros((2, 3), np.float32)
+    agent.epsilon = np.array([0.0, 1.0])
+    rows = np.stack([agent.act(obs, explore=True) for _ in range(200)])
     assert rows.dtype == np.float32 and rows.shape == (200, 2, 2)
-    assert (rows[:, 0] == 9.0).all()
-    assert (np.abs(rows[:, 1]) <= 2.0).all() and rows[:, 1].std() > 0.5
+    assert (np.abs(rows) <= 2.0).all() and rows[:, 1].std() > 0.5  # uniform over [-2, 2]

@@ -43,8 +43,9 @@ class Agent(Protocol):
         """Actions for a batch of observations ``(B, *obs_shape)``; explore=False is greedy."""
         ...
 
-    epsilon: float
-    """Probability that ``act(explore=True)`` takes a uniformly random action (set by the actor)."""
+    epsilon: float | np.ndarray
+    """Probability that ``act(explore=True)`` takes a uniformly random action (set by the actor):
+    one for every row, or one per row of ``obs`` (a vector actor's sub-envs)."""
 
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
         """One gradient step on ``batch``; returns scalar metrics (e.g. ``loss``, ``q_mean``).

@@ -18,7 +18,7 @@ def make_agent(
     config: AgentConfig,
     spec: SampleSpec,
     *,
-    epsilon: float = 0.0,
+    epsilon: float | np.ndarray = 0.0,
     device: str | None = None,
     seed: int | None = None,
     action_low: np.ndarray | None = None,

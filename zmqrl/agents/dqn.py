@@ -36,7 +36,7 @@ class DQNAgent:
         obs_shape: tuple[int, ...],
         n_actions: int,
         *,
-        epsilon: float = 0.0,
+        epsilon: float | np.ndarray = 0.0,
         device: str | None = None,
         seed: int | None = None,
     ) -> None:
@@ -60,7 +60,8 @@ class DQNAgent:
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
 
-        self.epsilon = float(epsilon)
+        # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
+        self.epsilon: float | np.ndarray = epsilon
         self.updates = 0
         self._sync = PublishedModule(self.online)  # version and dirty flag of what actors get
         self._td_errors = np.zeros(0, dtype=np.float32)
@@ -86,7 +87,9 @@ class DQNAgent:
 
         Each row explores independently. When every row explores, the network is not evaluated.
         """
-        if explore and self.epsilon > 0.0:
+        eps = self.epsilon
+        # np.any costs ~1 µs per call: keep the scalar test for the single-env actor's hot path.
+        if explore and (eps > 0.0 if isinstance(eps, float) else bool(np.any(eps > 0.0))):
             explore_rows = self.rng.random(obs.shape[0]) < self.epsilon
             n_random = int(np.count_nonzero(explore_rows))
             if n_random == obs.shape[0]:
@@ -292,7 +295,7 @@ class DQNAgent:
             "updates": self.updates,
             "version": self._sync.version,
             "dirty": self._sync.dirty,
-            "epsilon": self.epsilon,
+            "epsilon": float(np.mean(self.epsilon)),
             "rng": self.rng.bit_generator.state,
         }
 

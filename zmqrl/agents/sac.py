@@ -150,7 +150,7 @@ class SACAgent:
         *,
         action_low: np.ndarray | None = None,
         action_high: np.ndarray | None = None,
-        epsilon: float = 0.0,
+        epsilon: float | np.ndarray = 0.0,
         device: str | None = None,
         seed: int | None = None,
     ) -> None:
@@ -192,7 +192,8 @@ class SACAgent:
         self._scale_t = torch.as_tensor(self._scale, device=self.device)
         self._shift_t = torch.as_tensor(self._shift, device=self.device)
 
-        self.epsilon = float(epsilon)
+        # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
+        self.epsilon: float | np.ndarray = epsilon
         self.updates = 0
         self._sync = PublishedModule(self.policy)  # version and dirty flag of what actors get
         self._td_errors = np.zeros(0, dtype=np.float32)
@@ -224,7 +225,9 @@ class SACAgent:
         """
         n = obs.shape[0]
         n_random = 0
-        if explore and self.epsilon > 0.0:
+        eps = self.epsilon
+        # np.any costs ~1 µs per call: keep the scalar test for the single-env actor's hot path.
+        if explore and (eps > 0.0 if isinstance(eps, float) else bool(np.any(eps > 0.0))):
             random_rows = self.rng.random(n) < self.epsilon
             n_random = int(np.count_nonzero(random_rows))
             if n_random == n:
@@ -403,7 +406,7 @@ class SACAgent:
             "updates": self.updates,
             "version": self._sync.version,
             "dirty": self._sync.dirty,
-            "epsilon": self.epsilon,
+            "epsilon": float(np.mean(self.epsilon)),
             "rng": self.rng.bit_generator.state,
             "noise_device": self.device.type,
             "noise": self._noise.get_state(),

@@ -10,7 +10,6 @@ i.e. sub-env steps that are not a NEXT_STEP autoreset step.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -74,8 +73,6 @@ class Actor:
         self.paced_seconds = 0.0
         self.priority_seconds = 0.0
         self.num_envs = cfg.actor.envs_per_actor
-        # Per-sub-env exploration of a vector actor (None for a single env: agent.epsilon is used).
-        self._env_epsilons: np.ndarray | None = None
         self._recent_returns: deque[float] = deque(maxlen=20)
         self._bad_priorities_logged = False
 
@@ -106,18 +103,15 @@ class Actor:
         self._epsilon_decay = 0 if self.replacement else cfg.actor.epsilon_decay_steps
         self._epsilon_schedule = LinearSchedule(1.0, self.epsilon, self._epsilon_decay)
         env: Any
+        initial_epsilon: float | np.ndarray
         if num_envs == 1:
             env = make_env(cfg.env)
             spec = sample_spec(env)
-            action_space = env.action_space
             initial_epsilon = self._epsilon_schedule(0)
         else:
             env = make_vector_env(cfg.env, num_envs, training=True)
             spec = sample_spec(env)
-            action_space = env.single_action_space
-            # The agent acts without epsilon; the actor mixes in random actions per row.
-            initial_epsilon = 0.0
-            self._env_epsilons = self._sub_env_epsilons(np.zeros(num_envs))
+            initial_epsilon = self._sub_env_epsilons(np.zeros(num_envs))  # one per sub-env (row)
         bounds = action_bounds(env)
         self.agent = make_agent(
             cfg.agent,
@@ -157,7 +151,7 @@ class Actor:
                     steps = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
                     self._loop(env, steps, spec.obs_dtype, spec.action_dtype, seed)
                 else:
-                    self._vector_loop(env, spec, action_space, seed)
+                    self._vector_loop(env, spec, seed)
             state = "stopped"
         finally:
             self.stats = {**self._counters(), "state": state, "stop_reason": self.link.stop_reason}
@@ -214,7 +208,7 @@ class Actor:
                 seq += 1
                 pending, finished = [], []
 
-    def _vector_loop(self, env: Any, spec: SampleSpec, action_space: Any, seed: int) -> None:
+    def _vector_loop(self, env: Any, spec: SampleSpec, seed: int) -> None:
         """``_loop`` for E > 1 sub-envs: one batched ``act`` and one ``env.step`` per iteration.
 
         Counters, pacing, weight polls, housekeeping and ``max_steps`` go by real env transitions
@@ -230,20 +224,15 @@ class Actor:
         step_period = 1.0 / cfg.actor.max_steps_per_s if cfg.actor.max_steps_per_s else 0.0
         obs_dtype, action_dtype = spec.obs_dtype, spec.action_dtype
         agent = self.agent
-        agent.epsilon = 0.0  # exploration is mixed in per row by _explore
         vec = VectorNStep(num_envs, cfg.agent.n_step, cfg.agent.gamma)
-        explorer = _RowExplorer(spec, action_space, action_dtype, seed)
-        # SyncVectorEnv(copy=True), the default, returns fresh arrays; transitions keep row views.
-        copy_obs = getattr(env, "copy", True) is False
         pending: list[Transition] = []
         pending_version = agent.weights_version
         finished: list[EpisodeStat] = []
         seq = 0
         next_poll = next_housekeeping = paced_steps = 0
+        # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each step, so
+        # transitions may keep row views of them.
         obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
-        if copy_obs:
-            obs = np.array(obs)
-        epsilons = self._sub_env_epsilons(np.asarray(vec.env_steps))
         while True:
             if self.steps >= next_poll:
                 self._sync_weights()
@@ -251,17 +240,15 @@ class Actor:
             if self.steps >= next_housekeeping:
                 if self.link.tick(self._counters):
                     break
-                epsilons = self._env_epsilons = self._sub_env_epsilons(np.asarray(vec.env_steps))
+                agent.epsilon = self._sub_env_epsilons(np.asarray(vec.env_steps))
                 if step_period:
                     self._pace(step_period, self.steps - paced_steps)
                     paced_steps = self.steps
                 next_housekeeping = self.steps + HOUSEKEEPING_EVERY
             if max_steps is not None and self.steps >= max_steps:
                 break
-            actions = explorer.act(agent, obs, epsilons)
+            actions = agent.act(obs, explore=True)  # each row explores at its sub-env's epsilon
             next_obs, rewards, terminated, truncated, _ = env.step(actions)
-            if copy_obs:
-                next_obs = np.array(next_obs)
             if not pending:
                 pending_version = agent.weights_version
             pending.extend(vec.step(obs, actions, rewards, terminated, truncated, next_obs))
@@ -377,7 +364,6 @@ class Actor:
 
     def _counters(self) -> dict[str, float | int]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        eps = self._env_epsilons
         return {
             "envs": self.num_envs,
             "steps": self.steps,
@@ -387,7 +373,7 @@ class Actor:
             "weights_version": self.agent.weights_version,
             "weights_loaded": self.weights_loaded,
             # A vector actor reports the mean of its sub-envs' epsilons.
-            "epsilon": self.agent.epsilon if eps is None else float(eps.mean()),
+            "epsilon": float(np.mean(self.agent.epsilon)),
             "steps_per_s": self.steps / elapsed,
             "samples_per_s": self.samples_sent / elapsed,
             "blocked_seconds": self.sender.blocked_seconds,
@@ -397,40 +383,3 @@ class Actor:
             "recent_return": float(np.mean(self._recent_returns)) if self._recent_returns else float("nan"),
             "duration": elapsed,
         }
-
-
-class _RowExplorer:
-    """Epsilon-greedy acting for a batch of sub-envs, each row with its own epsilon.
-
-    ``Agent.epsilon`` is one float per agent, so the mixing happens here: the agent acts with
-    ``explore=True`` at epsilon 0 (greedy for DQN; the policy's own sampling for stochastic
-    policies), then each row is replaced, with its own probability, by a uniformly random action
-    (``rng.integers`` for discrete actions, the action space's ``sample`` for continuous ones). When
-    every row explores, the agent is not called at all.
-    """
-
-    def __init__(self, spec: SampleSpec, action_space: Any, action_dtype: str, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.num_actions = spec.num_actions
-        self.action_dtype = np.dtype(action_dtype)
-        self.action_shape = spec.action_shape
-        self.space: Any = None
-        if self.num_actions is None:
-            self.space = copy.deepcopy(action_space)
-            self.space.seed(seed)
-
-    def _random(self, count: int) -> np.ndarray:
-        if self.num_actions is not None:
-            return self.rng.integers(self.num_actions, size=count, dtype=np.int64)
-        return np.array([self.space.sample() for _ in range(count)], dtype=self.action_dtype)
-
-    def act(self, agent: Any, obs: np.ndarray, epsilons: np.ndarray) -> np.ndarray:
-        rows = obs.shape[0]
-        explore = self.rng.random(rows) < epsilons
-        n_random = int(np.count_nonzero(explore))
-        if n_random == rows:
-            return self._random(rows)
-        actions = np.array(agent.act(obs, explore=True), dtype=self.action_dtype)
-        if n_random:
-            actions[explore] = self._random(n_random)
-        return actions
