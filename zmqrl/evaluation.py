@@ -118,15 +118,17 @@ def evaluate(
 def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> Agent:
     """A CPU agent sized for ``env`` (a continuous policy also needs the env's action bounds)."""
     from zmqrl.agents import make_agent
-    from zmqrl.envs import sample_spec
+    from zmqrl.envs import action_bounds, sample_spec
 
-    spec = sample_spec(env)
-    bounds: dict[str, Any] = {}
-    if spec.num_actions is None:
-        space = env.action_space
-        assert isinstance(space, gym.spaces.Box)  # sample_spec accepts only Box or Discrete
-        bounds = {"action_low": space.low, "action_high": space.high}
-    return make_agent(cfg.agent, spec, device="cpu", seed=seed, **bounds)
+    bounds = action_bounds(env)
+    return make_agent(
+        cfg.agent,
+        sample_spec(env),
+        device="cpu",
+        seed=seed,
+        action_low=bounds.get("action_low"),
+        action_high=bounds.get("action_high"),
+    )
 
 
 def load_policy(agent: Agent, payload: dict[str, Any], path: Path) -> None:
