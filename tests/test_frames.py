@@ -123,3 +123,39 @@ def test_shared_frames_prioritized_replay_matches_the_dense_one() -> None:
 def test_shared_frames_need_image_observations() -> None:
     with pytest.raises(ValueError, match="share_frames"):
         SharedFramesReplay(10, (4,), np.float32, (), np.int64)
+
+
+def pool_state(pool: FramePool) -> tuple[object, ...]:
+    return pool._refs.tolist(), list(pool._free), pool._unused, dict(pool._slot_of), pool.live
+
+
+def test_undo_interns_restores_the_pool_exactly() -> None:
+    """Slots taken from the free list go back in the same order, untouched ones become untouched."""
+    pool = FramePool(8, (2,))
+    kept = pool.intern(np.array([[1, 1], [2, 2], [3, 3], [4, 4]], np.uint8))
+    pool.release(kept[1:3])  # two free slots, and four never written
+    before = pool_state(pool)
+    journal: list[frames.Taken] = []
+    first = pool.intern(np.array([[1, 1], [5, 5], [6, 6]], np.uint8), journal)  # 1 shared, 2 new
+    second = pool.intern(np.array([[7, 7], [5, 5], [8, 8]], np.uint8), journal)  # reuses 5
+    assert len(journal) == 4 and pool._unused == 6
+    pool.undo_interns([first, second], journal)
+    assert pool_state(pool) == before and journal == []
+
+
+def test_a_failing_intern_or_release_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = FramePool(3, (2,))
+    ids = pool.intern(np.array([[1, 1], [2, 2]], np.uint8))
+    before = pool_state(pool)
+    with pytest.raises(frames.FramePoolFull):  # two new planes, one free slot
+        pool.intern(np.array([[3, 3], [1, 1], [4, 4]], np.uint8))
+    assert pool_state(pool) == before
+    with pytest.raises(ValueError, match="more often"):
+        pool.release(np.array([ids[0], ids[0]]))
+    assert pool_state(pool) == before
+
+
+def test_slots_for_covers_a_full_buffer_plus_a_full_batch() -> None:
+    assert frames.slots_for(100, 4) == 2 * 4 * (100 + 100)
+    assert frames.slots_for(100, 4, max_rows=10) == 2 * 4 * 110
+    assert frames.slots_for(100, 4, max_rows=10**6) == frames.slots_for(100, 4)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tests.test_replay import OBS_DIM, make_batch
 from zmqrl.core import PrioritizedBuffer, ReplayBuffer
-from zmqrl.replay import INITIAL_MAX_PRIORITY, PrioritizedReplay
+from zmqrl.replay import DEFAULT_MAX_INITIAL_PRIORITY_RATIO, INITIAL_MAX_PRIORITY, PrioritizedReplay
 from zmqrl.sumtree import SumTree
 from zmqrl.types import TransitionBatch
 
@@ -34,6 +34,13 @@ def make_per(
     return PrioritizedReplay(
         capacity, (obs_dim,), np.float32, (), np.int64, seed=seed, alpha=alpha, priority_eps=eps
     )
+
+
+def add_measured(buf: PrioritizedReplay, ids: range, raw: np.ndarray) -> None:
+    """Add rows and give them priorities as the learner does (``update_priorities``), which are
+    not bounded the way actor-sent ones are."""
+    buf.add(make_batch(ids))
+    buf.update_priorities(np.asarray(ids, dtype=np.int64), raw)
 
 
 def assert_rows_consistent(batch: TransitionBatch) -> None:
@@ -195,7 +202,7 @@ def test_sampling_proportional_to_priority_power_alpha() -> None:
     alpha, eps = 0.6, 0.01
     raw = np.array([0.0, 0.05, 0.1, 0.3, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
     buf = make_per(len(raw), alpha=alpha, eps=eps, seed=11)
-    buf.add_with_priorities(make_batch(range(len(raw))), raw)
+    add_measured(buf, range(len(raw)), raw)
     counts = np.zeros(len(raw))
     for _ in range(100):
         batch, ids, _ = buf.sample_prioritized(1000, beta=0.4)
@@ -211,7 +218,7 @@ def test_sampling_proportional_to_priority_power_alpha() -> None:
 def test_plain_sample_is_prioritized_too() -> None:
     raw = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 93.0])
     buf = make_per(8, alpha=1.0, eps=0.0, seed=3)
-    buf.add_with_priorities(make_batch(range(8)), raw)
+    add_measured(buf, range(8), raw)
     counts = np.bincount(buf.sample(50_000).reward.astype(int), minlength=8)
     assert chi2_of(counts, raw / raw.sum()) < CHI2_999[7]
 
@@ -248,16 +255,18 @@ def test_importance_weights_hand_computed() -> None:
         np.testing.assert_allclose(w, [expected[i] for i in ids.tolist()], rtol=1e-6)
 
 
-def test_new_rows_get_running_max_priority() -> None:
+def test_new_rows_get_the_largest_priority_the_learner_has_given() -> None:
     alpha, eps = 0.5, 1e-6
     buf = make_per(16, alpha=alpha, eps=eps)
     assert buf.max_priority == INITIAL_MAX_PRIORITY
     buf.add(make_batch([0, 1]))
     np.testing.assert_allclose(buf.priorities_of(np.array([0, 1])), (1.0 + eps) ** alpha)
+    # An actor's priorities are stored (within the bound) but do not move the running max.
     buf.add_with_priorities(make_batch([2, 3]), np.array([5.0, 2.0]))
-    assert buf.max_priority == 5.0
+    np.testing.assert_allclose(buf.priorities_of(np.array([2, 3])), (np.array([5.0, 2.0]) + eps) ** alpha)
+    assert buf.max_priority == INITIAL_MAX_PRIORITY
     buf.add(make_batch([4]))
-    np.testing.assert_allclose(buf.priorities_of(np.array([4])), (5.0 + eps) ** alpha)
+    np.testing.assert_allclose(buf.priorities_of(np.array([4])), (1.0 + eps) ** alpha)
     buf.update_priorities(np.array([0]), np.array([9.0]))
     buf.add(make_batch([5]))
     np.testing.assert_allclose(buf.priorities_of(np.array([0, 5])), (9.0 + eps) ** alpha)
@@ -306,7 +315,8 @@ def test_batch_larger_than_capacity_keeps_newest_with_their_priorities() -> None
     np.testing.assert_array_equal(ids, batch.reward.astype(np.int64))  # id == insertion ordinal
     assert set(ids.tolist()) <= {7, 8, 9, 10}
     assert_rows_consistent(batch)
-    assert buf.max_priority == 10.0
+    assert buf.max_priority == INITIAL_MAX_PRIORITY  # actor-sent priorities never raise it
+    assert buf.clipped_priorities == 0  # 10 is exactly the bound (ratio 10 x max 1), not above it
     # FIFO continues: the next row overwrites the oldest survivor (7).
     buf.add(make_batch([11]))
     np.testing.assert_array_equal(buf.snapshot().reward, [8, 9, 10, 11])
@@ -428,19 +438,21 @@ def test_restore_partial_and_into_non_empty_buffer() -> None:
     ),
 )
 def test_model_based_priorities(capacity: int, ops: list[tuple[str, object, bool]]) -> None:
-    """Random adds/updates against a dict model {live ordinal: raw priority}."""
-    alpha, eps = 0.5, 0.25
+    """Random adds/updates against a dict model {live ordinal: raw priority}. Actor priorities
+    (up to 40, above the bound of 10 x the running max at first) are clipped to the bound; only
+    updates (the learner's priorities) raise the running max."""
+    alpha, eps, ratio = 0.5, 0.25, DEFAULT_MAX_INITIAL_PRIORITY_RATIO
     buf = make_per(capacity, alpha=alpha, eps=eps)
     model: dict[int, float] = {}
-    running_max, next_id, rng = 1.0, 0, np.random.default_rng(0)
+    running_max, next_id, clipped, rng = 1.0, 0, 0, np.random.default_rng(0)
     for kind, arg, flag in ops:
         if kind == "add":
             n = int(arg)  # type: ignore[call-overload]
-            pri = rng.integers(0, 8, size=n).astype(np.float64) if flag else None
+            pri = rng.integers(0, 41, size=n).astype(np.float64) if flag else None
             buf.add_with_priorities(make_batch(range(next_id, next_id + n)), pri)
-            vals = [running_max] * n if pri is None else pri.tolist()
-            if pri is not None and n:
-                running_max = max(running_max, float(pri[max(0, n - capacity) :].max()))
+            vals = [running_max] * n if pri is None else np.minimum(pri, ratio * running_max).tolist()
+            if pri is not None:
+                clipped += int(np.count_nonzero(pri[max(0, n - capacity) :] > ratio * running_max))
             model.update(zip(range(next_id, next_id + n), vals, strict=True))
             next_id += n
             model = {k: v for k, v in model.items() if k >= next_id - capacity}
@@ -453,7 +465,7 @@ def test_model_based_priorities(capacity: int, ops: list[tuple[str, object, bool
                     model[i] = p
                     running_max = max(running_max, p)
     assert len(buf) == len(model) and buf.total_added == next_id
-    assert buf.max_priority == running_max
+    assert buf.max_priority == running_max and buf.clipped_priorities == clipped
     if model:
         keys = np.array(sorted(model))
         expected = (np.array([model[k] for k in keys]) + eps) ** alpha
@@ -518,3 +530,62 @@ def test_concurrent_add_sample_update() -> None:
     assert np.isfinite(pri).all() and (pri > 0).all()
     assert buf.total_priority == pytest.approx(pri.sum(), rel=1e-9)
     assert_tree_consistent(buf._tree)
+
+
+# ------------------------------------------------------------------------- hostile actor priorities
+def test_actor_priorities_are_clipped_to_a_multiple_of_the_learners_max() -> None:
+    alpha, eps, ratio = 0.6, 1e-6, DEFAULT_MAX_INITIAL_PRIORITY_RATIO
+    buf = make_per(16, alpha=alpha, eps=eps)
+    # Before the learner has measured anything, the bound is ratio x INITIAL_MAX_PRIORITY.
+    buf.add_with_priorities(make_batch([0, 1, 2]), np.array([3e38, 5.0, 0.5]))
+    expected = np.array([ratio * INITIAL_MAX_PRIORITY, 5.0, 0.5])
+    np.testing.assert_allclose(buf.priorities_of(np.arange(3)), (expected + eps) ** alpha)
+    assert buf.clipped_priorities == 1 and buf.max_priority == INITIAL_MAX_PRIORITY
+    buf.add(make_batch([3]))  # a row without a priority is not poisoned either
+    np.testing.assert_allclose(buf.priorities_of(np.array([3])), (INITIAL_MAX_PRIORITY + eps) ** alpha)
+    # The learner's own priorities are not clipped, and they move the bound.
+    buf.update_priorities(np.array([0]), np.array([40.0]))
+    assert buf.max_priority == 40.0
+    buf.add_with_priorities(make_batch([4, 5]), np.array([1e30, 399.0]))
+    np.testing.assert_allclose(buf.priorities_of(np.array([4, 5])), (np.array([400.0, 399.0]) + eps) ** alpha)
+    assert buf.clipped_priorities == 2 and buf.max_priority == 40.0
+
+
+def test_bad_actor_priorities_are_still_rejected_with_nothing_changed() -> None:
+    buf = make_per(8)
+    buf.add_with_priorities(make_batch(range(4)), np.full(4, 1e30))
+    total, clipped = buf.total_priority, buf.clipped_priorities
+    for bad in (np.nan, np.inf, -np.inf, -1.0):
+        with pytest.raises(ValueError, match="finite"):
+            buf.add_with_priorities(make_batch([4, 5]), np.array([1e30, bad]))
+    assert (buf.total_priority, buf.clipped_priorities, len(buf)) == (total, clipped, 4)
+    assert buf.max_priority == INITIAL_MAX_PRIORITY
+    with pytest.raises(ValueError, match="max_initial_priority_ratio"):
+        PrioritizedReplay(4, (1,), np.float32, (), np.int64, max_initial_priority_ratio=0.5)
+
+
+@pytest.mark.parametrize("hostile", [3e38, 1e30, 1e6])
+def test_a_hostile_actor_cannot_starve_the_others_rows(hostile: float) -> None:
+    """Two actors insert alternately, one honest (priorities ~1), one sending ``hostile`` for
+    every row; a simulated learner samples a batch per insert pair and writes back true |TD|
+    (~1 for both actors' rows). The honest half of the data must keep a fair share of the draws
+    (unbounded, the hostile rows took all of them and max_priority became ``hostile``)."""
+    rows, steps, warmup = 32, 300, 50
+    buf = make_per(1024, alpha=0.6, seed=7)
+    rng = np.random.default_rng(1)
+    next_id, honest_draws, draws = 0, 0, 0
+    for step in range(steps):
+        for priorities in (rng.uniform(0.5, 1.5, rows), np.full(rows, hostile)):
+            buf.add_with_priorities(make_batch(range(next_id, next_id + rows)), priorities)
+            next_id += rows
+        _, ids, _ = buf.sample_prioritized(2 * rows, beta=0.4)
+        if step >= warmup:
+            honest_draws += int(np.count_nonzero((ids // rows) % 2 == 0))  # even batches: honest
+            draws += ids.size
+        buf.update_priorities(ids, rng.uniform(0.5, 1.5, ids.size))
+    assert honest_draws / draws >= 0.25
+    assert buf.max_priority <= 1.5  # only the learner's priorities count
+    assert buf.clipped_priorities == steps * rows  # every hostile row, no honest one
+    bound = (buf.max_initial_priority_ratio * buf.max_priority + buf.priority_eps) ** buf.alpha
+    live = np.arange(next_id - buf.capacity, next_id)
+    assert buf.priorities_of(live).max() <= bound

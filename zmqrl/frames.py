@@ -10,10 +10,25 @@ plane), confirmed by comparing the bytes on a hit, so the wire format and the ac
 about the sharing. Each plane is reference-counted by the replay rows that use it and its slot is
 reused when the count drops to zero.
 
-The pool is sized for the worst case (no two planes alike), so it can never run out, but that
-size is only *reserved*: on Linux the planes live in an anonymous mapping made with MAP_NORESERVE,
-whose pages become resident when first written, and freed slots are reused before untouched ones,
-so resident memory follows the number of distinct live planes.
+How many slots (``slots_for``): a replay add is a transaction (zmqrl/replay.py), so the rows it
+overwrites keep their planes until every new plane is stored; only then are the old ones
+released. That is what lets a failed add leave the pool exactly as it was, and it means a plane
+shared by an overwritten row and a new one is never freed and copied back. The price is the peak:
+
+    Claim: with ``2 * planes * (capacity + max_rows)`` slots, ``intern`` never runs out while a
+    buffer of ``capacity`` rows adds ``m <= max_rows`` rows.
+    Proof: a slot is in use only while a row references it, or while the ``intern`` call storing
+    a plane of a new row has just taken it. Every row, stored or being added, names ``2 * planes``
+    plane ids, so the slots in use never exceed ``2 * planes`` times the rows involved: the
+    ``s <= capacity`` rows stored before the add (all still holding their planes) plus the ``m``
+    new ones. A replay add keeps at most ``capacity`` rows of a batch, so ``max_rows = capacity``
+    covers every batch size, and the bound is tight: a full buffer of distinct (noise) frames
+    receiving a ``capacity``-row batch of new distinct frames uses every slot.
+
+That size is only *reserved*: on Linux the planes (and the per-slot counts and digests) live in
+anonymous mappings made with MAP_NORESERVE, whose pages become resident when first written, and
+freed slots are reused before untouched ones, so resident memory follows the largest number of
+distinct planes ever live at once, not the reservation.
 
 Not thread-safe on its own: the owning replay buffer serialises access.
 """
@@ -23,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -36,9 +52,20 @@ IntArray = npt.NDArray[np.int64]
 # mmap flag (Linux, every architecture zmqrl runs on): reserve address space without committing.
 _LINUX_MAP_NORESERVE = 0x4000
 
+# One entry of an intern journal: (slot, came from the never-written range rather than the free list).
+Taken = tuple[int, bool]
+
+
+def slots_for(capacity: int, planes: int, max_rows: int | None = None) -> int:
+    """Slots a pool needs so that a buffer of ``capacity`` rows of ``planes``-plane observations
+    (obs and next_obs) can add ``max_rows`` rows at once (default: any batch) as a transaction;
+    see the module docstring for the proof."""
+    rows = capacity if max_rows is None else min(max_rows, capacity)
+    return 2 * planes * (capacity + rows)
+
 
 class FramePoolFull(RuntimeError):
-    """More distinct planes are live than the pool was sized for."""
+    """More distinct planes are live than the pool was sized for (a sizing bug: see ``slots_for``)."""
 
 
 class FramePool:
@@ -48,8 +75,9 @@ class FramePool:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.planes = _reserve((slots, *plane_shape), np.dtype(dtype))
-        self._refs = np.zeros(slots, dtype=np.int64)
-        self._digest_of: list[bytes | None] = [None] * slots
+        self._refs: IntArray = _reserve((slots,), np.dtype(np.int64))
+        # Digest of the plane each in-use slot holds: a slot leaves the index under this key.
+        self._digests = _reserve((slots, DIGEST_BYTES), np.dtype(np.uint8))
         self._slot_of: dict[bytes, int] = {}
         self._free: list[int] = []  # released slots, reused first (they are already resident)
         self._unused = 0  # slots >= this were never written: their pages are not yet resident
@@ -60,64 +88,97 @@ class FramePool:
 
     @property
     def live(self) -> int:
-        """Distinct planes currently referenced."""
-        return len(self._slot_of)
+        """Slots holding a referenced plane (distinct planes, barring a digest collision)."""
+        return self._unused - len(self._free)
 
     @property
     def nbytes(self) -> int:
-        return int(self.planes.nbytes + self._refs.nbytes)
+        """Bytes reserved (address space; resident memory follows ``live``)."""
+        return int(self.planes.nbytes + self._refs.nbytes + self._digests.nbytes)
 
-    def intern(self, planes: np.ndarray) -> IntArray:
+    def intern(self, planes: np.ndarray, journal: list[Taken] | None = None) -> IntArray:
         """Slot ids for ``planes`` ``(k, *plane_shape)``, storing the ones not yet in the pool; each
-        returned id gains one reference. Raises FramePoolFull, with nothing changed, when the new
-        distinct planes do not fit."""
+        returned id gains one reference.
+
+        All or nothing: if anything raises (FramePoolFull when the new distinct planes do not fit),
+        the pool is left exactly as it was. ``journal``, when given, records the slots taken, so a
+        caller whose larger transaction fails later can hand them back with ``undo_interns``.
+        """
         planes = np.ascontiguousarray(planes)
         out = np.empty(planes.shape[0], dtype=np.int64)
-        added: list[int] = []
+        taken: list[Taken] = []
         try:
             for i in range(planes.shape[0]):
                 plane = planes[i]
                 digest = hashlib.blake2b(plane.data, digest_size=DIGEST_BYTES).digest()
                 slot = self._slot_of.get(digest)
                 if slot is None or not np.array_equal(self.planes[slot], plane):
-                    slot = self._take_slot()
-                    added.append(slot)
+                    slot = self._take_slot(taken)
                     self.planes[slot] = plane
-                    if digest not in self._slot_of:  # else a (never yet seen) collision: unindexed
-                        self._slot_of[digest] = slot
-                        self._digest_of[slot] = digest
+                    self._digests[slot] = np.frombuffer(digest, dtype=np.uint8)
+                    # An existing key means a (never yet seen) collision: that slot stays unindexed.
+                    self._slot_of.setdefault(digest, slot)
                 out[i] = slot
-        except FramePoolFull:
-            for slot in added:  # undo: the rows that would have used them are not written
-                self._forget(slot)
+        except BaseException:
+            self._untake(taken)  # the rows that would have used them are not written
             raise
         np.add.at(self._refs, out, 1)
+        if journal is not None:
+            journal.extend(taken)
         return out
 
+    def undo_interns(self, ids: Sequence[np.ndarray], journal: list[Taken]) -> None:
+        """Exactly undo the ``intern`` calls that returned ``ids`` and filled ``journal`` (the most
+        recent ones): references, index, free list and untouched range as before them."""
+        for got in ids:
+            np.subtract.at(self._refs, got, 1)
+        self._untake(journal)
+
     def release(self, ids: np.ndarray) -> None:
-        """Drop one reference per id; slots that reach zero become free."""
+        """Drop one reference per id; slots that reach zero become free. Checked before anything
+        changes, so an id without a reference (a caller's bug) raises with the pool intact."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             return
-        np.subtract.at(self._refs, ids, 1)
-        for slot in np.unique(ids[self._refs[ids] == 0]).tolist():
+        slots, counts = np.unique(ids, return_counts=True)
+        after = self._refs[slots] - counts
+        if int(after.min()) < 0:
+            raise ValueError("released a plane id more often than it was referenced")
+        self._refs[slots] = after
+        for slot in slots[after == 0].tolist():
             self._forget(slot)
 
-    def _take_slot(self) -> int:
+    def _take_slot(self, taken: list[Taken]) -> int:
         if self._free:
-            return self._free.pop()
+            slot = self._free.pop()
+            taken.append((slot, False))
+            return slot
         if self._unused < self.slots:
             self._unused += 1
+            taken.append((self._unused - 1, True))
             return self._unused - 1
         raise FramePoolFull(f"all {self.slots} plane slots hold live planes")
 
+    def _untake(self, taken: list[Taken]) -> None:
+        """Return taken slots, newest first, to exactly where they came from."""
+        for slot, was_unused in reversed(taken):
+            self._unindex(slot)
+            self._refs[slot] = 0
+            if was_unused:
+                self._unused -= 1
+            else:
+                self._free.append(slot)
+        taken.clear()
+
     def _forget(self, slot: int) -> None:
-        digest = self._digest_of[slot]
-        if digest is not None and self._slot_of.get(digest) == slot:
-            del self._slot_of[digest]
-        self._digest_of[slot] = None
+        self._unindex(slot)
         self._refs[slot] = 0
         self._free.append(slot)
+
+    def _unindex(self, slot: int) -> None:
+        digest = self._digests[slot].tobytes()
+        if self._slot_of.get(digest) == slot:  # else an unindexed collision slot
+            del self._slot_of[digest]
 
 
 def _reserve(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> np.ndarray:

@@ -13,18 +13,25 @@ memory grows as the buffer fills; a too-large capacity still fails late, but is 
 price of accepting n-step transitions from many actors in any order. For stacked image frames,
 ``SharedFramesReplay`` / ``SharedFramesPrioritizedReplay`` (``replay.share_frames``) store each
 distinct plane once instead, found by content, which needs no ordering either.
+
+Every mutation is all-or-nothing. Input is validated before anything changes, and an add is a
+transaction (``_Undo``): it saves what it will overwrite (the rows at its slots, the counters, the
+sum-tree leaves and ordinals), writes, and either commits or, if anything raised on the way, puts
+all of it back, including the frame pool's references, so a failed add leaves the buffer exactly
+as it was. Saving costs one extra copy of the overwritten rows.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Final
+from dataclasses import dataclass, field
+from typing import ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import DTypeLike
 
-from zmqrl.frames import FramePool
+from zmqrl.frames import FramePool, Taken, slots_for
 from zmqrl.sumtree import SumTree
 from zmqrl.types import TransitionBatch
 
@@ -43,10 +50,35 @@ DEFAULT_ALPHA: Final = 0.6
 DEFAULT_PRIORITY_EPS: Final = 1e-6
 # Raw priority that rows inserted without one get before any priority has been seen (Schaul et al.).
 INITIAL_MAX_PRIORITY: Final = 1.0
+# Actor-sent priorities are clipped to this many times ``max_priority`` (the largest priority the
+# learner itself has computed): room for an actor's genuine surprise, but no actor can claim more
+# than ~10**alpha times the weight of a fresh unmeasured row (see PrioritizedReplay).
+DEFAULT_MAX_INITIAL_PRIORITY_RATIO: Final = 10.0
 # `_ordinal` value of a slot that has never held a row: no real insertion ordinal is negative.
 _NO_ORDINAL: Final = -1
 # Plane id of a row that holds no observation yet (shared-frames storage).
 _NO_PLANE: Final = -1
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass
+class _Undo:
+    """What one add is about to change, kept until the add has fully succeeded.
+
+    ``_begin_locked`` records it, the add writes, and then either ``_commit_locked`` finishes the
+    add (shared frames release the overwritten rows' planes only then) or, if anything raised on
+    the way, ``_rollback_locked`` puts every saved value back.
+    """
+
+    slots: IntArray  # ring slots the add writes
+    rows: tuple[np.ndarray, ...]  # each column's contents at ``slots`` before the add
+    scalars: dict[str, int]  # the counters named in ``_SCALARS``, before the add
+    leaves: FloatArray | None = None  # prioritized: sum-tree leaves at ``slots``
+    ordinals: IntArray | None = None  # prioritized: ``_ordinal`` at ``slots``
+    interned: list[np.ndarray] = field(default_factory=list)  # shared frames: plane ids interned
+    taken: list[Taken] = field(default_factory=list)  # shared frames: pool slots taken for them
 
 
 class UniformReplay:
@@ -54,6 +86,9 @@ class UniformReplay:
 
     Satisfies ``zmqrl.core.ReplayBuffer``. When full, each ``add`` overwrites the oldest rows.
     """
+
+    # Counters an add may change: saved and restored with the rows (see ``_Undo``).
+    _SCALARS: ClassVar[tuple[str, ...]] = ("_pos", "_size", "_total_added")
 
     def __init__(
         self,
@@ -124,11 +159,11 @@ class UniformReplay:
             return self._gather_locked(order)
 
     def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
-        """Refill from a ``snapshot`` (appended in order, as if just received)."""
-        if batch.size:
-            self.add(batch)
-        if total_added is not None:
-            self._total_added = max(self._total_added, total_added)
+        """Refill from a ``snapshot`` (appended in order, as if just received); ``total_added``
+        only raises the counter. One transaction, like ``add``."""
+        b = self._validate(batch)
+        with self._lock:
+            self._insert_locked(batch, b, total_added)
 
     def rng_state(self) -> dict[str, object]:
         return dict(self._rng.bit_generator.state)
@@ -163,17 +198,53 @@ class UniformReplay:
         b = self._validate(batch)
         if b == 0:
             return
+        with self._lock:
+            self._insert_locked(batch, b, None)
+
+    def _insert_locked(self, batch: TransitionBatch, b: int, total_floor: int | None) -> None:
+        """Append the batch's newest ``capacity`` rows at ``_pos`` as one transaction."""
         cap = self._capacity
         start = max(0, b - cap)  # rows of the batch that survive
         m = b - start
-        with self._lock:
-            pos = self._pos
-            self._write_rows_locked(batch, start, pos)
+        pos = self._pos
+        undo = self._begin_locked((pos + np.arange(m)) % cap)
+        try:
+            if m:
+                self._write_rows_locked(batch, start, pos, undo)
             self._pos = (pos + m) % cap
             self._size = min(cap, self._size + m)
             self._total_added += b
+            if total_floor is not None:
+                self._total_added = max(self._total_added, total_floor)
+            self._commit_locked(undo)
+        except BaseException:
+            self._rollback_locked(undo)
+            raise
 
-    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int) -> None:
+    # ------------------------------------------------------------------ transactions
+    def _begin_locked(self, slots: IntArray) -> _Undo:
+        """Save what an add writing ``slots`` will change."""
+        return _Undo(
+            slots=slots,
+            rows=tuple(c.take(slots, axis=0) for c in self._columns),  # take: ~2x faster than c[slots]
+            scalars={name: getattr(self, name) for name in self._SCALARS},
+        )
+
+    def _rollback_locked(self, undo: _Undo) -> None:
+        """Put back everything ``undo`` saved: the buffer is as it was before the add began."""
+        for store, old in zip(self._columns, undo.rows, strict=True):
+            store[undo.slots] = old
+        for name, value in undo.scalars.items():
+            setattr(self, name, value)
+        self._discard_locked(undo)
+
+    def _commit_locked(self, undo: _Undo) -> None:
+        """Hook: the last step of a successful add (shared frames release overwritten planes)."""
+
+    def _discard_locked(self, undo: _Undo) -> None:
+        """Hook: undo a failed add's effects outside the columns (shared frames: interned planes)."""
+
+    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: _Undo) -> None:
         """Copy rows ``batch[start:]`` (at most ``capacity``) into the ring from slot ``pos`` on,
         wrapping once; the caller holds the lock and updates ``_pos``/``_size``/counters."""
         cap = self._capacity
@@ -220,8 +291,19 @@ class PrioritizedReplay(UniformReplay):
     had in the run that saved them. The stored set is always the contiguous ring segment ending at
     ``_pos``, so ``snapshot`` (oldest first) works unchanged.
 
+    Bounded actor priorities: priorities sent with a batch come from actors, which the learner
+    does not trust, so they are clipped to ``[0, max_initial_priority_ratio * max_priority]``
+    (counted in ``clipped_priorities``), and ``max_priority`` itself (what rows without a priority
+    get) is the largest priority the *learner* computed (``update_priorities``), starting at
+    ``INITIAL_MAX_PRIORITY``. An actor sending 3e38 thus gets rows of priority at most
+    ``ratio * max_priority``, which sampling re-measures on their first draw; it can neither raise
+    the bound nor what other rows get. Unlike the learner's own statistics, a quantile of the
+    priorities actors send would move with whatever a hostile actor sends.
+
     One lock guards ring, tree, ordinals and RNG; it is held only for numpy calls.
     """
+
+    _SCALARS: ClassVar[tuple[str, ...]] = (*UniformReplay._SCALARS, "_next_ordinal", "_clipped")
 
     def __init__(
         self,
@@ -234,11 +316,16 @@ class PrioritizedReplay(UniformReplay):
         *,
         alpha: float = DEFAULT_ALPHA,
         priority_eps: float = DEFAULT_PRIORITY_EPS,
+        max_initial_priority_ratio: float = DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
     ) -> None:
         if not (np.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
         if not (np.isfinite(priority_eps) and priority_eps >= 0):
             raise ValueError(f"priority_eps must be finite and >= 0, got {priority_eps}")
+        if not (np.isfinite(max_initial_priority_ratio) and max_initial_priority_ratio >= 1):
+            raise ValueError(
+                f"max_initial_priority_ratio must be finite and >= 1, got {max_initial_priority_ratio}"
+            )
         super().__init__(capacity, obs_shape, obs_dtype, action_shape, action_dtype, seed)
         self._alpha = float(alpha)
         self._eps = float(priority_eps)
@@ -247,7 +334,9 @@ class PrioritizedReplay(UniformReplay):
         # Ordinal of the next row written. Equals total_added except after restoring into a
         # non-empty buffer (see `restore`); invariant: _pos == _next_ordinal % capacity.
         self._next_ordinal = 0
-        self._max_priority = INITIAL_MAX_PRIORITY
+        self._max_priority = INITIAL_MAX_PRIORITY  # raised only by update_priorities
+        self._ratio = float(max_initial_priority_ratio)
+        self._clipped = 0
         self._stale_updates = 0
 
     @property
@@ -262,8 +351,19 @@ class PrioritizedReplay(UniformReplay):
 
     @property
     def max_priority(self) -> float:
-        """Largest raw priority seen so far (never decreases): what rows without one get."""
+        """Largest raw priority the learner has given (``update_priorities``; never decreases, at
+        least ``INITIAL_MAX_PRIORITY``): what rows without one get. Actor priorities never move it."""
         return self._max_priority
+
+    @property
+    def max_initial_priority_ratio(self) -> float:
+        """Actor-sent priorities are clipped to this times ``max_priority``."""
+        return self._ratio
+
+    @property
+    def clipped_priorities(self) -> int:
+        """Rows stored with an actor-sent priority clipped to the bound."""
+        return self._clipped
 
     @property
     def stale_priority_updates(self) -> int:
@@ -289,44 +389,21 @@ class PrioritizedReplay(UniformReplay):
     def add_with_priorities(self, batch: TransitionBatch, priorities: np.ndarray | None) -> None:
         """Insert ``batch`` with raw priorities ``(B,)`` (e.g. actor-side ``|TD error|``).
 
-        ``None`` gives every row the running maximum raw priority, so a new row is sampled at
-        least once soon (Schaul et al.). Rows beyond the capacity are dropped oldest-first.
-        Raises ValueError for priorities of the wrong shape, negative, or not finite.
+        ``None`` gives every row ``max_priority``, so a new row is sampled at least once soon
+        (Schaul et al.). Given priorities are clipped to ``max_initial_priority_ratio *
+        max_priority`` (see the class docstring). Rows beyond the capacity are dropped
+        oldest-first. Raises ValueError, with nothing changed, for priorities of the wrong shape,
+        negative, or not finite.
         """
         b = self._validate(batch)
         raw = None if priorities is None else self._check_priorities(priorities, b)
         if b == 0:
             return
         with self._lock:
-            self._insert_locked(batch, b, raw)
-
-    def _insert_locked(self, batch: TransitionBatch, b: int, raw: npt.NDArray[np.float64] | None) -> None:
-        """Write the surviving rows at the slots their ordinals map to and set their priorities."""
-        cap = self._capacity
-        start = max(0, b - cap)
-        m = b - start
-        first = self._next_ordinal + start  # ordinal of the first surviving row
-        ordinals = np.arange(first, first + m, dtype=np.int64)
-        slots = ordinals % cap
-        if raw is None:
-            values = np.full(m, self._transform_scalar(self._max_priority))
-        else:
-            raw = raw[start:]
-            values = self._transform(raw)
-        # The tree validates before it writes, so a value that overflowed to inf raises here with
-        # nothing changed yet; ring, ordinals and max are written only after it succeeded.
-        self._tree.update(slots, values)
-        if raw is not None:
-            self._max_priority = max(self._max_priority, float(raw.max()))
-        self._write_rows_locked(batch, start, first % cap)
-        self._ordinal[slots] = ordinals
-        self._next_ordinal += b
-        self._pos = self._next_ordinal % cap
-        self._size = min(cap, self._size + m)
-        self._total_added += b
+            self._place_locked(batch, b, raw, self._next_ordinal, rebase=False, total_floor=None)
 
     def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
-        """Refill from a ``snapshot``; restored rows get the maximum priority seen so far.
+        """Refill from a ``snapshot``; restored rows get ``max_priority``.
 
         Priorities are not part of a snapshot (they are stale by the time a learner resumes with
         retrained weights anyway); max priority makes every restored row drawn early, which
@@ -337,13 +414,72 @@ class PrioritizedReplay(UniformReplay):
         """
         b = self._validate(batch)
         with self._lock:
-            if self._size == 0 and total_added is not None and total_added >= b:
-                self._next_ordinal = self._total_added = total_added - b
-                self._pos = self._next_ordinal % self._capacity
-            if b:
-                self._insert_locked(batch, b, None)
-            if total_added is not None:
-                self._total_added = max(self._total_added, total_added)
+            rebase = self._size == 0 and total_added is not None and total_added >= b
+            first = total_added - b if rebase and total_added is not None else self._next_ordinal
+            self._place_locked(batch, b, None, first, rebase=rebase, total_floor=total_added)
+
+    def _place_locked(
+        self,
+        batch: TransitionBatch,
+        b: int,
+        raw: FloatArray | None,
+        first: int,
+        *,
+        rebase: bool,
+        total_floor: int | None,
+    ) -> None:
+        """Write the batch as ordinals ``first ..`` (the surviving rows at the slots their ordinals
+        map to), with their priorities, as one transaction. ``rebase``: the ring restarts there."""
+        cap = self._capacity
+        start = max(0, b - cap)
+        m = b - start
+        ordinals = np.arange(first + start, first + b, dtype=np.int64)
+        slots = ordinals % cap
+        clipped = 0
+        if raw is None:
+            values = np.full(m, self._transform_scalar(self._max_priority))
+        else:
+            raw, clipped = self._bound_locked(raw[start:])
+            values = self._transform(raw)
+        undo = self._begin_locked(slots)
+        try:
+            self._tree.update(slots, values)  # checks first: a value that overflowed raises here
+            if m:
+                self._write_rows_locked(batch, start, (first + start) % cap, undo)
+            self._ordinal[slots] = ordinals
+            if rebase:
+                self._total_added = first
+            self._next_ordinal = first + b
+            self._pos = self._next_ordinal % cap
+            self._size = min(cap, self._size + m)
+            self._total_added += b
+            if total_floor is not None:
+                self._total_added = max(self._total_added, total_floor)
+            self._clipped += clipped
+            self._commit_locked(undo)
+        except BaseException:
+            self._rollback_locked(undo)
+            raise
+
+    def _bound_locked(self, raw: FloatArray) -> tuple[FloatArray, int]:
+        """Actor-sent priorities clipped to the bound, and how many were above it."""
+        limit = self._ratio * self._max_priority
+        n_over = int(np.count_nonzero(raw > limit))
+        return (np.minimum(raw, limit) if n_over else raw), n_over
+
+    def _begin_locked(self, slots: IntArray) -> _Undo:
+        undo = super()._begin_locked(slots)
+        undo.leaves = self._tree.get(slots)
+        undo.ordinals = self._ordinal[slots]
+        return undo
+
+    def _rollback_locked(self, undo: _Undo) -> None:
+        super()._rollback_locked(undo)
+        if undo.leaves is not None and undo.ordinals is not None:
+            # Internal nodes are always recomputed from their children, so restoring the leaves
+            # restores every sum bit for bit.
+            self._tree.update(undo.slots, undo.leaves)
+            self._ordinal[undo.slots] = undo.ordinals
 
     # ------------------------------------------------------------------ sampling
     def sample(self, batch_size: int) -> TransitionBatch:
@@ -398,8 +534,9 @@ class PrioritizedReplay(UniformReplay):
 
         Rows overwritten since they were sampled are skipped (counted in
         ``stale_priority_updates``). A repeated id (sampling is with replacement) takes its last
-        priority. Raises ValueError for ids that are not non-negative integers, mismatched
-        lengths, or priorities that are negative or not finite.
+        priority. These are the learner's own measurements, so they are not clipped, and they
+        alone raise ``max_priority``. Raises ValueError, with nothing changed, for ids that are not
+        non-negative integers, mismatched lengths, or priorities that are negative or not finite.
         """
         ids = np.asarray(indices)
         if ids.dtype.kind not in "iu" and ids.size:
@@ -473,7 +610,9 @@ class _SharedFrames:
                 f"replay.share_frames needs image observations (planes, height, width), got {obs_shape}"
             )
         planes = obs_shape[0]
-        self._pool = FramePool(capacity * 2 * planes, obs_shape[1:], self._dtypes[0])
+        # Sized for the transactional worst case (proof in zmqrl/frames.py): a full buffer keeps
+        # its planes while a batch of up to `capacity` new rows is interned.
+        self._pool = FramePool(slots_for(capacity, planes), obs_shape[1:], self._dtypes[0])
 
         def ids() -> np.ndarray:
             return np.full((capacity, planes), _NO_PLANE, dtype=np.int64)
@@ -497,24 +636,30 @@ class _SharedFrames:
         plane_bytes = self._pool.planes[0].nbytes
         return sum(c.nbytes for c in self._columns) + self._pool.live * plane_bytes
 
-    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int) -> None:
-        cap = self._capacity
+    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: _Undo) -> None:
         m = batch.size - start
-        slots = (pos + np.arange(m)) % cap
+        slots = undo.slots  # (pos + arange(m)) % capacity
         obs_ids, action, reward, next_ids, discount = self._columns
         planes = obs_ids.shape[1]
         plane_shape = self._row_shapes[0][1:]
-        new_obs = self._pool.intern(batch.obs[start:].reshape(m * planes, *plane_shape))
-        new_next = self._pool.intern(batch.next_obs[start:].reshape(m * planes, *plane_shape))
-        # Release what the overwritten rows held only after interning: planes they share with the
-        # new rows keep a reference throughout and are never copied twice.
-        old = np.concatenate([obs_ids[slots].ravel(), next_ids[slots].ravel()])
-        self._pool.release(old[old != _NO_PLANE])
-        obs_ids[slots] = new_obs.reshape(m, planes)
-        next_ids[slots] = new_next.reshape(m, planes)
+        for column in (batch.obs, batch.next_obs):
+            ids = self._pool.intern(column[start:].reshape(m * planes, *plane_shape), undo.taken)
+            undo.interned.append(ids)
+        obs_ids[slots] = undo.interned[0].reshape(m, planes)
+        next_ids[slots] = undo.interned[1].reshape(m, planes)
         action[slots] = batch.action[start:]
         reward[slots] = batch.reward[start:]
         discount[slots] = batch.discount[start:]
+
+    def _commit_locked(self, undo: _Undo) -> None:
+        # Only now, with every new plane stored, do the overwritten rows let go of theirs: planes
+        # they share with the new rows keep a reference throughout and are never copied twice, and
+        # a failure before this point finds every old plane still in place.
+        old = np.concatenate([undo.rows[0].ravel(), undo.rows[3].ravel()])
+        self._pool.release(old[old != _NO_PLANE])
+
+    def _discard_locked(self, undo: _Undo) -> None:
+        self._pool.undo_interns(undo.interned, undo.taken)
 
     def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
         obs_ids, action, reward, next_ids, discount = self._columns
