@@ -267,6 +267,19 @@ def test_set_value_is_range_checked() -> None:
     assert "actor.epsilon" in config_error(None, ["actor.epsilon=1.5"])
 
 
+def test_an_out_of_range_set_is_named_in_the_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "actor:\n  epsilon: 0.5\n")
+    assert config_error(path, ["actor.epsilon=1.5"]).startswith("--set 'actor.epsilon=1.5': actor.epsilon")
+    assert config_error(write(tmp_path, "actor:\n  epsilon: 1.5\n")).startswith(f"{path}: actor.epsilon")
+
+
+def test_set_reaches_a_key_of_a_nested_section(tmp_path: Path) -> None:
+    path = write(tmp_path, "env:\n  atari:\n    noop_max: 7\n")
+    cfg = load_config(path, ["env.atari.frame_stack=2"])
+    assert (cfg.env.atari.frame_stack, cfg.env.atari.noop_max) == (2, 7)
+    assert "'env.atari.frame_stak'" in config_error(None, ["env.atari.frame_stak=2"])
+
+
 @pytest.mark.parametrize("item", ["learner.max_updates", "max_updates=7"])
 def test_malformed_set_shows_the_expected_form(item: str) -> None:
     message = config_error(None, [item])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +16,15 @@ import pytest
 import zmq
 import zmq.auth
 
+from tests.conftest import wait_until
+from zmqrl.config import ConfigError, load_config
+from zmqrl.roles.link import transport_security
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.security import (
     AuthenticatorHandle,
     Security,
     SecurityError,
+    _Denials,
     authenticator_running,
     check_bind_allowed,
     create_keys,
@@ -378,3 +384,108 @@ def test_a_client_authorized_after_the_authenticator_started_gets_in(
     assert receive_for(pull, QUIET_S) == [[b"late"]]
     for sock in (pull, late):
         sock.close(linger=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Named client keys (transport.key_name) and revoking one
+# --------------------------------------------------------------------------------------------
+
+
+def named_keys(tmp_path: Path, *names: str) -> Path:
+    """Keys made the way an operator makes them: `zmqrl keys DIR --client NAME ...`."""
+    keys_dir = tmp_path / "keys"
+    made = subprocess.run(
+        [sys.executable, "-m", "zmqrl", "keys", str(keys_dir), *(a for n in names for a in ("--client", n))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    return keys_dir
+
+
+def role_security(keys_dir: Path, key_name: str) -> Security:
+    """What a role configured with these keys and this key name loads (roles/link.py)."""
+    sets = [f"transport.keys_dir={keys_dir}", f"transport.key_name={key_name}"]
+    security = transport_security(load_config(None, sets, environ={}))
+    assert security is not None
+    return security
+
+
+def test_roles_load_the_client_pair_named_by_transport_key_name(tmp_path: Path) -> None:
+    keys_dir = named_keys(tmp_path, "alice", "bob")
+    alice, bob = role_security(keys_dir, "alice"), role_security(keys_dir, "bob")
+    assert alice.client_public == zmq.auth.load_certificate(keys_dir / "alice.key")[0]
+    assert bob.client_public == zmq.auth.load_certificate(keys_dir / "bob.key")[0]
+    with pytest.raises(SecurityError, match=r"client\.key_secret is missing"):  # no default pair made
+        role_security(keys_dir, "client")
+
+
+def test_a_bad_key_name_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"transport\.key_name: bad client name '\.\./alice'"):
+        load_config(None, ["transport.key_name=../alice"], environ={})
+
+
+def test_a_named_key_gets_in_and_a_revoked_one_is_refused(tmp_path: Path, ctx: zmq.Context) -> None:
+    keys_dir = named_keys(tmp_path, "alice", "bob")
+    server = role_security(keys_dir, "alice")  # the learner's host holds the server pair too
+    with server.start_authenticator(ctx) as auth:
+        pull, endpoint = sockets.samples_pull(ctx, ANY_PORT, LIMITS, security=server)
+        alice = sockets.samples_push(ctx, endpoint, LIMITS, security=role_security(keys_dir, "alice"))
+        assert send_within(alice, samples_frames(1))
+        bob = sockets.samples_push(ctx, endpoint, LIMITS, security=role_security(keys_dir, "bob"))
+        assert send_within(bob, samples_frames(2))
+        assert sorted(actor_ids(receive_for(pull, QUIET_S))) == [1, 2]
+        bob.close(linger=0)
+
+        (keys_dir / "authorized" / "bob.key").unlink()  # revoking: read at the next handshake
+        bob_again = sockets.samples_push(ctx, endpoint, LIMITS, security=role_security(keys_dir, "bob"))
+        assert not send_within(bob_again, samples_frames(3), timeout=0.2)
+        wait_until(lambda: auth.denied == 1, DEADLINE_S, "bob's handshake to be refused")
+        assert send_within(alice, samples_frames(4))
+        assert actor_ids(receive_for(pull, QUIET_S)) == [4]
+        for sock in (pull, alice, bob_again):
+            sock.close(linger=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Refused handshakes are counted and logged (rate-limited) with the peer's address
+# --------------------------------------------------------------------------------------------
+
+
+def test_refused_handshakes_are_counted_and_logged_once_with_the_peer_address(
+    ctx: zmq.Context, security: Security, auth: AuthenticatorHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="zmqrl.security")
+    pull, endpoint = sockets.heartbeat_pull(ctx, ANY_PORT, LIMITS, security=security)
+    strangers = [outsider(security) for _ in range(3)]
+    pushes = [sockets.heartbeat_push(ctx, endpoint, LIMITS, security=s) for s in strangers]
+    for push in pushes:
+        push.send(b"let me in", flags=zmq.NOBLOCK)  # no IMMEDIATE: queued, and never delivered
+    wait_until(lambda: auth.denied == 3, DEADLINE_S, "three refused handshakes")
+    lines = [r.getMessage() for r in caplog.records if "refused a CURVE handshake" in r.getMessage()]
+    assert len(lines) == 1, lines  # the first at once; the others wait for the next report
+    assert "from 127.0.0.1" in lines[0]
+    assert any(s.client_public.decode() in lines[0] for s in strangers)
+    assert receive_for(pull, 0.2) == []
+    auth.stop()
+    assert auth.denied == 3  # still readable for the final stats
+    for sock in (pull, *pushes):
+        sock.close(linger=0)
+
+
+def test_denial_reports_say_how_many_were_left_out_since_the_last(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [100.0]
+    denials = _Denials(tmp_path, interval=10.0, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="zmqrl.security")
+    for i in range(5):
+        denials.record(f"10.0.0.{i}", "CURVE", "Unknown key", f"KEY{i}")
+        now[0] += 1.0
+    now[0] += 10.0
+    denials.record("10.0.0.9", "CURVE", "Unknown key", "KEY9")
+    lines = [r.getMessage() for r in caplog.records]
+    assert denials.count == 6 and len(lines) == 2
+    assert "from 10.0.0.0" in lines[0] and "KEY0" in lines[0] and "0 more refused" in lines[0]
+    assert "from 10.0.0.9" in lines[1] and "4 more refused since the last report, 6 in all" in lines[1]

@@ -3,15 +3,22 @@
 Every field has a working default and a one-line comment, so ``Config()`` is a runnable CartPole
 DQN setup and the YAML files only say what differs. Unknown or mistyped keys are errors that name
 the file and the key (a typo silently falling back to a default is how runs waste a night).
+
+Values come from three layers, later ones winning: the YAML file, then environment variables
+``ZMQRL_<SECTION>__<KEY>`` (so a container needs no custom file), then ``--set section.key=value``.
+Variables and ``--set`` go through one path (:func:`_assign`), so both are checked alike and an
+error names the variable or the ``--set`` that caused it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,13 +26,15 @@ from typing import Any
 import yaml
 
 from zmqrl.agents.configs import AGENT_CONFIGS, AgentConfig, DQNConfig
+from zmqrl.errors import ConfigError  # re-exported: `from zmqrl.config import ConfigError` still works
 
 # A decimal number, exponent allowed: what YAML 1.2 would read as a float where PyYAML gives a string.
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message names the source and the key."""
+# Config from the environment: ZMQRL_LEARNER__MAX_UPDATES=5000 sets learner.max_updates, and
+# ZMQRL_ENV__ATARI__FRAME_STACK=2 sets env.atari.frame_stack. Only names with a double underscore
+# after the prefix are config, so ZMQRL_SUPERVISED, ZMQRL_ACTOR_ID and the like are left alone.
+ENV_PREFIX = "ZMQRL_"
+ENV_SEPARATOR = "__"
 
 
 @dataclass
@@ -65,6 +74,7 @@ class ReplayConfig:
     beta_updates: int = 100_000  # updates over which beta reaches 1
     priority_eps: float = 1e-6  # added to |TD error| so no transition's priority is ever 0
     share_frames: bool = False  # store each image plane once (stacked Atari frames: ~8x less memory)
+    max_initial_priority_ratio: float = 10.0  # actor-sent priorities are clipped to this x the learner's max
 
 
 @dataclass
@@ -110,17 +120,21 @@ class TransportConfig:
     max_message_mb: int = 64  # larger incoming messages are dropped by ZeroMQ before decoding
     linger_ms: int = 1_000  # how long a closing socket may keep flushing queued messages
     keys_dir: str | None = None  # CurveZMQ keys made by `zmqrl keys DIR` (None: no encryption)
+    key_name: str = "client"  # this process's client key pair in keys_dir (`zmqrl keys --client NAME`)
     insecure: bool = False  # allow binding a non-loopback address without keys (prints a warning)
 
 
 @dataclass
 class SupervisorConfig:
-    heartbeat_interval: float = 1.0  # seconds between heartbeats from every role
-    heartbeat_timeout: float = 30.0  # a process silent this long is killed and replaced
-    startup_timeout: float = 60.0  # seconds to wait for the learner's first heartbeat
-    max_restarts: int = 5  # restarts of one actor slot within restart_window; past that it stays down
-    restart_window: float = 300.0  # seconds over which max_restarts is counted
-    restart_backoff: float = 1.0  # delay before a restart, doubled for each restart in the window
+    heartbeat_interval: float = 0.5  # seconds between heartbeats (each role beats from a thread of its own)
+    heartbeat_timeout: float = 3.0  # no heartbeat this long: dead or stopped (killed and replaced)
+    progress_timeout: float = 60.0  # heartbeats but no main-loop progress this long: hung (killed, replaced)
+    startup_timeout: float = 10.0  # seconds from a process's start to its first heartbeat
+    join_timeout: float = 60.0  # a supervised role waits this long for a supervisor it has not heard yet
+    max_restarts: int = 5  # a slot dying this often in a row, never healthy (a crash loop), stays down
+    restart_window: float = 300.0  # ... counted over this many seconds
+    healthy_seconds: float = 2.0  # progress this long makes a process healthy: backoff and count reset
+    restart_backoff: float = 0.5  # delay before a restart, doubled for each unhealthy death in a row
     restart_backoff_max: float = 30.0  # the longest delay before a restart
     stop_grace: float = 10.0  # seconds from the stop broadcast to SIGTERM, and again to SIGKILL
     progress_seconds: float = 5.0  # seconds between progress lines on the console
@@ -162,8 +176,14 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML file (or the defaults when ``path`` is None) and apply ``section.key=value`` overrides."""
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Read a YAML file (or the defaults when ``path`` is None), then apply the config variables of
+    ``environ`` (default: ``os.environ``; see :func:`environment_overrides`), then the
+    ``section.key=value`` overrides: file < environment < --set."""
     source = str(path) if path is not None else "<defaults>"
     raw: dict[str, Any] = {}
     if path is not None:
@@ -181,17 +201,74 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{source}: the top level must be a mapping of sections")
         raw = loaded
-    return config_from_dict(raw, source, overrides)
+    return config_from_dict(raw, source, overrides, environ=os.environ if environ is None else environ)
 
 
-def config_from_dict(data: dict[str, Any], source: str, overrides: list[str] | None = None) -> Config:
-    """A config from an already-parsed mapping (e.g. the copy stored in a checkpoint)."""
+def config_from_dict(
+    data: dict[str, Any],
+    source: str,
+    overrides: list[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """A config from an already-parsed mapping (e.g. the copy stored in a checkpoint).
+
+    Unlike :func:`load_config`, the environment applies only when ``environ`` is given: a stored
+    config is a record of what ran, and reading it back must not silently change it.
+    """
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    assigned: list[tuple[str, str]] = []  # (dotted key, who set it), to blame range errors on
+    for name, key, text in environment_overrides(environ or {}):
+        label = f"environment {name}"
+        _assign(raw, key, _parse_value(text), label, source)
+        assigned.append((key, label))
     for item in overrides or []:
-        _apply_override(raw, item, source)
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or "." not in key:
+            raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. learner.max_updates=5000)")
+        label = f"--set {item!r}"
+        _assign(raw, key, _parse_value(text), label, source)
+        assigned.append((key, label))
     cfg = _build(Config, raw, source, prefix="")
-    _check(cfg, source)
+    _check(cfg, source, assigned)
     return cfg
+
+
+def environment_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """``(variable, dotted key, value text)`` for each config variable in ``environ``, in the order
+    they are applied.
+
+    A config variable is ``ZMQRL_`` followed by key names joined by double underscores, upper-case
+    by convention (``ZMQRL_LEARNER__MAX_UPDATES`` -> ``learner.max_updates``); ``ZMQRL_`` names
+    without a double underscore belong to the processes themselves and are skipped. ``agent.kind``
+    goes first because it decides which other ``agent.*`` keys exist; the rest go by name, so the
+    result never depends on the order of the environment.
+    """
+    found: list[tuple[str, str, str]] = []
+    for name, text in environ.items():
+        if not is_config_variable(name):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split(ENV_SEPARATOR)
+        if not all(parts):
+            raise ConfigError(
+                f"environment {name}: expected ZMQRL_SECTION__KEY, upper-case, with one double "
+                f"underscore between names (e.g. ZMQRL_LEARNER__MAX_UPDATES=5000)"
+            )
+        found.append((name, ".".join(parts), text))
+    found.sort(key=lambda item: (item[1] != "agent.kind", item[0]))
+    return found
+
+
+def is_config_variable(name: str) -> bool:
+    """Whether an environment variable sets config: ``ZMQRL_`` and a double underscore after it."""
+    return name.startswith(ENV_PREFIX) and ENV_SEPARATOR in name[len(ENV_PREFIX) :]
+
+
+def without_config_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` minus its config variables, for the processes `zmqrl launch` starts: the resolved
+    config file they read already holds those values, and applied again over it they would undo
+    the launch's own --set (``--name``, ``--resume``)."""
+    return {name: value for name, value in environ.items() if not is_config_variable(name)}
 
 
 def save_config(cfg: Config, path: Path) -> None:
@@ -210,32 +287,53 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}: {problem}"
 
 
-def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
-    key, sep, text = item.partition("=")
-    if not sep or "." not in key:
-        raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. learner.max_updates=5000)")
-    section, _, name = key.strip().partition(".")
+def _parse_value(text: str) -> Any:
+    """A --set or variable value read as YAML (``7``, ``true``, ``[64, 64]``); empty means null."""
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        return yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
-        value = text
-    # Check key and value now, so that a mistake is blamed on the --set and not on the file.
-    label = f"--set {item!r}"
+        return text
+
+
+def _assign(raw: dict[str, Any], key: str, value: Any, label: str, source: str) -> None:
+    """Set the dotted ``key`` (``learner.max_updates``, ``env.atari.frame_stack``) in ``raw``.
+
+    Key and value are checked here, so that a mistake is blamed on ``label`` (the --set or the
+    variable) and not on the file. Nested mappings are copied before they are changed, so the
+    caller's data (e.g. a checkpoint's stored config) is never modified.
+    """
+    path = key.split(".")
     sections = typing.get_type_hints(Config)
-    if section not in sections:
-        _build(Config, {section: None}, label, prefix="")
-    if section == "agent":
+    if path[0] not in sections:
+        _build(Config, {path[0]: None}, label, prefix="")  # raises: unknown key, with a suggestion
+    cls: type = sections[path[0]]
+    if path[0] == "agent":
         current = raw.get("agent") if isinstance(raw.get("agent"), dict) else {}
-        kind = value if name == "kind" else (current or {}).get("kind", "dqn")
-        _build(_agent_class(kind, label), {name: value}, label, prefix="agent.")
-    else:
-        _build(sections[section], {name: value}, label, prefix=f"{section}.")
-    target = raw.get(section)
-    if target is None:  # `learner:` with nothing under it means "all defaults", as without --set
-        target = raw[section] = {}
-    if not isinstance(target, dict):
-        raise ConfigError(f"{source}: section '{section}' must be a mapping")
-    target[name] = value
+        kind = value if path == ["agent", "kind"] else (current or {}).get("kind", "dqn")
+        cls = _agent_class(kind, label)
+    prefix = f"{path[0]}."
+    for part in path[1:-1]:
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            _build(cls, {part: None}, label, prefix)  # raises: unknown key
+        inner = typing.get_type_hints(cls)[part]
+        if not (isinstance(inner, type) and dataclasses.is_dataclass(inner)):
+            raise ConfigError(f"{label}: '{prefix}{part}' has no keys of its own; set it as a whole")
+        cls, prefix = inner, f"{prefix}{part}."
+    _build(cls, {path[-1]: value}, label, prefix)
+    target = raw
+    for depth, part in enumerate(path[:-1]):
+        child = target.get(part)
+        if child is None:  # `learner:` with nothing under it means "all defaults", as without --set
+            child = {}
+        elif not isinstance(child, dict):
+            what = f"section '{part}'" if depth == 0 else f"'{'.'.join(path[: depth + 1])}'"
+            raise ConfigError(f"{source}: {what} must be a mapping")
+        else:
+            child = dict(child)
+        target[part] = child
+        target = child
+    target[path[-1]] = value
 
 
 def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
@@ -304,8 +402,19 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     raise ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
 
 
-def _check(cfg: Config, source: str) -> None:
-    """Range checks that types alone cannot express."""
+def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = None) -> None:
+    """Range checks that types alone cannot express.
+
+    A failed check is blamed on the last variable or --set in ``assigned`` (dotted key, label) whose
+    key the message names, else on ``source``: the user is sent to the value they actually gave.
+    """
+
+    def fail(message: str) -> ConfigError:
+        for key, label in reversed(assigned or []):
+            if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
+                return ConfigError(f"{label}: {message}")
+        return ConfigError(f"{source}: {message}")
+
     problems: list[tuple[str, bool]] = [
         ("replay.capacity must be >= 1", cfg.replay.capacity >= 1),
         ("learner.max_updates must be >= 1", cfg.learner.max_updates >= 1),
@@ -327,6 +436,12 @@ def _check(cfg: Config, source: str) -> None:
         ),
         ("actor.max_steps must be >= 1 (or null)", cfg.actor.max_steps is None or cfg.actor.max_steps >= 1),
         ("supervisor.startup_timeout must be > 0", cfg.supervisor.startup_timeout > 0),
+        (
+            "supervisor.progress_timeout must exceed supervisor.heartbeat_timeout",
+            cfg.supervisor.progress_timeout > cfg.supervisor.heartbeat_timeout,
+        ),
+        ("supervisor.join_timeout must be >= 0", cfg.supervisor.join_timeout >= 0),
+        ("supervisor.healthy_seconds must be >= 0", cfg.supervisor.healthy_seconds >= 0),
         ("supervisor.progress_seconds must be > 0", cfg.supervisor.progress_seconds > 0),
         ("learner.eval_interval must be >= 0", cfg.learner.eval_interval >= 0),
         ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
@@ -348,6 +463,10 @@ def _check(cfg: Config, source: str) -> None:
         ("replay.beta must be in [0, 1]", 0.0 <= cfg.replay.beta <= 1.0),
         ("replay.beta_updates must be >= 1", cfg.replay.beta_updates >= 1),
         ("replay.priority_eps must be > 0", cfg.replay.priority_eps > 0),
+        (
+            "replay.max_initial_priority_ratio must be >= 1 (and finite)",
+            1.0 <= cfg.replay.max_initial_priority_ratio < float("inf"),
+        ),
         ("actor.envs_per_actor must be >= 1", cfg.actor.envs_per_actor >= 1),
         ("evaluator.episodes must be >= 1", cfg.evaluator.episodes >= 1),
         ("evaluator.interval_seconds must be >= 0", cfg.evaluator.interval_seconds >= 0),
@@ -390,18 +509,22 @@ def _check(cfg: Config, source: str) -> None:
     ]
     for message, ok in problems:
         if not ok:
-            raise ConfigError(f"{source}: {message}")
+            raise fail(message)
     endpoints = [getattr(cfg.transport, name) for name in ("samples", "weights", "heartbeat", "control")]
     fixed = [e for e in endpoints if not e.endswith(":0")]  # port 0: the OS picks a free port for each
     if len(set(fixed)) != len(fixed):
-        raise ConfigError(f"{source}: transport.samples, weights, heartbeat and control must all differ")
+        raise fail(
+            "transport.samples, transport.weights, transport.heartbeat and transport.control must all differ"
+        )
     for name in ("samples", "weights", "heartbeat", "control"):
         endpoint = getattr(cfg.transport, name)
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ConfigError(
-                f"{source}: transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555"
-            )
+            raise fail(f"transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555")
+    from zmqrl.transport.security import client_name_problem  # zmq: only once the rest passed
+
+    if problem := client_name_problem(cfg.transport.key_name):
+        raise fail(f"transport.key_name: {problem}")
     try:
         cfg.agent.check()
     except ValueError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raise fail(str(exc)) from None

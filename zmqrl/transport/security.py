@@ -33,7 +33,8 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 log = logging.getLogger("zmqrl.security")
 
@@ -56,6 +58,8 @@ SECRET_MODE = 0o600
 KEYS_DIR_MODE = 0o700
 # The ZAP domain every zmqrl server announces; the authenticator answers for this domain only.
 ZAP_DOMAIN = "zmqrl"
+# Seconds between log lines about refused handshakes (the ones in between are counted, then summed up).
+DENIAL_LOG_SECONDS = 30.0
 # The command users run to make keys; every "what to do next" message names it.
 KEYS_COMMAND = "zmqrl keys"
 # Client names become file names: keep them to one plain path component.
@@ -106,14 +110,24 @@ def _write_new(path: Path, text: str, mode: int) -> None:
         os.close(fd)
 
 
+def client_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a client key pair (it becomes a file name), or None if it can.
+
+    Pure, so that config checking (transport.key_name) and ``zmqrl keys`` apply the same rule.
+    """
+    if not _CLIENT_NAME.fullmatch(name) or name in (SERVER_NAME, AUTHORIZED_DIR):
+        return (
+            f"bad client name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "
+            f"(not starting with '.', and not {SERVER_NAME!r} or {AUTHORIZED_DIR!r})"
+        )
+    return None
+
+
 def _check_client_names(names: Iterable[str]) -> list[str]:
     checked: list[str] = []
     for name in names:
-        if not _CLIENT_NAME.fullmatch(name) or name in (SERVER_NAME, AUTHORIZED_DIR):
-            raise SecurityError(
-                f"bad client name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "
-                f"(not starting with '.', and not {SERVER_NAME!r} or {AUTHORIZED_DIR!r})"
-            )
+        if problem := client_name_problem(name):
+            raise SecurityError(problem)
         if name in checked:
             raise SecurityError(f"client name {name!r} given twice")
         checked.append(name)
@@ -303,7 +317,6 @@ class _AuthorizedKeys:
         self.directory = directory
         self._stamp: tuple[tuple[str, int, int], ...] | None = None
         self._keys: frozenset[bytes] = frozenset()
-        self._reported: set[bytes] = set()
 
     def _current_stamp(self) -> tuple[tuple[str, int, int], ...]:
         entries = []
@@ -334,27 +347,109 @@ class _AuthorizedKeys:
         return self._keys
 
     def callback(self, domain: str, key: bytes) -> bool:
-        """Called by pyzmq's Authenticator for each CURVE handshake (``key`` is Z85-encoded)."""
+        """Called by pyzmq's Authenticator for each CURVE handshake (``key`` is Z85-encoded).
+
+        A refusal is logged by :class:`_Denials`, with the peer's address, not here.
+        """
         try:
-            allowed = key in self.keys()
+            return key in self.keys()
         except Exception:  # an exception here would end the ZAP thread and hang every handshake
             log.exception("checking a client key against %s failed: refusing it", self.directory)
             return False
-        if not allowed and key not in self._reported:
-            self._reported.add(key)  # restarted clients come back with the same key; say it once
-            log.warning(
-                "refused a client whose public key %s is not in %s: to let it in, add its .key file "
-                "there and restart that client",
-                key.decode("ascii", "replace"),
-                self.directory,
+
+
+class _Denials:
+    """Refused handshakes of one authenticator: all counted, logged at most every ``interval`` s.
+
+    On the refused client's side nothing says why: its PUSH simply blocks. The server's log is
+    therefore where a wrong or revoked key shows, so every refusal is counted (for stats) and the
+    first one logged at once, with the peer's address and key; after that, one line per interval
+    says how many more there were, so a client restarted in a loop (or a scan) cannot flood the
+    log. Called from the authenticator's thread, read from any other.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        interval: float = DENIAL_LOG_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.count = 0
+        self._interval = interval
+        self._clock = clock
+        self._last_log = -float("inf")
+        self._unlogged = 0
+        self._lock = threading.Lock()
+
+    def record(self, address: str, mechanism: str, reason: str, key: str | None) -> None:
+        with self._lock:
+            self.count += 1
+            now = self._clock()
+            if now - self._last_log < self._interval:
+                self._unlogged += 1
+                return
+            earlier, self._unlogged, self._last_log, total = self._unlogged, 0, now, self.count
+        what = reason
+        if key is not None:
+            what = (
+                f"public key {key} is not in {self.directory}: to let it in, add its .key file there "
+                f"and restart that client"
             )
-        return allowed
+        log.warning(
+            "refused a %s handshake from %s (%s); %d more refused since the last report, %d in all",
+            mechanism,
+            address or "an unknown address",
+            what,
+            earlier,
+            total,
+        )
+
+
+class _CountingAuthenticator(ThreadAuthenticator):
+    """pyzmq's ThreadAuthenticator that also reports each refusal, with the peer's address.
+
+    The credentials callback sees only the key, so the request's address, mechanism and key are
+    noted on the way in (``handle_zap_message``, public API) and matched to the reply on the way out
+    (``_send_zap_reply``, the one place pyzmq sends every reply, allowed or not). Both run in the
+    authenticator's thread. tests/test_security.py checks that refusals are counted, so a pyzmq
+    that renamed the reply method would be noticed.
+    """
+
+    def __init__(self, ctx: zmq.Context, denials: _Denials) -> None:
+        super().__init__(ctx, log=logging.getLogger("zmqrl.security.zap"))
+        self.denials = denials
+        self._requests: dict[bytes, tuple[str, str, str | None]] = {}
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        if len(msg) >= 6:  # version, request id, domain, address, identity, mechanism, credentials...
+            mechanism = msg[5].decode("ascii", "replace")
+            raw_key = msg[6] if mechanism == "CURVE" and len(msg) == 7 else b""
+            key = z85.encode(raw_key).decode("ascii") if len(raw_key) == 32 else None
+            self._requests[msg[1]] = (msg[3].decode("utf-8", "replace"), mechanism, key)
+        try:
+            await super().handle_zap_message(msg)
+        finally:
+            if len(msg) >= 2:
+                self._requests.pop(msg[1], None)
+
+    def _send_zap_reply(
+        self, request_id: bytes, status_code: bytes, status_text: bytes, user_id: str = "anonymous"
+    ) -> None:
+        super()._send_zap_reply(request_id, status_code, status_text, user_id)
+        if status_code == b"200":
+            return
+        address, mechanism, key = self._requests.get(request_id, ("", "ZAP", None))
+        try:
+            self.denials.record(address, mechanism, status_text.decode("utf-8", "replace"), key)
+        except Exception:  # never let reporting end the ZAP thread (every handshake would hang)
+            log.exception("recording a refused handshake failed")
 
 
 class _Shared:
     """One running ThreadAuthenticator and how many handles still use it."""
 
-    def __init__(self, authenticator: ThreadAuthenticator, directory: Path) -> None:
+    def __init__(self, authenticator: _CountingAuthenticator, directory: Path) -> None:
         self.authenticator = authenticator
         self.directory = directory
         self.users = 0
@@ -375,12 +470,19 @@ class AuthenticatorHandle:
     def __init__(self, ctx: zmq.Context, shared: _Shared) -> None:
         self._ctx = ctx
         self._shared: _Shared | None = shared
+        self._denials = shared.authenticator.denials
 
     @property
     def authenticator(self) -> ThreadAuthenticator:
         if self._shared is None:
             raise SecurityError("this authenticator handle was stopped")
         return self._shared.authenticator
+
+    @property
+    def denied(self) -> int:
+        """Handshakes refused so far by this context's authenticator (every server socket in it);
+        still readable after ``stop()``, for final stats."""
+        return self._denials.count
 
     def stop(self) -> None:
         with _running_lock:
@@ -409,7 +511,7 @@ def _start_shared(ctx: zmq.Context, directory: Path) -> AuthenticatorHandle:
     with _running_lock:
         shared = _running.get(id(ctx))
         if shared is None:
-            authenticator = ThreadAuthenticator(ctx, log=logging.getLogger("zmqrl.security.zap"))
+            authenticator = _CountingAuthenticator(ctx, _Denials(directory))
             try:
                 authenticator.start()
             except zmq.ZMQError as exc:

@@ -1,0 +1,114 @@
+"""Exit codes of the role commands: the user's settings exit 2 with one line, zmqrl's bugs exit 1
+with a traceback, wherever either happens (building the role or inside its run())."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zmqrl.agents import make_agent
+from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.errors import ConfigError
+from zmqrl.transport.wire import SampleSpec
+
+CARTPOLE = SampleSpec((4,), "float32", (), "int64", num_actions=2)
+PENDULUM = SampleSpec((3,), "float32", (1,), "float32")
+
+# Runs the real CLI after replacing one function, to stand in for a bug in zmqrl's own code.
+INJECT_BUG = """
+import sys
+import zmqrl.roles.learner as learner
+
+def broken(*args, **kwargs):
+    raise ValueError("injected bug")
+
+setattr(learner.Learner if sys.argv[1] == "__init__" else learner, sys.argv[1], broken)
+from zmqrl.cli import main
+
+sys.argv = ["zmqrl", *sys.argv[2:]]
+main()
+"""
+
+
+def role_args(tmp_path: Path, role: str, *overrides: str) -> list[str]:
+    """A role command that needs no other process: nothing listens on heartbeat and control."""
+    config = tmp_path / "run.yaml"
+    config.write_text("")
+    sets = [
+        f"run.dir={tmp_path}",
+        "run.name=t",
+        "transport.samples=tcp://127.0.0.1:0",
+        "transport.weights=tcp://127.0.0.1:0",
+        f"transport.heartbeat=ipc://{tmp_path}/heartbeat",
+        f"transport.control=ipc://{tmp_path}/control",
+        *overrides,
+    ]
+    return [role, str(config), *(arg for item in sets for arg in ("--set", item))]
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_")}
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# --------------------------------------------------------------------------- make_agent's contract
+
+
+def test_make_agent_reports_settings_that_cannot_work_here_as_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"agent.torso 'nature_cnn' needs image observations"):
+        make_agent(DQNConfig(torso="nature_cnn"), CARTPOLE)
+    with pytest.raises(ConfigError, match=r"larger frames than 20x20"):
+        make_agent(
+            DQNConfig(torso="nature_cnn"),
+            SampleSpec((4, 20, 20), "uint8", (), "int64", num_actions=6),
+        )
+    with pytest.raises(ConfigError, match="needs a Discrete action space"):
+        make_agent(DQNConfig(), PENDULUM)
+    with pytest.raises(ConfigError, match="needs a continuous"):
+        make_agent(SACConfig(), CARTPOLE)
+    with pytest.raises(ConfigError, match="finite action bounds"):
+        make_agent(SACConfig(), PENDULUM, action_low=np.array([-np.inf]), action_high=np.array([1.0]))
+    with pytest.raises(ConfigError, match=r"agent.gamma"):
+        make_agent(DQNConfig(gamma=2.0), CARTPOLE)
+
+
+def test_make_agent_leaves_a_callers_mistake_a_plain_value_error() -> None:
+    mismatched = DQNConfig()
+    mismatched.kind = "sac"  # only code can build this pair; the config loader never does
+    with pytest.raises(ValueError) as info:
+        make_agent(mismatched, PENDULUM)
+    assert not isinstance(info.value, ConfigError)
+
+
+# -------------------------------------------------------------------------------- the real CLI
+
+
+@pytest.mark.parametrize("role", ["learner", "actor"])
+def test_a_setting_that_fails_only_when_the_agent_is_built_exits_2_with_one_line(
+    tmp_path: Path, role: str
+) -> None:
+    result = run([sys.executable, "-m", "zmqrl", *role_args(tmp_path, role, "agent.torso=nature_cnn")])
+    assert result.returncode == 2, result.stderr
+    assert error_lines(result.stderr) == [
+        "error: agent.torso 'nature_cnn' needs image observations (C, H, W); this env's observations "
+        "have shape (4,): use agent.torso 'mlp', or env.preprocess 'atari'"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("where", ["__init__", "make_agent"])
+def test_a_value_error_from_zmqrls_own_code_exits_1_with_a_traceback(tmp_path: Path, where: str) -> None:
+    result = run([sys.executable, "-c", INJECT_BUG, where, *role_args(tmp_path, "learner")])
+    assert result.returncode == 1, result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "ValueError: injected bug" in result.stderr
+    assert error_lines(result.stderr) == []
