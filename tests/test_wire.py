@@ -666,3 +666,131 @@ def test_rejects_priority_in_the_wrong_place() -> None:
 
     frames = dump(with_priorities(np.ones(16, np.float32)))
     reject(with_header(frames, swap))
+
+
+# ---------------------------------------------------------------------------------------------
+# Continuous action bounds (README "Validation and limits")
+# ---------------------------------------------------------------------------------------------
+
+# Pendulum-like: dimension 0 in [-2, 2], dimension 1 in [0, 1].
+BOUNDED = SampleSpec(
+    obs_shape=(3,),
+    obs_dtype="float32",
+    action_shape=(2,),
+    action_dtype="float32",
+    action_low=(-2.0, 0.0),
+    action_high=(2.0, 1.0),
+)
+
+
+def bounded_frames(action: np.ndarray) -> list[bytes]:
+    return samples_frames(BOUNDED, action=np.asarray(action, np.float32).reshape(-1, 2))
+
+
+@pytest.mark.parametrize(
+    "action",
+    [[0.0, 0.5], [-2.0, 0.0], [2.0, 1.0], [2.0 + 1e-5, 1.0 + 5e-6], [-2.0 - 1e-5, -5e-6]],
+    ids=["inside", "at-low", "at-high", "rounding-above", "rounding-below"],
+)
+def test_accepts_continuous_actions_within_bounds_and_float_rounding(action: list[float]) -> None:
+    msg = load_samples(bounded_frames(np.tile(action, (16, 1))), BOUNDED)
+    assert msg.batch.action.shape == (16, 2)
+
+
+@pytest.mark.parametrize(
+    ("row", "value"),
+    [((0, 0), 2.001), ((5, 0), -2.5), ((15, 1), 1.0001), ((3, 1), -1e-3), ((7, 0), 3e38)],
+)
+def test_rejects_continuous_action_outside_bounds(row: tuple[int, int], value: float) -> None:
+    action = np.zeros((16, 2), np.float32)
+    action[row] = value
+    reject_samples(bounded_frames(action), BOUNDED, match="outside the action space's bounds")
+    with pytest.raises(WireError):  # the actor's self-check refuses it too
+        validate_samples(make_samples(BOUNDED, action=action), BOUNDED)
+
+
+def test_an_infinite_bound_leaves_the_other_side_checked() -> None:
+    half = SampleSpec(
+        obs_shape=(3,), obs_dtype="float32", action_shape=(1,), action_dtype="float32",
+        action_low=-math.inf, action_high=1.0,
+    )  # fmt: skip
+    assert load_samples(samples_frames(half, action=np.full((16, 1), -3e38, np.float32)), half)
+    reject_samples(samples_frames(half, action=np.full((16, 1), 1.5, np.float32)), half, match="bounds")
+    reject_samples(samples_frames(half, action=np.full((16, 1), -np.inf, np.float32)), half, match="action")
+
+
+def test_unbounded_continuous_spec_still_only_checks_finiteness() -> None:
+    assert CONTINUOUS.action_low is None
+    load_samples(samples_frames(CONTINUOUS, action=np.full((16, 2), 1e30, np.float32)), CONTINUOUS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The weights fingerprint (optional header field, proto 1)
+# ---------------------------------------------------------------------------------------------
+
+FINGERPRINT = {"env.id": "CartPole-v1", "obs.shape": [4], "agent.n_step": 3, "agent.gamma": 0.99, "x": True}
+
+
+def fingerprinted(fingerprint: Any = FINGERPRINT) -> list[bytes]:
+    return as_bytes(dump(WeightsMsg(Weights(4, {"w": np.ones(2, np.float32)}), "dqn", fingerprint)))
+
+
+def test_fingerprint_round_trips_with_its_types() -> None:
+    got = load_weights(fingerprinted())
+    assert got.fingerprint == FINGERPRINT
+    assert type(got.fingerprint["agent.n_step"]) is int and type(got.fingerprint["x"]) is bool
+
+
+def test_weights_without_fingerprint_are_the_old_proto_1_message() -> None:
+    frames = fingerprinted(None)
+    assert "fingerprint" not in header_of(frames)
+    assert header_of(frames).keys() == {"proto", "kind", "arrays", "version", "agent"}
+    assert load_weights(frames).fingerprint is None
+
+
+def test_fingerprint_accepts_numpy_scalars_and_tuples_from_the_sender() -> None:
+    sent = {"n": np.int64(3), "g": np.float32(0.5), "shape": (np.int64(84), 84), "b": np.bool_(True)}
+    got = load_weights(fingerprinted(sent)).fingerprint
+    assert got == {"n": 3, "g": 0.5, "shape": [84, 84], "b": True}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [1, 2],
+        "cartpole",
+        {f"k{i}": 1 for i in range(wire.MAX_FINGERPRINT_ENTRIES + 1)},
+        {"k": list(range(wire.MAX_FINGERPRINT_LIST + 1))},
+        {"k": [[1, 2]]},
+        {"k": {"nested": 1}},
+        {"k": None},
+        {"k": [None]},
+        {"k": math.nan},
+        {"k": [math.inf]},
+        {"k": "v" * 257},
+        {"k" * 257: 1},
+        {"k": 2**64 - 1},
+    ],
+    ids=[
+        "list", "string", "too-many-entries", "long-list", "nested-list", "nested-map", "none",
+        "none-item", "nan", "inf-item", "long-value", "long-key", "beyond-int64",
+    ],
+)  # fmt: skip
+def test_rejects_hostile_fingerprints(bad: Any) -> None:
+    reject(with_header(fingerprinted(), lambda h: h.update(fingerprint=bad)), "fingerprint")
+
+
+def test_rejects_fingerprint_with_non_string_keys_or_binary_values() -> None:
+    header = header_of(fingerprinted())
+    for fingerprint in ({1: "x"}, {"k": b"bytes"}):
+        header["fingerprint"] = fingerprint
+        reject([msgpack.packb(header, use_bin_type=True), *fingerprinted()[1:]])
+
+
+def test_fingerprint_is_allowed_on_weights_only() -> None:
+    reject(with_header(dump(StopMsg("x")), lambda h: h.update(fingerprint={})), "unexpected keys")
+
+
+def test_dump_refuses_a_fingerprint_load_would_refuse() -> None:
+    with pytest.raises(WireError, match="fingerprint"):
+        fingerprinted({"k": {"nested": 1}})

@@ -7,7 +7,8 @@ field replaced by a random msgpack value, a non-finite reward, an out-of-range a
 dtype or shape string, ...). For each decoder the property is the same:
 
 * it returns a message that re-validates and satisfies every invariant the decoder promises
-  (checked here independently of ``wire.py``'s own checks), or
+  (checked here independently of ``wire.py``'s own checks: continuous actions within the spec's
+  bounds, a weights fingerprint flat and bounded, ...), or
 * it raises ``WireError``; any other exception fails the test.
 
 Valid messages also round-trip through ``dump``/``load`` bit for bit.
@@ -27,8 +28,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from zmqrl.transport.wire import (
+    ACTION_BOUND_TOLERANCE,
     ALLOWED_DTYPES,
     MAX_EPISODES,
+    MAX_FINGERPRINT_ENTRIES,
+    MAX_FINGERPRINT_LIST,
     MAX_NDIM,
     MAX_STRING,
     HeartbeatMsg,
@@ -64,9 +68,18 @@ CARTPOLE = SampleSpec(
 ATARI_ISH = SampleSpec(
     obs_shape=(4, 6, 5), obs_dtype="uint8", action_shape=(), action_dtype="int64", num_actions=6, max_batch=8
 )
-# Continuous actions: the action column is float and must be finite instead of in range.
+# Continuous actions without bounds: the action column is float and must only be finite.
 CONTINUOUS = SampleSpec(obs_shape=(3,), obs_dtype="float32", action_shape=(2,), action_dtype="float32")
-SPECS = (CARTPOLE, ATARI_ISH, CONTINUOUS)
+# Continuous actions with per-dimension bounds (one of them half-open), as sample_spec builds from a Box.
+BOUNDED = SampleSpec(
+    obs_shape=(3,),
+    obs_dtype="float32",
+    action_shape=(3,),
+    action_dtype="float32",
+    action_low=(-2.0, 0.0, -math.inf),
+    action_high=(2.0, 1.0, 10.0),
+)
+SPECS = (CARTPOLE, ATARI_ISH, CONTINUOUS, BOUNDED)
 
 INT64_MAX = 2**63 - 1
 UINT = st.integers(0, INT64_MAX)
@@ -122,18 +135,50 @@ def sample_messages(draw: st.DrawFn, spec: SampleSpec) -> SamplesMsg:
 
     obs_shape = (n, *spec.obs_shape)
     if spec.num_actions is not None:
-        actions = st.integers(0, spec.num_actions - 1)
+        action = column(spec.action_dtype, (n, *spec.action_shape), st.integers(0, spec.num_actions - 1))
+    elif spec.action_low is not None and spec.action_high is not None:  # each dimension in its own bounds
+        dims = [
+            column("float32", (n,), in_bounds(lo, hi))
+            for lo, hi in zip(bounds(spec.action_low), bounds(spec.action_high), strict=True)
+        ]
+        action = np.stack(dims, axis=1).reshape(n, *spec.action_shape)
     else:
-        actions = finite(spec.action_dtype)
+        action = column(spec.action_dtype, (n, *spec.action_shape), finite(spec.action_dtype))
     batch = TransitionBatch(
         obs=column(spec.obs_dtype, obs_shape, elements_of(spec.obs_dtype)),
-        action=column(spec.action_dtype, (n, *spec.action_shape), actions),
+        action=action,
         reward=column("float32", (n,), finite("float32")),
         next_obs=column(spec.obs_dtype, obs_shape, elements_of(spec.obs_dtype)),
         discount=column("float32", (n,), st.floats(0.0, 1.0, width=32)),
     )
     episodes = draw(st.lists(st.builds(EpisodeStat, finite("float64"), UINT), max_size=3))
     return SamplesMsg(draw(UINT), draw(UINT), draw(UINT), batch, episodes)
+
+
+def bounds(value: float | tuple[float, ...] | None) -> tuple[float, ...]:
+    assert value is not None
+    return value if isinstance(value, tuple) else (value,)
+
+
+def in_bounds(lo: float, hi: float) -> st.SearchStrategy[float]:
+    """float32 values in [lo, hi], the bounds themselves included (an infinite side: any finite)."""
+    return st.floats(
+        None if math.isinf(lo) else lo,
+        None if math.isinf(hi) else hi,
+        allow_nan=False,
+        allow_infinity=False,
+        width=32,
+    )
+
+
+FINGERPRINT_SCALARS = st.one_of(
+    st.text(max_size=MAX_STRING), st.integers(-(2**63), INT64_MAX), finite("float64"), st.booleans()
+)
+FINGERPRINTS = st.dictionaries(
+    st.text(max_size=24),
+    st.one_of(FINGERPRINT_SCALARS, st.lists(FINGERPRINT_SCALARS, max_size=MAX_FINGERPRINT_LIST)),
+    max_size=8,
+)
 
 
 @st.composite
@@ -145,7 +190,8 @@ def weights_messages(draw: st.DrawFn) -> WeightsMsg:
         dtype = draw(st.sampled_from(sorted(ALLOWED_DTYPES)))
         shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
         arrays[name] = draw(hnp.arrays(np.dtype(dtype), shape, elements=elements_of(dtype)))
-    return WeightsMsg(Weights(draw(UINT), arrays), agent=draw(st.text(max_size=16)))
+    fingerprint = draw(st.one_of(st.none(), FINGERPRINTS))
+    return WeightsMsg(Weights(draw(UINT), arrays), agent=draw(st.text(max_size=16)), fingerprint=fingerprint)
 
 
 NUMBERS = st.one_of(st.integers(-(2**63), INT64_MAX), finite("float64"))
@@ -212,6 +258,7 @@ def assert_same_message(a: Message, b: Message) -> None:
     elif isinstance(a, WeightsMsg):
         assert isinstance(b, WeightsMsg)
         assert (a.weights.version, a.agent) == (b.weights.version, b.agent)
+        assert same_fingerprint(a.fingerprint, b.fingerprint), f"{a.fingerprint} != {b.fingerprint}"
         assert list(a.weights.arrays) == list(b.weights.arrays), "names or their order changed"
         for name, arr in a.weights.arrays.items():
             assert_same_array(arr, b.weights.arrays[name], name)
@@ -220,6 +267,17 @@ def assert_same_message(a: Message, b: Message) -> None:
         if isinstance(a, HeartbeatMsg):  # 3 and 3.0 compare equal; the wire must keep them apart
             assert isinstance(b, HeartbeatMsg)
             assert {k: type(v) for k, v in a.counters.items()} == {k: type(v) for k, v in b.counters.items()}
+
+
+def same_fingerprint(a: Any, b: Any) -> bool:
+    """Equal keys, values and value types (True is not 1, 3 is not 3.0 on the wire)."""
+    if a is None or b is None:
+        return a is b
+
+    def typed(v: Any) -> Any:
+        return [typed(x) for x in v] if isinstance(v, list) else (type(v), v)
+
+    return {k: typed(v) for k, v in a.items()} == {k: typed(v) for k, v in b.items()}
 
 
 def assert_same_array(x: Any, y: Any, what: str) -> None:
@@ -252,6 +310,8 @@ def assert_structurally_valid(msg: Message) -> None:
     elif isinstance(msg, WeightsMsg):
         assert_uint(msg.weights.version, "version")
         assert_string(msg.agent, "agent")
+        if msg.fingerprint is not None:
+            assert_flat_fingerprint(msg.fingerprint)
     elif isinstance(msg, HeartbeatMsg):
         assert_string(msg.role, "role")
         assert_string(msg.state, "state")
@@ -270,6 +330,20 @@ def assert_structurally_valid(msg: Message) -> None:
         assert_string(name, "array name")
         assert arr.dtype.name in ALLOWED_DTYPES and arr.ndim <= MAX_NDIM
     assert_revalidates(msg)
+
+
+def assert_flat_fingerprint(fingerprint: Any) -> None:
+    """At most MAX_FINGERPRINT_ENTRIES string keys; values scalars or short lists of scalars."""
+    assert type(fingerprint) is dict and len(fingerprint) <= MAX_FINGERPRINT_ENTRIES
+    for key, value in fingerprint.items():
+        assert_string(key, "fingerprint key")
+        items = value if type(value) is list else [value]
+        assert len(items) <= MAX_FINGERPRINT_LIST, f"fingerprint {key!r} list too long"
+        for item in items:
+            if type(item) is str:
+                assert_string(item, f"fingerprint {key!r}")
+            elif type(item) is not bool:
+                assert_number(item, f"fingerprint {key!r}")
 
 
 def arrays_of(msg: Message) -> dict[str, np.ndarray]:
@@ -299,6 +373,11 @@ def assert_satisfies_spec(msg: SamplesMsg, spec: SampleSpec) -> None:
     assert ((b.discount >= 0.0) & (b.discount <= 1.0)).all(), "discount outside [0, 1]"
     if spec.num_actions is not None:
         assert ((b.action >= 0) & (b.action < spec.num_actions)).all(), "action out of range"
+    if spec.action_low is not None and spec.action_high is not None:
+        low = np.array(bounds(spec.action_low)).reshape(spec.action_shape)
+        high = np.array(bounds(spec.action_high)).reshape(spec.action_shape)
+        assert (b.action >= low - ACTION_BOUND_TOLERANCE * np.maximum(1, abs(low))).all(), "action < low"
+        assert (b.action <= high + ACTION_BOUND_TOLERANCE * np.maximum(1, abs(high))).all(), "action > high"
     validate_samples(msg, spec)  # and wire.py's own validator agrees
 
 
@@ -477,12 +556,25 @@ def mutate_samples_content(data: st.DataObject, frames: Frames, spec: SampleSpec
         )
     else:
         bad = data.draw(st.sampled_from(BAD_FLOATS), label="value")
+    per_row = int(np.prod(spec.action_shape)) if column == "action" else 0
+    element = data.draw(st.integers(0, max(per_row, 1) - 1), label="element")
+    if column == "action" and spec.action_low is not None and data.draw(st.booleans(), label="out of bounds"):
+        bad = beyond_bounds(data, bounds(spec.action_low)[element], bounds(spec.action_high)[element])
 
     def edit(arr: np.ndarray) -> None:
-        per_row = arr.size // n
-        arr[row * per_row + data.draw(st.integers(0, per_row - 1), label="element")] = bad
+        width = arr.size // n
+        at = element if column == "action" else data.draw(st.integers(0, width - 1), label="element")
+        arr[row * width + at] = bad
 
     return edit_column(frames, column, edit)
+
+
+def beyond_bounds(data: st.DataObject, lo: float, hi: float) -> float:
+    """A finite float32 just past (or far past) a finite side of [lo, hi], beyond the tolerance."""
+    sides = [(b, sign) for b, sign in ((lo, -1.0), (hi, 1.0)) if math.isfinite(b)]
+    bound, sign = data.draw(st.sampled_from(sides), label="side")
+    margin = 2 * ACTION_BOUND_TOLERANCE * max(1.0, abs(bound))
+    return float(np.float32(bound + sign * data.draw(st.sampled_from([margin, 1.0, 1e30]), label="past")))
 
 
 def mutate_weights_content(data: st.DataObject, frames: Frames) -> Frames:
@@ -526,7 +618,7 @@ def mutate_any(data: st.DataObject, frames: Frames, content: Callable[[], Frames
 # ---------------------------------------------------------------------------------------------
 
 HEADER_FIELDS = ["actor_id", "seq", "weights_version", "episodes", "version", "agent", "role", "id", "pid"]
-HEADER_FIELDS += ["time", "state", "counters", "info", "reason"]
+HEADER_FIELDS += ["time", "state", "counters", "info", "reason", "fingerprint"]
 DESCRIPTOR_LIKE = st.fixed_dictionaries(
     {
         "name": st.sampled_from([*BATCH_FIELDS, "w", ""]),

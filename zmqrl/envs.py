@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
+from zmqrl.errors import ConfigError
 from zmqrl.transport.wire import SampleSpec
 
 # What to run when an optional extra is missing; the project's extras pull in everything the env needs.
@@ -38,8 +39,11 @@ _RAW_FRAMESKIP = 1
 _RGB_CHANNELS = 3
 
 
-class EnvError(ValueError):
-    """The configured environment cannot be made or is not supported by the configured agent."""
+class EnvError(ConfigError):
+    """The configured environment cannot be made or is not supported by the configured agent.
+
+    A ConfigError (hence still a ValueError): the user fixes it with another setting, so the CLI
+    exits 2 with one line wherever in a role it is raised."""
 
 
 def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
@@ -122,6 +126,9 @@ def sample_spec(
             action_dtype="float32",
             num_actions=None,
             max_batch=max_batch,
+            # The float32 bounds the env enforces: the learner refuses actions outside them.
+            action_low=tuple(float(x) for x in np.asarray(act_space.low, np.float32).reshape(-1)),
+            action_high=tuple(float(x) for x in np.asarray(act_space.high, np.float32).reshape(-1)),
         )
     raise EnvError(f"action space {act_space} is not supported (need Discrete or Box)")
 
@@ -129,8 +136,8 @@ def sample_spec(
 def action_bounds(env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any]) -> dict[str, np.ndarray]:
     """``action_low`` / ``action_high`` keyword arguments for ``make_agent``, from a Box action space.
 
-    A continuous-action agent squashes its policy onto these bounds; the spec does not carry them
-    (it describes messages, not the env). Discrete envs give ``{}``, so callers can always splat it.
+    A continuous-action agent squashes its policy onto these bounds (the spec carries the same
+    bounds, to validate received actions). Discrete envs give ``{}``, so callers can always splat it.
     """
     space = getattr(env, "single_action_space", None)
     if space is None:

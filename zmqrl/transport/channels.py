@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -18,8 +19,11 @@ from typing import TypeVar
 import numpy as np
 import zmq
 
+from zmqrl.fingerprint import check_fingerprint
 from zmqrl.transport import wire
+from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import (
+    Fingerprint,
     HeartbeatMsg,
     SamplesMsg,
     SampleSpec,
@@ -31,6 +35,9 @@ from zmqrl.types import Weights
 
 # At most one log line per this many seconds per channel about dropped messages.
 BAD_MESSAGE_LOG_SECONDS = 5.0
+# Most messages one drain of the heartbeat or control socket reads; the rest wait for the next
+# call, so a flood cannot hold the supervisor's (or a role's) loop inside one drain.
+DRAIN_MAX_MESSAGES = 256
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
 # Observation rows at least this large (an 84x84 frame is 7 KB) are received without a copy.
@@ -41,7 +48,15 @@ _M = TypeVar("_M", bound=HeartbeatMsg | StopMsg)
 
 
 class BadMessages:
-    """Tally of dropped messages for one channel, with rate-limited logging."""
+    """Tally of dropped messages for one channel, with rate-limited logging that loses no count.
+
+    At most one line per ``interval``; each line says how many messages were dropped since the
+    previous line (the suppressed ones included) and the total. Drops that arrive inside an
+    interval are reported by the next line: the next ``record`` once the interval has passed, a
+    ``maybe_flush`` from a housekeeping loop (so a burst that stops is still reported), or
+    ``flush`` at shutdown. Thread-safe: the learner records on its ingest thread and flushes on
+    its main thread.
+    """
 
     def __init__(
         self,
@@ -56,23 +71,53 @@ class BadMessages:
         self._interval = interval
         self._clock = clock
         self._last_log = -float("inf")
-        self._unlogged = 0
+        self._pending = 0  # dropped since the last line
+        self._latest = ""  # reason of the newest drop
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """Drops not yet reported in a log line."""
+        return self._pending
 
     def record(self, error: Exception) -> None:
-        self.count += 1
-        self._unlogged += 1
-        reason = str(error)[:120]
+        with self._lock:
+            self.count += 1
+            self._pending += 1
+            self._latest = str(error)[:120]
+            self._report_if_due()
+
+    def maybe_flush(self) -> bool:
+        """Report pending drops if ``interval`` has passed since the last line; returns whether a
+        line was logged. Call it from a housekeeping loop."""
+        with self._lock:
+            return self._report_if_due()
+
+    def flush(self) -> bool:
+        """Report pending drops now, whatever the interval (call at shutdown); whether it logged."""
+        with self._lock:
+            if not self._pending:
+                return False
+            self._report(self._clock())
+            return True
+
+    def _report_if_due(self) -> bool:
         now = self._clock()
-        if now - self._last_log >= self._interval:
-            self._log.warning(
-                "%s: dropped %d malformed message(s) (total %d); latest: %s",
-                self.channel,
-                self._unlogged,
-                self.count,
-                reason,
-            )
-            self._last_log = now
-            self._unlogged = 0
+        if not self._pending or now - self._last_log < self._interval:
+            return False
+        self._report(now)
+        return True
+
+    def _report(self, now: float) -> None:
+        self._log.warning(
+            "%s: dropped %d malformed message(s) since the last report (total %d); latest: %s",
+            self.channel,
+            self._pending,
+            self.count,
+            self._latest,
+        )
+        self._last_log = now
+        self._pending = 0
 
 
 class SampleSender:
@@ -111,14 +156,22 @@ class SampleReceiver:
     Large rows (images) are received zero-copy: the decoded arrays are views of ZeroMQ's own
     message buffers, copied once, into replay. For small rows a plain copy is cheaper than the
     per-frame bookkeeping of zero-copy frames, so ``zero_copy`` defaults by observation size.
+
+    Every valid message is also accounted per actor in ``seqs`` (lost, reordered, restarts).
     """
 
     def __init__(
-        self, sock: zmq.Socket, spec: SampleSpec, bad: BadMessages, zero_copy: bool | None = None
+        self,
+        sock: zmq.Socket,
+        spec: SampleSpec,
+        bad: BadMessages,
+        zero_copy: bool | None = None,
+        seqs: SequenceTracker | None = None,
     ) -> None:
         self._sock = sock
         self.spec = spec
         self.bad = bad
+        self.seqs = seqs or SequenceTracker()
         obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
         self.zero_copy = obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
 
@@ -134,19 +187,32 @@ class SampleReceiver:
         except zmq.Again:
             return False
         try:
-            return wire.load_samples(frames, self.spec)
+            msg = wire.load_samples(frames, self.spec)
         except WireError as exc:
             self.bad.record(exc)
             return None
+        self.seqs.observe(msg.actor_id, msg.seq, msg.batch.size)
+        return msg
 
 
 class WeightsPublisher:
-    """Learner side of the weights channel. Keeps the last encoded message for republishing."""
+    """Learner side of the weights channel. Keeps the last encoded message for republishing.
 
-    def __init__(self, sock: zmq.Socket, agent_kind: str, clock: Clock = time.monotonic) -> None:
+    ``fingerprint`` (``zmqrl.fingerprint.run_fingerprint``) travels with every snapshot, so an
+    actor whose settings differ can refuse itself instead of sending wrong transitions.
+    """
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        agent_kind: str,
+        clock: Clock = time.monotonic,
+        fingerprint: Fingerprint | None = None,
+    ) -> None:
         self._sock = sock
         self._agent_kind = agent_kind
         self._clock = clock
+        self.fingerprint = fingerprint
         self._frames: list[bytes | memoryview] | None = None
         self._last_sent = -float("inf")
         self.version = 0
@@ -156,7 +222,8 @@ class WeightsPublisher:
         if weights.version < self.version:
             raise ValueError(f"weights version went backwards: {weights.version} < {self.version}")
         if weights.version != self.version or self._frames is None:
-            self._frames = wire.dump(WeightsMsg(weights=weights, agent=self._agent_kind))
+            msg = WeightsMsg(weights=weights, agent=self._agent_kind, fingerprint=self.fingerprint)
+            self._frames = wire.dump(msg)
             self.version = weights.version
         self._send()
 
@@ -183,19 +250,34 @@ class WeightsPublisher:
 
 
 class WeightsSubscriber:
-    """Actor side of the weights channel: drains the socket and keeps only the newest snapshot."""
+    """Actor side of the weights channel: drains the socket and keeps only the newest snapshot.
+
+    With ``expected_fingerprint`` (this process's own ``run_fingerprint``), a weights message whose
+    fingerprint differs raises ``FingerprintMismatch`` from ``latest()`` and is never returned: the
+    caller must not act on, or send transitions for, a run whose settings it does not share. The
+    check comes before the reference check, so a learner with another network is named as a
+    mismatch instead of being dropped as malformed forever. A message without a fingerprint (an
+    older learner) is not checked.
+    """
 
     def __init__(
-        self, sock: zmq.Socket, reference: Mapping[str, tuple[tuple[int, ...], str]] | None, bad: BadMessages
+        self,
+        sock: zmq.Socket,
+        reference: Mapping[str, tuple[tuple[int, ...], str]] | None,
+        bad: BadMessages,
+        expected_fingerprint: Fingerprint | None = None,
     ) -> None:
         self._sock = sock
         self._reference = reference
         self.bad = bad
+        self.expected_fingerprint = expected_fingerprint
+        self.fingerprint: Fingerprint | None = None  # of the newest valid weights message
         self.stop: StopMsg | None = None  # set once the learner announced that it has stopped
 
     def latest(self) -> WeightsMsg | None:
         """The newest valid weights message queued since the last call, or None. A ``stop`` from
-        the learner is kept in ``self.stop``; anything else that is not valid weights is counted."""
+        the learner is kept in ``self.stop``; anything else that is not valid weights is counted.
+        Raises ``FingerprintMismatch`` (see the class doc)."""
         queued: list[list[bytes]] = []
         while True:
             try:
@@ -205,14 +287,24 @@ class WeightsSubscriber:
         # Newest first: older valid snapshots are superseded and never need decoding.
         for frames in reversed(queued):
             try:
-                return wire.load_weights(frames, self._reference)
+                msg = wire.load(frames)
+                if isinstance(msg, StopMsg):
+                    self.stop = msg
+                    continue
+                if not isinstance(msg, WeightsMsg):
+                    raise WireError(f"expected a weights message, got {type(msg).__name__}")
+                self._check_fingerprint(msg)
+                wire.validate_weights(msg, self._reference)
             except WireError as exc:
-                stop = _as_stop(frames)
-                if stop is None:
-                    self.bad.record(exc)
-                else:
-                    self.stop = stop
+                self.bad.record(exc)
+                continue
+            self.fingerprint = msg.fingerprint
+            return msg
         return None
+
+    def _check_fingerprint(self, msg: WeightsMsg) -> None:
+        if self.expected_fingerprint is not None and msg.fingerprint is not None:
+            check_fingerprint(self.expected_fingerprint, msg.fingerprint)
 
 
 class HeartbeatSender:
@@ -265,10 +357,11 @@ class HeartbeatReceiver:
         self._sock = sock
         self.bad = bad
 
-    def recv_all(self, timeout_ms: int) -> list[HeartbeatMsg]:
+    def recv_all(self, timeout_ms: int, max_messages: int = DRAIN_MAX_MESSAGES) -> list[HeartbeatMsg]:
+        """At most ``max_messages`` messages are read per call; the rest stay queued."""
         if not self._sock.poll(timeout_ms, zmq.POLLIN):
             return []
-        return _drain(self._sock, HeartbeatMsg, self.bad)
+        return _drain(self._sock, HeartbeatMsg, self.bad, max_messages)
 
 
 class ControlPublisher:
@@ -298,9 +391,10 @@ class ControlSubscriber:
         self._clock = clock
         self.supervisor_seen: float | None = None  # clock() of the last supervisor heartbeat
 
-    def poll_stop(self) -> StopMsg | None:
+    def poll_stop(self, max_messages: int = DRAIN_MAX_MESSAGES) -> StopMsg | None:
+        """A stop among the next ``max_messages`` queued messages (the rest wait for the next call)."""
         stop: StopMsg | None = None
-        for msg in _drain(self._sock, (StopMsg, HeartbeatMsg), self.bad):
+        for msg in _drain(self._sock, (StopMsg, HeartbeatMsg), self.bad, max_messages):
             if isinstance(msg, StopMsg):
                 stop = msg
             elif msg.role == "supervisor":
@@ -310,19 +404,17 @@ class ControlSubscriber:
         return stop
 
 
-def _as_stop(frames: list[bytes]) -> StopMsg | None:
-    try:
-        msg = wire.load(frames)
-    except WireError:
-        return None
-    return msg if isinstance(msg, StopMsg) else None
-
-
-def _drain(sock: zmq.Socket, kind: type[_M] | tuple[type[_M], ...], bad: BadMessages) -> list[_M]:
-    """Every message queued on ``sock`` that decodes to ``kind``; anything else is counted as bad."""
+def _drain(
+    sock: zmq.Socket,
+    kind: type[_M] | tuple[type[_M], ...],
+    bad: BadMessages,
+    max_messages: int = DRAIN_MAX_MESSAGES,
+) -> list[_M]:
+    """The messages queued on ``sock`` that decode to ``kind``, reading at most ``max_messages``
+    (valid or not) so a flood cannot stall the caller; anything else is counted as bad."""
     out: list[_M] = []
     names = "/".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-    while True:
+    for _ in range(max_messages):
         try:
             frames = sock.recv_multipart(flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -336,3 +428,4 @@ def _drain(sock: zmq.Socket, kind: type[_M] | tuple[type[_M], ...], bad: BadMess
             out.append(msg)
         else:
             bad.record(WireError(f"expected {names}, got {type(msg).__name__} on {bad.channel}"))
+    return out

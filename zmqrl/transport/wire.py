@@ -97,6 +97,21 @@ _HEADER_KEYS: dict[str, frozenset[str]] = {
     KIND_HEARTBEAT: frozenset((*_COMMON_KEYS, "role", "id", "pid", "time", "state", "counters", "info")),
     KIND_STOP: frozenset((*_COMMON_KEYS, "reason")),
 }
+# Keys a header may carry in addition to its exact set. Each was added without a PROTO_VERSION bump
+# because a message without it means exactly what it meant before (as the optional priority array).
+_OPTIONAL_KEYS: dict[str, frozenset[str]] = {
+    KIND_WEIGHTS: frozenset(("fingerprint",)),  # the learner's run fingerprint (zmqrl/fingerprint.py)
+}
+
+# Bounds of the optional weights "fingerprint" map: a flat map of the settings actor and learner
+# must share. Small on purpose: it is compared key by key on every actor, and named in errors.
+MAX_FINGERPRINT_ENTRIES = 64
+MAX_FINGERPRINT_LIST = 64  # longest list value (an observation shape, per-dimension action bounds)
+
+# Continuous actions may exceed the spec's bounds by this much, relative to the bound's magnitude
+# (at least 1): float32 rounding in an actor's rescaling of a squashed policy output (low + (y + 1)
+# * (high - low) / 2) lands a few ulps outside a bound; anything further out is a bug or hostile.
+ACTION_BOUND_TOLERANCE = 1e-5
 _DESCRIPTOR_KEYS = frozenset(("name", "dtype", "shape"))
 
 # Options for msgpack.unpackb. The max_*_len limits make msgpack refuse oversized containers
@@ -116,6 +131,12 @@ _UNPACK_LIMITS: dict[str, Any] = {
 
 class WireError(ValueError):
     """The one error type every decoder raises for any malformed/foreign message."""
+
+
+# A fingerprint value: a scalar, or a short flat list of scalars (shapes, per-dimension bounds).
+FingerprintScalar = str | int | float | bool
+FingerprintValue = FingerprintScalar | list[FingerprintScalar]
+Fingerprint = dict[str, FingerprintValue]
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,6 +159,10 @@ class SampleSpec:
     action_dtype: str  # "int64" discrete, "float32" continuous
     num_actions: int | None = None  # discrete: valid actions are 0..num_actions-1
     max_batch: int = 65536
+    # Continuous only: inclusive per-element bounds (a scalar, or anything of action_shape; stored
+    # flattened as floats, +-inf allowed), checked within ACTION_BOUND_TOLERANCE. None: only finite.
+    action_low: float | tuple[float, ...] | None = None
+    action_high: float | tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("obs_dtype", "action_dtype"):
@@ -154,6 +179,30 @@ class SampleSpec:
             raise ValueError(f"SampleSpec.num_actions must be >= 1, got {self.num_actions}")
         if int(self.max_batch) < 1:
             raise ValueError(f"SampleSpec.max_batch must be >= 1, got {self.max_batch}")
+        self._normalise_bounds()
+
+    def _normalise_bounds(self) -> None:
+        """Broadcast the bounds to ``action_shape`` and store them as flat float tuples, so the spec
+        stays hashable and comparable and a scalar bound means the same for every dimension."""
+        if self.action_low is None and self.action_high is None:
+            return
+        if self.action_low is None or self.action_high is None:
+            raise ValueError("SampleSpec.action_low and action_high must be given together")
+        if self.num_actions is not None or np.dtype(self.action_dtype).kind != "f":
+            raise ValueError("SampleSpec action bounds apply to continuous (float) actions only")
+        flat = []
+        for name in ("action_low", "action_high"):
+            try:
+                arr = np.broadcast_to(np.asarray(getattr(self, name), dtype=np.float64), self.action_shape)
+            except ValueError:
+                raise ValueError(f"SampleSpec.{name} does not fit action_shape {self.action_shape}") from None
+            if np.isnan(arr).any():
+                raise ValueError(f"SampleSpec.{name} contains NaN")
+            flat.append(arr.reshape(-1))
+        if not (flat[0] <= flat[1]).all():
+            raise ValueError("SampleSpec.action_low must be <= action_high in every dimension")
+        object.__setattr__(self, "action_low", tuple(float(x) for x in flat[0]))
+        object.__setattr__(self, "action_high", tuple(float(x) for x in flat[1]))
 
 
 @dataclass
@@ -179,6 +228,9 @@ class WeightsMsg:
 
     weights: Weights
     agent: str  # agent kind, e.g. "dqn"
+    # The learner's run fingerprint (settings its actors must share: env, spaces, network, n-step,
+    # gamma), so a mismatched actor can refuse itself. None: an older learner that sends none.
+    fingerprint: Fingerprint | None = None
 
 
 @dataclass
@@ -261,11 +313,44 @@ def _str(value: Any, what: str) -> str:
     return value
 
 
-def _keys(header: dict[Any, Any], expected: frozenset[str], what: str) -> None:
-    if header.keys() != expected:
-        missing = sorted(expected - header.keys())
-        extra = sorted(_short(k) for k in header.keys() - expected)
+def _keys(
+    header: dict[Any, Any], expected: frozenset[str], what: str, optional: frozenset[str] = frozenset()
+) -> None:
+    keys = header.keys() - optional
+    if keys != expected:
+        missing = sorted(expected - keys)
+        extra = sorted(_short(k) for k in keys - expected)
         _fail(f"{what}: missing keys {missing}, unexpected keys {extra}")
+
+
+def _fingerprint_scalar(value: Any, what: str) -> FingerprintScalar:
+    if type(value) is bool:
+        return value
+    if type(value) is str:
+        return _str(value, what)
+    if type(value) is int:
+        return _int(value, what, minimum=_INT64_MIN)
+    if type(value) is float:
+        return _float(value, what)
+    _fail(f"{what} must be a string, number or bool, got {_short(value)}")
+
+
+def _fingerprint(value: Any) -> Fingerprint:
+    """A flat map of short strings to scalars or short lists of scalars; nothing nested."""
+    if type(value) is not dict:
+        _fail(f"'fingerprint' must be a map, got {_short(value)}")
+    if len(value) > MAX_FINGERPRINT_ENTRIES:
+        _fail(f"fingerprint has {len(value)} entries > {MAX_FINGERPRINT_ENTRIES}")
+    out: Fingerprint = {}
+    for key, item in value.items():
+        name = _str(key, "fingerprint key")
+        if type(item) is list:
+            if len(item) > MAX_FINGERPRINT_LIST:
+                _fail(f"fingerprint {name!r} has {len(item)} items > {MAX_FINGERPRINT_LIST}")
+            out[name] = [_fingerprint_scalar(x, f"fingerprint {name!r} item") for x in item]
+        else:
+            out[name] = _fingerprint_scalar(item, f"fingerprint {name!r}")
+    return out
 
 
 def _reject_ext(code: int, data: bytes) -> NoReturn:
@@ -356,7 +441,7 @@ def _parse_header(header: Any) -> tuple[str, list[_Desc]]:
     kind = header.get("kind")
     if type(kind) is not str or kind not in _HEADER_KEYS:
         _fail(f"unknown message kind {_short(kind)}")
-    _keys(header, _HEADER_KEYS[kind], f"{kind} header")
+    _keys(header, _HEADER_KEYS[kind], f"{kind} header", _OPTIONAL_KEYS.get(kind, frozenset()))
     descs = _descriptors(header["arrays"])
     if kind == KIND_SAMPLES:
         _int(header["actor_id"], "actor_id")
@@ -366,6 +451,8 @@ def _parse_header(header: Any) -> tuple[str, list[_Desc]]:
     elif kind == KIND_WEIGHTS:
         _int(header["version"], "version")
         _str(header["agent"], "agent")
+        if "fingerprint" in header:
+            _fingerprint(header["fingerprint"])
         if len({d.name for d in descs}) != len(descs):
             _fail("weights array names are not unique")
     elif kind == KIND_HEARTBEAT:
@@ -421,6 +508,20 @@ def _py_number(value: Any, what: str) -> int | float:
     _fail(f"{what} must be a number, got {_short(value)}")
 
 
+def _dump_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """Builtin scalars (numpy scalars converted, tuples as lists) for msgpack; validated by dump."""
+
+    def scalar(v: Any) -> Any:
+        if isinstance(v, (np.bool_, np.integer, np.floating)):
+            return v.item()
+        return v
+
+    return {
+        k: [scalar(x) for x in v] if isinstance(v, (list, tuple)) else scalar(v)
+        for k, v in fingerprint.items()
+    }
+
+
 def _array_frame(name: str, value: Any) -> tuple[dict[str, Any], memoryview]:
     """Descriptor plus a zero-copy byte view of ``value`` as little-endian C order.
 
@@ -466,6 +567,8 @@ def dump(msg: Message) -> list[bytes | memoryview]:
         header["kind"] = KIND_WEIGHTS
         header["version"] = _py_int(msg.weights.version, "version")
         header["agent"] = msg.agent
+        if msg.fingerprint is not None:
+            header["fingerprint"] = _dump_fingerprint(msg.fingerprint)
         arrays = list(msg.weights.arrays.items())
     elif isinstance(msg, HeartbeatMsg):
         header["kind"] = KIND_HEARTBEAT
@@ -541,7 +644,10 @@ def _load(frames: Sequence[Any]) -> Message:
         )
     if kind == KIND_WEIGHTS:
         named = {d.name: a for d, a in zip(descs, arrays, strict=True)}
-        return WeightsMsg(weights=Weights(header["version"], named), agent=header["agent"])
+        fingerprint = _fingerprint(header["fingerprint"]) if "fingerprint" in header else None
+        return WeightsMsg(
+            weights=Weights(header["version"], named), agent=header["agent"], fingerprint=fingerprint
+        )
     if kind == KIND_HEARTBEAT:
         return HeartbeatMsg(
             role=header["role"],
@@ -634,6 +740,8 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
             _fail(f"action outside [0, {spec.num_actions})")
     else:
         _check_content(action, "action")
+        if spec.action_low is not None and spec.action_high is not None:
+            _check_action_bounds(action, spec)
     if len(msg.episodes) > MAX_EPISODES:
         _fail(f"too many episodes: {len(msg.episodes)} > {MAX_EPISODES}")
     for ep in msg.episodes:
@@ -644,6 +752,20 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
             _fail("episode return must be finite")
         if _py_int(length, "episode length") < 0:
             _fail("episode length must be >= 0")
+
+
+def _check_action_bounds(action: np.ndarray, spec: SampleSpec) -> None:
+    """Every row within [low, high] up to ACTION_BOUND_TOLERANCE (actions are already finite).
+
+    The margin scales with each bound's magnitude (at least 1), and an infinite bound stays
+    infinite, so one side of a half-bounded dimension is still checked.
+    """
+    low = np.asarray(spec.action_low, dtype=np.float64).reshape(spec.action_shape)
+    high = np.asarray(spec.action_high, dtype=np.float64).reshape(spec.action_shape)
+    slack_low = ACTION_BOUND_TOLERANCE * np.maximum(1.0, np.abs(low))
+    slack_high = ACTION_BOUND_TOLERANCE * np.maximum(1.0, np.abs(high))
+    if not ((action >= low - slack_low).all() and (action <= high + slack_high).all()):
+        _fail("continuous action outside the action space's bounds")
 
 
 def validate_samples(msg: SamplesMsg, spec: SampleSpec) -> None:
@@ -704,10 +826,18 @@ def load_weights(
     msg = load(frames)
     if not isinstance(msg, WeightsMsg):
         _fail(f"expected a weights message, got {_kind_of(msg)}")
+    validate_weights(msg, reference)
+    return msg
+
+
+def validate_weights(
+    msg: WeightsMsg, reference: Mapping[str, tuple[tuple[int, ...], str]] | None = None
+) -> None:
+    """The content half of :func:`load_weights`, for a message already decoded by :func:`load`
+    (the actor checks the fingerprint in between, so a mismatched network is named, not dropped)."""
     try:
         _check_weights(msg, reference)
     except WireError:
         raise
     except Exception as exc:
         raise WireError(f"invalid weights message ({type(exc).__name__})") from exc
-    return msg
