@@ -1,0 +1,338 @@
+"""docker/k8s/: valid Kubernetes objects (checked offline against the API schemas that the
+kubernetes-validate package ships), and the same deployment as docker/compose.yaml: images,
+commands, ports, environment, health checks and the run volume agree, except where a cluster
+needs something else (Curve keys instead of transport.insecure, actor ids from the StatefulSet).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason='kubernetes-validate is a dev dependency: pip install -e ".[dev]"'
+)
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "docker" / "k8s"
+COMPOSE = REPO / "docker" / "compose.yaml"
+NAMESPACE = "zmqrl"
+# The oldest release that labels StatefulSet pods with apps.kubernetes.io/pod-index (the actor ids
+# come from it), and the newest whose schemas the package ships.
+K8S_VERSIONS = ["1.28", kubernetes_validate.utils.latest_version()]
+ROLES = ["supervisor", "learner", "actor", "evaluator"]  # processes of zmqrl itself
+SERVICES = [*ROLES, "tensorboard"]
+IMAGE_ENTRYPOINT = ["zmqrl"]  # docker/Dockerfile's ENTRYPOINT, which `args` leave in place
+HEALTH = ["zmqrl", "health"]
+KEYS_DIR = "/keys"
+# The compose file's project network is private to it, so it runs the channels in plaintext; a
+# cluster network is shared, so the manifests use Curve keys instead.
+COMPOSE_ONLY_ENV = {"ZMQRL_TRANSPORT__INSECURE"}
+K8S_ONLY_ENV = {"ZMQRL_TRANSPORT__KEYS_DIR", "ZMQRL_ACTOR__NUM_ACTORS"}
+# Arguments the manifests add: a replacement pod of these resumes from the run volume.
+K8S_ONLY_ARGS = {"--resume"}
+# Servers bind, so they get the server secret and the authorized list; clients never do.
+SERVER_KEY_FILES = {
+    "server.key",
+    "server.key_secret",
+    "client.key",
+    "client.key_secret",
+    "authorized/client.key",
+}
+CLIENT_KEY_FILES = {"server.key", "client.key", "client.key_secret"}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading both sides
+# --------------------------------------------------------------------------------------------
+
+
+def manifest_files() -> list[Path]:
+    return sorted(K8S.glob("*.yaml"))
+
+
+def load_objects() -> list[dict[str, Any]]:
+    return [doc for path in manifest_files() for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
+    return found[0]
+
+
+def workload(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    found = [
+        o for o in objects if o["kind"] in ("Deployment", "StatefulSet") and o["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"expected one workload {name!r}, found {len(found)}"
+    return found[0]
+
+
+def container(obj: dict[str, Any]) -> dict[str, Any]:
+    containers = obj["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    result: dict[str, Any] = containers[0]
+    return result
+
+
+def effective_env(objects: list[dict[str, Any]], obj: dict[str, Any]) -> dict[str, Any]:
+    """What the container's environment will hold: its ConfigMaps (envFrom), then its own ``env``,
+    which wins; a value from the downward API is kept as its ``fieldRef`` path."""
+    c = container(obj)
+    env: dict[str, Any] = {}
+    for source in c.get("envFrom", []):
+        env.update(find(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+    for item in c.get("env", []):
+        env[item["name"]] = item["value"] if "value" in item else item["valueFrom"]["fieldRef"]["fieldPath"]
+    return env
+
+
+def interpolate(value: Any) -> Any:
+    """Compose's ``${VAR:-default}`` with nothing set in the environment: the defaults."""
+    if isinstance(value, str):
+        return re.sub(r"\$\{\w+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
+    if isinstance(value, list):
+        return [interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v) for k, v in value.items()}
+    return value
+
+
+def compose_services() -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = interpolate(yaml.safe_load(COMPOSE.read_text()))["services"]
+    return services
+
+
+def seconds(duration: str) -> float:
+    """A compose duration such as ``10s``, ``1m30s``."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def port_of(endpoint: str) -> int:
+    match = re.fullmatch(r"tcp://[^:]+:(\d+)", endpoint)
+    assert match, endpoint
+    return int(match.group(1))
+
+
+def key_files(obj: dict[str, Any], mount_path: str) -> tuple[set[str], set[str]]:
+    """(files, secrets) of the volume mounted at ``mount_path``: the paths it will hold and the
+    Secrets they come from."""
+    pod = obj["spec"]["template"]["spec"]
+    (mount,) = [m for m in container(obj)["volumeMounts"] if m["mountPath"] == mount_path]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    sources = [s["secret"] for s in volume["projected"]["sources"]] if "projected" in volume else []
+    if "secret" in volume:
+        sources = [{**volume["secret"], "name": volume["secret"]["secretName"]}]
+    files = {item["path"] for s in sources for item in s["items"]}
+    return files, {s["name"] for s in sources}
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict[str, Any]]:
+    return load_objects()
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, dict[str, Any]]:
+    return compose_services()
+
+
+# --------------------------------------------------------------------------------------------
+# Valid Kubernetes, offline
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schemas(
+    objects: list[dict[str, Any]], version: str
+) -> None:
+    assert len(objects) >= 12
+    errors = []
+    for obj in objects:
+        # Strict: an unknown or misspelled field fails too. A kind without a schema raises.
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:  # its str() dumps the whole schema
+            where = ".".join(str(p) for p in exc.path)
+            errors.append(f"{obj['kind']} {obj['metadata']['name']}: {where}: {exc.message}")
+    assert not errors, "\n".join(errors)
+
+
+def test_the_validation_catches_a_misspelled_field_and_a_wrong_type(objects: list[dict[str, Any]]) -> None:
+    learner = workload(objects, "learner")
+    misspelled = copy.deepcopy(learner)
+    container(misspelled)["ports"][0]["containerport"] = container(misspelled)["ports"][0].pop(
+        "containerPort"
+    )
+    wrong_type = copy.deepcopy(learner)
+    wrong_type["spec"]["replicas"] = "one"
+    for broken in (misspelled, wrong_type):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, K8S_VERSIONS[0], strict=True)
+
+
+def test_files_apply_in_order_into_one_namespace(objects: list[dict[str, Any]]) -> None:
+    """`kubectl apply -f docker/k8s/` takes the files in name order: the namespace first, then
+    the config and the volume the workloads need."""
+    first = [yaml.safe_load(p.read_text())["kind"] for p in manifest_files()[:3]]
+    assert first == ["Namespace", "ConfigMap", "PersistentVolumeClaim"]
+    assert find(objects, "Namespace", NAMESPACE)
+    assert all(o["metadata"].get("namespace") == NAMESPACE for o in objects if o["kind"] != "Namespace")
+
+
+def test_each_workload_selects_its_own_pods_and_each_service_its_workload(
+    objects: list[dict[str, Any]],
+) -> None:
+    for name in SERVICES:
+        obj = workload(objects, name)
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert labels["app.kubernetes.io/component"] == name
+    for service in (o for o in objects if o["kind"] == "Service"):
+        selected = [
+            w
+            for w in objects
+            if w["kind"] in ("Deployment", "StatefulSet")
+            and service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert [w["metadata"]["name"] for w in selected] == [service["metadata"]["name"]]
+
+
+# --------------------------------------------------------------------------------------------
+# The same deployment as docker/compose.yaml
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_same_services_run_the_same_image(
+    objects: list[dict[str, Any]], compose: dict[str, dict[str, Any]]
+) -> None:
+    assert set(compose) == set(SERVICES)
+    for name in SERVICES:
+        assert container(workload(objects, name))["image"] == compose[name]["image"], name
+
+
+def test_the_same_commands_run(objects: list[dict[str, Any]], compose: dict[str, dict[str, Any]]) -> None:
+    for name in SERVICES:
+        c = container(workload(objects, name))
+        assert c.get("command", IMAGE_ENTRYPOINT) == compose[name].get("entrypoint", IMAGE_ENTRYPOINT), name
+        args = [a for a in c["args"] if a not in K8S_ONLY_ARGS]
+        assert args == [a for a in compose[name]["command"] if a not in K8S_ONLY_ARGS], name
+    # Replacement pods continue the run instead of starting it over.
+    for name in ("learner", "evaluator"):
+        assert "--resume" in container(workload(objects, name))["args"]
+
+
+def test_the_same_environment_configures_every_role(
+    objects: list[dict[str, Any]], compose: dict[str, dict[str, Any]]
+) -> None:
+    for name in ROLES:
+        obj = workload(objects, name)
+        env = effective_env(objects, obj)
+        expected = {k: str(v) for k, v in compose[name]["environment"].items() if k not in COMPOSE_ONLY_ENV}
+        if name == "actor":
+            # Unique per pod and kept by a replacement: the StatefulSet's ordinal.
+            assert env.pop("ZMQRL_ACTOR_ID") == "metadata.labels['apps.kubernetes.io/pod-index']"
+        k8s_only = {k: env.pop(k) for k in K8S_ONLY_ENV}
+        assert env == expected, name
+        assert k8s_only["ZMQRL_TRANSPORT__KEYS_DIR"] == KEYS_DIR
+    assert effective_env(objects, workload(objects, "tensorboard")) == {}
+    assert "environment" not in compose["tensorboard"]
+
+
+def test_the_ladder_spans_as_many_actors_as_the_statefulset_runs(objects: list[dict[str, Any]]) -> None:
+    actors = workload(objects, "actor")
+    assert actors["kind"] == "StatefulSet"
+    assert effective_env(objects, actors)["ZMQRL_ACTOR__NUM_ACTORS"] == str(actors["spec"]["replicas"])
+    assert actors["spec"]["replicas"] > 1
+
+
+def test_services_expose_the_ports_the_endpoints_name(
+    objects: list[dict[str, Any]], compose: dict[str, dict[str, Any]]
+) -> None:
+    """Each connect endpoint of compose (``tcp://learner:5555``) is a Service of that name with that
+    port, forwarded to the port its server binds."""
+    client_env = compose["actor"]["environment"]
+    channels = {
+        "SAMPLES": "learner",
+        "WEIGHTS": "learner",
+        "HEARTBEAT": "supervisor",
+        "CONTROL": "supervisor",
+    }
+    for channel, server in channels.items():
+        endpoint = client_env[f"ZMQRL_TRANSPORT__{channel}"]
+        assert endpoint.startswith(f"tcp://{server}:")
+        port = port_of(endpoint)
+        service = find(objects, "Service", server)
+        (sp,) = [p for p in service["spec"]["ports"] if p["port"] == port]
+        (cp,) = [p for p in container(workload(objects, server))["ports"] if p["name"] == sp["targetPort"]]
+        assert cp["containerPort"] == port
+        bind = effective_env(objects, workload(objects, server))[f"ZMQRL_TRANSPORT__{channel}"]
+        assert (
+            bind == compose[server]["environment"][f"ZMQRL_TRANSPORT__{channel}"] == f"tcp://0.0.0.0:{port}"
+        )
+    tb_port = int(compose["tensorboard"]["command"][compose["tensorboard"]["command"].index("--port") + 1])
+    assert compose["tensorboard"]["ports"] == [f"127.0.0.1:{tb_port}:{tb_port}"]
+    (sp,) = find(objects, "Service", "tensorboard")["spec"]["ports"]
+    assert sp["port"] == tb_port
+    assert container(workload(objects, "tensorboard"))["ports"] == [
+        {"name": "http", "containerPort": tb_port}
+    ]
+
+
+def test_probes_run_the_compose_healthcheck_on_the_same_schedule(
+    objects: list[dict[str, Any]], compose: dict[str, dict[str, Any]]
+) -> None:
+    for name in SERVICES:
+        c = container(workload(objects, name))
+        check = compose[name]["healthcheck"]
+        if name in ROLES:
+            assert check["test"] == ["CMD", *HEALTH]
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                assert c[probe]["exec"]["command"] == HEALTH, (name, probe)
+        else:  # TensorBoard answers HTTP on its port
+            assert f"http://127.0.0.1:{c['ports'][0]['containerPort']}/" in " ".join(check["test"])
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                assert c[probe]["httpGet"] == {"path": "/", "port": "http"}, (name, probe)
+        live, start = c["livenessProbe"], c["startupProbe"]
+        assert live["periodSeconds"] == seconds(check["interval"]), name
+        assert live["timeoutSeconds"] == start["timeoutSeconds"] == seconds(check["timeout"]), name
+        assert live["failureThreshold"] == check["retries"], name
+        assert start["periodSeconds"] * start["failureThreshold"] == seconds(check["start_period"]), name
+
+
+def test_roles_stop_with_the_same_grace_and_share_the_run_volume(
+    objects: list[dict[str, Any]], compose: dict[str, dict[str, Any]]
+) -> None:
+    claim = find(objects, "PersistentVolumeClaim", "zmqrl-runs")
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+    for name in SERVICES:
+        obj = workload(objects, name)
+        assert compose[name]["volumes"] == ["runs:/runs"]
+        pod = obj["spec"]["template"]["spec"]
+        (mount,) = [m for m in container(obj)["volumeMounts"] if m["mountPath"] == "/runs"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["persistentVolumeClaim"]["claimName"] == "zmqrl-runs"
+        assert pod["securityContext"]["runAsUser"] == 1000  # the image's user, owner of /runs
+        if name in ROLES:
+            assert effective_env(objects, obj)["ZMQRL_RUN__DIR"] == "/runs"
+            assert pod["terminationGracePeriodSeconds"] == seconds(compose[name]["stop_grace_period"]), name
+
+
+def test_only_the_servers_get_the_server_secret(objects: list[dict[str, Any]]) -> None:
+    """README "Security": the learner and supervisor bind (server pair and authorized list); actor
+    and evaluator pods get exactly what an actor host gets."""
+    for name in ROLES:
+        files, secrets = key_files(workload(objects, name), KEYS_DIR)
+        if name in ("learner", "supervisor"):
+            assert files == SERVER_KEY_FILES and secrets == {"zmqrl-keys", "zmqrl-server-key"}, name
+        else:
+            assert files == CLIENT_KEY_FILES and secrets == {"zmqrl-keys"}, name
