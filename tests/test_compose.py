@@ -1,0 +1,382 @@
+"""docker/compose.yaml, for real: a real engine builds docker/Dockerfile and runs the whole topology.
+
+The image is built from the wheelhouse .ci/docker-setup.sh makes on the host (no network, no
+registry), on the Debian base that script imports. The run: the watch-only supervisor, the learner,
+two actors (`--scale actor=2`), the evaluator and TensorBoard, on host networking (the
+docker/compose.host.yaml override) with ports the OS picked, so the traffic stays on loopback and
+parallel runs never collide. The test watches every healthcheck turn healthy, SIGKILLs one actor by
+its host PID (so the engine sees a failure and `restart: on-failure` applies, as it would for an
+OOM kill), waits for that container to come back under the same actor id and turn healthy again,
+lets the learner finish (the supervisor then stops everyone and exits 0), checks on the run volume
+that samples and weights flowed and that evaluation ran, and brings it all down: no container,
+network, volume or process of the project is left, whatever happened before.
+
+It needs root and a container engine. .ci/run calls .ci/docker-setup.sh first; run alone as root,
+the test calls that script itself (idempotent). It skips only where no engine can start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = ROOT / ".ci" / "docker-setup.sh"
+COMPOSE_FILES = [ROOT / "docker" / "compose.yaml", ROOT / "docker" / "compose.host.yaml"]
+WHEELHOUSE = "build/wheelhouse"  # relative to the build context, as docker/compose.yaml expects
+IMAGE = "zmqrl:compose-test"
+RUN_NAME = "compose_test"
+ACTORS = 2
+# Long enough for the kill-and-rejoin to happen mid-run: the replay ratio ties updates to the capped
+# actors' steps (2 x 300 steps/s x 8 / 64 = 75 updates/s), so 4000 updates take about a minute.
+MAX_UPDATES = 4000
+SETUP_TIMEOUT = 1200.0  # a first run installs packages, debootstraps and builds the wheelhouse
+BUILD_TIMEOUT = 900.0
+HEALTHY_TIMEOUT = 180.0
+RESTART_TIMEOUT = 120.0
+FINISH_TIMEOUT = 300.0
+DOWN_TIMEOUT = 120.0
+
+# Settings of the short run, as the environment variables a user would set.
+SHORT_RUN = {
+    "ZMQRL_RUN__NAME": RUN_NAME,
+    "ZMQRL_LEARNER__MAX_UPDATES": str(MAX_UPDATES),
+    "ZMQRL_LEARNER__MIN_REPLAY_SIZE": "500",
+    "ZMQRL_LEARNER__SAMPLES_PER_INSERT": "8",
+    "ZMQRL_LEARNER__CHECKPOINT_INTERVAL": "1000",
+    "ZMQRL_ACTOR__MAX_STEPS_PER_S": "300",
+    "ZMQRL_EVALUATOR__INTERVAL_SECONDS": "2",
+    "ZMQRL_EVALUATOR__EPISODES": "3",
+}
+ROLES = ("supervisor", "learner", "actor", "evaluator")
+
+
+def _docker_cli() -> str | None:
+    """Debian's client where it is installed: it matches Debian's dockerd (another may be on PATH)."""
+    return "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else shutil.which("docker")
+
+
+def _engine_answers(docker: str | None) -> bool:
+    if docker is None:
+        return False
+    try:
+        return subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="module")
+def engine() -> str:
+    """The docker client of an engine that answers, with the base image and wheelhouse in place."""
+    setup_note = ""
+    if os.geteuid() == 0 and SETUP.exists():
+        # Idempotent: seconds when everything is in place; installs and starts what is missing.
+        done = subprocess.run(
+            ["bash", str(SETUP)], cwd=ROOT, capture_output=True, text=True, timeout=SETUP_TIMEOUT
+        )
+        last_lines = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
+        setup_note = f" (.ci/docker-setup.sh: {last_lines[0]})"
+        if done.returncode != 0 and _engine_answers(_docker_cli()):
+            pytest.fail(f".ci/docker-setup.sh failed with an engine up:\n{done.stdout}\n{done.stderr}")
+    docker = _docker_cli()
+    if not _engine_answers(docker):
+        why = "not root, so .ci/docker-setup.sh cannot start one" if os.geteuid() != 0 else "none started"
+        pytest.skip(f"no container engine answers `docker info`: {why}{setup_note}")
+    assert docker is not None
+    if shutil.which("docker-compose") is None:
+        pytest.fail("an engine answers but docker-compose is missing: run .ci/docker-setup.sh")
+    if not (ROOT / WHEELHOUSE).is_dir():
+        pytest.fail(f"no {WHEELHOUSE}: run .ci/docker-setup.sh (as root) to make it")
+    return docker
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports on 127.0.0.1, held open together so the OS gives different ones."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _override(path: Path) -> Path:
+    """The test's own override: the short run for every role, healthchecks every 2 s."""
+    env = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in SHORT_RUN.items())
+    roles = "\n".join(f"  {r}: {{environment: *short, healthcheck: *fast}}" for r in ROLES)
+    path.write_text(
+        f"x-short: &short\n{env}\n"
+        "x-fast: &fast\n  interval: 2s\n  start_period: 90s\n  retries: 3\n"
+        f"services:\n{roles}\n  tensorboard: {{healthcheck: *fast}}\n"
+    )
+    return path
+
+
+class Project:
+    """One compose project: its commands, its containers, and what it leaves behind."""
+
+    def __init__(self, docker: str, name: str, files: list[Path], env: dict[str, str]) -> None:
+        self.docker = docker
+        self.name = name
+        self.base = ["docker-compose", "-p", name, *(a for f in files for a in ("-f", str(f)))]
+        # Compose builds through the engine's API itself, not through whatever client is on PATH.
+        self.env = {**os.environ, **env, "COMPOSE_DOCKER_CLI_BUILD": "0"}
+        self.host_pids: set[int] = set()  # every role process seen, for the leftovers check
+
+    def compose(self, *args: str, timeout: float = 120.0, check: bool = True) -> str:
+        done = subprocess.run(
+            [*self.base, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+            )
+        return done.stdout + done.stderr
+
+    def docker_out(self, *args: str) -> str:
+        return subprocess.run(
+            [self.docker, *args], capture_output=True, text=True, timeout=60, check=True
+        ).stdout.strip()
+
+    def ids(self, kind: str = "container") -> list[str]:
+        label = f"label=com.docker.compose.project={self.name}"
+        args = ["ps", "-aq"] if kind == "container" else [kind, "ls", "-q"]
+        return self.docker_out(*args, "--filter", label).split()
+
+    def containers(self) -> dict[str, dict[str, Any]]:
+        """Name -> `docker inspect` of every container of the project."""
+        ids = self.ids()
+        if not ids:
+            return {}
+        found = json.loads(self.docker_out("inspect", *ids))
+        for c in found:
+            if c["State"]["Pid"]:
+                self.host_pids.add(c["State"]["Pid"])
+        return {c["Name"].lstrip("/"): c for c in found}
+
+    def service(self, name: str) -> list[dict[str, Any]]:
+        return [
+            c
+            for c in self.containers().values()
+            if c["Config"]["Labels"]["com.docker.compose.service"] == name
+        ]
+
+    def volume_dir(self) -> Path:
+        return Path(self.docker_out("volume", "inspect", "-f", "{{.Mountpoint}}", f"{self.name}_runs"))
+
+    def down(self) -> dict[str, list[str]]:
+        """`compose down --volumes`, then remove whatever it missed; returns what is still left."""
+        container_ids = [c["Id"] for c in self.containers().values()]
+        self.compose(
+            "down", "--volumes", "--remove-orphans", "--timeout", "20", timeout=DOWN_TIMEOUT, check=False
+        )
+        for kind, rm in (
+            ("container", ["rm", "-f", "-v"]),
+            ("network", ["network", "rm"]),
+            ("volume", ["volume", "rm", "-f"]),
+        ):
+            left = self.ids(kind)
+            if left:
+                subprocess.run([self.docker, *rm, *left], capture_output=True, timeout=120)
+        return {
+            "containers": self.ids(),
+            "networks": self.ids("network"),
+            "volumes": self.ids("volume"),
+            "processes": _leftover_processes(self.host_pids, container_ids),
+        }
+
+    def health_record(self, container: str) -> dict[str, Any]:
+        return json.loads(self.docker_out("exec", container, "cat", "/tmp/zmqrl-health.json"))
+
+
+def _health(c: dict[str, Any]) -> str:
+    return str((c["State"].get("Health") or {}).get("Status", "none"))
+
+
+def _wait(what: str, predicate: Any, timeout: float, project: Project) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with the states seen last."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.5)
+    states = {
+        n: (c["State"]["Status"], _health(c), c["RestartCount"]) for n, c in project.containers().items()
+    }
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; containers: {states}")
+
+
+def _prune_old_images(docker: str) -> None:
+    """Drop what earlier builds of this project left untagged: replaced runtime images, and all but
+    the newest build-stage leaf (it keeps the layer cache of the dependencies alive)."""
+    for stage, keep in (("runtime", 0), ("build", 1)):
+        out = subprocess.run(
+            [
+                docker,
+                "images",
+                "-q",
+                "--filter",
+                "dangling=true",
+                "--filter",
+                f"label=org.zmqrl.stage={stage}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()  # newest first
+        if out[keep:]:
+            subprocess.run([docker, "rmi", *out[keep:]], capture_output=True, timeout=300)
+
+
+def _leftover_processes(pids: set[int], container_ids: list[str]) -> list[str]:
+    """Role processes still alive, and engine shims still serving one of the containers."""
+    left = [f"pid {p}" for p in pids if Path(f"/proc/{p}").exists()]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(cid in cmd for cid in container_ids):
+                left.append(f"pid {proc.name}: {cmd[:120]}")
+    return left
+
+
+@pytest.fixture()
+def project(engine: str, tmp_path: Path) -> Iterator[Project]:
+    ports = _free_ports(5)
+    env = {
+        "ZMQRL_IMAGE": IMAGE,
+        "ZMQRL_WHEELHOUSE": WHEELHOUSE,
+        **{
+            f"ZMQRL_{k}_PORT": str(p)
+            for k, p in zip(("SAMPLES", "WEIGHTS", "HEARTBEAT", "CONTROL", "TENSORBOARD"), ports, strict=True)
+        },
+    }
+    name = f"zmqrltest{os.getpid()}{uuid.uuid4().hex[:6]}"
+    proj = Project(engine, name, [*COMPOSE_FILES, _override(tmp_path / "short-run.yaml")], env)
+    try:
+        yield proj
+    finally:
+        proj.down()  # again, for a test that failed before its own `down`: nothing may be left
+
+
+def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(project: Project) -> None:
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        project.compose("build", "--force-rm", "supervisor", timeout=BUILD_TIMEOUT)
+        _prune_old_images(project.docker)
+        timings["build"] = time.monotonic() - t0
+        project.compose("up", "-d", "--no-build", "--scale", f"actor={ACTORS}")
+
+        # Every service up and healthy: each role's own heartbeat says it is alive and progressing.
+        expected = len(ROLES) - 1 + ACTORS + 1  # supervisor, learner, evaluator, actors, tensorboard
+
+        def all_healthy() -> bool:
+            cs = project.containers()
+            return len(cs) == expected and all(_health(c) == "healthy" for c in cs.values())
+
+        _wait("every container healthy", all_healthy, HEALTHY_TIMEOUT, project)
+        timings["healthy"] = time.monotonic() - t0
+        actors = sorted(project.service("actor"), key=lambda c: c["Name"])
+        ids = {project.health_record(c["Name"].lstrip("/"))["id"] for c in actors}
+        assert ids == set(range(ACTORS)), f"scaled actors must claim distinct ids, got {ids}"
+
+        # SIGKILL one actor's process from the host: the engine sees it die and restarts it.
+        victim = actors[0]
+        name, old_pid = victim["Name"].lstrip("/"), victim["State"]["Pid"]
+        old_id = project.health_record(name)["id"]
+        killed_at = time.time()
+        os.kill(old_pid, signal.SIGKILL)
+
+        def restarted_and_healthy() -> bool:
+            c = project.containers()[name]
+            return (
+                c["RestartCount"] >= 1
+                and c["State"]["Running"]
+                and c["State"]["Pid"] != old_pid
+                and _health(c) == "healthy"
+            )
+
+        _wait(f"{name} restarted and healthy again", restarted_and_healthy, RESTART_TIMEOUT, project)
+
+        # Rejoined: stepping again (a replaced actor steps only once it holds the learner's
+        # current weights), under its predecessor's id, which the kernel freed when it died.
+        def stepping() -> dict[str, Any] | None:
+            try:
+                record = project.health_record(name)
+            except subprocess.CalledProcessError:  # between a restart and the first beat
+                return None
+            return record if record["progress"] > 0 else None
+
+        record = _wait(f"{name} stepping again", stepping, RESTART_TIMEOUT, project)
+        timings["rejoined"] = time.monotonic() - t0
+        assert record["id"] == old_id, "the replacement must get its predecessor's id back"
+        assert record["time"] > killed_at
+        learner = project.service("learner")[0]
+        assert learner["State"]["Running"], "a killed actor must not take the learner down"
+
+        # The learner finishes; the supervisor broadcasts stop; every role exits 0 and stays down.
+        def run_over() -> bool:
+            cs = project.containers()
+            return all(
+                c["State"]["Status"] == "exited"
+                for c in cs.values()
+                if c["Config"]["Labels"]["com.docker.compose.service"] != "tensorboard"
+            )
+
+        _wait("the run to finish and every role to exit", run_over, FINISH_TIMEOUT, project)
+        timings["finished"] = time.monotonic() - t0
+        cs = project.containers()
+        codes = {n: c["State"]["ExitCode"] for n, c in cs.items() if "tensorboard" not in n}
+        assert set(codes.values()) == {0}, f"every role must exit 0 after the learner finishes: {codes}"
+        tb = project.service("tensorboard")[0]
+        assert tb["State"]["Running"] and _health(tb) == "healthy"
+
+        # What flowed, from the run volume.
+        run_dir = project.volume_dir() / RUN_NAME
+        learner_stats = json.loads((run_dir / "learner-stats.json").read_text())
+        assert learner_stats["updates"] >= MAX_UPDATES
+        assert learner_stats["samples"] > 0, "samples must reach the learner"
+        assert learner_stats["weights_version"] > 0, "the learner must publish weights"
+        evaluator_stats = json.loads((run_dir / "evaluator-stats.json").read_text())
+        assert evaluator_stats["evaluations"] > 0, "the evaluator must have evaluated"
+        assert evaluator_stats["evaluated_version"] > 0, "...weights the learner published"
+        summary = json.loads((run_dir / "stats.json").read_text())
+        _assert_actors_got_weights(summary)
+        timings["checked"] = time.monotonic() - t0
+
+        # Down: nothing of the project is left, not even a process.
+        leftovers = project.down()
+        timings["down"] = time.monotonic() - t0
+        assert leftovers == {"containers": [], "networks": [], "volumes": [], "processes": []}, leftovers
+    except BaseException:
+        print(project.compose("logs", "--no-color", "--tail", "40", timeout=60, check=False))
+        raise
+    finally:
+        print(f"compose test timings (s from start): { ({k: round(v, 1) for k, v in timings.items()}) }")
+
+
+def _assert_actors_got_weights(summary: dict[str, Any]) -> None:
+    rows = summary.get("actors") or []
+    assert len(rows) >= ACTORS, f"the supervisor's summary must list every actor: {summary}"
+    for row in rows:
+        assert row.get("samples", 0) > 0, f"every actor must send samples: {row}"
+        assert row.get("weights_version", 0) > 0, f"every actor must receive weights: {row}"
