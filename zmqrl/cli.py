@@ -1,4 +1,4 @@
-"""Command line: ``zmqrl launch | learner | actor | evaluator | eval | keys | config``.
+"""Command line: ``zmqrl launch | supervise | learner | actor | evaluator | health | eval | keys | config``.
 
 Every command takes a YAML config and any number of ``--set section.key=value`` overrides. Process
 mains stay thin: parse config, build the role, run it, clean up, report.
@@ -11,7 +11,6 @@ import time
 # Before the heavier imports: "N s after launch" in the summary counts from here.
 COMMAND_STARTED = time.time()
 
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+
+from zmqrl import strictjson
 
 # Exit codes (documented in README): 0 ok, 1 runtime failure, 2 bad config or usage.
 EXIT_RUNTIME, EXIT_CONFIG = 1, 2
@@ -98,24 +99,43 @@ InsecureOpt = Annotated[
 
 
 def _run_role(make: Callable[[], Any]) -> dict[str, Any]:
+    """Build and run a role. Settings that cannot work (the ConfigError family, whether found while
+    building or deep inside ``run()``) exit 2 with one line; a port in use or unusable keys exit 1
+    with one line, as does an actor that could not reach its learner; anything else is a bug and
+    propagates: a traceback in the log, exit 1."""
     from zmqrl.envs import EnvError
+    from zmqrl.errors import ConfigError
     from zmqrl.memory import ReplayMemoryError
+    from zmqrl.transport.channels import LearnerUnreachable
     from zmqrl.transport.security import SecurityError
     from zmqrl.transport.sockets import BindError
 
     try:
         role = make()
-    except (EnvError, ValueError) as exc:
-        _fail(str(exc), EXIT_CONFIG)
-    _on_stop_signals(role.request_stop)
-    try:
+        _on_stop_signals(role.request_stop)
         return dict(role.run())
-    except (BindError, SecurityError) as exc:
-        _fail(str(exc), EXIT_RUNTIME)
-    except EnvError as exc:
-        _fail(str(exc), EXIT_CONFIG)
-    except ReplayMemoryError as exc:
-        _fail(str(exc), EXIT_CONFIG)
+    except (ConfigError, EnvError, ReplayMemoryError) as exc:
+        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
+    except (BindError, SecurityError, LearnerUnreachable) as exc:
+        _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
+
+
+def _start_link(cfg: Any, role: str, role_id: int) -> Any:
+    """First thing in a role's process, before torch is imported: its heartbeat thread (so the
+    supervisor hears it within a second of its start), the guard that turns any thread's death
+    into the process's, and the parent-death signal when a supervisor started it."""
+    from zmqrl.guard import install_process_guard
+    from zmqrl.roles.link import SupervisorLink, die_with_parent
+    from zmqrl.transport.security import SecurityError
+
+    install_process_guard()
+    die_with_parent()
+    import zmq
+
+    try:
+        return SupervisorLink(zmq.Context.instance(), cfg, role, role_id)
+    except SecurityError as exc:
+        _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
 
 
 @app.command()
@@ -167,22 +187,92 @@ def launch(
         overrides.append("transport.insecure=true")
     cfg = _load(config, overrides)
     _setup_logging(cfg.run.log_level)
-    from zmqrl.roles.supervisor import Supervisor, previous_run_state
+    from dataclasses import replace
+
+    from zmqrl.roles.supervisor import Supervisor, holds_results, next_free_run_dir, previous_run_state
     from zmqrl.transport.security import SecurityError
     from zmqrl.transport.sockets import BindError
 
     resuming = resume is not None
-    if not resuming and previous_run_state(cfg.run_dir) == "stopped":
+    previous = None if resuming else previous_run_state(cfg.run_dir)
+    if previous == "stopped":
         typer.echo(
             f"{cfg.run_dir} holds a stopped run: continuing it from its latest checkpoint "
             f"(use --name to start a separate run)"
         )
         resuming = True
+    elif not resuming and holds_results(cfg.run_dir):
+        # Never mix a new run's TensorBoard events and checkpoints into a finished or failed one.
+        fresh = next_free_run_dir(cfg.run_dir)
+        typer.echo(
+            f"{cfg.run_dir} holds a {previous or 'previous'} run: this run goes to {fresh} "
+            f"(to continue that one: zmqrl launch --resume {cfg.run_dir})"
+        )
+        cfg = replace(cfg, run=replace(cfg.run, name=fresh.name))
     try:
         code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming).run()
     except (BindError, SecurityError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     raise typer.Exit(code)
+
+
+@app.command()
+def supervise(
+    config: ConfigArg,
+    insecure: InsecureOpt = False,
+    set_: SetOpt = None,
+) -> None:
+    """Watch a run whose processes something else starts (docker compose, Kubernetes, by hand).
+
+    Binds transport.heartbeat and transport.control; the learner, actors and evaluator connect to
+    them (give them ZMQRL_SUPERVISED=1 to have them wait for it and leave when it is gone). It
+    prints the same progress lines and summary as `launch`, reports processes that fall silent or
+    hang (it cannot restart them: their orchestrator does), and broadcasts stop when the learner
+    finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 130/143 on a signal.
+    """
+    overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
+    cfg = _load(config, overrides)
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.roles.watcher import Watcher
+    from zmqrl.transport.security import SecurityError
+    from zmqrl.transport.sockets import BindError
+
+    try:
+        code = Watcher(cfg, launched=COMMAND_STARTED).run()
+    except (BindError, SecurityError) as exc:
+        _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
+    raise typer.Exit(code)
+
+
+@app.command()
+def health(
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="The role's health file (default: $ZMQRL_HEALTH_FILE, rewritten on every heartbeat).",
+        ),
+    ] = None,
+) -> None:
+    """Exit 0 if the role in this container is alive and making progress, else 1 and one line why.
+
+    For container health checks and Kubernetes probes: the role must run with ZMQRL_HEALTH_FILE
+    set. Judged like the supervisor judges heartbeats: no beat for supervisor.heartbeat_timeout
+    is dead, no progress for supervisor.progress_timeout is hung."""
+    from zmqrl.health import HEALTH_FILE_ENV, health_path, judge, read_health
+
+    path = file or health_path()
+    if path is None:
+        _fail(f"no health file: set {HEALTH_FILE_ENV} for the role (and here), or pass --file", EXIT_RUNTIME)
+    try:
+        record = read_health(path)
+    except ValueError as exc:
+        typer.echo(f"unhealthy: {exc}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    ok, reason = judge(record)
+    typer.echo(reason if ok else f"unhealthy: {reason}")
+    raise typer.Exit(0 if ok else EXIT_RUNTIME)
 
 
 @app.command()
@@ -203,14 +293,16 @@ def learner(
     cfg = _load(config, [*(set_ or []), *(["transport.insecure=true"] if insecure else [])])
     _setup_logging(cfg.run.log_level)
     from zmqrl.config import save_config
-    from zmqrl.roles.learner import Learner
     from zmqrl.roles.link import SUPERVISED_ENV
 
     if not os.environ.get(SUPERVISED_ENV):
         save_config(cfg, cfg.run_dir / "config.yaml")
-    stats = _run_role(lambda: Learner(cfg, resume=resume))
+    link = _start_link(cfg, "learner", 0)
+    from zmqrl.roles.learner import Learner
+
+    stats = _run_role(lambda: Learner(cfg, resume=resume, link=link))
     stats.pop("eval_history", None)
-    typer.echo(json.dumps({"learner": stats}, default=float))
+    typer.echo(strictjson.dumps({"learner": stats}))
     if stats.get("state") == "failed":
         raise typer.Exit(EXIT_RUNTIME)
 
@@ -219,13 +311,17 @@ def learner(
 def actor(
     config: ConfigArg,
     id: Annotated[
-        int,
+        str | None,
         typer.Option(
             "--id",
             "-i",
-            help="Actor index: picks its seed and its epsilon on the Ape-X ladder (0 explores most).",
+            metavar="N|auto",
+            help="Actor index: picks its seed and its epsilon on the Ape-X ladder (0 explores most). "
+            "An integer here wins; else the ZMQRL_ACTOR_ID environment variable (an integer or "
+            "'auto'); 'auto' claims the lowest id no live actor of this run directory holds (for "
+            "scaled container replicas sharing the run directory); with neither, 0.",
         ),
-    ] = 0,
+    ] = None,
     replacement: Annotated[
         bool,
         typer.Option(
@@ -239,12 +335,19 @@ def actor(
     """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
     cfg = _load(config, set_)
     _setup_logging(cfg.run.log_level)
-    if id < 0:
-        _fail("--id must be >= 0", EXIT_CONFIG)
+    from zmqrl.actor_ids import ActorIdError, resolve_actor_id
+
+    try:  # the claim's lock reserves the id until this process exits
+        claim = resolve_actor_id(id, os.environ, cfg.run_dir, cfg.actor.num_actors)
+    except ActorIdError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    actor_id = claim.actor_id
+    logging.getLogger("zmqrl").info("%s", claim.describe())
+    link = _start_link(cfg, "actor", actor_id)
     from zmqrl.roles.actor import Actor
 
-    stats = _run_role(lambda: Actor(cfg, id, replacement=replacement))
-    typer.echo(json.dumps({"actor": id, **stats}, default=float))
+    stats = _run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link))
+    typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
 
 
 @app.command()
@@ -263,11 +366,12 @@ def evaluator(
     weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
     cfg = _load(config, set_)
     _setup_logging(cfg.run.log_level)
+    link = _start_link(cfg, "evaluator", 0)
     from zmqrl.roles.evaluator import Evaluator
 
-    stats = _run_role(lambda: Evaluator(cfg, resume=resume))
+    stats = _run_role(lambda: Evaluator(cfg, resume=resume, link=link))
     stats.pop("eval_history", None)
-    typer.echo(json.dumps({"evaluator": stats}, default=float))
+    typer.echo(strictjson.dumps({"evaluator": stats}))
 
 
 @app.command("eval")
@@ -320,7 +424,9 @@ def keys(
             "--client",
             "-c",
             help="Name of a client key pair to add and authorize (repeatable); "
-            "default: a server pair plus one client pair named 'client'.",
+            "default: a server pair plus one client pair named 'client'. A process uses the pair "
+            "NAME with --set transport.key_name=NAME (or ZMQRL_TRANSPORT__KEY_NAME=NAME); revoke it "
+            "by deleting KEYS_DIR/authorized/NAME.key.",
         ),
     ] = None,
 ) -> None:

@@ -87,6 +87,7 @@ class LearnerConfig:
     eval_interval: int = 1_000  # evaluate greedily every this many updates (0 = only at the end)
     eval_episodes: int = 10  # episodes per evaluation (played in lockstep, batched)
     target_return: float | None = None  # report when the mean eval return first reaches this
+    target_hold: int = 3  # ... and when it first stayed there for this many evaluations in a row
     checkpoint_interval: int = 5_000  # save `latest` every this many updates (and at the end)
     log_interval: int = 100  # updates between TensorBoard scalar writes
     progress_seconds: float = 5.0  # seconds between progress lines in the learner's log
@@ -122,6 +123,7 @@ class TransportConfig:
     keys_dir: str | None = None  # CurveZMQ keys made by `zmqrl keys DIR` (None: no encryption)
     key_name: str = "client"  # this process's client key pair in keys_dir (`zmqrl keys --client NAME`)
     insecure: bool = False  # allow binding a non-loopback address without keys (prints a warning)
+    connect_timeout: float | None = 300.0  # an actor that delivers nothing this long exits 1 (None: never)
 
 
 @dataclass
@@ -447,6 +449,7 @@ def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = No
         ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
         ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
         ("learner.log_interval must be >= 1", cfg.learner.log_interval >= 1),
+        ("learner.target_hold must be >= 1", cfg.learner.target_hold >= 1),
         ("checkpoint.keep must be >= 1", cfg.checkpoint.keep >= 1),
         ("checkpoint.replay_max_mb must be >= 1", cfg.checkpoint.replay_max_mb >= 1),
         ("learner.torch_threads must be >= 1", cfg.learner.torch_threads >= 1),
@@ -489,6 +492,10 @@ def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = No
         ("transport.samples_hwm must be >= 1", cfg.transport.samples_hwm >= 1),
         ("transport.samples_buffer_kb must be >= 0", cfg.transport.samples_buffer_kb >= 0),
         ("transport.max_message_mb must be >= 1", cfg.transport.max_message_mb >= 1),
+        (
+            "transport.connect_timeout must be > 0 (or null: wait forever)",
+            cfg.transport.connect_timeout is None or cfg.transport.connect_timeout > 0,
+        ),
         ("supervisor.heartbeat_interval must be > 0", cfg.supervisor.heartbeat_interval > 0),
         (
             "supervisor.heartbeat_timeout must exceed supervisor.heartbeat_interval",

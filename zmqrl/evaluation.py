@@ -52,14 +52,19 @@ class VideoUnavailable(RuntimeError):
 
 class EvalTracker:
     """The running record of a run's evaluations, kept the same way by the learner and the
-    evaluator: the last and best mean return, every record, and the first that reached the target."""
+    evaluator: the last and best mean return, every record, the first that reached the target, and
+    the first at which the target was *held*: ``hold`` evaluations in a row at or above it (one lucky
+    evaluation followed by untrained scores is not success)."""
 
-    def __init__(self, target: float | None) -> None:
+    def __init__(self, target: float | None, hold: int = 3) -> None:
         self.target = target
+        self.hold = hold
         self.last = float("nan")
         self.best = -float("inf")
         self.history: list[dict[str, Any]] = []
         self.reached: dict[str, Any] | None = None  # the first record at or above the target
+        self.held: dict[str, Any] | None = None  # the record completing the first run of `hold` in a row
+        self._streak = 0  # evaluations in a row at or above the target, up to now
 
     def add(self, result: EvalResult, **fields: float) -> tuple[dict[str, Any], bool]:
         """Record ``result`` with ``fields`` (e.g. updates, weights version); returns the record and
@@ -70,8 +75,12 @@ class EvalTracker:
         improved = result.mean >= self.best
         if improved:
             self.best = result.mean
-        if self.target is not None and self.reached is None and result.mean >= self.target:
-            self.reached = record
+        if self.target is not None:
+            self._streak = self._streak + 1 if result.mean >= self.target else 0
+            if self.reached is None and self._streak >= 1:
+                self.reached = record
+            if self.held is None and self._streak >= self.hold:
+                self.held = record
         return record, improved
 
     @property
@@ -80,13 +89,22 @@ class EvalTracker:
         return self.best if math.isfinite(self.best) else float("nan")
 
     def state(self) -> dict[str, Any]:
-        return {"last": self.last, "best": self.best, "history": self.history, "target_reached": self.reached}
+        return {
+            "last": self.last,
+            "best": self.best,
+            "history": self.history,
+            "target_reached": self.reached,
+            "target_held": self.held,
+            "streak": self._streak,
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.last = float(state.get("last", float("nan")))
         self.best = float(state.get("best", -float("inf")))
         self.history = list(state.get("history", []))
         self.reached = state.get("target_reached")
+        self.held = state.get("target_held")
+        self._streak = int(state.get("streak", 0))
 
 
 def evaluate(

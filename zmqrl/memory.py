@@ -11,11 +11,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from zmqrl.errors import ConfigError
+
 MEMINFO = Path("/proc/meminfo")
 
 
-class ReplayMemoryError(RuntimeError):
-    """The configured replay would not fit in this machine's available memory."""
+class ReplayMemoryError(ConfigError, RuntimeError):
+    """The configured replay would not fit in this machine's available memory.
+
+    A ConfigError (lower ``replay.capacity``: exit 2 with one line), and still the RuntimeError
+    that callers from before zmqrl.errors catch."""
 
 
 def available_memory_bytes() -> int | None:

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,10 +25,11 @@ from zmqrl.agents import make_agent
 from zmqrl.config import Config
 from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.exploration import LinearSchedule, apex_epsilon
+from zmqrl.fingerprint import run_fingerprint
 from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.steps import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.transport import sockets
-from zmqrl.transport.channels import BadMessages, SampleSender, WeightsSubscriber
+from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
 from zmqrl.transport.wire import SamplesMsg, SampleSpec
 from zmqrl.types import EpisodeStat, TransitionBatch
 
@@ -36,13 +38,39 @@ from zmqrl.types import EpisodeStat, TransitionBatch
 ACTOR_SEED_STRIDE = 1000
 # Env steps between (time-gated) heartbeat / control checks.
 HOUSEKEEPING_EVERY = 16
-# A replacement actor checks for the learner's weights this often while it waits for them.
-WEIGHTS_WAIT_POLL_SECONDS = 0.05
+# While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
+WEIGHTS_WAIT_POLL_MS = 50
 # Pacing never lets an actor bank more than this many seconds of unused step budget (e.g. while it
 # was blocked on a full learner queue), so a capped actor does not burst afterwards.
 PACE_MAX_DEBT = 0.05
 
 log = logging.getLogger("zmqrl.actor")
+
+
+class ActedVersions:
+    """The weights version each step still inside an n-step window was acted with.
+
+    An n-step transition leaves its window up to ``n - 1`` steps after its action was taken, with
+    possibly older weights than the actor holds when it leaves, so the version is recorded per
+    step: one queue per (sub-)env, kept exactly as long as that env's window. Windows emit oldest
+    first, so what the windows emitted is what leaves the front of the queues.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self._queues: list[deque[int]] = [deque() for _ in range(num_envs)]
+
+    def step(self, version: int, fed: Sequence[bool], pending_after: Sequence[int]) -> int | None:
+        """Record ``version`` for each env that was fed a real step (``fed``), then drop the steps
+        the windows emitted (each queue shrinks to its window's length, ``pending_after``).
+        Returns the oldest version among the emitted steps, or None if none was emitted."""
+        oldest: int | None = None
+        for queue, was_fed, left in zip(self._queues, fed, pending_after, strict=True):
+            if was_fed:
+                queue.append(version)
+            while len(queue) > left:
+                acted = queue.popleft()
+                oldest = acted if oldest is None else min(oldest, acted)
+        return oldest
 
 
 class Actor:
@@ -51,10 +79,20 @@ class Actor:
     Acts with its own initial weights until the learner's first publish arrives; from then on it
     adopts every newer version (never an older one) and stamps each batch with the version its
     oldest transition was acted with, so the learner can measure policy lag.
+
+    Nothing is sent before the learner was heard from: the first batch waits until a valid
+    weights message arrived, which carries the learner's run fingerprint. An actor whose settings
+    differ raises ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition.
     """
 
     def __init__(
-        self, cfg: Config, actor_id: int, *, ctx: zmq.Context | None = None, replacement: bool = False
+        self,
+        cfg: Config,
+        actor_id: int,
+        *,
+        ctx: zmq.Context | None = None,
+        replacement: bool = False,
+        link: SupervisorLink | None = None,
     ) -> None:
         if not 0 <= actor_id < max(cfg.actor.num_actors, actor_id + 1):
             raise ValueError(f"actor id {actor_id} must be >= 0")
@@ -64,6 +102,7 @@ class Actor:
         # current weights from the first step and at this slot's rung of the ladder (no warm-up).
         self.replacement = replacement
         self._ctx = ctx or zmq.Context.instance()
+        self._link = link  # made by the process main before torch loaded, or here in run()
         self.stop_event = threading.Event()
         self.stats: dict[str, Any] = {}
         self.steps = 0
@@ -75,6 +114,7 @@ class Actor:
         self.num_envs = cfg.actor.envs_per_actor
         self._recent_returns: deque[float] = deque(maxlen=20)
         self._bad_priorities_logged = False
+        self._learner_heard = False  # a valid (and, if fingerprinted, matching) weights message arrived
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -128,11 +168,16 @@ class Actor:
         security = transport_security(cfg)
         samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits, security=security)
         weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
-        self.sender = SampleSender(samples_sock)
+        self.sender = SampleSender(samples_sock, cfg.transport.samples, cfg.transport.connect_timeout, log)
+        self._weights_sock = weights_sock
         self.weights = WeightsSubscriber(
-            weights_sock, self.agent.weights_spec(), BadMessages(f"actor-{self.actor_id} weights", log)
+            weights_sock,
+            self.agent.weights_spec(),
+            BadMessages(f"actor-{self.actor_id} weights", log),
+            expected_fingerprint=run_fingerprint(cfg, spec),
         )
-        self.link = SupervisorLink(self._ctx, cfg, "actor", self.actor_id, self.stop_event)
+        self.link = self._link or SupervisorLink(self._ctx, cfg, "actor", self.actor_id)
+        self.link.attach(self.stop_event)
         log.info(
             "actor %d up: %d env(s), epsilon %s (annealed from 1.0 over %d steps), seed %d, samples -> %s",
             self.actor_id,
@@ -154,6 +199,7 @@ class Actor:
                     self._vector_loop(env, spec, seed)
             state = "stopped"
         finally:
+            self.weights.bad.flush()
             self.stats = {**self._counters(), "state": state, "stop_reason": self.link.stop_reason}
             self.link.final(state, self._counters())
             env.close()
@@ -169,8 +215,9 @@ class Actor:
         max_steps = cfg.actor.max_steps
         step_period = 1.0 / cfg.actor.max_steps_per_s if cfg.actor.max_steps_per_s else 0.0
         agent = self.agent
+        acted = ActedVersions(1)
         pending: list[Transition] = []
-        pending_version = agent.weights_version
+        pending_version = agent.weights_version  # the oldest version acted with among `pending`
         finished: list[EpisodeStat] = []
         seq = 0
         obs, _ = env.reset(seed=seed)
@@ -186,14 +233,17 @@ class Actor:
                     self._pace(step_period, HOUSEKEEPING_EVERY)
             if max_steps is not None and self.steps >= max_steps:
                 break
+            version = agent.weights_version
             action = agent.act(obs[None], explore=True)[0]
             next_obs, reward, terminated, truncated, _ = env.step(action)
             self.steps += 1
             ep_return += float(reward)
             ep_length += 1
-            if not pending:
-                pending_version = agent.weights_version
-            pending.extend(steps.step(obs, action, float(reward), terminated, truncated, next_obs))
+            emitted = steps.step(obs, action, float(reward), terminated, truncated, next_obs)
+            oldest = acted.step(version, (True,), (len(steps),))
+            if oldest is not None:
+                pending_version = oldest if not pending else min(pending_version, oldest)
+                pending.extend(emitted)
             if terminated or truncated:
                 finished.append(EpisodeStat(ep_return, ep_length))
                 self._recent_returns.append(ep_return)
@@ -225,8 +275,9 @@ class Actor:
         obs_dtype, action_dtype = spec.obs_dtype, spec.action_dtype
         agent = self.agent
         vec = VectorNStep(num_envs, cfg.agent.n_step, cfg.agent.gamma)
+        acted = ActedVersions(num_envs)
         pending: list[Transition] = []
-        pending_version = agent.weights_version
+        pending_version = agent.weights_version  # the oldest version acted with among `pending`
         finished: list[EpisodeStat] = []
         seq = 0
         next_poll = next_housekeeping = paced_steps = 0
@@ -247,11 +298,15 @@ class Actor:
                 next_housekeeping = self.steps + HOUSEKEEPING_EVERY
             if max_steps is not None and self.steps >= max_steps:
                 break
+            version = agent.weights_version
             actions = agent.act(obs, explore=True)  # each row explores at its sub-env's epsilon
             next_obs, rewards, terminated, truncated, _ = env.step(actions)
-            if not pending:
-                pending_version = agent.weights_version
-            pending.extend(vec.step(obs, actions, rewards, terminated, truncated, next_obs))
+            fed = [not reset for reset in vec.autoreset]  # rows in their autoreset step are skipped
+            emitted = vec.step(obs, actions, rewards, terminated, truncated, next_obs)
+            oldest = acted.step(version, fed, [len(p) for p in vec.processors])
+            if oldest is not None:
+                pending_version = oldest if not pending else min(pending_version, oldest)
+                pending.extend(emitted)
             self.steps += vec.real_steps
             for _, stat in vec.ended:
                 finished.append(stat)
@@ -282,7 +337,12 @@ class Actor:
         action_dtype: str,
     ) -> bool:
         """Send ``pending`` (with Ape-X initial priorities where the run and the agent have them);
-        returns False if told to stop while the learner's queue was full."""
+        returns False if told to stop while the learner's queue was full, or before the learner
+        was heard from."""
+        if not self._learner_heard:
+            log.info("holding the first batch until the learner's weights (and run fingerprint) arrive")
+            if not self._await_learner(lambda: self._learner_heard):
+                return False
         batch = to_batch(pending, obs_dtype, action_dtype)
         priorities = self._priorities(batch) if self._initial_priorities is not None else None
         msg = SamplesMsg(
@@ -325,12 +385,41 @@ class Actor:
         """Block until published weights are loaded (the learner republishes about every second);
         returns False if told to stop meanwhile."""
         log.info("replacement actor: waiting for the learner's current weights before acting")
-        while self.agent.weights_version == 0:
+        if not self._await_learner(lambda: self.agent.weights_version > 0):
+            return False
+        log.info("weights version %d loaded; starting", self.agent.weights_version)
+        return True
+
+    def _await_learner(self, ready: Callable[[], bool]) -> bool:
+        """Heartbeat ("waiting") and take in weights until ``ready()``; False if told to stop first.
+        A learner whose run fingerprint differs raises ``FingerprintMismatch`` from here; one not
+        heard from for ``transport.connect_timeout`` raises ``LearnerUnreachable``, as a send
+        that never goes through does (unreachable, or refusing this actor's keys)."""
+        endpoint, give_up = self.cfg.transport.weights, self.cfg.transport.connect_timeout
+        started = time.monotonic()
+        next_warning = SampleSender.FIRST_WARNING_SECONDS
+        while not ready():
             if self.link.tick(self._counters, state="waiting"):
                 return False
             self._sync_weights()
-            time.sleep(WEIGHTS_WAIT_POLL_SECONDS)
-        log.info("weights version %d loaded; starting", self.agent.weights_version)
+            if ready():
+                break
+            waited = time.monotonic() - started
+            if waited >= next_warning:
+                next_warning *= 2
+                log.warning(
+                    "no weights from the learner at %s after %.0f s: is it running and publishing "
+                    "there? (with keys: does it accept transport.key_name?) Waiting.",
+                    endpoint,
+                    waited,
+                )
+            if give_up is not None and waited > give_up:
+                raise LearnerUnreachable(
+                    f"no weights received from {endpoint} for {waited:.0f} s (transport.connect_timeout): "
+                    "check that the learner runs and publishes there, and transport.keys_dir / "
+                    "transport.key_name if the run uses keys"
+                )
+            self._weights_sock.poll(WEIGHTS_WAIT_POLL_MS)
         return True
 
     def _pace(self, step_period: float, steps: int) -> None:
@@ -351,9 +440,11 @@ class Actor:
         return self.link.tick(self._counters, state="blocked")
 
     def _sync_weights(self) -> None:
-        msg = self.weights.latest()
-        if msg is not None and self.agent.import_weights(msg.weights):
-            self.weights_loaded += 1
+        msg = self.weights.latest()  # raises FingerprintMismatch for a learner with other settings
+        if msg is not None:
+            self._learner_heard = True
+            if self.agent.import_weights(msg.weights):
+                self.weights_loaded += 1
         if self.weights.stop is not None and self.link.outlives(self.weights.stop.reason):
             log.warning("the learner failed; acting on until the supervisor's replacement publishes")
             self.weights.stop = None

@@ -9,7 +9,6 @@ checkpoint of the best version seen.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -20,9 +19,10 @@ from typing import Any
 import torch
 import zmq
 
+from zmqrl import strictjson
 from zmqrl.checkpoint import load_checkpoint, save_checkpoint
 from zmqrl.config import Config
-from zmqrl.envs import make_env
+from zmqrl.envs import make_env, sample_spec
 from zmqrl.evaluation import (
     EVAL_SEED_OFFSET,
     WEIGHTS_ONLY,
@@ -32,8 +32,9 @@ from zmqrl.evaluation import (
     evaluate,
     make_eval_agent,
 )
+from zmqrl.fingerprint import run_fingerprint
 from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
-from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
+from zmqrl.roles.link import SupervisorLink, launch_time, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, WeightsSubscriber
 from zmqrl.transport.wire import WeightsMsg
@@ -72,9 +73,11 @@ class Evaluator:
         logger: Logger | None = None,
         run_dir: Path | None = None,
         resume: bool = False,
+        link: SupervisorLink | None = None,
     ) -> None:
         self.cfg = cfg
         self._ctx = ctx or zmq.Context.instance()
+        self._link = link  # made by the process main before torch loaded, or here in run()
         self.run_dir = run_dir if run_dir is not None else cfg.run_dir
         self._logger = logger
         # Continuing a run: the existing `best` checkpoint's score must be beaten before it is replaced.
@@ -83,7 +86,8 @@ class Evaluator:
         self.stats: dict[str, Any] = {}
         self.evaluated_version = 0
         self.eval_seconds = float("nan")
-        self.evals = EvalTracker(cfg.learner.target_return)
+        self.evals = EvalTracker(cfg.learner.target_return, cfg.learner.target_hold)
+        self._env_steps = 0  # the learner's env steps when it published the weights being evaluated
         self._pending: WeightsMsg | None = None  # newest weights received and not loaded yet
         self._last_eval_start = -math.inf
         self._next_drain = 0.0
@@ -113,10 +117,16 @@ class Evaluator:
         security = transport_security(cfg)
         weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
         self._weights_sock = weights_sock
+        # Scores only weights trained with this run's settings: a learner with another env,
+        # network or n-step raises FingerprintMismatch (exit 2) instead of being scored.
         self.weights = WeightsSubscriber(
-            weights_sock, self.agent.weights_spec(), BadMessages(f"{ROLE} weights", log)
+            weights_sock,
+            self.agent.weights_spec(),
+            BadMessages(f"{ROLE} weights", log),
+            expected_fingerprint=run_fingerprint(cfg, sample_spec(envs[0])),
         )
-        self.link = SupervisorLink(self._ctx, cfg, ROLE, EVALUATOR_ID, self.stop_event)
+        self.link = self._link or SupervisorLink(self._ctx, cfg, ROLE, EVALUATOR_ID)
+        self.link.attach(self.stop_event)
         log.info(
             "evaluator up: %d greedy episodes per evaluation, at most every %.1f s, weights <- %s",
             cfg.evaluator.episodes,
@@ -124,6 +134,7 @@ class Evaluator:
             cfg.transport.weights,
         )
         self.started = time.monotonic()
+        self.launched = launch_time(log)  # "seconds" in the eval history count from here
         state = "failed"
         try:
             self._loop(envs)
@@ -135,14 +146,16 @@ class Evaluator:
                 "stop_reason": self.link.stop_reason,
                 "eval_history": self.evals.history,
                 "target_reached": self.evals.reached,
+                "target_held": self.evals.held,
             }
+            self.weights.bad.flush()
+            self._write_stats()  # before the goodbye: a supervisor that hears it may read the file
             self.link.final(state, self._counters())
             self._tb.close()
             for env in envs:
                 env.close()
             weights_sock.close(linger=0)
             self.link.close()
-            self._write_stats()
         return self.stats
 
     def _loop(self, envs: list[Any]) -> None:
@@ -157,6 +170,7 @@ class Evaluator:
             if due and self._pending is not None:
                 # Loaded only now: versions superseded while waiting are never even imported.
                 self.agent.import_weights(self._pending.weights)
+                self._env_steps = self._pending.env_steps or 0
                 self._pending = None
                 if not self._evaluate(envs):
                     return  # told to stop mid-evaluation
@@ -214,13 +228,15 @@ class Evaluator:
         record, improved = self.evals.add(
             result,
             weights_version=version,
-            seconds=time.monotonic() - self.started,
+            seconds=time.time() - self.launched,
+            env_steps=self._env_steps,
             episodes=len(result.returns),
             eval_seconds=self.eval_seconds,
         )
         tb = self._tb
-        tb.scalar("charts/eval_return", result.mean, version)
-        tb.scalar("charts/eval_return_std", result.std, version)
+        # Indexed by the learner's env steps at publish time: the same x-axis as the learner's returns.
+        tb.scalar("charts/eval_return", result.mean, self._env_steps)
+        tb.scalar("charts/eval_return_std", result.std, self._env_steps)
         tb.scalar("evaluator/weights_version", version, version)
         tb.scalar("evaluator/eval_seconds", self.eval_seconds, version)
         tb.flush()
@@ -278,6 +294,7 @@ class Evaluator:
             "eval_best": self.evals.best_or_nan,
             "eval_seconds": self.eval_seconds,
             "target_time": reached.get("time", float("nan")),
+            "target_held_time": (self.evals.held or {}).get("time", float("nan")),
             "bad_messages": self.weights.bad.count,
             "duration": time.monotonic() - self.started,
         }
@@ -285,4 +302,4 @@ class Evaluator:
     def _write_stats(self) -> None:
         path = self.run_dir / STATS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.stats, indent=2, default=float))
+        path.write_text(strictjson.dumps(self.stats, indent=2))

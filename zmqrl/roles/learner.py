@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,15 @@ import numpy as np
 import torch
 import zmq
 
+from zmqrl import strictjson, testhooks
 from zmqrl.agents import make_agent
-from zmqrl.checkpoint import load_resumable, save_checkpoint, save_periodic
+from zmqrl.checkpoint import load_resumable, save_checkpoint
 from zmqrl.config import Config
 from zmqrl.envs import EnvError, action_bounds, make_env, sample_spec
+from zmqrl.errors import ConfigError
 from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
+from zmqrl.fingerprint import run_fingerprint
+from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.memory import ReplayMemoryError, available_memory_bytes, format_bytes
 from zmqrl.metrics import Logger, TensorBoardLogger, fmt_value
 from zmqrl.ratelimit import NoLimit, RateLimiter, make_rate_limiter
@@ -30,11 +34,12 @@ from zmqrl.replay import (
     SharedFramesReplay,
     UniformReplay,
 )
-from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
-from zmqrl.transport import sockets
+from zmqrl.roles.link import SupervisorLink, launch_time, socket_limits, transport_security
+from zmqrl.snapshots import REPLAY_SNAPSHOT, CheckpointWriter, detached, read_replay_snapshot
+from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
-from zmqrl.transport.wire import SamplesMsg, SampleSpec
-from zmqrl.types import EpisodeStat, TransitionBatch
+from zmqrl.transport.wire import Fingerprint, SamplesMsg, SampleSpec, WeightsMsg
+from zmqrl.types import EpisodeStat, TransitionBatch, Weights
 
 # Ingest thread: wait this long for a message before re-checking its stop flag.
 INGEST_POLL_MS = 100
@@ -54,9 +59,10 @@ PRIORITY_BYTES_PER_ROW = 8 + 16 + 8
 # (the newest frame) plus the stacks at episode starts; measured on Pong: see README.
 SHARED_PLANES_PER_ROW = 1.25
 
-# Files in the run directory: the highest weights version published, and the replay snapshot.
+# File in the run directory: the highest weights version published.
 VERSION_FILE = "weights-version"
-REPLAY_SNAPSHOT = "replay.npz"
+# How long the final checkpoint may wait for a background write still in flight.
+CHECKPOINT_WAIT_SECONDS = 600.0
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -73,6 +79,31 @@ def replay_footprint(capacity: int, spec: SampleSpec, prioritized: bool, share_f
     planes = spec.obs_shape[0]
     ids = 2 * planes * 8
     return int(capacity * (row + ids + SHARED_PLANES_PER_ROW * obs / planes))
+
+
+def check_weights_fit(
+    spec: Mapping[str, tuple[tuple[int, ...], str]],
+    agent_kind: str,
+    fingerprint: Fingerprint,
+    max_message_mb: int,
+) -> None:
+    """Refuse a network whose weights message subscribers would drop: ZeroMQ refuses any frame
+    larger than ``transport.max_message_mb`` (the limit holds per frame: the header, and each
+    array) and drops the connection, so actors and the evaluator would act with their initial
+    weights forever without a word. Measured on the message as encoded, from the agent's
+    ``weights_spec()`` (zeros of those shapes: exporting would bump the agent's version)."""
+    arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in spec.items()}
+    frames = wire.dump(WeightsMsg(weights=Weights(0, arrays), agent=agent_kind, fingerprint=fingerprint))
+    sizes = [f.nbytes if isinstance(f, memoryview) else len(f) for f in frames]
+    largest, limit = max(sizes), max_message_mb * 2**20
+    if largest > limit:
+        need = math.ceil(largest / 2**20)
+        raise ConfigError(
+            f"the weights message ({format_bytes(sum(sizes))}) has a {format_bytes(largest)} frame, "
+            f"more than transport.max_message_mb {max_message_mb} ({format_bytes(limit)}): actors and "
+            f"the evaluator would drop every weights message; raise transport.max_message_mb to {need} "
+            f"or use a smaller network"
+        )
 
 
 class PublishedVersions:
@@ -113,10 +144,12 @@ class Learner:
         logger: Logger | None = None,
         run_dir: Path | None = None,
         resume: bool = False,
+        link: SupervisorLink | None = None,
     ) -> None:
         self.cfg = cfg
         self.resume = resume  # continue from the run directory's newest readable checkpoint
         self._ctx = ctx or zmq.Context.instance()
+        self._link = link  # made by the process main before torch loaded, or here in run()
         self.run_dir = run_dir if run_dir is not None else cfg.run_dir
         self._logger = logger
         self.stop_event = threading.Event()
@@ -136,7 +169,11 @@ class Learner:
         self._recent_lags: deque[int] = deque(maxlen=RECENT_LAGS)  # for the progress line and stats
         self._replay_ready = threading.Event()
         self._ingest_stop = threading.Event()
-        self.evals = EvalTracker(cfg.learner.target_return)
+        self.evals = EvalTracker(cfg.learner.target_return, cfg.learner.target_hold)
+        self._thread_error: tuple[str, BaseException] | None = None  # a background thread that died
+        # Counts restored from a checkpoint, and the training seconds they took: rates divide
+        # counts by the time over which they were made, also across a learner restart.
+        self._restored_seconds = 0.0
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -149,6 +186,8 @@ class Learner:
         n_eval = 1 if cfg.evaluator.enabled else cfg.learner.eval_episodes
         eval_envs = [make_env(cfg.env, training=False) for _ in range(n_eval)]
         self.spec = sample_spec(eval_envs[0])
+        # What this run's actors must share with it (env, spaces, network, n-step): sent with the weights.
+        self.fingerprint = run_fingerprint(cfg, self.spec)
         self.replay = self._make_replay(self.spec)
         bounds = action_bounds(eval_envs[0])
         self.agent = make_agent(
@@ -157,6 +196,9 @@ class Learner:
             seed=cfg.run.seed,
             action_low=bounds.get("action_low"),
             action_high=bounds.get("action_high"),
+        )
+        check_weights_fit(
+            self.agent.weights_spec(), cfg.agent.kind, self.fingerprint, cfg.transport.max_message_mb
         )
         if cfg.learner.samples_per_insert is not None and not cfg.transport.samples_buffer_kb:
             log.warning(
@@ -180,70 +222,101 @@ class Learner:
         # further than its last checkpoint), so actors never see the version go backwards.
         self.agent.continue_versions_after(self.versions.highest)
         log.info("agent %s on %s", cfg.agent.kind, self.agent.device)
+        self.link = self._link or SupervisorLink(self._ctx, cfg, "learner", 0)
+        self.link.attach(self.stop_event)
+        self.checkpoints = CheckpointWriter(
+            self.run_dir / "checkpoints",
+            cfg.checkpoint.keep,
+            self._background_died,
+            self._slow_checkpoint_hook,
+        )
         limits = socket_limits(cfg)
         security = transport_security(cfg)
         # Authentication must be running before a Curve server socket binds.
         self._auth = security.start_authenticator(self._ctx) if security else None
         insecure = cfg.transport.insecure
+        samples_sock = weights_sock = None
+        ingest: threading.Thread | None = None
+        tb: Logger | None = None
+        state = "failed"
         try:
             samples_sock, samples_ep = sockets.samples_pull(
                 self._ctx, cfg.transport.samples, limits, security=security, insecure=insecure
             )
-        except Exception:
-            self._stop_auth()
-            raise
-        try:
             weights_sock, weights_ep = sockets.weights_pub(
                 self._ctx, cfg.transport.weights, limits, security=security, insecure=insecure
             )
-        except Exception:
-            samples_sock.close(linger=0)
-            self._stop_auth()
-            raise
-        self.endpoints = {"samples": samples_ep, "weights": weights_ep}
-        self.receiver = SampleReceiver(samples_sock, self.spec, BadMessages("learner samples", log))
-        self.publisher = WeightsPublisher(weights_sock, self.cfg.agent.kind)
-        self.link = SupervisorLink(self._ctx, cfg, "learner", 0, self.stop_event)
-        logger = self._logger or TensorBoardLogger(self.run_dir / "tb")
-        self._tb: Logger = logger
-        ingest = threading.Thread(target=self._ingest_loop, name="ingest", daemon=True)
-        self.started = time.monotonic()
-        self.started_wall = time.time()
-        self._last_progress = self.started
-        self._rate_mark = (self.started, 0, 0)
-        ingest.start()
-        self.ready.set()
-        log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
-        state = "failed"
-        try:
+            self.endpoints = {"samples": samples_ep, "weights": weights_ep}
+            self.receiver = SampleReceiver(samples_sock, self.spec, BadMessages("learner samples", log))
+            self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=self.fingerprint)
+            self._tb = tb = self._logger or TensorBoardLogger(self.run_dir / "tb")
+            self.started = time.monotonic()
+            self.started_wall = time.time()
+            self.launched = launch_time(log)  # "seconds" in the eval history count from here
+            self._last_progress = self.started
+            self._rate_mark = (self.started, self.updates, self.samples)
+            ingest = start_guarded(self._ingest_loop, "ingest", self._background_died)
+            self.ready.set()
+            log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
             self._publish()  # first publish: actors adopt the learner's weights
             self._wait_for_replay()
             if not self.stop_event.is_set():
                 self._train(eval_envs)
+            self._raise_if_thread_died()
             finished = not self.stop_event.is_set()  # max_updates or max_seconds reached
             last_eval = self.evals.history[-1]["updates"] if self.evals.history else -1
             evaluates = not cfg.evaluator.enabled
             if evaluates and finished and last_eval != self.updates:  # the run's final word on quality
                 self._evaluate(eval_envs)
             state = "finished" if finished else "stopped"
-            self._save_latest()
+            self._save_latest(final=True)
         finally:
             self._ingest_stop.set()
             self.limiter.close()  # an ingest thread waiting for room must not outlive the run
-            ingest.join(timeout=5)
-            self.stats = {**self._final_stats(), "state": state}
-            self.link.final(state, self._counters(), self.endpoints)
-            self._tb.close()
+            if ingest is not None:
+                ingest.join(timeout=5)
+            if hasattr(self, "receiver"):
+                self.receiver.bad.flush()  # drops still waiting for their rate-limited log line
+                self.stats = {**self._final_stats(), "state": state}
+                self._write_stats()  # before the goodbye: a supervisor that hears it reads the file
+                self.link.final(state, self._counters(), self.endpoints)
+            else:
+                self.stats = {"state": state}
+                self._write_stats()
+                self.link.final(state, {}, {})
+            if tb is not None:
+                tb.close()
             for env in eval_envs:
                 env.close()
-            self.publisher.announce_stop(f"learner {state}")
-            samples_sock.close(linger=0)
-            weights_sock.close(linger=STOP_LINGER_MS)
+            if hasattr(self, "publisher"):
+                self.publisher.announce_stop(f"learner {state}")
+            if samples_sock is not None:
+                samples_sock.close(linger=0)
+            if weights_sock is not None:
+                weights_sock.close(linger=STOP_LINGER_MS)
             self.versions.close()
             self._stop_auth()
             self.link.close()
-            self._write_stats()
         return self.stats
+
+    def _background_died(self, exc: BaseException) -> None:
+        """A background thread (ingest, checkpoint writer) died: the main loop raises ThreadDied
+        at its next housekeeping, so the process exits non-zero and is restarted from its checkpoint."""
+        if self._thread_error is None:
+            self._thread_error = (threading.current_thread().name, exc)
+        self.stop_event.set()
+        self.limiter.close()  # wake a trainer waiting on data that will never come
+
+    def _raise_if_thread_died(self) -> None:
+        if self._thread_error is not None:
+            name, exc = self._thread_error
+            raise ThreadDied(f"the learner's {name} thread died: {type(exc).__name__}: {exc}") from exc
+
+    def _slow_checkpoint_hook(self) -> None:
+        delay = testhooks.hook(testhooks.SLOW_CHECKPOINT)
+        if delay:
+            log.warning("test hook: checkpoint write sleeps %s s", delay)
+            time.sleep(float(delay))
 
     def _wait_for_replay(self) -> None:
         """Sleep (no spinning) until replay holds ``min_replay_size`` transitions, keeping the
@@ -272,6 +345,9 @@ class Learner:
             metrics = self._update(batch_size)
             self.limiter.sampled(batch_size)
             self.updates += 1
+            if self.updates == 1 and testhooks.fire_once(testhooks.DEADLOCK_ONCE):
+                log.warning("test hook: the main loop deadlocks now")
+                testhooks.block_forever()
             if self.updates % lcfg.sync_interval == 0:
                 self._publish()
             if self.updates % lcfg.log_interval == 0:
@@ -337,7 +413,13 @@ class Learner:
         args = (rcfg.capacity, spec.obs_shape, spec.obs_dtype, spec.action_shape, spec.action_dtype)
         if rcfg.prioritized:
             per = SharedFramesPrioritizedReplay if rcfg.share_frames else PrioritizedReplay
-            return per(*args, seed=self.cfg.run.seed, alpha=rcfg.alpha, priority_eps=rcfg.priority_eps)
+            return per(
+                *args,
+                seed=self.cfg.run.seed,
+                alpha=rcfg.alpha,
+                priority_eps=rcfg.priority_eps,
+                max_initial_priority_ratio=rcfg.max_initial_priority_ratio,
+            )
         uniform = SharedFramesReplay if rcfg.share_frames else UniformReplay
         return uniform(*args, seed=self.cfg.run.seed)
 
@@ -355,6 +437,8 @@ class Learner:
 
     def _accept(self, msg: SamplesMsg) -> None:
         n = msg.batch.size
+        if self.samples > 0 and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
+            raise RuntimeError("test hook: replay add failed")
         # Replay-ratio backpressure: while the learner is behind, hold this batch (and stop reading
         # the socket), so the actors' queues fill and their sends block.
         while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
@@ -384,14 +468,18 @@ class Learner:
 
     # ------------------------------------------------------------------ reporting
     def _housekeeping(self) -> None:
+        self._raise_if_thread_died()
         self.publisher.republish_if_due(self.cfg.learner.republish_seconds)
+        self.receiver.bad.maybe_flush()  # a burst of drops that stopped is still reported
         self.link.tick(self._counters, self.endpoints)
         now = time.monotonic()
         if now - self._last_progress >= self.cfg.learner.progress_seconds:
             self._last_progress = now
             c = self._counters()
+            # With the evaluator on, evaluations are the evaluator's (its log, the supervisor's lines).
+            evals = "evaluator" if self.cfg.evaluator.enabled else "eval %s (best %s)"
             log.info(
-                "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | eval %s (best %s)",
+                "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | " + evals,
                 c["updates"],
                 self.cfg.learner.max_updates,
                 c["samples"],
@@ -399,8 +487,11 @@ class Learner:
                 c["updates_per_s"],
                 c["replay_size"],
                 c["weights_version"],
-                fmt_value(c["eval_return"]),
-                fmt_value(c["eval_best"]),
+                *(
+                    ()
+                    if self.cfg.evaluator.enabled
+                    else (fmt_value(c["eval_return"]), fmt_value(c["eval_best"]))
+                ),
             )
 
     def _log_scalars(self, metrics: dict[str, float]) -> None:
@@ -414,8 +505,8 @@ class Learner:
             lags = list(self._lags)
             self._lags.clear()
         for ep in episodes:
-            tb.scalar("charts/episodic_return", ep.ret, step)
-            tb.scalar("charts/episodic_length", ep.length, step)
+            tb.scalar("charts/episodic_return", ep.ret, self.samples)
+            tb.scalar("charts/episodic_length", ep.length, self.samples)
         if lags:
             tb.scalar("learner/policy_lag_min", float(np.min(lags)), step)
             tb.scalar("learner/policy_lag_mean", float(np.mean(lags)), step)
@@ -435,15 +526,22 @@ class Learner:
         tb.scalar("replay/megabytes", self.replay.nbytes / 2**20, step)
         tb.scalar("learner/weights_version", self.publisher.version, step)
         tb.scalar("learner/bad_messages", self.receiver.bad.count, step)
+        seqs = self.receiver.seqs.totals()
+        tb.scalar("learner/lost_batches", seqs["lost_batches"], step)
+        tb.scalar("learner/reordered_batches", seqs["reordered_batches"], step)
+        tb.scalar("learner/actor_restarts", seqs["actor_restarts"], step)
+        if isinstance(self.replay, PrioritizedReplay):
+            tb.scalar("replay/clipped_priorities", self.replay.clipped_priorities, step)
 
     def _evaluate(self, eval_envs: list[Any]) -> EvalResult:
         seed = self.cfg.run.seed + EVAL_SEED_OFFSET + len(self.evals.history) * len(eval_envs)
-        result = evaluate(self.agent, eval_envs, seed=seed)
+        result = evaluate(self.agent, eval_envs, seed=seed, tick=self._eval_tick)
         _, improved = self.evals.add(
-            result, updates=self.updates, samples=self.samples, seconds=time.monotonic() - self.started
+            result, updates=self.updates, samples=self.samples, seconds=time.time() - self.launched
         )
-        self._tb.scalar("charts/eval_return", result.mean, self.updates)
-        self._tb.scalar("charts/eval_return_std", result.std, self.updates)
+        # Returns are indexed by env steps (transitions received), the learner's and the evaluator's alike.
+        self._tb.scalar("charts/eval_return", result.mean, self.samples)
+        self._tb.scalar("charts/eval_return_std", result.std, self.samples)
         if improved:
             with self._lock:
                 payload = self._payload()
@@ -458,6 +556,11 @@ class Learner:
         )
         return result
 
+    def _eval_tick(self) -> bool:
+        """Progress during an evaluation (minutes of Atari episodes are not a hang); never abandons it."""
+        self.link.progress()
+        return False
+
     def _stop_auth(self) -> None:
         if self._auth is not None:
             self._auth.stop()
@@ -465,7 +568,7 @@ class Learner:
     # ------------------------------------------------------------------ checkpoints and resume
     def _publish(self) -> None:
         weights = self.agent.export_weights()
-        self.publisher.publish(weights)
+        self.publisher.publish(weights, env_steps=self.samples)
         self.versions.record(weights.version)
 
     def _payload(self) -> dict[str, Any]:
@@ -476,6 +579,7 @@ class Learner:
             "samples": self.samples,
             "batches": self.batches,
             "episodes": self.episodes,
+            "seconds": self._training_seconds(),
         }
         return {
             "agent": self.agent.state_dict(),
@@ -485,30 +589,21 @@ class Learner:
             "config": self.cfg.to_dict(),
         }
 
-    def _save_latest(self) -> None:
-        directory = self.run_dir / "checkpoints"
+    def _save_latest(self, final: bool = False) -> None:
+        """Checkpoint (and replay snapshot) from copies taken under the lock, written in the
+        background; the final one is written before returning."""
         snap: TransitionBatch | None = None
         with self._lock:  # counters and replay snapshot from the same instant
-            payload = self._payload()
+            payload = detached(self._payload())
             if self.cfg.checkpoint.replay:
                 row_bytes = replay_footprint(1, self.spec, prioritized=False)  # as saved: dense
                 snap = self.replay.snapshot(int(self.cfg.checkpoint.replay_max_mb * 2**20 / row_bytes))
-        save_periodic(directory, self.updates, payload, self.cfg.checkpoint.keep)
-        if snap is not None:
-            self._save_replay(directory / REPLAY_SNAPSHOT, snap)
-
-    def _save_replay(self, path: Path, snap: TransitionBatch) -> None:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
-            np.savez_compressed(
-                f,
-                updates=np.int64(self.updates),
-                total_added=np.int64(self.replay.total_added),
-                **snap._asdict(),
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            total_added = self.replay.total_added
+        if final:
+            self.checkpoints.wait(CHECKPOINT_WAIT_SECONDS)
+            self.checkpoints.write_now(self.updates, payload, snap, total_added)
+        else:
+            self.checkpoints.submit(self.updates, payload, snap, total_added)
 
     def _restore(self) -> None:
         directory = self.run_dir / "checkpoints"
@@ -527,16 +622,17 @@ class Learner:
         if payload.get("replay_rng"):
             self.replay.set_rng_state(payload["replay_rng"])
         restored = 0
+        self._restored_seconds = float(counters.get("seconds", 0.0))
         snapshot = directory / REPLAY_SNAPSHOT
         if self.cfg.checkpoint.replay and snapshot.is_file():
             try:
-                with np.load(snapshot, allow_pickle=False) as data:
-                    if int(data["updates"]) == self.updates:
-                        batch = TransitionBatch(*(data[name] for name in TransitionBatch._fields))
-                        self.replay.restore(batch, int(data["total_added"]))
-                        restored = batch.size
-                    else:
-                        log.warning("replay snapshot is from another checkpoint; starting with empty replay")
+                found = read_replay_snapshot(snapshot, self.updates)
+                if found is not None:
+                    batch, total_added = found
+                    self.replay.restore(batch, total_added)
+                    restored = batch.size
+                else:
+                    log.warning("replay snapshot is from another checkpoint; starting with empty replay")
             except (OSError, ValueError, KeyError) as exc:
                 log.warning("replay snapshot %s unreadable (%s); starting with empty replay", snapshot, exc)
         log.info(
@@ -548,15 +644,31 @@ class Learner:
             restored,
         )
 
+    def _training_seconds(self) -> float:
+        """Seconds over which the counters were made: this process's, plus those restored."""
+        return self._restored_seconds + (time.monotonic() - self.started if hasattr(self, "started") else 0.0)
+
     def _counters(self) -> dict[str, float | int]:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        elapsed = max(self._training_seconds(), 1e-9)
         with self._lock:
             samples, batches, episodes = self.samples, self.batches, self.episodes
             stale_batches, stale_samples = self.stale_batches, self.stale_samples
             lag = float(np.mean(self._recent_lags)) if self._recent_lags else math.nan
         reached = self.evals.reached or {}
+        held = self.evals.held or {}
         limits = self.limiter.stats
+        seqs = self.receiver.seqs.totals()
+        extra: dict[str, float | int] = {}
+        if isinstance(self.replay, PrioritizedReplay):
+            extra["clipped_priorities"] = self.replay.clipped_priorities
+        if self._auth is not None:
+            extra["auth_denied"] = self._auth.denied  # Curve handshakes refused (unknown or revoked keys)
         return {
+            **extra,
+            "lost_batches": seqs["lost_batches"],
+            "reordered_batches": seqs["reordered_batches"],
+            "actor_restarts": seqs["actor_restarts"],
+            "untracked_batches": seqs["untracked_batches"],
             "policy_lag": lag,
             "stale_batches": stale_batches,
             "stale_samples": stale_samples,
@@ -579,12 +691,20 @@ class Learner:
             "target_time": reached.get("time", float("nan")),
             "target_samples": reached.get("samples", float("nan")),
             "target_updates": reached.get("updates", float("nan")),
+            "target_held_time": held.get("time", float("nan")),
+            "target_held_samples": held.get("samples", float("nan")),
+            "target_held_updates": held.get("updates", float("nan")),
         }
 
     def _final_stats(self) -> dict[str, Any]:
-        return {**self._counters(), "eval_history": self.evals.history, "endpoints": self.endpoints}
+        return {
+            **self._counters(),
+            "per_actor": self.receiver.seqs.per_actor(),  # which actor feeds the learner, and how well
+            "eval_history": self.evals.history,
+            "endpoints": self.endpoints,
+        }
 
     def _write_stats(self) -> None:
         path = self.run_dir / "learner-stats.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.stats, indent=2, default=float))
+        path.write_text(strictjson.dumps(self.stats, indent=2))

@@ -120,11 +120,34 @@ class BadMessages:
         self._pending = 0
 
 
-class SampleSender:
-    """Actor side of the samples channel. Blocks (politely) when the learner's queue is full."""
+class LearnerUnreachable(RuntimeError):
+    """An actor could not deliver samples for ``transport.connect_timeout`` seconds."""
 
-    def __init__(self, sock: zmq.Socket) -> None:
+
+class SampleSender:
+    """Actor side of the samples channel. Blocks (politely) when the learner's queue is full.
+
+    A learner that is down, unreachable or refusing this actor's keys looks the same from here:
+    sends that never go through. The sender says so in its log after ``FIRST_WARNING_SECONDS``,
+    then at doubling intervals, and gives up after ``give_up_after`` seconds without a delivery
+    (``LearnerUnreachable``), so an orchestrator sees a failed process rather than a silent one.
+    """
+
+    FIRST_WARNING_SECONDS = 5.0
+
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        endpoint: str = "",
+        give_up_after: float | None = None,
+        logger: logging.Logger | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self._sock = sock
+        self._endpoint = endpoint
+        self._give_up_after = give_up_after
+        self._log = logger or logging.getLogger("zmqrl.transport")
+        self._clock = clock
         self.messages_sent = 0
         self.blocked_seconds = 0.0
 
@@ -133,21 +156,49 @@ class SampleSender:
         ``SEND_POLL_MS`` and give up if it returns True (stop requested). Returns whether sent."""
         frames = wire.dump(msg)
         started: float | None = None
+        next_warning = self.FIRST_WARNING_SECONDS
         while True:
             try:
                 self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
                 break
             except zmq.Again:
+                now = self._clock()
                 if started is None:
-                    started = time.monotonic()
+                    started = now
                 if idle():
-                    self.blocked_seconds += time.monotonic() - started
+                    self.blocked_seconds += self._clock() - started
                     return False
+                waited = now - started
+                if waited >= next_warning:
+                    next_warning *= 2
+                    self._warn(waited)
+                if self._give_up_after is not None and waited > self._give_up_after:
+                    raise LearnerUnreachable(
+                        f"no samples delivered to {self._endpoint} for {waited:.0f} s "
+                        "(transport.connect_timeout): check that the learner runs and listens there, "
+                        "and transport.keys_dir / transport.key_name if the run uses keys"
+                    ) from None
                 self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
         if started is not None:
-            self.blocked_seconds += time.monotonic() - started
+            self.blocked_seconds += self._clock() - started
         self.messages_sent += 1
         return True
+
+    def _warn(self, waited: float) -> None:
+        if self.messages_sent == 0:
+            self._log.warning(
+                "no samples delivered to %s yet after %.0f s: is the learner running and listening there? "
+                "(with keys: does it accept transport.key_name?) Retrying.",
+                self._endpoint,
+                waited,
+            )
+        else:
+            self._log.warning(
+                "samples to %s blocked for %.0f s: the learner is not reading (busy, stopped, or gone); "
+                "waiting for it.",
+                self._endpoint,
+                waited,
+            )
 
 
 class SampleReceiver:
@@ -218,11 +269,15 @@ class WeightsPublisher:
         self.version = 0
         self.publishes = 0
 
-    def publish(self, weights: Weights) -> None:
+    def publish(self, weights: Weights, env_steps: int | None = None) -> None:
+        """Send ``weights`` (encoded once per version); ``env_steps`` is the learner's count of
+        transitions received, sent along so evaluations share the learner's x-axis."""
         if weights.version < self.version:
             raise ValueError(f"weights version went backwards: {weights.version} < {self.version}")
         if weights.version != self.version or self._frames is None:
-            msg = WeightsMsg(weights=weights, agent=self._agent_kind, fingerprint=self.fingerprint)
+            msg = WeightsMsg(
+                weights=weights, agent=self._agent_kind, fingerprint=self.fingerprint, env_steps=env_steps
+            )
             self._frames = wire.dump(msg)
             self.version = weights.version
         self._send()

@@ -100,7 +100,8 @@ _HEADER_KEYS: dict[str, frozenset[str]] = {
 # Keys a header may carry in addition to its exact set. Each was added without a PROTO_VERSION bump
 # because a message without it means exactly what it meant before (as the optional priority array).
 _OPTIONAL_KEYS: dict[str, frozenset[str]] = {
-    KIND_WEIGHTS: frozenset(("fingerprint",)),  # the learner's run fingerprint (zmqrl/fingerprint.py)
+    # The learner's run fingerprint (zmqrl/fingerprint.py), and its env-step count at publish time.
+    KIND_WEIGHTS: frozenset(("fingerprint", "env_steps")),
 }
 
 # Bounds of the optional weights "fingerprint" map: a flat map of the settings actor and learner
@@ -231,6 +232,9 @@ class WeightsMsg:
     # The learner's run fingerprint (settings its actors must share: env, spaces, network, n-step,
     # gamma), so a mismatched actor can refuse itself. None: an older learner that sends none.
     fingerprint: Fingerprint | None = None
+    # Transitions the learner had received when it published this snapshot: lets an evaluator put
+    # its results on the same x-axis (env steps) as the learner's. None: not sent.
+    env_steps: int | None = None
 
 
 @dataclass
@@ -453,6 +457,8 @@ def _parse_header(header: Any) -> tuple[str, list[_Desc]]:
         _str(header["agent"], "agent")
         if "fingerprint" in header:
             _fingerprint(header["fingerprint"])
+        if "env_steps" in header:
+            _int(header["env_steps"], "env_steps")
         if len({d.name for d in descs}) != len(descs):
             _fail("weights array names are not unique")
     elif kind == KIND_HEARTBEAT:
@@ -569,6 +575,8 @@ def dump(msg: Message) -> list[bytes | memoryview]:
         header["agent"] = msg.agent
         if msg.fingerprint is not None:
             header["fingerprint"] = _dump_fingerprint(msg.fingerprint)
+        if msg.env_steps is not None:
+            header["env_steps"] = _py_int(msg.env_steps, "env_steps")
         arrays = list(msg.weights.arrays.items())
     elif isinstance(msg, HeartbeatMsg):
         header["kind"] = KIND_HEARTBEAT
@@ -646,7 +654,10 @@ def _load(frames: Sequence[Any]) -> Message:
         named = {d.name: a for d, a in zip(descs, arrays, strict=True)}
         fingerprint = _fingerprint(header["fingerprint"]) if "fingerprint" in header else None
         return WeightsMsg(
-            weights=Weights(header["version"], named), agent=header["agent"], fingerprint=fingerprint
+            weights=Weights(header["version"], named),
+            agent=header["agent"],
+            fingerprint=fingerprint,
+            env_steps=header.get("env_steps"),
         )
     if kind == KIND_HEARTBEAT:
         return HeartbeatMsg(

@@ -1,0 +1,79 @@
+"""A role's health as an orchestrator sees it: a small file its heartbeat thread rewrites.
+
+Docker's and Kubernetes' health checks run a command inside the container; "the process exists"
+says nothing about a hung main loop. So every role's heartbeat thread (and the supervisor's loop)
+rewrites ``$ZMQRL_HEALTH_FILE`` on each beat with the wall time of the beat and of the last
+*progress* (the main loop ticking), and ``zmqrl health`` judges the file exactly as the supervisor
+judges heartbeats: no beat for ``heartbeat_timeout`` is dead, no progress for ``progress_timeout``
+is hung. Pure functions of the file and a clock, so they are tested without processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Environment variable naming the file; unset: no file is written.
+HEALTH_FILE_ENV = "ZMQRL_HEALTH_FILE"
+
+
+@dataclass
+class HealthRecord:
+    """What one beat says about the process that wrote it."""
+
+    role: str
+    id: int
+    pid: int
+    state: str  # starting | running | waiting | blocked | evaluating | ... | finished | failed
+    time: float  # wall time of this beat
+    progress: int  # main-loop ticks so far
+    progress_time: float  # wall time at which `progress` last changed (the process start before any)
+    heartbeat_timeout: float  # seconds without a beat after which the process counts as dead
+    progress_timeout: float  # seconds without progress after which it counts as hung
+
+
+def health_path(environ: dict[str, str] | None = None) -> Path | None:
+    value = (environ if environ is not None else os.environ).get(HEALTH_FILE_ENV, "")
+    return Path(value) if value else None
+
+
+def write_health(path: Path, record: HealthRecord) -> None:
+    """Atomic replace, so a reader never sees half a file; errors are ignored (a full disk must not
+    take the role down: its health check then fails on a stale file, which is the truth)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(asdict(record)))
+        os.replace(tmp, path)
+
+
+def read_health(path: Path) -> HealthRecord:
+    """The record in ``path``; raises ValueError (with a reason) if it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        return HealthRecord(**{k: data[k] for k in HealthRecord.__dataclass_fields__})
+    except FileNotFoundError:
+        raise ValueError(f"no health file at {path} (the role has not started its heartbeat)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"unreadable health file {path}: {exc}") from None
+
+
+def judge(record: HealthRecord, now: float | None = None) -> tuple[bool, str]:
+    """(healthy, one-line reason), by the supervisor's rules."""
+    now = time.time() if now is None else now
+    who = f"{record.role}-{record.id} (pid {record.pid})"
+    if record.state in ("finished", "stopped"):
+        return False, f"{who} has {record.state}"
+    if record.state == "failed":
+        return False, f"{who} failed"
+    silent = now - record.time
+    if silent > record.heartbeat_timeout:
+        return False, f"{who}: no heartbeat for {silent:.1f} s (dead or stopped)"
+    stuck = now - record.progress_time
+    if stuck > record.progress_timeout:
+        return False, f"{who}: alive but no progress for {stuck:.1f} s (hung), state {record.state}"
+    return True, f"{who} healthy: {record.state}, progress {record.progress}, beat {silent:.1f} s ago"

@@ -1,0 +1,221 @@
+"""What every supervisor does, whether it started the processes (``launch``) or only watches them
+(``supervise``): bind the heartbeat and control sockets, hear heartbeats into slots, heartbeat on
+the control channel, handle Ctrl-C / SIGTERM, print progress and the final summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TextIO
+
+import zmq
+
+from zmqrl.config import Config
+from zmqrl.health import HealthRecord, health_path, write_health
+from zmqrl.roles.link import socket_limits, transport_security
+from zmqrl.roles.liveness import Liveness
+from zmqrl.roles.summary import Reporter, Slot
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages, ControlPublisher, HeartbeatReceiver
+from zmqrl.transport.wire import HeartbeatMsg
+
+# Seconds between repeated stop broadcasts while processes are still alive.
+STOP_REPEAT_SECONDS = 0.5
+# Exit codes of `zmqrl launch` and `zmqrl supervise`.
+EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
+
+log = logging.getLogger("zmqrl.supervisor")
+
+
+class Console:
+    """The supervisor's output stream. A closed terminal or pipe must never stop the supervisor
+    from shutting its children down, so write errors are swallowed."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+
+class Oversight:
+    """Sockets, slots and reporting shared by both supervisors; subclasses implement ``_run``."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        out: TextIO | None = None,
+        ctx: zmq.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        launched: float | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._launched = launched  # when the command began (Unix s): "after launch" counts from it
+        self.run_dir = cfg.run_dir
+        self._out = Console(out or sys.stdout)
+        self._ctx = ctx or zmq.Context.instance()
+        self._clock = clock
+        self.slots: dict[str, Slot] = {}
+        self._signal: int | None = None
+        self.shutdown_seconds = float("nan")
+        self._next_control_beat = 0.0
+        self.summary: dict[str, Any] = {}
+        self._health = health_path()
+        self._loops = 0
+        self._last_loop_change = time.time()
+        self.reporter = Reporter(cfg, self.run_dir, self._out, self._say)  # type: ignore[arg-type]
+
+    @property
+    def target_at_learner(self) -> dict[str, Any] | None:
+        return self.reporter.target_at_learner
+
+    # ------------------------------------------------------------------ entry point
+    def run(self) -> int:
+        self.launched = self._launched if self._launched is not None else time.time()
+        self._t0 = self._clock()
+        limits = socket_limits(self.cfg)
+        security = transport_security(self.cfg)
+        auth = security.start_authenticator(self._ctx) if security else None
+        insecure = self.cfg.transport.insecure
+        try:
+            hb_sock, hb_ep = sockets.heartbeat_pull(
+                self._ctx, self.cfg.transport.heartbeat, limits, security=security, insecure=insecure
+            )
+            try:
+                ctl_sock, ctl_ep = sockets.control_pub(
+                    self._ctx, self.cfg.transport.control, limits, security=security, insecure=insecure
+                )
+            except Exception:
+                hb_sock.close(linger=0)
+                raise
+        except Exception:
+            if auth is not None:
+                auth.stop()
+            raise
+        self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
+        self.control = ControlPublisher(ctl_sock)
+        self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
+        self._install_signals()
+        code = EXIT_FAILED
+        try:
+            code = self._run()
+        finally:
+            self._shutdown()
+            hb_sock.close(linger=0)
+            ctl_sock.close(linger=0)
+            if auth is not None:
+                auth.stop()
+        self._report()
+        if self._signal == signal.SIGINT:
+            return EXIT_SIGINT
+        if self._signal == signal.SIGTERM:
+            return EXIT_SIGTERM
+        return code
+
+    def _run(self) -> int:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ heartbeats
+    def _pump(self, timeout_ms: int) -> list[HeartbeatMsg]:
+        """Heartbeat the roles (time-gated), then receive theirs; returns those received."""
+        now = self._clock()
+        if now >= self._next_control_beat:
+            self._next_control_beat = now + self.cfg.supervisor.heartbeat_interval
+            self.control.heartbeat()
+            self._beat_health()
+        self._loops += 1
+        beats = self.heartbeats.recv_all(timeout_ms)
+        now = self._clock()
+        for hb in beats:
+            slot = self._slot_for(hb, now)
+            if slot is None:
+                continue  # a stranger, or a previous incarnation's last words
+            slot.live.heard(hb, now)
+            self.reporter.heard(self.slots, hb)
+        return beats
+
+    def _slot_for(self, hb: HeartbeatMsg, now: float) -> Slot | None:
+        raise NotImplementedError
+
+    def _new_slot(self, role: str, index: int, now: float, pid: int | None = None) -> Slot:
+        slot = Slot(role, index, Liveness(started=now, pid=pid))
+        self.slots[slot.name] = slot
+        return slot
+
+    def _beat_health(self) -> None:
+        """The supervisor's own health file: its loop is its progress."""
+        if self._health is None:
+            return
+        wall = time.time()
+        write_health(
+            self._health,
+            HealthRecord(
+                role="supervisor",
+                id=0,
+                pid=os.getpid(),
+                state="running" if self._signal is None else "stopping",
+                time=wall,
+                progress=self._loops,
+                progress_time=wall,
+                heartbeat_timeout=self.cfg.supervisor.heartbeat_timeout,
+                progress_timeout=self.cfg.supervisor.progress_timeout,
+            ),
+        )
+
+    # ------------------------------------------------------------------ signals
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, _frame: Any) -> None:
+            if self._signal is None:
+                self._signal = signum
+                self._say(f"{signal.Signals(signum).name} received: {self._stopping_what()}")
+            else:
+                self._second_signal()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def _stopping_what(self) -> str:
+        return "stopping every process (press Ctrl-C again to kill them now)"
+
+    def _second_signal(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ reporting
+    def _say(self, text: str) -> None:
+        elapsed = self._clock() - self._t0
+        print(f"[{elapsed:7.1f}s] {text}", file=self._out, flush=True)
+
+    def _report(self) -> None:
+        bad = self.heartbeats.bad
+        flush = getattr(bad, "flush", None)  # log what the rate limit held back
+        if flush is not None:
+            flush()
+        extra = {
+            "launched": self.launched,
+            "wall_seconds": self._clock() - self._t0,
+            "shutdown_seconds": self.shutdown_seconds,
+            "bad_messages": bad.count,
+            "supervisor": {"bad_heartbeats": bad.count},
+        }
+        self.summary = self.reporter.final(self.slots, extra)

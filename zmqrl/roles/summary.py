@@ -1,0 +1,277 @@
+"""What a supervisor prints while a run goes and writes when it ends: the progress line, the final
+summary on the console and ``stats.json``. Shared by ``launch`` (processes it started) and the
+watch-only ``supervise`` (processes it only hears), so both show the same view."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from zmqrl import strictjson
+from zmqrl.config import Config
+from zmqrl.metrics import fmt_value
+from zmqrl.roles.liveness import Liveness
+from zmqrl.transport.wire import HeartbeatMsg
+
+
+@dataclass
+class Slot:
+    """One place in the run (the learner, actor i, the evaluator) and what is known of the
+    process filling it now. ``pid`` is None until heard from, for processes a watcher did not start."""
+
+    role: str
+    id: int
+    live: Liveness
+    log_path: Path | None = None
+    exit_code: int | None = None
+    retired: bool = False  # no longer watched: finished on its own, out of restarts, or gone
+    restart_at: float | None = None  # clock() at which a failed slot is started again
+    restart_times: list[float] = field(default_factory=list)  # clock() of this slot's restarts
+
+    @property
+    def last(self) -> HeartbeatMsg | None:
+        return self.live.last
+
+    @property
+    def restarts(self) -> int:
+        return len(self.restart_times)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.id}"
+
+
+def read_stats_file(path: Path, fallback: HeartbeatMsg | None) -> dict[str, Any]:
+    """A role's own final stats file if it wrote one, else its last heartbeat's counters."""
+    if path.is_file():
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass
+    return dict(fallback.counters) if fallback is not None else {}
+
+
+class Reporter:
+    """Progress lines and the final summary for one run."""
+
+    def __init__(self, cfg: Config, run_dir: Path, out: TextIO, say: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self._out = out
+        self._say = say
+        # The learner's counters when the evaluator first reported the target return.
+        self.target_at_learner: dict[str, Any] | None = None
+        # Per slot: (pid, heartbeat time, counter value) at the previous progress line.
+        self._rate_marks: dict[str, tuple[int, float, float]] = {}
+
+    def heard(self, slots: Mapping[str, Slot], hb: HeartbeatMsg) -> None:
+        if hb.role == "evaluator" and self.target_at_learner is None:
+            reached = hb.counters.get("target_time", math.nan)
+            learner = slots.get("learner-0")
+            if math.isfinite(reached) and learner is not None and learner.last is not None:
+                # The evaluator knows weights versions, not env steps: take the learner's
+                # counters from the moment the evaluator said so (a heartbeat apart at most).
+                self.target_at_learner = dict(learner.last.counters)
+
+    def progress(self, slots: Mapping[str, Slot], actors_alive: int) -> None:
+        learner_slot = slots.get("learner-0")
+        learner = learner_slot.last if learner_slot is not None else None
+        c = dict(learner.counters) if learner else {}
+        evaluator = slots.get("evaluator-0")
+        if evaluator is not None and evaluator.last is not None:
+            c["eval_return"] = evaluator.last.counters.get("eval_return", math.nan)
+            c["eval_best"] = evaluator.last.counters.get("eval_best", math.nan)
+        actors = [s for s in slots.values() if s.role == "actor"]
+        steps_per_s = sum(self._recent_rate(a, "steps", "steps_per_s") for a in actors)
+        updates_per_s = self._recent_rate(learner_slot, "updates", "updates_per_s") if learner_slot else 0.0
+        self._say(
+            f"updates {int(c.get('updates', 0))}/{self.cfg.learner.max_updates} | "
+            f"samples {int(c.get('samples', 0))} | {updates_per_s:.0f} upd/s | "
+            f"eval {fmt_value(c.get('eval_return'))} (best {fmt_value(c.get('eval_best'))}) | "
+            f"actors {actors_alive}/{len(actors)}, {steps_per_s:.0f} steps/s"
+        )
+
+    def _recent_rate(self, slot: Slot, counter: str, fallback: str) -> float:
+        """``counter`` per second since the previous progress line (the counters' own rates are
+        lifetime averages, which hide a slowdown); the process's own rate for a new process."""
+        if slot.last is None:
+            return 0.0
+        now, value = slot.last.time, float(slot.last.counters.get(counter, 0.0))
+        mark = self._rate_marks.get(slot.name)
+        self._rate_marks[slot.name] = (slot.last.pid, now, value)
+        if mark is None or mark[0] != slot.last.pid or now <= mark[1]:
+            return float(slot.last.counters.get(fallback, 0.0))
+        return max(0.0, (value - mark[2]) / (now - mark[1]))
+
+    # ------------------------------------------------------------------ final summary
+    def final(self, slots: Mapping[str, Slot], extra: dict[str, Any]) -> dict[str, Any]:
+        """Print the summary and write ``stats.json``; ``extra`` carries the supervisor's own
+        figures (launch time, wall and shutdown seconds, its bad-message counts)."""
+        learner_slot = slots.get("learner-0")
+        learner_stats = read_stats_file(
+            self.run_dir / "learner-stats.json", learner_slot.last if learner_slot else None
+        )
+        actors = sorted((s for s in slots.values() if s.role == "actor"), key=lambda s: s.id)
+        rows = [self._actor_row(a) for a in actors]
+        summary: dict[str, Any] = {
+            **extra,
+            "learner": {**learner_stats, "restarts": learner_slot.restarts}
+            if learner_slot
+            else learner_stats,
+            "actors": rows,
+        }
+        evaluator = slots.get("evaluator-0")
+        if evaluator is not None:
+            ev = read_stats_file(self.run_dir / "evaluator-stats.json", evaluator.last)
+            summary["evaluator"] = {**ev, "restarts": evaluator.restarts, "exit_code": evaluator.exit_code}
+        self._print(summary, learner_stats, rows, extra, summary.get("evaluator", {}))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "stats.json").write_text(strictjson.dumps(summary, indent=2))
+        return summary
+
+    @staticmethod
+    def _actor_row(a: Slot) -> dict[str, Any]:
+        c = a.last.counters if a.last else {}
+        return {
+            "actor_id": a.id,
+            "samples": int(c.get("samples", 0)),
+            "samples_per_s": float(c.get("samples_per_s", 0)),
+            "duration": float(c.get("duration", 0.0)),
+            "steps": int(c.get("steps", 0)),
+            "episodes": int(c.get("episodes", 0)),
+            "weights_version": int(c.get("weights_version", 0)),
+            "epsilon": float(c.get("epsilon", float("nan"))),
+            "restarts": a.restarts,
+            "exit_code": a.exit_code,
+            "state": a.last.state if a.last else "unknown",
+        }
+
+    def _print(
+        self,
+        summary: dict[str, Any],
+        ls: dict[str, Any],
+        rows: list[dict[str, Any]],
+        extra: dict[str, Any],
+        ev: dict[str, Any],
+    ) -> None:
+        out = self._out
+        launched = float(extra.get("launched", 0.0))
+        print("\n== learner ==", file=out)
+        if ls:
+            print(
+                f"updates {int(ls.get('updates', 0))} | samples received {int(ls.get('samples', 0))} | "
+                f"{ls.get('updates_per_s', 0.0):.1f} updates/s | "
+                f"{ls.get('samples_per_s', 0.0):.1f} samples/s | "
+                f"duration {ls.get('duration', 0.0):.1f} s | bad messages {int(ls.get('bad_messages', 0))}",
+                file=out,
+            )
+            keys = ("policy_lag", "samples_per_insert", "sample_blocked_seconds", "insert_blocked_seconds")
+            more = [
+                f"{key.replace('_', ' ')} {fmt_value(ls[key])}"
+                for key in keys
+                if isinstance(ls.get(key), (int, float))
+                and math.isfinite(float(ls[key]))
+                and float(ls[key]) > 0
+            ]
+            if int(ls.get("stale_batches", 0)):
+                more.append(f"stale batches dropped {int(ls['stale_batches'])}")
+            if more:
+                print(" | ".join(more), file=out)
+            if self.cfg.evaluator.enabled:
+                self._print_evaluator(launched, ev)
+            else:
+                print(
+                    f"eval return: last {fmt_value(ls.get('eval_return'))}, "
+                    f"best {fmt_value(ls.get('eval_best'))}",
+                    file=out,
+                )
+            target = None if self.cfg.evaluator.enabled else self.cfg.learner.target_return
+            when = ls.get("target_time")
+            if target is not None and isinstance(when, (int, float)) and _finite(when):
+                print(
+                    f"target return {target:g} first reached {when - launched:.1f} s after launch "
+                    f"({int(ls['target_samples'])} env steps, {int(ls['target_updates'])} updates)",
+                    file=out,
+                )
+                self._print_held(launched, ls.get("target_held_time"), ls)
+            elif target is not None:
+                print(f"target return {target:g} not reached", file=out)
+        else:
+            print("no stats (the learner did not report)", file=out)
+        print("\n== actors ==", file=out)
+        print(
+            f"{'actor_id':>8} {'samples':>10} {'samples/sec':>12} {'duration':>9} {'episodes':>9} "
+            f"{'weights_v':>9} {'restarts':>8}",
+            file=out,
+        )
+        for r in rows:
+            print(
+                f"{r['actor_id']:>8} {r['samples']:>10} {r['samples_per_s']:>12.1f} {r['duration']:>8.1f}s "
+                f"{r['episodes']:>9} {r['weights_version']:>9} {r['restarts']:>8}",
+                file=out,
+            )
+        bad = int(extra.get("bad_messages", 0))
+        if bad:
+            print(f"\nsupervisor: {bad} malformed heartbeat/control message(s) dropped", file=out)
+        print(
+            f"\nshutdown took {float(extra.get('shutdown_seconds', math.nan)):.2f} s; "
+            f"stats in {self.run_dir / 'stats.json'}",
+            file=out,
+            flush=True,
+        )
+
+    def _print_evaluator(self, launched: float, ev: dict[str, Any]) -> None:
+        out = self._out
+        print(
+            f"evaluator: {int(ev.get('evaluations', 0))} evaluations, "
+            f"last {fmt_value(ev.get('eval_return'))} "
+            f"(weights v{int(ev.get('evaluated_version', 0))}), best {fmt_value(ev.get('eval_best'))}",
+            file=out,
+        )
+        target = self.cfg.learner.target_return
+        when = ev.get("target_time")
+        if target is not None and isinstance(when, (int, float)) and math.isfinite(when):
+            at = self.target_at_learner or {}
+            where = (
+                f" (about {int(at['samples'])} env steps, {int(at['updates'])} updates)"
+                if {"samples", "updates"} <= at.keys()
+                else ""
+            )
+            print(
+                f"target return {target:g} first reached {when - launched:.1f} s after launch{where}",
+                file=out,
+            )
+            history = ev.get("eval_history") or []
+            held: dict[str, Any] = next(
+                (r for r in history if r.get("time") == ev.get("target_held_time")), {}
+            )
+            steps = {"target_held_samples": held.get("env_steps")} if held else {}
+            self._print_held(launched, ev.get("target_held_time"), steps)
+        elif target is not None:
+            print(f"target return {target:g} not reached", file=out)
+
+    def _print_held(self, launched: float, when: Any, figures: dict[str, Any]) -> None:
+        """The figure that means success: the target held for learner.target_hold evaluations."""
+        hold = self.cfg.learner.target_hold
+        if not _finite(when):
+            print(f"target return not held for {hold} evaluations in a row", file=self._out)
+            return
+        at = [
+            f"{int(figures[key])} {what}"
+            for key, what in (("target_held_samples", "env steps"), ("target_held_updates", "updates"))
+            if _finite(figures.get(key))
+        ]
+        where = f" ({', '.join(at)})" if at else ""
+        print(
+            f"target return held for {hold} evaluations in a row from {when - launched:.1f} s "
+            f"after launch{where}",
+            file=self._out,
+        )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
