@@ -5,25 +5,30 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 import zmq
 
 from zmqrl.config import load_config
+from zmqrl.fingerprint import FingerprintMismatch
 from zmqrl.roles.link import SupervisorLink
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import (
+    DRAIN_MAX_MESSAGES,
     BadMessages,
     ControlPublisher,
     ControlSubscriber,
     HeartbeatReceiver,
     HeartbeatSender,
+    LearnerUnreachable,
+    SampleReceiver,
     SampleSender,
     WeightsPublisher,
     WeightsSubscriber,
 )
-from zmqrl.transport.wire import SamplesMsg, StopMsg
+from zmqrl.transport.wire import Fingerprint, HeartbeatMsg, SamplesMsg, SampleSpec, StopMsg
 from zmqrl.types import TransitionBatch, Weights
 
 LIMITS = sockets.SocketLimits(samples_hwm=2, linger_ms=0)
@@ -157,38 +162,376 @@ def test_weights_subscriber_notices_the_learners_stop_announcement(ctx: zmq.Cont
     assert sub.bad.count == 0, "a stop announcement is not a malformed message"
 
 
-def test_roles_leave_when_the_supervisor_falls_silent(ctx: zmq.Context) -> None:
-    pub, control = sockets.control_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
-    _, heartbeat = sockets.heartbeat_pull(ctx, "tcp://127.0.0.1:0", LIMITS)
-    cfg = load_config(
+def link_config(control: str, heartbeat: str, *extra: str) -> Any:
+    return load_config(
         None,
         [
             f"transport.control={control}",
             f"transport.heartbeat={heartbeat}",
             "supervisor.heartbeat_timeout=5",
             "supervisor.heartbeat_interval=1",
+            *extra,
         ],
     )
+
+
+def test_roles_leave_when_the_supervisor_falls_silent(ctx: zmq.Context) -> None:
+    pub, control = sockets.control_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    _, heartbeat = sockets.heartbeat_pull(ctx, "tcp://127.0.0.1:0", LIMITS)
     clock = FakeClock()
     stop = threading.Event()
-    link = SupervisorLink(ctx, cfg, "actor", 0, stop, clock=clock, watch_supervisor=True)
+    # start=False: no heartbeat thread, each tick() services the link at once on the fake clock.
+    link = SupervisorLink(
+        ctx,
+        link_config(control, heartbeat),
+        "actor",
+        0,
+        stop,
+        clock=clock,
+        watch_supervisor=True,
+        start=False,
+    )
     supervisor = ControlPublisher(pub)
     for t in range(1, 9):  # a live supervisor: heartbeats keep the role going past the timeout
-        clock.now = float(t)
-        supervisor.heartbeat()
-        time.sleep(0.05)
-        assert not link.tick(dict), f"stopped at t={t} although the supervisor is alive"
-    assert link.control.supervisor_seen is not None
-    clock.now = 8.0 + 5.5  # ... then silence for longer than supervisor.heartbeat_timeout
+        clock.now = max(clock.now, float(t))
+        deadline = time.monotonic() + 10
+        while (link.control.supervisor_seen or 0.0) < t:  # PUB/SUB: resend until one is through
+            assert time.monotonic() < deadline, f"the supervisor's heartbeat at t={t} never arrived"
+            supervisor.heartbeat()
+            link._ctl_sock.poll(20)
+            clock.now += 0.1  # the control socket is read at most once per CONTROL_POLL_SECONDS
+            assert not link.tick(dict), f"stopped at t={t} although the supervisor is alive"
+    clock.now = link.control.supervisor_seen + 5.5  # ... then silence for longer than heartbeat_timeout
     assert link.tick(dict)
-    assert link.stop_reason.startswith("supervisor silent for")
+    assert stop.is_set() and link.stop_reason.startswith("supervisor silent for")
     link.close()
 
 
 def test_roles_started_by_hand_do_not_watch_for_a_supervisor(ctx: zmq.Context) -> None:
-    cfg = load_config(None, ["transport.control=tcp://127.0.0.1:1", "transport.heartbeat=tcp://127.0.0.1:2"])
+    cfg = link_config("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
     clock = FakeClock()
-    link = SupervisorLink(ctx, cfg, "learner", 0, threading.Event(), clock=clock, watch_supervisor=False)
-    clock.now = 10_000.0
-    assert not link.tick(dict)
+    link = SupervisorLink(
+        ctx, cfg, "learner", 0, threading.Event(), clock=clock, watch_supervisor=False, start=False
+    )
+    for t in (0.0, 100.0, 10_000.0):  # far past heartbeat_timeout and join_timeout
+        clock.now = t
+        assert not link.tick(dict)
+    assert link.stop_reason == ""
     link.close()
+
+
+def received_heartbeats(pull: zmq.Socket, count: int, timeout: float) -> list[HeartbeatMsg]:
+    """The first ``count`` heartbeats to arrive on ``pull``; fails after ``timeout`` seconds."""
+    got: list[HeartbeatMsg] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        assert left_ms > 0 and pull.poll(left_ms), (
+            f"{len(got)} heartbeat(s) within {timeout} s, wanted {count}"
+        )
+        msg = wire.load(pull.recv_multipart())
+        assert isinstance(msg, HeartbeatMsg)
+        got.append(msg)
+    return got
+
+
+def test_each_heartbeat_carries_the_main_loops_progress_and_its_counters(ctx: zmq.Context) -> None:
+    pull, heartbeat = sockets.heartbeat_pull(ctx, "tcp://127.0.0.1:0", LIMITS)
+    clock = FakeClock()
+    cfg = link_config("tcp://127.0.0.1:1", heartbeat)
+    link = SupervisorLink(ctx, cfg, "actor", 3, clock=clock, watch_supervisor=False, start=False)
+    steps = 0
+
+    def counters() -> dict[str, float]:
+        return {"steps": steps, "recent_return": float("nan")}
+
+    for t in range(3):  # one tick per heartbeat_interval: each tick beats
+        clock.now = float(t)
+        steps += 10
+        link.tick(counters, state="running")
+    link.progress()  # long work inside one step still counts as progress
+    link.final("stopped", counters())
+    beats = received_heartbeats(pull, 4, 10)
+    link.close()
+    assert [hb.counters["progress"] for hb in beats] == [1, 2, 3, 4]
+    assert [hb.counters["steps"] for hb in beats] == [10, 20, 30, 30]
+    assert [hb.state for hb in beats] == ["running", "running", "running", "stopped"]
+    assert all((hb.role, hb.id) == ("actor", 3) for hb in beats)
+    assert all("recent_return" not in hb.counters for hb in beats), "NaN (not measured yet) is left out"
+
+
+def test_the_heartbeat_thread_beats_while_the_main_loop_never_ticks(ctx: zmq.Context) -> None:
+    pull, heartbeat = sockets.heartbeat_pull(ctx, "tcp://127.0.0.1:0", LIMITS)
+    cfg = link_config("tcp://127.0.0.1:1", heartbeat, "supervisor.heartbeat_interval=0.05")
+    link = SupervisorLink(ctx, cfg, "learner", 0, watch_supervisor=False)  # start=True: its own thread
+    try:
+        beats = received_heartbeats(pull, 2, 10)  # a main loop busy (or hung) elsewhere: still alive
+    finally:
+        link.close()
+    assert all(hb.state == "starting" and hb.counters["progress"] == 0 for hb in beats), (
+        "no tick yet: alive, but no progress"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Rate-limited drop reports lose no count (issue 9, item 19)
+# ---------------------------------------------------------------------------------------------
+
+
+class Lines(logging.Handler):
+    """A capturing logger's handler: every formatted line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def capturing_bad_messages(clock: FakeClock) -> tuple[BadMessages, list[str]]:
+    logger = logging.getLogger(f"test.bad.{id(clock)}")
+    logger.propagate = False
+    handler = Lines()
+    logger.addHandler(handler)
+    return BadMessages("learner samples", logger, interval=5.0, clock=clock), handler.lines
+
+
+def test_a_burst_inside_one_interval_is_reported_in_full_by_the_flush() -> None:
+    clock = FakeClock()
+    bad, lines = capturing_bad_messages(clock)
+    for i in range(10_000):
+        clock.now = i * 1e-4  # all within one 5 s interval
+        bad.record(ValueError(f"junk {i}"))
+    assert lines == [
+        "learner samples: dropped 1 malformed message(s) since the last report (total 1); latest: junk 0"
+    ]
+    assert bad.pending == 9_999
+    assert bad.flush()
+    assert lines[1] == (
+        "learner samples: dropped 9999 malformed message(s) since the last report (total 10000);"
+        " latest: junk 9999"
+    )
+    assert not bad.flush(), "nothing pending: no line"
+    assert len(lines) == 2 and bad.count == 10_000
+
+
+def test_the_next_line_after_the_interval_includes_the_suppressed_drops() -> None:
+    clock = FakeClock()
+    bad, lines = capturing_bad_messages(clock)
+    for _ in range(10_000):
+        bad.record(ValueError("junk"))
+    clock.now = 5.0
+    bad.record(ValueError("one more"))
+    assert len(lines) == 2
+    assert (
+        "dropped 10000 malformed message(s) since the last report (total 10001); latest: one more" in lines[1]
+    )
+
+
+def test_maybe_flush_reports_a_burst_that_stopped_once_the_interval_passed() -> None:
+    clock = FakeClock()
+    bad, lines = capturing_bad_messages(clock)
+    for _ in range(10_000):
+        bad.record(ValueError("junk"))
+    clock.now = 4.9
+    assert not bad.maybe_flush() and len(lines) == 1, "still inside the interval"
+    clock.now = 5.0
+    assert bad.maybe_flush()
+    assert "dropped 9999 malformed message(s) since the last report (total 10000)" in lines[1]
+    clock.now = 100.0
+    assert not bad.maybe_flush(), "nothing new: housekeeping stays quiet"
+    assert len(lines) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Drains are capped, so a flood cannot stall a loop (issue 9, item 10)
+# ---------------------------------------------------------------------------------------------
+
+
+def pipe(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """An inproc PUSH -> PULL pair: a send is queued for the PULL side as soon as it returns."""
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(f"inproc://{name}")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"inproc://{name}")
+    return push, pull
+
+
+def test_heartbeat_receiver_reads_at_most_max_messages_per_call(ctx: zmq.Context) -> None:
+    push, pull = pipe(ctx, "hb-flood")
+    receiver = HeartbeatReceiver(pull, BadMessages("hb"))
+    frames = wire.dump(HeartbeatMsg("actor", 1, 2, 3.0, "running", {}, {}))
+    for _ in range(299):
+        push.send_multipart(frames)
+    push.send(b"junk counts towards the cap too")
+    assert len(receiver.recv_all(1000)) == DRAIN_MAX_MESSAGES == 256
+    rest = receiver.recv_all(1000, max_messages=100)
+    assert len(rest) == 299 - 256 and receiver.bad.count == 1
+    assert receiver.recv_all(0) == []
+
+
+def test_control_subscriber_finds_a_stop_behind_a_flood_on_a_later_call(ctx: zmq.Context) -> None:
+    push, pull = pipe(ctx, "ctl-flood")
+    sub = ControlSubscriber(pull, BadMessages("ctl"))
+    beat = wire.dump(HeartbeatMsg("supervisor", 0, 2, 3.0, "running", {}, {}))
+    for _ in range(300):
+        push.send_multipart(beat)
+    push.send_multipart(wire.dump(StopMsg("flooded")))
+    assert sub.poll_stop(max_messages=256) is None, "the stop is still queued behind the flood"
+    assert sub.supervisor_seen is not None
+    assert sub.poll_stop(max_messages=256) == StopMsg("flooded")
+
+
+# ---------------------------------------------------------------------------------------------
+# The run fingerprint on the weights channel (issue 9, item 6)
+# ---------------------------------------------------------------------------------------------
+
+LEARNER_FP: Fingerprint = {"env.id": "CartPole-v1", "agent.n_step": 3, "agent.gamma": 0.99}
+
+
+def fingerprint_pair(
+    ctx: zmq.Context, published: Fingerprint | None, expected: Fingerprint | None, reference: Any = None
+) -> tuple[WeightsPublisher, WeightsSubscriber]:
+    pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    publisher = WeightsPublisher(pub_sock, "dqn", fingerprint=published)
+    sub = WeightsSubscriber(
+        sockets.weights_sub(ctx, endpoint, LIMITS), reference, BadMessages("w"), expected_fingerprint=expected
+    )
+    return publisher, sub
+
+
+def first_weights(publisher: WeightsPublisher, sub: WeightsSubscriber, params: dict[str, np.ndarray]) -> Any:
+    """Publish until the subscription is through (PUB/SUB drops before it); return latest()'s result."""
+    deadline = time.monotonic() + 10
+    version = publisher.version
+    while time.monotonic() < deadline:
+        version += 1
+        publisher.publish(Weights(version, params))
+        sub._sock.poll(50)
+        got = sub.latest()
+        if got is not None:
+            return got
+    raise AssertionError("no weights arrived")
+
+
+def test_matching_fingerprint_passes_and_is_exposed(ctx: zmq.Context) -> None:
+    publisher, sub = fingerprint_pair(ctx, LEARNER_FP, dict(LEARNER_FP))
+    got = first_weights(publisher, sub, {"w": np.zeros(2, np.float32)})
+    assert got.fingerprint == LEARNER_FP and sub.fingerprint == LEARNER_FP
+
+
+@pytest.mark.parametrize(
+    ("mine", "keys"),
+    [
+        ({**LEARNER_FP, "agent.n_step": 5}, ["agent.n_step"]),  # the actor's setting differs
+        (
+            {"env.id": "CartPole-v1", "agent.n_step": 3},
+            ["agent.gamma"],
+        ),  # the learner has a key the actor lacks
+        ({**LEARNER_FP, "agent.dueling": True}, ["agent.dueling"]),  # the actor has a key the learner lacks
+    ],
+)
+def test_mismatched_fingerprint_raises_and_the_weights_are_never_returned(
+    ctx: zmq.Context, mine: Fingerprint, keys: list[str]
+) -> None:
+    publisher, sub = fingerprint_pair(ctx, LEARNER_FP, mine)
+    with pytest.raises(FingerprintMismatch) as info:
+        first_weights(publisher, sub, {"w": np.zeros(2, np.float32)})
+    assert info.value.keys == keys
+    assert "\n" not in str(info.value) and all(k in str(info.value) for k in keys)
+    assert sub.fingerprint is None and sub.bad.count == 0, "a mismatch is not a malformed message"
+
+
+def test_a_learner_with_another_network_is_named_as_a_mismatch_not_dropped_as_junk(ctx: zmq.Context) -> None:
+    reference = {"w": ((2,), "float32")}  # the actor's own network
+    publisher, sub = fingerprint_pair(
+        ctx, {**LEARNER_FP, "agent.hidden_sizes": [64]}, {**LEARNER_FP}, reference
+    )
+    with pytest.raises(FingerprintMismatch, match=r"agent\.hidden_sizes"):
+        first_weights(publisher, sub, {"w": np.zeros(3, np.float32)})
+    assert sub.bad.count == 0
+
+
+def test_weights_without_fingerprint_or_without_expectation_are_not_checked(ctx: zmq.Context) -> None:
+    old_learner, sub = fingerprint_pair(ctx, None, LEARNER_FP)
+    assert first_weights(old_learner, sub, {"w": np.zeros(2, np.float32)}).fingerprint is None
+    publisher, unchecked = fingerprint_pair(ctx, LEARNER_FP, None)
+    assert first_weights(publisher, unchecked, {"w": np.zeros(2, np.float32)}).fingerprint == LEARNER_FP
+
+
+# ---------------------------------------------------------------------------------------------
+# Lost and reordered batches per actor (issue 9, item 7)
+# ---------------------------------------------------------------------------------------------
+
+CARTPOLE_SPEC = SampleSpec(
+    obs_shape=(4,), obs_dtype="float32", action_shape=(), action_dtype="int64", num_actions=2
+)
+
+
+def one_row_batch() -> TransitionBatch:
+    return TransitionBatch(
+        obs=np.zeros((2, 4), np.float32),
+        action=np.zeros(2, np.int64),
+        reward=np.zeros(2, np.float32),
+        next_obs=np.zeros((2, 4), np.float32),
+        discount=np.ones(2, np.float32),
+    )
+
+
+def test_sample_receiver_counts_lost_reordered_and_restarted_batches_per_actor(ctx: zmq.Context) -> None:
+    push, pull = pipe(ctx, "samples-seq")
+    receiver = SampleReceiver(pull, CARTPOLE_SPEC, BadMessages("samples"))
+    sent = [(0, 0), (0, 1), (0, 4), (0, 3), (1, 10), (1, 11), (0, 0), (0, 1)]  # (actor_id, seq)
+    for actor_id, seq in sent:
+        push.send_multipart(wire.dump(SamplesMsg(actor_id, seq, 0, one_row_batch(), [])))
+    push.send(b"junk is not tracked")
+    got = []
+    while (msg := receiver.recv_nowait()) is not False:
+        got.append(msg)
+    assert len(got) == len(sent) + 1 and got[-1] is None
+    per_actor = receiver.seqs.per_actor()
+    assert per_actor[0] == {
+        "batches": 6,
+        "samples": 12,
+        "lost": 2,
+        "reordered": 1,
+        "restarts": 1,
+        "last_seq": 1,
+    }
+    assert per_actor[1] == {
+        "batches": 2,
+        "samples": 4,
+        "lost": 0,
+        "reordered": 0,
+        "restarts": 0,
+        "last_seq": 11,
+    }
+    totals = receiver.seqs.totals()
+    assert (totals["lost_batches"], totals["reordered_batches"], totals["actor_restarts"]) == (2, 1, 1)
+
+
+def test_a_sender_that_cannot_deliver_says_so_then_gives_up(
+    ctx: zmq.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nobody listens at the endpoint: the sender warns after 5 s (then at doubling intervals) with
+    what to check, and raises LearnerUnreachable past its give-up time; it never spins."""
+    push = sockets.samples_push(ctx, "tcp://127.0.0.1:1", LIMITS)
+    clock = FakeClock()
+    sender = SampleSender(push, "tcp://127.0.0.1:1", give_up_after=30.0, clock=clock)
+    polls = 0
+
+    def idle() -> bool:
+        nonlocal polls
+        polls += 1
+        clock.now += 1.0
+        return False
+
+    msg = SamplesMsg(actor_id=0, seq=0, weights_version=0, batch=one_row_batch(), episodes=[])
+    with caplog.at_level(logging.WARNING), pytest.raises(LearnerUnreachable, match=r"connect_timeout"):
+        sender.send(msg, idle)
+    warnings = [r.getMessage() for r in caplog.records if "no samples delivered" in r.getMessage()]
+    assert len(warnings) == 3, warnings  # after 5, 10 and 20 s
+    assert "tcp://127.0.0.1:1" in warnings[0] and "key_name" in warnings[0]
+    assert 30 <= polls <= 33
+    push.close(linger=0)

@@ -19,7 +19,7 @@ import torch
 import zmq
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from tests.conftest import ANY_PORT, tiny_config
+from tests.conftest import ANY_PORT, tiny_config, wait_until
 from zmqrl.checkpoint import load_checkpoint, save_checkpoint
 from zmqrl.config import Config
 from zmqrl.envs import make_env
@@ -173,6 +173,10 @@ def test_evaluator_scores_each_new_version_once_and_keeps_the_best_weights(
     def evaluated(version: int) -> Any:
         return lambda: evaluator.evaluated_version == version
 
+    def waiting_beat() -> bool:  # beats come from a thread: wait for one sent before any evaluation
+        return any(hb.state == "waiting" and "evaluations" in hb.counters for hb in sup.drain())
+
+    wait_until(waiting_beat, 20, "a heartbeat from the evaluator waiting for weights")
     learner.publish_until(Weights(1, reference), evaluated(1), 20, "version 1 to be evaluated")
     first = load_checkpoint(best)  # the first evaluation is the best so far
     assert first["contents"] == "weights" and first["version"] == 1 and first["agent_kind"] == "dqn"
@@ -209,8 +213,12 @@ def test_evaluator_scores_each_new_version_once_and_keeps_the_best_weights(
     assert final.counters["evaluations"] == 3 and final.counters["eval_best"] == EPISODE_CAP
     assert final.counters["evaluated_version"] == final.counters["weights_version"] == 3
     assert {"eval_return", "eval_seconds", "target_time"} <= final.counters.keys()
-    early = [hb for hb in beats if hb.counters["evaluations"] == 0]
-    assert early and "target_time" not in early[0].counters, "NaN (not reached yet) is left out"
+    early = [hb for hb in beats if hb.counters.get("evaluations") == 0]
+    assert early and all(
+        "target_time" not in hb.counters and "eval_return" not in hb.counters for hb in early
+    ), "NaN (not reached yet) is left out"
+    progress = [hb.counters["progress"] for hb in beats]
+    assert progress == sorted(progress) and progress[-1] > progress[0], "every beat carries progress"
 
     # The weights-only `best` plays through the same entry point as the learner's checkpoints.
     result = evaluate_checkpoint(best, episodes=3, seed=7)

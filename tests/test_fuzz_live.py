@@ -128,7 +128,7 @@ def test_actor_survives_a_flood_of_malformed_weights(ctx: zmq.Context, tmp_path:
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    wait_until(lambda: pull.poll(0), 30, "actor to start sending")
+    fake.greet_until(cfg, lambda: pull.poll(0), 30, "actor to start sending")
     reference = {k: np.zeros(shape, np.float32) for k, (shape, _) in actor.agent.weights_spec().items()}
     name = next(iter(reference))
     rng = np.random.default_rng(1)

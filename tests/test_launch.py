@@ -63,7 +63,8 @@ class Launch:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise
+            self._reader.join(timeout=5)
+            raise AssertionError(f"launch still running after {timeout} s; output:\n{self.output}") from None
         self._reader.join(timeout=5)
         return code
 
@@ -106,7 +107,7 @@ def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_ro
         run_root,
         actor__num_actors=2,
         learner__max_updates=100_000,
-        learner__max_seconds=10,
+        learner__max_seconds=25,  # outlasts two actor start-ups on a loaded 2-core machine
         learner__eval_interval=0,
         supervisor__max_restarts=1,
         supervisor__restart_backoff=0.5,
@@ -121,7 +122,7 @@ def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_ro
         os.kill(wait_for_process(f"{run_dir}/config.yaml --id 1", 10), signal.SIGKILL)
 
     kill_actor_1_once_up(1)
-    launch.wait_for("actor-1 exited with code -9; restarting in 0.5 s", 10)
+    launch.wait_for("actor-1 exited with code -9 before running healthily; restarting it in 0.5 s", 10)
     kill_actor_1_once_up(2)  # the replacement, killed too: past supervisor.max_restarts
     launch.wait_for("the run goes on without it (degraded)", 10)
 
@@ -207,7 +208,7 @@ def test_a_hung_actor_is_detected_by_its_silence_and_replaced(run_root: Path) ->
     stopped_at = time.monotonic()
     launch.wait_for("actor-0 (pid", 30)
     detected_after = time.monotonic() - stopped_at
-    launch.wait_for("actor-0 exited with code -9; restarting", 10)
+    launch.wait_for("actor-0 exited with code -9", 10)
     replacement = wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
     assert replacement != victim
     assert detected_after < 2.0 + 3.0, f"hang detected only after {detected_after:.1f} s"
@@ -233,7 +234,11 @@ def test_children_leave_when_the_supervisor_hangs(run_root: Path) -> None:
     assert left == [], "children outlived their hung supervisor"
     assert "supervisor silent for" in (run_dir / "logs" / "learner-0.log").read_text()
     actor_log = (run_dir / "logs" / "actor-0.log").read_text()  # noticed itself, or was told by the learner
-    assert "supervisor silent for" in actor_log or "stop announced by the learner" in actor_log
+    # Silent after it was heard, or never heard at all (stopped before the actor's first contact).
+    assert any(
+        reason in actor_log
+        for reason in ("supervisor silent for", "no supervisor at", "stop announced by the learner")
+    )
 
 
 def test_a_killed_learner_is_restarted_from_its_checkpoint_and_the_run_completes(run_root: Path) -> None:
@@ -324,6 +329,8 @@ def test_a_learner_failing_past_its_restarts_stops_the_run_with_a_clear_error(ru
             learner__checkpoint_interval=50,
             supervisor__max_restarts=1,
             supervisor__restart_backoff=0.2,
+            # Killed seconds into training counts as a crash loop here, not as occasional deaths.
+            supervisor__healthy_seconds=120,
         )
     )
     for incarnation in (1, 2):
@@ -389,3 +396,21 @@ def test_a_closed_console_does_not_stop_the_supervisor_from_cleaning_up(run_root
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert_nothing_left(run_dir)
+
+
+def test_launching_into_a_finished_run_starts_a_fresh_numbered_run(run_root: Path) -> None:
+    """A finished run's TensorBoard events and checkpoints are never mixed with a new run's."""
+    run_dir = run_root / "t"
+    overrides = tiny_overrides(run_root, learner__max_updates=300)
+    first = Launch(overrides)
+    assert first.finish(timeout=120) == 0, first.output
+    events_before = sorted(p.name for p in (run_dir / "tb").rglob("*") if p.is_file())
+    assert events_before, "the first run wrote no TensorBoard events"
+
+    again = Launch(overrides)
+    assert again.finish(timeout=120) == 0, again.output
+    assert f"{run_dir} holds a finished run: this run goes to {run_root / 't-2'}" in again.output
+    assert sorted(p.name for p in (run_dir / "tb").rglob("*") if p.is_file()) == events_before
+    second = json.loads((run_root / "t-2" / "stats.json").read_text())["learner"]
+    assert second["state"] == "finished" and second["updates"] == 300
+    assert_nothing_left(run_root)

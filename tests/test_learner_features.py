@@ -6,6 +6,8 @@ socket, so they control exactly what arrives and when."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
 import threading
@@ -17,14 +19,18 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, tiny_overrides, wait_until
+from tests.test_exit_codes import error_lines, role_args
+from tests.test_exit_codes import run as run_cli
 from tests.test_launch import REPO
 from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
 from zmqrl.config import Config
 from zmqrl.envs import EnvError
+from zmqrl.errors import ConfigError
 from zmqrl.replay import PrioritizedReplay
 from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner, ReplayMemoryError, replay_footprint
-from zmqrl.transport import wire
+from zmqrl.roles.learner import Learner, ReplayMemoryError, check_weights_fit, replay_footprint
+from zmqrl.transport import sockets, wire
+from zmqrl.transport.security import Security, create_keys
 from zmqrl.transport.wire import SamplesMsg, SampleSpec
 
 
@@ -248,3 +254,115 @@ def test_shared_frames_on_vector_observations_is_a_clear_error(ctx: zmq.Context,
     learner = Learner(tiny_config(tmp_path, replay__share_frames=True), ctx=ctx)
     with pytest.raises(EnvError, match=r"replay\.share_frames"):
         learner.run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights that subscribers would drop are refused at start (issue 9, item 8)
+# ---------------------------------------------------------------------------------------------
+
+BIG_NETWORK = {"agent__hidden_sizes": "[1024, 1024]", "transport__max_message_mb": 1}  # a 4 MiB layer
+
+
+def test_weights_larger_than_max_message_mb_are_refused_before_anything_binds(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    learner = Learner(tiny_config(tmp_path, **BIG_NETWORK), ctx=ctx)
+    with pytest.raises(ConfigError) as info:
+        learner.run()
+    message = str(info.value)
+    assert "4.0 MiB frame" in message and "transport.max_message_mb 1 (1.0 MiB)" in message
+    assert "raise transport.max_message_mb to 4" in message
+    assert not learner.ready.is_set()
+
+
+def test_the_suggested_max_message_mb_is_enough(ctx: zmq.Context, tmp_path: Path) -> None:
+    """A 4 MiB frame passes ZeroMQ's limit of exactly 4 MiB: the fix the message names works."""
+    check_weights_fit({"w": ((1024, 1024), "float32")}, "dqn", {}, 4)
+    with pytest.raises(ConfigError, match="to 5"):
+        check_weights_fit({"w": ((1025, 1024), "float32")}, "dqn", {}, 4)
+
+
+def test_learner_command_refuses_weights_over_max_message_mb_with_one_line(tmp_path: Path) -> None:
+    big = ("agent.hidden_sizes=[1024, 1024]", "transport.max_message_mb=1")
+    result = run_cli([sys.executable, "-m", "zmqrl", *role_args(tmp_path, "learner", *big)])
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "transport.max_message_mb 1" in lines[0] and "to 4" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# What the learner reports about its feeds: seq accounting, clipped priorities, refused peers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lost_reordered_and_restarted_batches_reach_stats_and_tensorboard(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        tmp_path, learner__min_replay_size=32, learner__max_updates=10**6, learner__log_interval=5
+    )
+    run = Running(ctx, cfg)
+    for seq in (0, 1, 4, 3, 0):  # two lost (2, 3), 3 arrives late, then the actor restarts
+        run.seq = seq
+        run.send()
+    wait_until(lambda: run.learner.batches == 5, 10, "ingest")
+    wait_until(lambda: "learner/actor_restarts" in run.logger.scalars, 30, "a log point")
+    counters = run.learner._counters()
+    assert (counters["lost_batches"], counters["reordered_batches"], counters["actor_restarts"]) == (2, 1, 1)
+    assert counters["untracked_batches"] == 0
+    stats = run.stop()
+    assert stats["per_actor"] == {
+        0: {"batches": 5, "samples": 160, "lost": 2, "reordered": 1, "restarts": 1, "last_seq": 0}
+    }
+    tb = run.logger.scalars
+    assert tb["learner/lost_batches"][-1] == 2 and tb["learner/reordered_batches"][-1] == 1
+    assert tb["learner/actor_restarts"][-1] == 1
+    assert "replay/clipped_priorities" not in tb and "clipped_priorities" not in stats  # uniform replay
+    written = json.loads((cfg.run_dir / "learner-stats.json").read_text())
+    assert written["per_actor"]["0"]["lost"] == 2
+
+
+def test_hostile_priorities_are_clipped_by_the_configured_ratio_and_counted(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    cfg = tiny_config(
+        tmp_path,
+        replay__prioritized=True,
+        replay__max_initial_priority_ratio=2.0,
+        learner__min_replay_size=64,
+        learner__max_updates=10**6,
+        learner__log_interval=5,
+    )
+    run = Running(ctx, cfg)
+    replay = run.learner.replay
+    assert isinstance(replay, PrioritizedReplay) and replay.max_initial_priority_ratio == 2.0
+    run.send(priorities=np.full(32, 3e38, np.float32))  # one actor claims every row is urgent
+    run.send()
+    wait_until(lambda: run.learner.samples == 64, 10, "ingest")
+    wait_until(lambda: "replay/clipped_priorities" in run.logger.scalars, 30, "a log point")
+    stats = run.stop()
+    assert stats["clipped_priorities"] == 32
+    assert run.logger.scalars["replay/clipped_priorities"][-1] == 32
+
+
+def test_refused_curve_handshakes_are_counted_in_the_learners_stats(ctx: zmq.Context, tmp_path: Path) -> None:
+    keys_dir = tmp_path / "keys"
+    create_keys(keys_dir)
+    cfg = tiny_config(tmp_path, transport__keys_dir=str(keys_dir), learner__min_replay_size=64)
+    sup = FakeSupervisor(ctx)
+    learner = Learner(with_transport(cfg, **sup.endpoints()), ctx=ctx, logger=RecordingLogger())
+    thread = threading.Thread(target=learner.run, daemon=True)
+    thread.start()
+    assert learner.ready.wait(30)
+    own = Security.load(keys_dir)
+    public, secret = zmq.curve_keypair()  # knows the server key, but was never authorized
+    stranger = dataclasses.replace(own, server_secret=None, client_public=public, client_secret=secret)
+    push = sockets.samples_push(ctx, learner.endpoints["samples"], sockets.SocketLimits(), security=stranger)
+    wait_until(lambda: learner._counters().get("auth_denied", 0) >= 1, 10, "the refused handshake")
+    learner.request_stop()
+    thread.join(timeout=30)
+    push.close(0)
+    sup.close()
+    assert learner.stats["state"] == "stopped" and learner.stats["auth_denied"] >= 1
+    assert learner.stats["samples"] == 0

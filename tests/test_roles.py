@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,15 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
+from zmqrl.agents import make_agent
 from zmqrl.config import Config
+from zmqrl.envs import action_bounds, make_env, sample_spec
+from zmqrl.fingerprint import run_fingerprint
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
 from zmqrl.roles.link import SupervisorLink
 from zmqrl.transport import wire
+from zmqrl.transport.channels import LearnerUnreachable
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
 from zmqrl.types import EpisodeStat, TransitionBatch, Weights
 
@@ -54,13 +60,45 @@ class FakeSupervisor:
 
 
 class FakeLearner:
-    """Binds the samples PULL and weights PUB sockets like the real learner, for actor tests."""
+    """Binds the samples PULL and weights PUB sockets like the real learner, for actor tests.
+
+    An actor holds its first batch until it has heard the learner's weights: ``greet`` publishes
+    what a real learner's first message would tell it (the run fingerprint), with the run's
+    initial weights as version 0, which an actor never loads (it keeps acting with its own)."""
 
     def __init__(self, ctx: zmq.Context) -> None:
         self.pull = ctx.socket(zmq.PULL)
         self.pull.bind("tcp://127.0.0.1:0")
         self.pub = ctx.socket(zmq.PUB)
         self.pub.bind("tcp://127.0.0.1:0")
+        self._greeting: list[bytes | memoryview] | None = None
+
+    def greet(self, cfg: Config) -> None:
+        if self._greeting is None:
+            env = make_env(cfg.env)
+            spec = sample_spec(env)
+            bounds = action_bounds(env)
+            env.close()
+            agent = make_agent(cfg.agent, spec, device="cpu", **bounds)
+            initial = Weights(0, agent.export_weights().arrays)
+            msg = WeightsMsg(initial, cfg.agent.kind, run_fingerprint(cfg, spec))
+            self._greeting = wire.dump(msg)
+        self.pub.send_multipart(self._greeting)
+
+    def greet_until(self, cfg: Config, done: Callable[[], object], timeout: float, what: str) -> None:
+        """Greet every 50 ms until ``done()`` (PUB/SUB drops what is sent before a subscriber joins)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.greet(cfg)
+            self.pull.poll(50)
+
+    def first_sample(self, cfg: Config, timeout: float = 20.0) -> SamplesMsg:
+        """The actor's first samples message, greeting it until it comes."""
+        self.greet_until(cfg, lambda: self.pull.poll(0), timeout, "the actor's first samples")
+        msg = wire.load(self.pull.recv_multipart())
+        assert isinstance(msg, SamplesMsg)
+        return msg
 
     def endpoints(self) -> dict[str, str]:
         return {
@@ -198,7 +236,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
         assert isinstance(msg, SamplesMsg)
         return msg
 
-    first = recv_sample()
+    first = fake.first_sample(cfg)
     assert first.actor_id == 0 and first.weights_version == 0  # acting with its own initial weights
     reference = actor.agent.export_weights().arrays
     newer = Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()})
@@ -248,3 +286,73 @@ def test_only_supervised_roles_outlive_a_failed_learner(
     finally:
         link.close()
         sup.close()
+
+
+@pytest.mark.parametrize("envs_per_actor", [1, 2])
+def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_with(
+    ctx: zmq.Context, tmp_path: Path, envs_per_actor: int
+) -> None:
+    """With n = 3, the transition of step s leaves its window at step s + 2. Steps 1-3 are acted with
+    the actor's initial weights (version 0): it then holds its first batch until the learner's
+    weights arrive, and acts with version 5 from step 4 on. So the batches holding steps 1, 2, 3
+    are stamped 0, though they are sent while the actor already holds version 5."""
+    sup, fake = FakeSupervisor(ctx), FakeLearner(ctx)
+    cfg = with_transport(
+        tiny_config(
+            tmp_path,
+            agent__n_step=3,
+            actor__send_batch=1,
+            actor__weights_poll_steps=1,
+            actor__envs_per_actor=envs_per_actor,
+        ),
+        **fake.endpoints(),
+        **sup.endpoints(),
+    )
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+    wait_until(lambda: actor.steps == 3 * envs_per_actor, 20, "the first n-step window to fill")
+    reference = actor.agent.export_weights().arrays
+    v5 = wire.dump(WeightsMsg(Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()}), "dqn"))
+
+    def loaded() -> bool:
+        fake.pub.send_multipart(v5)
+        return bool(fake.pull.poll(50))
+
+    wait_until(loaded, 20, "the actor to load version 5 and send its first batch")
+    msgs = []
+    for _ in range(4):
+        assert fake.pull.poll(20_000), "actor sent nothing"
+        msg = wire.load(fake.pull.recv_multipart())
+        assert isinstance(msg, SamplesMsg)
+        msgs.append(msg)
+    sup.stop()
+    thread.join(timeout=20)
+    assert not thread.is_alive()
+    fake.close()
+    sup.close()
+    assert not any(m.episodes for m in msgs), "an episode end in the first steps would change the windows"
+    assert [m.batch.size for m in msgs] == [envs_per_actor] * 4  # one transition per sub-env each
+    assert actor.agent.weights_version == 5
+    assert [m.weights_version for m in msgs] == [0, 0, 0, 5], "steps 1-3 were acted with version 0"
+
+
+def test_an_actor_that_never_hears_the_learner_gives_up_after_connect_timeout(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    """A learner that publishes nothing this actor accepts (down, refusing its keys, or a foreign
+    one with another network): the held first batch is never sent, and the actor leaves."""
+    sup, fake = FakeSupervisor(ctx), FakeLearner(ctx)
+    cfg = with_transport(
+        tiny_config(tmp_path, transport__connect_timeout=0.5), **fake.endpoints(), **sup.endpoints()
+    )
+    actor = Actor(cfg, 0, ctx=ctx)
+    try:
+        with pytest.raises(
+            LearnerUnreachable, match=r"no weights received from .*transport\.connect_timeout"
+        ):
+            actor.run()
+        assert not fake.pull.poll(0), "nothing may be sent before the learner was heard"
+    finally:
+        fake.close()
+        sup.close()
+    assert actor.stats["state"] == "failed" and actor.stats["samples"] == 0

@@ -26,7 +26,7 @@ from zmqrl.agents.sac import SACAgent
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.exploration import apex_epsilon
-from zmqrl.roles.actor import ACTOR_SEED_STRIDE, Actor
+from zmqrl.roles.actor import ACTOR_SEED_STRIDE, ActedVersions, Actor
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg, SampleSpec
 from zmqrl.types import EpisodeStat
@@ -84,12 +84,17 @@ def actor_config(tmp_path: Path, fake: FakeLearner, sup: FakeSupervisor, **extra
     return with_transport(tiny_config(tmp_path, **values), **fake.endpoints(), **sup.endpoints())
 
 
-def collect(fake: FakeLearner, thread: Any, spec: SampleSpec, timeout: float = 20.0) -> list[SamplesMsg]:
-    """Every samples message until the actor thread ends, each checked as the learner would."""
+def collect(
+    fake: FakeLearner, thread: Any, cfg: Config, spec: SampleSpec, timeout: float = 20.0
+) -> list[SamplesMsg]:
+    """Every samples message until the actor thread ends, each checked as the learner would
+    (greeting the actor until its first one: it sends nothing before it heard the learner)."""
     msgs: list[SamplesMsg] = []
     deadline = time.monotonic() + timeout
     while thread.is_alive() or fake.pull.poll(200):
         assert time.monotonic() < deadline, "actor did not finish"
+        if not msgs:
+            fake.greet(cfg)
         if fake.pull.poll(50):
             msg = wire.load(fake.pull.recv_multipart())
             assert isinstance(msg, SamplesMsg)
@@ -113,10 +118,11 @@ def test_vector_actor_keeps_sub_envs_apart(ctx: zmq.Context, tmp_path: Path) -> 
         actor__max_steps=300,
     )
     spec = sample_spec(make_env(cfg.env))
+    fake.greet(cfg)  # builds its greeting now: that makes an env, which must not renumber the actor's
     fresh_marker_envs()
     actor = Actor(cfg, 1, ctx=ctx)
     thread = start(actor.run)
-    msgs = collect(fake, thread, spec)
+    msgs = collect(fake, thread, cfg, spec)
     fake.close()
     sup.close()
 
@@ -164,7 +170,7 @@ def test_vector_actor_warm_up_anneals_each_rung(ctx: zmq.Context, tmp_path: Path
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    collect(fake, thread, sample_spec(make_env(cfg.env)))
+    collect(fake, thread, cfg, sample_spec(make_env(cfg.env)))
     fake.close()
     sup.close()
     # Each sub-env anneals over its own transitions (~500 each here), so all sit on their rungs.
@@ -177,7 +183,7 @@ def test_vector_actor_stops_on_supervisor_broadcast(ctx: zmq.Context, tmp_path: 
     cfg = actor_config(tmp_path, fake, sup, actor__envs_per_actor=4, actor__max_steps_per_s=2000)
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    assert fake.pull.poll(20_000), "vector actor sent nothing"
+    fake.first_sample(cfg)
     sup.stop()
     thread.join(timeout=20)
     assert not thread.is_alive()
@@ -202,7 +208,7 @@ def test_dqn_actor_sends_initial_priorities_only_for_prioritized_replay(
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    msgs = collect(fake, thread, sample_spec(make_env(cfg.env)))
+    msgs = collect(fake, thread, cfg, sample_spec(make_env(cfg.env)))
     fake.close()
     sup.close()
     assert len(msgs) >= 5
@@ -239,7 +245,7 @@ def test_sac_vector_actor_sends_no_priorities_and_bounded_actions(ctx: zmq.Conte
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    msgs = collect(fake, thread, sample_spec(make_env(cfg.env)))
+    msgs = collect(fake, thread, cfg, sample_spec(make_env(cfg.env)))
     fake.close()
     sup.close()
     assert actor.stats["state"] == "stopped" and len(msgs) >= 5
@@ -277,3 +283,14 @@ def test_per_row_epsilon_gives_uniform_actions_in_bounds_for_sac() -> None:
     rows = np.stack([agent.act(obs, explore=True) for _ in range(200)])
     assert rows.dtype == np.float32 and rows.shape == (200, 2, 2)
     assert (np.abs(rows) <= 2.0).all() and rows[:, 1].std() > 0.5  # uniform over [-2, 2]
+
+
+def test_acted_versions_follow_each_sub_envs_window_and_skip_autoreset_rows() -> None:
+    """The version each window step was acted with leaves with it: the oldest among the emitted
+    steps is the one a batch is stamped with (n = 2 here; sub-env 1's episode ends at step 2)."""
+    acted = ActedVersions(2)
+    assert acted.step(1, fed=[True, True], pending_after=[1, 1]) is None  # windows filling
+    assert acted.step(2, fed=[True, True], pending_after=[1, 0]) == 1  # env 0 emits step 1; env 1 ends
+    assert acted.step(3, fed=[True, False], pending_after=[1, 0]) == 2  # env 1 in its autoreset step
+    assert acted.step(4, fed=[True, True], pending_after=[0, 1]) == 3  # env 0 ends: steps acted with 3, 4
+    assert acted.step(5, fed=[False, True], pending_after=[0, 1]) == 4  # env 1 emits its step at v4

@@ -794,3 +794,15 @@ def test_fingerprint_is_allowed_on_weights_only() -> None:
 def test_dump_refuses_a_fingerprint_load_would_refuse() -> None:
     with pytest.raises(WireError, match="fingerprint"):
         fingerprinted({"k": {"nested": 1}})
+
+
+def test_weights_may_carry_the_learners_env_steps_and_old_messages_still_load() -> None:
+    weights = Weights(3, {"w": np.ones((2, 2), np.float32)})
+    loaded = wire.load(wire.dump(WeightsMsg(weights=weights, agent="dqn", env_steps=12_345)))
+    assert isinstance(loaded, WeightsMsg) and loaded.env_steps == 12_345
+    assert wire.load(wire.dump(WeightsMsg(weights=weights, agent="dqn"))).env_steps is None  # type: ignore[union-attr]
+    header, *frames = wire.dump(WeightsMsg(weights=weights, agent="dqn", env_steps=1))
+    bad = msgpack.unpackb(bytes(header))
+    bad["env_steps"] = -1
+    with pytest.raises(WireError, match="env_steps"):
+        wire.load([msgpack.packb(bad), *frames])
