@@ -61,8 +61,6 @@ SHARED_PLANES_PER_ROW = 1.25
 
 # File in the run directory: the highest weights version published.
 VERSION_FILE = "weights-version"
-# How long the final checkpoint may wait for a background write still in flight.
-CHECKPOINT_WAIT_SECONDS = 600.0
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -600,8 +598,9 @@ class Learner:
                 snap = self.replay.snapshot(int(self.cfg.checkpoint.replay_max_mb * 2**20 / row_bytes))
             total_added = self.replay.total_added
         if final:
-            self.checkpoints.wait(CHECKPOINT_WAIT_SECONDS)
-            self.checkpoints.write_now(self.updates, payload, snap, total_added)
+            # Written while the main thread keeps reporting progress: a final replay snapshot may
+            # take longer than supervisor.progress_timeout, and this is not a hang.
+            self.checkpoints.write_now(self.updates, payload, snap, total_added, tick=self.link.progress)
         else:
             self.checkpoints.submit(self.updates, payload, snap, total_added)
 

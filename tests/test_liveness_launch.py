@@ -1,0 +1,512 @@
+"""Liveness for real (issue 9): OS processes, signals, injected faults (``ZMQRL_TEST_HOOKS``), and
+the shipped supervisor defaults. Each test measures its times and asserts only the issue's bounds,
+waiting on conditions with generous deadlines so a loaded 2-core machine does not flake."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+import zmq
+
+from tests.conftest import processes_mentioning, tiny_overrides, wait_until
+from tests.test_launch import REPO, Launch, assert_nothing_left, log_count, wait_for_log
+from zmqrl.testhooks import DEADLOCK_ONCE, HOOKS_ENV, INGEST_FAULT_ONCE, SLOW_CHECKPOINT
+
+pytestmark = pytest.mark.slow
+# The issue's bounds.
+REPLACED_WITHIN = 5.0  # seconds from a fault (SIGKILL or SIGSTOP) to a new process in the slot
+CTRL_C_WITHIN = 5.0  # seconds from Ctrl-C to `launch` gone, a stopped child included
+# A process counts as healthy after supervisor.healthy_seconds (2) of progress; faults wait longer
+# than that after "up", so each is an occasional death, not a crash loop.
+HEALTHY_MARGIN = 3.0
+
+
+def default_supervisor(run_root: Path, **extra: object) -> list[str]:
+    """tiny_overrides with every supervisor setting left at its shipped default (item 16 is about
+    the defaults; tiny_overrides shortens the heartbeat interval and stop_grace)."""
+    return [item for item in tiny_overrides(run_root, **extra) if not item.startswith("supervisor.")] + [
+        f"{k.replace('__', '.')}={v}" for k, v in extra.items() if k.startswith("supervisor__")
+    ]
+
+
+def with_hooks(hooks: str) -> dict[str, str]:
+    return {**os.environ, HOOKS_ENV: hooks}
+
+
+def slot_pid(run_dir: Path, role: str, index: int = 0) -> int | None:
+    for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml"):
+        if role == "learner" and " learner " in cmd:
+            return pid
+        if role == "actor" and re.search(rf" actor .*--id {index}( |$)", cmd):
+            return pid
+    return None
+
+
+def wait_for_pid(
+    run_dir: Path, role: str, index: int = 0, other_than: int | None = None, timeout: float = 60
+) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = slot_pid(run_dir, role, index)
+        if pid is not None and pid != other_than:
+            return pid
+        time.sleep(0.01)
+    raise AssertionError(f"no new {role}-{index} process within {timeout} s")
+
+
+def stats_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "stats.json").read_text())
+
+
+def log_times(path: Path, text: str) -> list[float]:
+    """Unix times of the log lines containing ``text`` (logging's default asctime, local time)."""
+    found = []
+    for line in path.read_text().splitlines():
+        if text in line:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            found.append(stamp.timestamp())
+    return found
+
+
+# ---------------------------------------------------------------------- item 1: a dying ingest thread
+def test_a_learner_whose_ingest_thread_raises_exits_non_zero_with_the_traceback_in_its_log(
+    run_root: Path, tmp_path: Path
+) -> None:
+    """Started by hand, with a real actor feeding it: the learner must not go on half-alive."""
+    run_dir = run_root / "t"
+    run_dir.mkdir(parents=True)
+    overrides = tiny_overrides(run_root, learner__max_updates=100_000)
+    learner_log = run_dir / "learner.log"
+    cmd = [sys.executable, "-m", "zmqrl", "learner", str(REPO / "configs" / "cartpole_dqn.yaml")]
+    cmd += [a for item in overrides for a in ("--set", item)]
+    env = with_hooks(f"{INGEST_FAULT_ONCE}={tmp_path / 'fired'}")
+    with open(learner_log, "wb") as out:
+        learner = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    actor: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for_log(learner_log, "learner up:", 60)
+        endpoints = re.search(r"learner up: samples (\S+), weights (\S+)", learner_log.read_text())
+        assert endpoints is not None
+        actor_cmd = [sys.executable, "-m", "zmqrl", "actor", str(run_dir / "config.yaml"), "--id", "0"]
+        actor_cmd += [
+            "--set",
+            f"transport.samples={endpoints[1]}",
+            "--set",
+            f"transport.weights={endpoints[2]}",
+        ]
+        with open(run_dir / "actor.log", "wb") as out:
+            actor = subprocess.Popen(actor_cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        code = learner.wait(timeout=90)
+        text = learner_log.read_text()
+        assert code == 1, text
+        assert "thread 'ingest' died" in text and "Traceback (most recent call last)" in text
+        assert "RuntimeError: test hook: replay add failed" in text
+        assert "ThreadDied: the learner's ingest thread died" in text  # the main thread's own exit
+        assert actor.wait(timeout=60) == 0, "the actor leaves with its failed learner"
+        assert "stop announced by the learner: learner failed" in (run_dir / "actor.log").read_text()
+    finally:
+        for proc in (learner, actor):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert_nothing_left(run_dir)
+
+
+def test_a_supervised_run_recovers_from_a_learner_whose_ingest_thread_died(
+    run_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault fires after the first checkpoint (the marker file is removed then), so the restarted
+    learner resumes from it and the run finishes."""
+    run_dir = run_root / "t"
+    marker = tmp_path / "fired"
+    marker.touch()  # present: the hook is off until the test removes it
+    monkeypatch.setenv(HOOKS_ENV, f"{INGEST_FAULT_ONCE}={marker}")  # inherited by every process
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            learner__max_updates=1500,
+            learner__checkpoint_interval=100,
+            learner__eval_interval=0,
+            supervisor__restart_backoff=0.2,
+        )
+    )
+    launch.wait_for("actor(s) started", 60)
+    wait_until((run_dir / "checkpoints" / "latest").is_file, 90, "a first checkpoint")
+    marker.unlink()  # the next batch the learner accepts raises in its ingest thread
+    launch.wait_for("learner-0 exited with code 1", 30)
+    code = launch.finish(timeout=180)
+    assert code == 0, launch.output
+    assert marker.exists(), "the hook fired"
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert "thread 'ingest' died" in log and "RuntimeError: test hook: replay add failed" in log
+    assert "resumed from" in log
+    stats = stats_of(run_dir)
+    assert stats["learner"]["state"] == "finished" and stats["learner"]["updates"] == 1500
+    assert stats["learner"]["restarts"] == 1
+    assert_nothing_left(run_dir)
+
+
+# ---------------------------------------------------------------------- item 3: busy is not dead, hung is
+def test_a_learner_busy_in_checkpoints_for_longer_than_heartbeat_timeout_is_not_killed(
+    run_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = run_root / "t"
+    monkeypatch.setenv(HOOKS_ENV, f"{SLOW_CHECKPOINT}=4")
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            learner__max_updates=600,
+            learner__checkpoint_interval=50,
+            learner__eval_interval=0,
+            supervisor__heartbeat_timeout=2.0,
+        )
+    )
+    code = launch.finish(timeout=180)
+    assert code == 0, launch.output
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert log.count("test hook: checkpoint write sleeps 4 s") >= 2, (
+        "the final checkpoint is written on the main thread"
+    )
+    assert "killing" not in launch.output, launch.output
+    stats = stats_of(run_dir)
+    assert stats["learner"]["restarts"] == 0 and stats["learner"]["state"] == "finished"
+    assert stats["learner"]["updates"] == 600
+    assert_nothing_left(run_dir)
+
+
+def test_a_learner_whose_main_loop_deadlocks_is_killed_as_hung_and_restarted(
+    run_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = run_root / "t"
+    monkeypatch.setenv(HOOKS_ENV, f"{DEADLOCK_ONCE}={tmp_path / 'fired'}")
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            learner__max_updates=400,
+            learner__eval_interval=0,
+            supervisor__progress_timeout=4.0,  # must exceed heartbeat_timeout (3)
+            supervisor__restart_backoff=0.2,
+        )
+    )
+    launch.wait_for("actor(s) started", 60)
+    wait_for_log(run_dir / "logs" / "learner-0.log", "test hook: the main loop deadlocks now", 90)
+    deadlocked_at = time.monotonic()
+    launch.wait_for("learner-0 (pid", 30)
+    noticed_after = time.monotonic() - deadlocked_at
+    code = launch.finish(timeout=180)
+    assert code == 0, launch.output
+    assert re.search(r"learner-0 \(pid \d+\) alive but no progress for [\d.]+ s \(hung", launch.output), (
+        launch.output
+    )
+    stats = stats_of(run_dir)
+    assert stats["learner"]["restarts"] == 1 and stats["learner"]["updates"] == 400
+    assert noticed_after < 4.0 + 5.0, f"a hang noticed only after {noticed_after:.1f} s"
+    assert_nothing_left(run_dir)
+
+
+# ---------------------------------------------------------------------- item 16: the defaults notice quickly
+def test_with_the_default_settings_a_stopped_actor_is_replaced_within_five_seconds_start_up_included(
+    run_root: Path,
+) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(default_supervisor(run_root, learner__max_updates=1_000_000, learner__eval_interval=0))
+    try:
+        # Stopped in start-up: as soon as its process exists, before its first heartbeat.
+        first = wait_for_pid(run_dir, "actor", 0, timeout=90)
+        os.kill(first, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        assert log_count(run_dir / "logs" / "actor-0.log", "actor 0 up") == 0
+        second = wait_for_pid(run_dir, "actor", 0, other_than=first, timeout=30)
+        in_start_up = time.monotonic() - stopped_at
+        # Stopped while running, once it has run healthily.
+        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
+        time.sleep(HEALTHY_MARGIN)
+        os.kill(second, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        wait_for_pid(run_dir, "actor", 0, other_than=second, timeout=30)
+        running = time.monotonic() - stopped_at
+        print(f"\nstopped actor replaced after {in_start_up:.2f} s (in start-up), {running:.2f} s (running)")
+        assert in_start_up < REPLACED_WITHIN and running < REPLACED_WITHIN, (in_start_up, running)
+        assert launch.output.count("is stopped by a signal") == 0  # not yet shutting down
+        killed = re.findall(r"actor-0 \(pid \d+\) (stopped by a signal|no heartbeat) for", launch.output)
+        assert killed == ["stopped by a signal", killed[1]], launch.output  # in start-up: no beat to miss
+    finally:
+        launch.proc.send_signal(signal.SIGINT)
+        launch.finish(timeout=60)
+    assert_nothing_left(run_dir)
+
+
+# ---------------------------------------------------------------------- item 18: Ctrl-C with a stopped child
+def test_ctrl_c_while_an_actor_is_stopped_ends_within_five_seconds_with_nothing_left(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(
+        default_supervisor(
+            run_root, actor__num_actors=2, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=30
+        )  # a long timeout: the stopped actor is still in place when Ctrl-C comes
+    )
+    wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
+    wait_for_log(run_dir / "logs" / "actor-1.log", "actor 1 up", 90)
+    os.kill(wait_for_pid(run_dir, "actor", 0), signal.SIGSTOP)
+    time.sleep(0.5)
+    interrupted = time.monotonic()
+    launch.proc.send_signal(signal.SIGINT)
+    code = launch.finish(timeout=60)
+    took = time.monotonic() - interrupted
+    print(f"\nCtrl-C with a stopped actor took {took:.2f} s")
+    assert code == 130, launch.output
+    assert "actor-0" in launch.output and "is stopped by a signal; killing it" in launch.output
+    assert took < CTRL_C_WITHIN, f"Ctrl-C took {took:.1f} s:\n{launch.output}"
+    assert_nothing_left(run_dir)
+    assert stats_of(run_dir)["shutdown_seconds"] < CTRL_C_WITHIN
+
+
+# ---------------------------------------------------------------------- item 17: a real crash loop
+def test_an_actor_in_a_real_crash_loop_stops_at_the_cap_with_one_clear_line(run_root: Path) -> None:
+    """After actor 0 is killed, its replacements read a config they cannot use (as after a bad edit
+    of the run's config.yaml: the learner keeps the one it loaded) and exit 2 at every start."""
+    run_dir = run_root / "t"
+    launch = Launch(
+        default_supervisor(
+            run_root, actor__num_actors=2, learner__max_updates=1_000_000, supervisor__max_restarts=3
+        )
+    )
+    try:
+        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config["actor"]["no_such_setting"] = 1
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        time.sleep(HEALTHY_MARGIN)
+        os.kill(wait_for_pid(run_dir, "actor", 0), signal.SIGKILL)
+        launch.wait_for("the run goes on without it (degraded)", 90)
+        lines = [line for line in launch.output.splitlines() if "crash loop" in line]
+        assert len(lines) == 1, launch.output
+        assert "actor-0 exited with code 2, 4 times in a row without running healthily" in lines[0]
+        assert "actor-0 exited with code -9 after running healthily; restarting it in 0.5 s" in launch.output
+        delays = [
+            float(d)
+            for d in re.findall(
+                r"actor-0 exited with code 2 before running healthily; "
+                r"restarting it in ([\d.]+) s",
+                launch.output,
+            )
+        ]
+        assert delays == [0.5, 1.0, 2.0], launch.output  # backing off
+        assert "unknown key 'actor.no_such_setting'" in (run_dir / "logs" / "actor-0.log").read_text()
+    finally:
+        launch.proc.send_signal(signal.SIGINT)
+        code = launch.finish(timeout=60)
+    assert code == 130
+    actors = {a["actor_id"]: a for a in stats_of(run_dir)["actors"]}
+    assert actors[0]["restarts"] == 4 and actors[1]["restarts"] == 0
+    assert_nothing_left(run_dir)
+
+
+# ---------------------------------------------------------------------- item 10: a heartbeat flood
+def test_a_heartbeat_flood_neither_stalls_the_supervisor_nor_goes_uncounted(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    junk = 10_000
+    launch = Launch(default_supervisor(run_root, learner__max_updates=1_000_000, learner__eval_interval=0))
+    ctx = zmq.Context()
+    try:
+        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
+        endpoint = yaml.safe_load((run_dir / "config.yaml").read_text())["transport"]["heartbeat"]
+        flood = ctx.socket(zmq.PUSH)
+        flood.connect(endpoint)
+        sent = threading.Event()
+
+        def send() -> None:
+            for i in range(junk):
+                flood.send_multipart([b"\x92junk", f"{i}".encode()])
+                if i % 500 == 0:
+                    time.sleep(0.05)  # a flood spread over the next second or two
+            flood.close(linger=10_000)
+            sent.set()
+
+        time.sleep(HEALTHY_MARGIN)
+        victim = wait_for_pid(run_dir, "actor", 0)
+        flooder = threading.Thread(target=send, daemon=True)
+        flooder.start()
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for_pid(run_dir, "actor", 0, other_than=victim, timeout=30)
+        replaced = time.monotonic() - killed
+        assert sent.wait(60), "the flood was not delivered"
+        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90, times=2)
+    finally:
+        interrupted = time.monotonic()
+        launch.proc.send_signal(signal.SIGINT)
+        code = launch.finish(timeout=60)
+        ctx.destroy(linger=0)
+    took = time.monotonic() - interrupted
+    print(f"\nunder a flood: actor replaced after {replaced:.2f} s; Ctrl-C took {took:.2f} s")
+    assert code == 130, launch.output
+    assert replaced < REPLACED_WITHIN and took < CTRL_C_WITHIN + 5
+    stats = stats_of(run_dir)
+    assert stats["bad_messages"] == junk, stats["bad_messages"]
+    assert stats["shutdown_seconds"] < CTRL_C_WITHIN
+    assert_nothing_left(run_dir)
+
+
+# ---------------------------------------------------------------------- item 20: rates across a restart
+def test_after_a_learner_restart_rates_are_over_the_same_span_as_the_counts(run_root: Path) -> None:
+    run_dir = run_root / "t"
+    launch = Launch(
+        tiny_overrides(
+            run_root,
+            learner__max_updates=3000,
+            learner__checkpoint_interval=50,
+            learner__eval_interval=0,
+            supervisor__restart_backoff=0.2,
+        )
+    )
+    learner_log = run_dir / "logs" / "learner-0.log"
+    launch.wait_for("actor(s) started", 60)
+
+    def checkpointed_updates() -> int:
+        names = [p.name for p in (run_dir / "checkpoints").glob("ckpt-*")]
+        return max((int(n.split("-")[1]) for n in names if n.split("-")[1].isdigit()), default=0)
+
+    wait_until(lambda: checkpointed_updates() >= 1000, 120, "1000 updates checkpointed")
+    os.kill(wait_for_pid(run_dir, "learner"), signal.SIGKILL)
+    killed_wall = time.time()
+    code = launch.finish(timeout=180)
+    assert code == 0, launch.output
+    learner = stats_of(run_dir)["learner"]
+    assert learner["restarts"] == 1 and learner["updates"] == 3000
+    up = log_times(learner_log, "learner up:")
+    assert len(up) == 2
+    ended = (run_dir / "learner-stats.json").stat().st_mtime
+    first, second = killed_wall - up[0], ended - up[1]
+    print(
+        f"\nlearner spans {first:.1f} s + {second:.1f} s; stats duration {learner['duration']:.1f} s, "
+        f"{learner['updates_per_s']:.0f} updates/s"
+    )
+    assert learner["updates_per_s"] == pytest.approx(learner["updates"] / learner["duration"], rel=0.02)
+    # The counts restored come from the last checkpoint (at most 50 updates before the kill).
+    assert learner["duration"] == pytest.approx(first + second, abs=1.5 + 0.1 * (first + second))
+    assert learner["duration"] > second + 0.5 * first, "only the last incarnation's time was counted"
+    assert_nothing_left(run_dir)
+
+
+# ---------------------------------------------------------------------- item 17: chaos
+@dataclass
+class Fault:
+    actor: int
+    signal: str
+    seconds: float  # from the fault to a new process in the slot
+
+
+def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> list[Fault]:
+    """``faults`` SIGKILL/SIGSTOP faults spread over about ``seconds``, on 3 actors under the shipped
+    supervisor defaults, each on an actor that is up and has run healthily; returns each fault's
+    replacement time. The run is interrupted at the end and must leave nothing behind."""
+    import random
+
+    rng = random.Random(seed)
+    run_dir = run_root / "t"
+    launch = Launch(
+        default_supervisor(
+            run_root,
+            actor__num_actors=3,
+            actor__max_steps_per_s=500,  # leaves CPU for the replacements' start-ups on 2 cores
+            learner__max_updates=100_000_000,
+            learner__eval_interval=0,
+        )
+    )
+    incarnation = {i: 1 for i in range(3)}
+    up_since: dict[int, float] = {}
+    pending: dict[int, tuple[float, int, str]] = {}  # actor -> (fault time, old pid, signal)
+    current: dict[int, int | None] = {}  # actor -> the pid last seen in its slot
+    unprovoked: list[str] = []  # replacements the test did not cause (a healthy process killed)
+    done: list[Fault] = []
+    every = seconds / faults
+    try:
+        launch.wait_for("actor(s) started", 90)
+        started = time.monotonic()
+        next_fault = started
+        while len(done) < faults:
+            now = time.monotonic()
+            assert now - started < 3 * seconds + 120, f"only {len(done)} faults done:\n{launch.output}"
+            assert launch.proc.poll() is None, launch.output
+            for i in range(3):
+                pid = slot_pid(run_dir, "actor", i)
+                if i in pending:
+                    at, old, how = pending[i]
+                    if pid is not None and pid != old:
+                        done.append(Fault(i, how, now - at))
+                        del pending[i]
+                        incarnation[i] += 1
+                    elif now - at > 30:
+                        raise AssertionError(f"actor {i} not replaced 30 s after {how}:\n{launch.output}")
+                elif pid is not None and current.get(i) not in (None, pid):
+                    unprovoked.append(f"actor {i}: pid {current[i]} -> {pid}")
+                    incarnation[i] += 1
+                    up_since.pop(i, None)
+                current[i] = pid if pid is not None else current.get(i)
+            for i in range(3):
+                ups = log_count(run_dir / "logs" / f"actor-{i}.log", f"actor {i} up")
+                if i not in pending and i not in up_since and ups >= incarnation[i]:
+                    up_since[i] = now
+            ready = [i for i, t in up_since.items() if now - t >= HEALTHY_MARGIN and i not in pending]
+            if now >= next_fault and ready and len(done) + len(pending) < faults:
+                i = rng.choice(ready)
+                pid = slot_pid(run_dir, "actor", i)
+                if pid is not None:
+                    sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
+                    os.kill(pid, sig)
+                    pending[i] = (time.monotonic(), pid, sig.name)
+                    del up_since[i]
+                    next_fault = max(next_fault + every, now)
+            time.sleep(0.03)
+        elapsed = time.monotonic() - started
+    finally:
+        launch.proc.send_signal(signal.SIGINT)
+        code = launch.finish(timeout=90)
+    times = sorted(f.seconds for f in done)
+    print(
+        f"\n{faults} faults in {elapsed:.0f} s; replaced after min {times[0]:.2f} s, median "
+        f"{statistics.median(times):.2f} s, max {times[-1]:.2f} s "
+        f"(SIGSTOP max {max((f.seconds for f in done if f.signal == 'SIGSTOP'), default=0):.2f} s, "
+        f"SIGKILL max {max((f.seconds for f in done if f.signal == 'SIGKILL'), default=0):.2f} s)"
+    )
+    warnings = "\n".join(line for line in launch.output.splitlines() if "warning" in line)
+    assert code == 130, launch.output
+    assert not unprovoked, f"{unprovoked}\n{warnings}"
+    assert "degraded" not in launch.output and "learner-0 (pid" not in launch.output, launch.output
+    slow = [f for f in done if f.seconds >= REPLACED_WITHIN]
+    assert not slow, slow
+    actors = {a["actor_id"]: a for a in stats_of(run_dir)["actors"]}
+    for i in range(3):
+        assert actors[i]["restarts"] == sum(1 for f in done if f.actor == i), f"{done}\n{warnings}"
+    assert_nothing_left(run_dir)
+    return done
+
+
+def test_twenty_random_kills_and_stops_over_three_actors_are_each_repaired_within_five_seconds(
+    run_root: Path,
+) -> None:
+    run_chaos(run_root, faults=20, seconds=60)
+
+
+@pytest.mark.chaos
+def test_chaos_a_hundred_faults_in_five_minutes_each_repaired_within_five_seconds(
+    run_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """The issue's goal, as stated; five minutes long, so only with `pytest -m chaos`."""
+    if "chaos" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("five minutes long: run with -m chaos")
+    faults = run_chaos(run_root, faults=100, seconds=300, seed=1)
+    assert len(faults) == 100
