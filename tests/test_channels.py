@@ -97,22 +97,18 @@ def test_control_subscriber_sees_stop_and_survives_junk(ctx: zmq.Context) -> Non
 
 
 def test_weights_subscriber_returns_only_the_newest_snapshot(ctx: zmq.Context) -> None:
-    pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    # inproc, not TCP: once the subscription is through, a send returns only after the message is
+    # queued in the subscriber's pipe, so all three below are there when latest() drains, with no
+    # wait on the clock (over TCP nothing tells when the last of them has arrived).
+    pub_sock, endpoint = sockets.weights_pub(ctx, "inproc://weights-newest", LIMITS)
     publisher = WeightsPublisher(pub_sock, "dqn")
     reference = {"w": ((2,), "float32")}
     sub = WeightsSubscriber(sockets.weights_sub(ctx, endpoint, LIMITS), reference, BadMessages("w"))
-    got = None
-    for version in range(1, 200):
-        publisher.publish(Weights(version, {"w": np.full(2, version, np.float32)}))
-        sub._sock.poll(20)
-        got = sub.latest()
-        if got is not None:
-            break
-    assert got is not None and got.weights.version == publisher.version
+    got = first_weights(publisher, sub, {"w": np.zeros(2, np.float32)})
+    assert got.weights.version == publisher.version
     for version in (publisher.version + 1, publisher.version + 2):
         publisher.publish(Weights(version, {"w": np.full(2, version, np.float32)}))
     pub_sock.send(b"junk after the newest")
-    time.sleep(0.3)  # let all three arrive before draining
     newest = sub.latest()
     assert newest is not None and newest.weights.version == publisher.version
     assert sub.bad.count == 1
@@ -152,12 +148,12 @@ def test_weights_subscriber_notices_the_learners_stop_announcement(ctx: zmq.Cont
     pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
     publisher = WeightsPublisher(pub_sock, "dqn")
     sub = WeightsSubscriber(sockets.weights_sub(ctx, endpoint, LIMITS), None, BadMessages("w"))
-    for _ in range(100):  # PUB/SUB: repeat until the subscription is through
+    deadline = time.monotonic() + 10
+    while sub.stop is None:  # PUB/SUB: repeat until the subscription is through
+        assert time.monotonic() < deadline, "the stop announcement never arrived"
         publisher.announce_stop("learner finished")
-        time.sleep(0.02)
+        sub._sock.poll(20)
         assert sub.latest() is None
-        if sub.stop is not None:
-            break
     assert sub.stop == StopMsg("learner finished")
     assert sub.bad.count == 0, "a stop announcement is not a malformed message"
 

@@ -77,7 +77,7 @@ def test_random_kills_and_hangs_are_repaired_and_the_run_completes(run_root: Pat
         wait_until(lambda s=slot: slot_pid(run_dir, s) is not None, 10, f"a process in slot {slot}")
         pid = slot_pid(run_dir, slot)
         assert pid is not None
-        time.sleep(rng.uniform(0.3, 1.0))
+        time.sleep(rng.uniform(0.3, 1.0))  # the scenario: faults at random moments; nothing depends on it
         os.kill(pid, how)
         repairs.append((slot, signal.Signals(how).name, wait_for_new_process(run_dir, slot, pid)))
 

@@ -9,6 +9,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,9 @@ class SupervisorDouble:
             "control": self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
         }
 
-    def drain(self, quiet_ms: int = 0) -> list[HeartbeatMsg]:
-        while self.pull.poll(quiet_ms):
+    def drain(self) -> list[HeartbeatMsg]:
+        """Every heartbeat received so far (those queued now are added first)."""
+        while self.pull.poll(0):
             msg = wire.load(self.pull.recv_multipart())
             assert isinstance(msg, HeartbeatMsg)
             self.heartbeats.append(msg)
@@ -153,6 +155,29 @@ def balancing_weights(reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     return w
 
 
+def beats_past_one_more_tick(
+    sup: SupervisorDouble, shows: Callable[[HeartbeatMsg], bool], what: str
+) -> list[HeartbeatMsg]:
+    """The heartbeats that pass ``shows``, once they carry two different progress counts.
+
+    A beat reads the evaluator's counters when it is sent, so the first beat that shows a state
+    went out after the main loop got there, at its tick ``p`` or later; a beat with more progress
+    went out after a later tick, so the loop had gone round once more and acted on that state.
+    A proof by the loop's own count that it had its chance to misbehave, not a wall-clock window."""
+
+    def showing() -> list[HeartbeatMsg]:
+        return [hb for hb in sup.drain() if shows(hb)]
+
+    wait_until(lambda: len({hb.counters["progress"] for hb in showing()}) >= 2, 20, what)
+    return showing()
+
+
+def final_beat(sup: SupervisorDouble) -> list[HeartbeatMsg]:
+    """Every heartbeat, once the evaluator's last one (sent as it stops) has arrived."""
+    wait_until(lambda: any(hb.state == "stopped" for hb in sup.drain()), 10, "the final heartbeat")
+    return sup.drain()
+
+
 def start(target: Any) -> threading.Thread:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
@@ -186,9 +211,15 @@ def test_evaluator_scores_each_new_version_once_and_keeps_the_best_weights(
     zeros = {name: np.zeros_like(array) for name, array in reference.items()}  # always pushes left
     learner.publish_until(Weights(3, zeros), evaluated(3), 20, "version 3")
     # Republishing what was evaluated already (the learner does, every second) changes nothing.
-    for _ in range(10):
+    for _ in range(5):
         learner.publisher.publish(Weights(3, zeros))
-        time.sleep(0.05)
+    learner.sock.send(b"junk: a marker behind the republished weights, counted when it is read")
+    after = beats_past_one_more_tick(
+        sup, lambda hb: hb.counters.get("bad_messages") == 1, "the evaluator to read the republished weights"
+    )
+    assert all(hb.state == "running" and hb.counters["evaluations"] == 3 for hb in after), (
+        "a version already evaluated was evaluated again"
+    )
     sup.stop()
     thread.join(timeout=20)
     assert not thread.is_alive(), "evaluator did not obey the supervisor's stop"
@@ -204,7 +235,7 @@ def test_evaluator_scores_each_new_version_once_and_keeps_the_best_weights(
     assert [r["weights_version"] for r in written["eval_history"]] == [1, 2, 3]
     assert list((cfg.run_dir / "tb" / "evaluator").glob("events.out.tfevents.*"))
 
-    beats = sup.drain(quiet_ms=300)
+    beats = final_beat(sup)
     sup.close()
     learner.close()
     assert {(hb.role, hb.id) for hb in beats} == {("evaluator", 0)}
@@ -237,8 +268,13 @@ def test_evaluator_waits_out_the_interval_but_scores_the_final_weights_when_the_
     learner.publish_until(Weights(1, reference), lambda: evaluator.evaluated_version == 1, 20, "version 1")
     final = Weights(2, balancing_weights(reference))
     learner.publish_until(final, lambda: evaluator.received_version == 2, 20, "version 2 to arrive")
-    time.sleep(0.3)
-    assert evaluator.evaluated_version == 1, "evaluated again before evaluator.interval_seconds passed"
+    holding = beats_past_one_more_tick(
+        sup, lambda hb: hb.counters.get("weights_version") == 2, "the evaluator to go on holding version 2"
+    )
+    assert all(hb.state == "running" and hb.counters["evaluated_version"] == 1 for hb in holding), (
+        "evaluated again before evaluator.interval_seconds passed"
+    )
+    assert evaluator.evaluated_version == 1
     learner.publish_until(None, lambda: not thread.is_alive(), 20, "the evaluator to leave with the learner")
 
     stats = evaluator.stats

@@ -10,7 +10,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -76,6 +76,11 @@ def test_apex_run_with_evaluator_finishes_and_reports_everything(run_root: Path)
     assert all(f"video: {p}" in played.stdout for p in recorded)
 
 
+def progress_updates(log: Path) -> list[int]:
+    """The update counts of the learner's progress lines ("updates N/M | ..."), in order."""
+    return [int(n) for n in re.findall(r"updates (\d+)/\d+ \|", log.read_text())]
+
+
 def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path) -> None:
     run_dir = run_root / "t"
     launch = Launch(
@@ -83,7 +88,7 @@ def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path)
             run_root,
             evaluator__enabled=False,
             learner__max_updates=1_000_000,
-            learner__max_seconds=12,  # per learner incarnation
+            learner__max_seconds=20,  # per learner incarnation: outlasts slow actor start-ups and the pause
             learner__checkpoint_interval=100,
             learner__eval_interval=0,
             supervisor__heartbeat_timeout=15.0,
@@ -94,9 +99,19 @@ def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path)
     wait_until((run_dir / "checkpoints" / "latest").is_file, 60, "the learner to be training")
     actors = [pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if " actor " in cmd]
     assert len(actors) == 2
+    learner_log = run_dir / "logs" / "learner-0.log"
+    lines_before = len(progress_updates(learner_log))
     for pid in actors:
         os.kill(pid, signal.SIGSTOP)
-    time.sleep(2.0)  # the learner runs out of allowed updates and waits; nothing may deadlock
+
+    def waiting_alive() -> bool:
+        """Two progress lines in a row with the same update count: the learner ran out of allowed
+        updates and waits, and its loop still goes round (logging, heartbeats): no deadlock."""
+        counts = progress_updates(learner_log)[lines_before:]
+        return any(a == b for a, b in pairwise(counts))
+
+    # Well within heartbeat_timeout: the paused actors must not be judged dead meanwhile.
+    wait_until(waiting_alive, 8, "the learner to wait for data while the actors are paused")
     for pid in actors:
         os.kill(pid, signal.SIGCONT)
     learner = [pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if " learner " in cmd]

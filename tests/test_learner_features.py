@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
 from zmqrl.config import Config
 from zmqrl.envs import EnvError
 from zmqrl.errors import ConfigError
+from zmqrl.ratelimit import NoLimit, RateLimiter
 from zmqrl.replay import PrioritizedReplay
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner, ReplayMemoryError, check_weights_fit, replay_footprint
@@ -157,7 +159,25 @@ def test_stale_batches_are_dropped_and_counted(ctx: zmq.Context, tmp_path: Path)
     assert "learner/policy_lag_mean" in tb and max(tb["learner/stale_batches"]) == 5
 
 
-def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(ctx: zmq.Context, tmp_path: Path) -> None:
+def count_refusals(monkeypatch: pytest.MonkeyPatch, limiter: RateLimiter | NoLimit) -> list[int]:
+    """A list that grows by one each time the learner's ``await_sample`` says no (it then does its
+    housekeeping and asks again): the training loop's own count of the waits it went through."""
+    refusals: list[int] = []
+    admit = limiter.await_sample
+
+    def counted(n: int, timeout: float) -> bool:
+        admitted = admit(n, timeout)
+        if not admitted:
+            refusals.append(n)
+        return admitted
+
+    monkeypatch.setattr(limiter, "await_sample", counted)
+    return refusals
+
+
+def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(
+    ctx: zmq.Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 32 per batch, 2 sampled per inserted, 64 rows of tolerance: 256 rows allow about 20 updates.
     cfg = tiny_config(
         tmp_path,
@@ -168,12 +188,26 @@ def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(ctx: zmq.Cont
         learner__log_interval=5,
     )
     run = Running(ctx, cfg)
+    limiter = run.learner.limiter
+    refusals = count_refusals(monkeypatch, limiter)
     for _ in range(8):
         run.send()
-    wait_until(lambda: run.learner.limiter.stats["sample_blocked_seconds"] > 0.3, 20, "the learner to wait")
+
+    def out_of_data() -> bool:
+        blocked = limiter.stats["sample_blocked_seconds"] > 0.3
+        return run.learner.samples == 256 and not limiter.can_sample(32) and blocked
+
+    def refused_twice_more() -> Callable[[], bool]:
+        seen = len(refusals)
+        return lambda: len(refusals) >= seen + 2
+
+    wait_until(out_of_data, 20, "the learner to wait")
+    # Each refusal comes from a call the training loop made after its previous update was counted;
+    # the second one from now was asked after all the data was in: the count is final.
+    wait_until(refused_twice_more(), 10, "the learner to wait for data that will not come")
     paused_at = run.learner.updates
     assert 0 < paused_at * 32 <= (256 + 64) * 2 + 32
-    time.sleep(0.5)
+    wait_until(refused_twice_more(), 10, "the learner to go round its wait twice more")
     assert run.learner.updates == paused_at, "no updates while the actors are paused"
     for _ in range(8):  # actors resume
         run.send()
@@ -197,25 +231,24 @@ def test_actors_are_held_back_when_the_learner_falls_behind(ctx: zmq.Context, tm
         transport__samples_hwm=4,
     )
     run = Running(ctx, cfg)
-    # Send as fast as the sockets take it. Queues (ZeroMQ's and the kernel's TCP buffers) absorb a
-    # few MB, then the sender must find itself blocked for good: that is the backpressure.
-    blocked_since: float | None = None
-    deadline = time.monotonic() + 20.0
-    while time.monotonic() < deadline:
-        if run.try_send():
-            blocked_since = None
-        elif blocked_since is None:
-            blocked_since = time.monotonic()
-        elif time.monotonic() - blocked_since > 1.0:
-            break
-        else:
-            time.sleep(0.01)
-    limits = run.learner.limiter.stats
-    allowed = 64 + limits["sampled"] / 1000 + 64 + 32  # min size + what was learned from + tolerance
+    limiter = run.learner.limiter
+
+    def held_back() -> bool:
+        """Send as fast as the sockets take it (in bursts of at most 0.5 s, so the check below runs
+        often). Queues (ZeroMQ's and the kernel's TCP buffers) absorb a few MB; then the sender must
+        find itself blocked *because* the learner's ingest waits on the limiter: the backpressure."""
+        burst_until = time.monotonic() + 0.5
+        while time.monotonic() < burst_until and run.try_send():
+            pass
+        sender_blocked = not run.push.poll(0, zmq.POLLOUT)
+        ingest_waits = not limiter.can_insert(32) and limiter.stats["insert_blocked_seconds"] > 0.5
+        return sender_blocked and ingest_waits
+
     try:
-        assert blocked_since is not None and time.monotonic() - blocked_since > 1.0, "never held back"
+        wait_until(held_back, 20, "the sender to be held back by a learner waiting on the limiter")
+        limits = limiter.stats
+        allowed = 64 + limits["sampled"] / 1000 + 64 + 32  # min size + what was learned from + tolerance
         assert limits["inserted"] <= allowed, "replay must not run ahead of the ratio's tolerance"
-        assert run.learner.limiter.stats["insert_blocked_seconds"] > 0.5
     finally:
         stats = run.stop()  # closing the limiter releases the waiting ingest thread
     assert stats["state"] == "stopped"

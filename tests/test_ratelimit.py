@@ -27,6 +27,10 @@ from zmqrl.ratelimit import (
 SHORT = 0.02
 # A wait that is expected to succeed: generous, so a slow shared machine cannot fail the test.
 LONG = 5.0
+# A wait that only close() may end while the test looks: far longer than any test waits for it.
+FOREVER = 300.0
+# Operations each side of a free-running pair completes (each asserting the window) before it stops.
+PAIR_OPERATIONS = 300
 # Float slack for comparing counts multiplied by a float ratio.
 EPS = 1e-6
 
@@ -136,17 +140,16 @@ def test_close_releases_waiters_for_good() -> None:
     sampler_side = RateLimiter(samples_per_insert=1.0, tolerance=1, min_size=100)
     inserter_side = RateLimiter(samples_per_insert=1.0, tolerance=1, min_size=0)
     inserter_side.inserted(1)
-    ts, out_s = start(lambda: sampler_side.await_sample(1, LONG))
-    ti, out_i = start(lambda: inserter_side.await_insert(5, LONG))
+    # Waits that would outlast the test: only close() can end them before the joins give up.
+    ts, out_s = start(lambda: sampler_side.await_sample(1, FOREVER))
+    ti, out_i = start(lambda: inserter_side.await_insert(5, FOREVER))
     wait_until_waiting(sampler_side, STAT_SAMPLE_BLOCKED)
     wait_until_waiting(inserter_side, STAT_INSERT_BLOCKED)
-    t0 = time.monotonic()
     sampler_side.close()
     inserter_side.close()
     ts.join(LONG)
     ti.join(LONG)
-    assert out_s == [True] and out_i == [True]
-    assert time.monotonic() - t0 < 1.0
+    assert out_s == [True] and out_i == [True], "close() must wake the waiters at once"
     for lim in (sampler_side, inserter_side):
         assert lim.closed
         assert lim.await_sample(1_000, LONG) and lim.await_insert(1_000, LONG)
@@ -212,10 +215,11 @@ def test_stats_ratio() -> None:
 
 
 def run_pair(
-    lim: RateLimiter, insert_sizes: list[int], sample_sizes: list[int], seconds: float, check: bool
+    lim: RateLimiter, insert_sizes: list[int], sample_sizes: list[int], check: bool
 ) -> tuple[int, int]:
-    """An inserter and a sampler thread run free for ``seconds``; each asserts the window after
-    every operation it makes (when ``check``). Returns how many operations each completed."""
+    """An inserter and a sampler thread run free until each has completed ``PAIR_OPERATIONS``
+    operations (counted, not timed: a loaded machine only makes it slower); each asserts the
+    window after every operation it makes (when ``check``). Returns how many each completed."""
     stop = threading.Event()
     errors: list[BaseException] = []
     done = [0, 0]
@@ -242,8 +246,13 @@ def run_pair(
     ]
     for t in threads:
         t.start()
-    time.sleep(seconds)
-    stop.set()
+    deadline = time.monotonic() + 2 * LONG
+    try:
+        while min(done) < PAIR_OPERATIONS and not errors:
+            assert time.monotonic() < deadline, f"operations completed {done}: a side is stuck"
+            time.sleep(0.005)
+    finally:
+        stop.set()
     for t in threads:
         t.join(LONG)
         assert not t.is_alive(), "a side hung"
@@ -259,16 +268,16 @@ def test_ratio_is_enforced_between_free_running_threads(spi: float, tolerance: i
     window = tolerance * spi
     sample_sizes = [k for k in (1, 2, 4) if k <= window] or [1]
     insert_sizes = [k for k in (1, 2, 3) if k * spi <= window]
-    inserts, samples = run_pair(lim, insert_sizes, sample_sizes, seconds=0.3, check=True)
-    assert inserts > 10 and samples > 10
+    inserts, samples = run_pair(lim, insert_sizes, sample_sizes, check=True)
+    assert inserts >= PAIR_OPERATIONS and samples >= PAIR_OPERATIONS
     s = lim.stats
     assert abs((s[STAT_INSERTED] - lim.min_size) * spi - s[STAT_SAMPLED]) <= window + EPS
 
 
 def test_no_deadlock_between_threads_with_batches_bigger_than_the_window() -> None:
     lim = RateLimiter(samples_per_insert=1.0, tolerance=1, min_size=3)
-    inserts, samples = run_pair(lim, [7, 13], [9, 20], seconds=0.3, check=False)
-    assert inserts > 10 and samples > 10
+    inserts, samples = run_pair(lim, [7, 13], [9, 20], check=False)
+    assert inserts >= PAIR_OPERATIONS and samples >= PAIR_OPERATIONS
 
 
 def test_actors_paused_then_resumed() -> None:
@@ -296,9 +305,11 @@ def test_actors_paused_then_resumed() -> None:
         time.sleep(0.005)
     before_pause = sampled[0]
     timeouts_before = timeouts[0]
-    time.sleep(10 * SHORT)  # actors paused: the learner times out again and again
+    deadline = time.monotonic() + LONG
+    while timeouts[0] - timeouts_before < 3:  # actors paused: the learner times out again and again
+        assert time.monotonic() < deadline, "the learner's waits never time out"
+        time.sleep(0.005)
     assert sampled[0] == before_pause
-    assert timeouts[0] - timeouts_before >= 3
     assert t.is_alive()
     for _ in range(20):  # actors resumed
         assert lim.await_insert(1, LONG)
@@ -381,7 +392,7 @@ def test_no_limit_never_blocks() -> None:
     assert lim.await_insert(10**9, LONG)
     lim.sampled(100)
     assert lim.await_sample(10**9, LONG)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < LONG, "a call waited out its timeout"
     lim.inserted(50)
     s = lim.stats
     assert s[STAT_RATIO] == 2.0 and s[STAT_SAMPLE_BLOCKED] == 0.0 and s[STAT_INSERT_BLOCKED] == 0.0

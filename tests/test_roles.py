@@ -22,6 +22,7 @@ from zmqrl.fingerprint import run_fingerprint
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
 from zmqrl.roles.link import SupervisorLink
+from zmqrl.roles.liveness import FINAL_STATES
 from zmqrl.transport import wire
 from zmqrl.transport.channels import LearnerUnreachable
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
@@ -44,12 +45,24 @@ class FakeSupervisor:
             "control": self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
         }
 
-    def drain(self, quiet_ms: int = 300) -> None:
-        """Collect heartbeats until none arrives for ``quiet_ms`` (final ones may be in flight)."""
-        while self.pull.poll(quiet_ms):
+    def drain(self) -> list[HeartbeatMsg]:
+        """Every heartbeat received so far (those queued now are added first)."""
+        while self.pull.poll(0):
             msg = wire.load(self.pull.recv_multipart())
             assert isinstance(msg, HeartbeatMsg)
             self.heartbeats.append(msg)
+        return self.heartbeats
+
+    def drain_until_final(self, *roles: str, timeout: float = 10.0) -> list[HeartbeatMsg]:
+        """Every heartbeat, once each of ``roles`` has sent its last one (the final state it
+        reports as it leaves, which may still be in flight when its thread has ended)."""
+
+        def ended() -> bool:
+            done = {hb.role for hb in self.drain() if hb.state in FINAL_STATES}
+            return done >= set(roles)
+
+        wait_until(ended, timeout, f"the final heartbeats of {', '.join(roles)}")
+        return self.heartbeats
 
     def stop(self, reason: str = "test says stop") -> None:
         self.pub.send_multipart(wire.dump(StopMsg(reason)))
@@ -150,7 +163,7 @@ def test_learner_and_actor_threads_train_sync_weights_and_stop(ctx: zmq.Context,
     # No supervisor stop: the learner announces its end on the weights channel and the actor leaves.
     actor_thread.join(timeout=30)
     assert not actor_thread.is_alive(), "actor did not leave when its learner finished"
-    sup.drain()
+    sup.drain_until_final("learner", "actor")
     sup.close()
 
     ls, acs = learner.stats, actor.stats

@@ -85,21 +85,42 @@ def actor_config(tmp_path: Path, fake: FakeLearner, sup: FakeSupervisor, **extra
 
 
 def collect(
-    fake: FakeLearner, thread: Any, cfg: Config, spec: SampleSpec, timeout: float = 20.0
+    fake: FakeLearner,
+    actor: Actor,
+    thread: Any,
+    cfg: Config,
+    spec: SampleSpec,
+    *,
+    wanted: int | None = None,
+    timeout: float = 20.0,
 ) -> list[SamplesMsg]:
-    """Every samples message until the actor thread ends, each checked as the learner would
-    (greeting the actor until its first one: it sends nothing before it heard the learner)."""
+    """Samples messages, each checked as the learner would (greeting the actor until its first
+    one: it sends nothing before it heard the learner), until the actor thread has ended and
+    ``wanted`` of them arrived; by default every batch the actor counted as sent, so the last
+    ones, still in flight when the thread ends, are waited for rather than hoped for."""
     msgs: list[SamplesMsg] = []
+
+    def receive() -> None:
+        msg = wire.load(fake.pull.recv_multipart())
+        assert isinstance(msg, SamplesMsg)
+        wire.validate_samples(msg, spec)
+        msgs.append(msg)
+
+    def enough() -> bool:
+        if thread.is_alive():
+            return False
+        return len(msgs) >= (int(actor.stats["batches"]) if wanted is None else wanted)
+
     deadline = time.monotonic() + timeout
-    while thread.is_alive() or fake.pull.poll(200):
-        assert time.monotonic() < deadline, "actor did not finish"
+    while not enough():
+        sent = "? (still running)" if thread.is_alive() else actor.stats["batches"]
+        assert time.monotonic() < deadline, f"{len(msgs)} batches of {sent} received"
         if not msgs:
             fake.greet(cfg)
         if fake.pull.poll(50):
-            msg = wire.load(fake.pull.recv_multipart())
-            assert isinstance(msg, SamplesMsg)
-            wire.validate_samples(msg, spec)
-            msgs.append(msg)
+            receive()
+    while fake.pull.poll(0):  # and whatever else has arrived, without waiting for it
+        receive()
     return msgs
 
 
@@ -122,7 +143,7 @@ def test_vector_actor_keeps_sub_envs_apart(ctx: zmq.Context, tmp_path: Path) -> 
     fresh_marker_envs()
     actor = Actor(cfg, 1, ctx=ctx)
     thread = start(actor.run)
-    msgs = collect(fake, thread, cfg, spec)
+    msgs = collect(fake, actor, thread, cfg, spec)
     fake.close()
     sup.close()
 
@@ -170,7 +191,7 @@ def test_vector_actor_warm_up_anneals_each_rung(ctx: zmq.Context, tmp_path: Path
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    collect(fake, thread, cfg, sample_spec(make_env(cfg.env)))
+    collect(fake, actor, thread, cfg, sample_spec(make_env(cfg.env)), wanted=0)
     fake.close()
     sup.close()
     # Each sub-env anneals over its own transitions (~500 each here), so all sit on their rungs.
@@ -208,7 +229,7 @@ def test_dqn_actor_sends_initial_priorities_only_for_prioritized_replay(
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    msgs = collect(fake, thread, cfg, sample_spec(make_env(cfg.env)))
+    msgs = collect(fake, actor, thread, cfg, sample_spec(make_env(cfg.env)), wanted=5)
     fake.close()
     sup.close()
     assert len(msgs) >= 5
@@ -245,7 +266,7 @@ def test_sac_vector_actor_sends_no_priorities_and_bounded_actions(ctx: zmq.Conte
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    msgs = collect(fake, thread, cfg, sample_spec(make_env(cfg.env)))
+    msgs = collect(fake, actor, thread, cfg, sample_spec(make_env(cfg.env)), wanted=5)
     fake.close()
     sup.close()
     assert actor.stats["state"] == "stopped" and len(msgs) >= 5

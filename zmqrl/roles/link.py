@@ -141,9 +141,10 @@ class SupervisorLink:
             watch_supervisor = os.environ.get(SUPERVISED_ENV) == "1"
         self.supervised = bool(watch_supervisor)
         self._watch_timeout = scfg.heartbeat_timeout
-        # Started by `launch`, the supervisor is known to be up: its silence counts from our start.
+        # Started by `launch`, the supervisor is known to be up (and the kernel tells us if it dies):
+        # its first heartbeat is due within a start-up's time, not an orchestrator's.
         started_by_supervisor = bool(os.environ.get(PARENT_PID_ENV))
-        self._join_timeout = scfg.heartbeat_timeout if started_by_supervisor else scfg.join_timeout
+        self._join_timeout = scfg.startup_timeout if started_by_supervisor else scfg.join_timeout
         self._control_endpoint = cfg.transport.control
         self._created = clock()
         self._joined_logged = False
