@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / ".ci" / "docker-setup.sh"

@@ -25,7 +25,7 @@ from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from tests.test_launch import REPO, Launch, assert_nothing_left, log_count, wait_for_log
 from zmqrl.testhooks import DEADLOCK_ONCE, HOOKS_ENV, INGEST_FAULT_ONCE, SLOW_CHECKPOINT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 # The bounds.
 REPLACED_WITHIN = 5.0  # seconds from a fault (SIGKILL or SIGSTOP) to a new process in the slot
 CTRL_C_WITHIN = 5.0  # seconds from Ctrl-C to `launch` gone, a stopped child included

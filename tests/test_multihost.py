@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from zmqrl.transport.security import create_keys
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 
