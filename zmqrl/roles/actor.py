@@ -215,7 +215,7 @@ class Actor:
         max_steps = cfg.actor.max_steps
         step_period = 1.0 / cfg.actor.max_steps_per_s if cfg.actor.max_steps_per_s else 0.0
         agent = self.agent
-        acted = ActedVersions(1)
+        acted: deque[int] = deque()  # versions of the steps still inside the n-step window
         pending: list[Transition] = []
         pending_version = agent.weights_version  # the oldest version acted with among `pending`
         finished: list[EpisodeStat] = []
@@ -240,9 +240,16 @@ class Actor:
             ep_return += float(reward)
             ep_length += 1
             emitted = steps.step(obs, action, float(reward), terminated, truncated, next_obs)
-            oldest = acted.step(version, (True,), (len(steps),))
-            if oldest is not None:
-                pending_version = oldest if not pending else min(pending_version, oldest)
+            # The version each windowed step was acted with. One env's versions never decrease, so
+            # the first step to leave the window is the oldest of those that left (no min needed;
+            # the vector loop, whose sub-envs differ, uses ActedVersions).
+            acted.append(version)
+            if emitted:
+                oldest = acted.popleft()
+                while len(acted) > len(steps):
+                    acted.popleft()
+                if not pending:
+                    pending_version = oldest
                 pending.extend(emitted)
             if terminated or truncated:
                 finished.append(EpisodeStat(ep_return, ep_length))
