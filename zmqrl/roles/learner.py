@@ -169,6 +169,8 @@ class Learner:
         self._ingest_stop = threading.Event()
         self.evals = EvalTracker(cfg.learner.target_return, cfg.learner.target_hold)
         self._thread_error: tuple[str, BaseException] | None = None  # a background thread that died
+        # Test hook, looked up once: the ingest path must not read the environment per batch.
+        self._ingest_fault_armed = testhooks.hook(testhooks.INGEST_FAULT_ONCE) is not None
         # Counts restored from a checkpoint, and the training seconds they took: rates divide
         # counts by the time over which they were made, also across a learner restart.
         self._restored_seconds = 0.0
@@ -435,7 +437,7 @@ class Learner:
 
     def _accept(self, msg: SamplesMsg) -> None:
         n = msg.batch.size
-        if self.samples > 0 and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
+        if self._ingest_fault_armed and self.samples > 0 and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
             raise RuntimeError("test hook: replay add failed")
         # Replay-ratio backpressure: while the learner is behind, hold this batch (and stop reading
         # the socket), so the actors' queues fill and their sends block.

@@ -16,12 +16,11 @@ import logging
 import re
 from typing import Any
 
+from zmqrl.roles.liveness import FINAL_STATES
 from zmqrl.roles.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
 from zmqrl.roles.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
-# Final heartbeat states: the process has left (it says so itself).
-GONE_STATES = ("finished", "stopped", "failed")
 # Seconds between "still waiting for the learner" lines.
 WAITING_LINE_SECONDS = 10.0
 
@@ -80,7 +79,7 @@ class Watcher(Oversight):
     def _judge(self, slot: Slot, now: float) -> None:
         """Report (once per verdict) a slot that went silent, hung or left; and its recovery."""
         last = slot.last
-        if last is not None and last.state in GONE_STATES:
+        if last is not None and last.state in FINAL_STATES:
             verdict = f"left ({last.state})"
         else:
             verdict = slot.live.verdict(now, self.cfg.supervisor) or ""
@@ -99,13 +98,7 @@ class Watcher(Oversight):
             )
 
     def _actors_alive(self, now: float) -> int:
-        return sum(
-            1
-            for s in self.slots.values()
-            if s.role == "actor"
-            and s.live.verdict(now, self.cfg.supervisor) is None
-            and not (s.last is not None and s.last.state in GONE_STATES)
-        )
+        return sum(1 for s in self._live_slots(now) if s.role == "actor")
 
     def _let_evaluator_finish(self) -> None:
         """The evaluator scores the learner's final weights before it leaves: wait up to stop_grace."""
@@ -114,7 +107,7 @@ class Watcher(Oversight):
             return
         deadline = self._clock() + self.cfg.supervisor.stop_grace
         while self._clock() < deadline and self._signal is None:
-            if evaluator.last is not None and evaluator.last.state in GONE_STATES:
+            if evaluator.last is not None and evaluator.last.state in FINAL_STATES:
                 return
             self._pump(100)
 
@@ -122,7 +115,7 @@ class Watcher(Oversight):
         return [
             s
             for s in self.slots.values()
-            if not (s.last is not None and s.last.state in GONE_STATES)
+            if not (s.last is not None and s.last.state in FINAL_STATES)
             and s.live.verdict(now, self.cfg.supervisor) is None
         ]
 
