@@ -12,7 +12,8 @@ from zmqrl.agents import make_agent
 from zmqrl.agents.configs import SACConfig
 from zmqrl.config import EnvConfig
 from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
-from zmqrl.transport.wire import SamplesMsg, SampleSpec, WireError, validate_samples
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.wire import SamplesMsg, WireError, validate_samples
 from zmqrl.types import TransitionBatch
 
 

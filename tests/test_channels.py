@@ -14,6 +14,7 @@ import zmq
 from zmqrl.config import load_config
 from zmqrl.fingerprint import FingerprintMismatch
 from zmqrl.roles.link import SupervisorLink
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import (
     DRAIN_MAX_MESSAGES,
@@ -28,7 +29,7 @@ from zmqrl.transport.channels import (
     WeightsPublisher,
     WeightsSubscriber,
 )
-from zmqrl.transport.wire import Fingerprint, HeartbeatMsg, SamplesMsg, SampleSpec, StopMsg
+from zmqrl.transport.wire import Fingerprint, HeartbeatMsg, SamplesMsg, StopMsg
 from zmqrl.types import TransitionBatch, Weights
 
 LIMITS = sockets.SocketLimits(samples_hwm=2, linger_ms=0)

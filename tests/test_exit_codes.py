@@ -14,7 +14,7 @@ import pytest
 from zmqrl.agents import make_agent
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.errors import ConfigError
-from zmqrl.transport.wire import SampleSpec
+from zmqrl.spec import SampleSpec
 
 CARTPOLE = SampleSpec((4,), "float32", (), "int64", num_actions=2)
 PENDULUM = SampleSpec((3,), "float32", (1,), "float32")

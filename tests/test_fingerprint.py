@@ -14,7 +14,8 @@ from zmqrl.fingerprint import (
     fingerprint_mismatch,
     run_fingerprint,
 )
-from zmqrl.transport.wire import SampleSpec, WeightsMsg, dump, load_weights
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.wire import WeightsMsg, dump, load_weights
 from zmqrl.types import Weights
 
 CARTPOLE = SampleSpec(

@@ -31,9 +31,10 @@ from zmqrl.ratelimit import NoLimit, RateLimiter
 from zmqrl.replay import PrioritizedReplay
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner, ReplayMemoryError, check_weights_fit, replay_footprint
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.security import Security, create_keys
-from zmqrl.transport.wire import SamplesMsg, SampleSpec
+from zmqrl.transport.wire import SamplesMsg
 
 
 class RecordingLogger:

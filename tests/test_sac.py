@@ -17,7 +17,7 @@ from zmqrl.agents import make_agent
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, SACAgent, squashed_gaussian_log_prob
 from zmqrl.core import Agent
-from zmqrl.transport.wire import SampleSpec
+from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch, Weights
 
 torch.set_num_threads(1)

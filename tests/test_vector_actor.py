@@ -27,8 +27,9 @@ from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.exploration import apex_epsilon
 from zmqrl.roles.actor import ACTOR_SEED_STRIDE, ActedVersions, Actor
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
-from zmqrl.transport.wire import SamplesMsg, SampleSpec
+from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import EpisodeStat
 
 MARKER_ID = "ZmqrlTestMarker-v0"

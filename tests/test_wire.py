@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.wire import (
     MAX_EPISODES,
@@ -21,7 +22,6 @@ from zmqrl.transport.wire import (
     PROTO_VERSION,
     HeartbeatMsg,
     SamplesMsg,
-    SampleSpec,
     StopMsg,
     WeightsMsg,
     WireError,

@@ -27,18 +27,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from zmqrl.spec import ALLOWED_DTYPES, MAX_NDIM, SampleSpec
 from zmqrl.transport.wire import (
     ACTION_BOUND_TOLERANCE,
-    ALLOWED_DTYPES,
     MAX_EPISODES,
     MAX_FINGERPRINT_ENTRIES,
     MAX_FINGERPRINT_LIST,
-    MAX_NDIM,
     MAX_STRING,
     HeartbeatMsg,
     Message,
     SamplesMsg,
-    SampleSpec,
     StopMsg,
     WeightsMsg,
     WireError,

@@ -17,7 +17,7 @@ import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
 from zmqrl.errors import ConfigError
-from zmqrl.transport.wire import SampleSpec
+from zmqrl.spec import SampleSpec
 
 # What to run when an optional extra is missing; the project's extras pull in everything the env needs.
 ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from zmqrl.errors import ConfigError
-from zmqrl.transport.wire import MAX_STRING, Fingerprint, FingerprintScalar, FingerprintValue, SampleSpec
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.wire import MAX_STRING, Fingerprint, FingerprintScalar, FingerprintValue
 
 if TYPE_CHECKING:
     from zmqrl.config import Config

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from zmqrl.agents.dqn import DQNAgent
     from zmqrl.agents.sac import SACAgent
-    from zmqrl.transport.wire import SampleSpec
+    from zmqrl.spec import SampleSpec
 
 
 def make_agent(

@@ -27,10 +27,11 @@ from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.exploration import LinearSchedule, apex_epsilon
 from zmqrl.fingerprint import run_fingerprint
 from zmqrl.roles.link import SupervisorLink, socket_limits, transport_security
+from zmqrl.spec import SampleSpec
 from zmqrl.steps import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
-from zmqrl.transport.wire import SamplesMsg, SampleSpec
+from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import EpisodeStat, TransitionBatch
 
 # Actor i's env is seeded with run.seed + ACTOR_SEED_STRIDE * (i + 1): distinct and reproducible.

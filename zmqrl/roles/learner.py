@@ -36,9 +36,10 @@ from zmqrl.replay import (
 )
 from zmqrl.roles.link import SupervisorLink, launch_time, socket_limits, transport_security
 from zmqrl.snapshots import REPLAY_SNAPSHOT, CheckpointWriter, detached, read_replay_snapshot
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
-from zmqrl.transport.wire import Fingerprint, SamplesMsg, SampleSpec, WeightsMsg
+from zmqrl.transport.wire import Fingerprint, SamplesMsg, WeightsMsg
 from zmqrl.types import EpisodeStat, TransitionBatch, Weights
 
 # Ingest thread: wait this long for a message before re-checking its stop flag.
