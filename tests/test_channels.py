@@ -13,21 +13,23 @@ import zmq
 
 from zmqrl.config import load_config
 from zmqrl.fingerprint import FingerprintMismatch
-from zmqrl.roles.link import SupervisorLink
 from zmqrl.spec import SampleSpec
+from zmqrl.supervision.link import SupervisorLink
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import (
-    DRAIN_MAX_MESSAGES,
     BadMessages,
-    ControlPublisher,
-    ControlSubscriber,
-    HeartbeatReceiver,
-    HeartbeatSender,
     LearnerUnreachable,
     SampleReceiver,
     SampleSender,
     WeightsPublisher,
     WeightsSubscriber,
+)
+from zmqrl.transport.control import (
+    DRAIN_MAX_MESSAGES,
+    ControlPublisher,
+    ControlSubscriber,
+    HeartbeatReceiver,
+    HeartbeatSender,
 )
 from zmqrl.transport.wire import Fingerprint, HeartbeatMsg, SamplesMsg, StopMsg
 from zmqrl.types import TransitionBatch, Weights

@@ -17,10 +17,11 @@ from tests.conftest import tiny_config, wait_until
 from zmqrl.config import SupervisorConfig
 from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.health import read_health
-from zmqrl.roles.link import SupervisorLink
-from zmqrl.roles.liveness import Liveness, os_stopped
 from zmqrl.snapshots import CheckpointWriter
-from zmqrl.transport.channels import BadMessages, HeartbeatReceiver
+from zmqrl.supervision.link import SupervisorLink
+from zmqrl.supervision.liveness import Liveness, os_stopped
+from zmqrl.transport.channels import BadMessages
+from zmqrl.transport.control import HeartbeatReceiver
 from zmqrl.transport.wire import HeartbeatMsg
 
 # The bound: a dead or stopped process is noticed within this many seconds by default.

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
-from zmqrl.transport.security import create_keys
+from zmqrl.transport.keys import create_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 REPO = Path(__file__).resolve().parents[1]

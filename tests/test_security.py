@@ -18,16 +18,14 @@ import zmq.auth
 
 from tests.conftest import wait_until
 from zmqrl.config import ConfigError, load_config
-from zmqrl.roles.link import transport_security
+from zmqrl.supervision.link import transport_security
 from zmqrl.transport import sockets, wire
+from zmqrl.transport.keys import Security, SecurityError, create_keys
 from zmqrl.transport.security import (
     AuthenticatorHandle,
-    Security,
-    SecurityError,
     _Denials,
     authenticator_running,
     check_bind_allowed,
-    create_keys,
     is_loopback,
 )
 from zmqrl.types import TransitionBatch

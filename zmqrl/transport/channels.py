@@ -1,4 +1,8 @@
-"""Typed channels over the sockets in ``sockets.py``: each one sends or receives one message kind.
+"""The data channels over ``sockets.py``: samples in, weights out, and the tally of dropped messages.
+
+Each channel sends or receives one message kind: :class:`SampleSender` / :class:`SampleReceiver`
+(actor -> learner) and :class:`WeightsPublisher` / :class:`WeightsSubscriber` (learner -> actors).
+The liveness and stop channels live in :mod:`zmqrl.transport.control`.
 
 Receivers never raise on bad input: a malformed or foreign message is counted in a
 ``BadMessages`` tally, logged (rate-limited) and dropped, so nothing a peer sends can crash a
@@ -9,42 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
 import numpy as np
 import zmq
 
 from zmqrl.fingerprint import check_fingerprint
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.sequence import SequenceTracker
-from zmqrl.transport.wire import (
-    Fingerprint,
-    HeartbeatMsg,
-    SamplesMsg,
-    SampleSpec,
-    StopMsg,
-    WeightsMsg,
-    WireError,
-)
+from zmqrl.transport.wire import Fingerprint, SamplesMsg, StopMsg, WeightsMsg, WireError
 from zmqrl.types import Weights
 
 # At most one log line per this many seconds per channel about dropped messages.
 BAD_MESSAGE_LOG_SECONDS = 5.0
-# Most messages one drain of the heartbeat or control socket reads; the rest wait for the next
-# call, so a flood cannot hold the supervisor's (or a role's) loop inside one drain.
-DRAIN_MAX_MESSAGES = 256
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
 # Observation rows at least this large (an 84x84 frame is 7 KB) are received without a copy.
 ZERO_COPY_MIN_OBS_BYTES = 1024
 
 Clock = Callable[[], float]
-_M = TypeVar("_M", bound=HeartbeatMsg | StopMsg)
 
 
 class BadMessages:
@@ -360,127 +350,3 @@ class WeightsSubscriber:
     def _check_fingerprint(self, msg: WeightsMsg) -> None:
         if self.expected_fingerprint is not None and msg.fingerprint is not None:
             check_fingerprint(self.expected_fingerprint, msg.fingerprint)
-
-
-class HeartbeatSender:
-    """Periodic liveness + counters from a role to the supervisor. Never blocks: drops when full."""
-
-    def __init__(
-        self,
-        sock: zmq.Socket,
-        role: str,
-        role_id: int,
-        interval: float,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        self._sock = sock
-        self.role = role
-        self.role_id = role_id
-        self.interval = interval
-        self._clock = clock
-        self._last = -float("inf")
-
-    def due(self) -> bool:
-        return self._clock() - self._last >= self.interval
-
-    def beat(
-        self,
-        state: str,
-        counters: Mapping[str, float | int],
-        info: Mapping[str, str] | None = None,
-    ) -> None:
-        msg = HeartbeatMsg(
-            role=self.role,
-            id=self.role_id,
-            pid=os.getpid(),
-            time=time.time(),
-            state=state,
-            # NaN means "not measured yet"; the wire only carries finite numbers, so leave it out.
-            counters={k: v for k, v in counters.items() if math.isfinite(v)},
-            info=dict(info or {}),
-        )
-        self._last = self._clock()
-        # Supervisor absent or slow: drop it, a stale heartbeat is worth nothing anyway.
-        with contextlib.suppress(zmq.Again):
-            self._sock.send_multipart(wire.dump(msg), flags=zmq.NOBLOCK)
-
-
-class HeartbeatReceiver:
-    """Supervisor side: every valid heartbeat queued within ``timeout_ms``."""
-
-    def __init__(self, sock: zmq.Socket, bad: BadMessages) -> None:
-        self._sock = sock
-        self.bad = bad
-
-    def recv_all(self, timeout_ms: int, max_messages: int = DRAIN_MAX_MESSAGES) -> list[HeartbeatMsg]:
-        """At most ``max_messages`` messages are read per call; the rest stay queued."""
-        if not self._sock.poll(timeout_ms, zmq.POLLIN):
-            return []
-        return _drain(self._sock, HeartbeatMsg, self.bad, max_messages)
-
-
-class ControlPublisher:
-    """Supervisor side of the control channel: stop broadcasts, and the supervisor's own
-    heartbeat, by which roles notice a supervisor that died or hangs."""
-
-    def __init__(self, sock: zmq.Socket) -> None:
-        self._sock = sock
-
-    def heartbeat(self) -> None:
-        msg = HeartbeatMsg("supervisor", 0, os.getpid(), time.time(), "running", {}, {})
-        with contextlib.suppress(zmq.Again):
-            self._sock.send_multipart(wire.dump(msg), flags=zmq.NOBLOCK)
-
-    def stop(self, reason: str) -> None:
-        with contextlib.suppress(zmq.Again):
-            self._sock.send_multipart(wire.dump(StopMsg(reason=reason)), flags=zmq.NOBLOCK)
-
-
-class ControlSubscriber:
-    """Role side of the control channel: has a stop been broadcast, and when was the supervisor
-    last heard from?"""
-
-    def __init__(self, sock: zmq.Socket, bad: BadMessages, clock: Clock = time.monotonic) -> None:
-        self._sock = sock
-        self.bad = bad
-        self._clock = clock
-        self.supervisor_seen: float | None = None  # clock() of the last supervisor heartbeat
-
-    def poll_stop(self, max_messages: int = DRAIN_MAX_MESSAGES) -> StopMsg | None:
-        """A stop among the next ``max_messages`` queued messages (the rest wait for the next call)."""
-        stop: StopMsg | None = None
-        for msg in _drain(self._sock, (StopMsg, HeartbeatMsg), self.bad, max_messages):
-            if isinstance(msg, StopMsg):
-                stop = msg
-            elif msg.role == "supervisor":
-                self.supervisor_seen = self._clock()
-            else:
-                self.bad.record(WireError(f"a {msg.role} heartbeat on the control channel"))
-        return stop
-
-
-def _drain(
-    sock: zmq.Socket,
-    kind: type[_M] | tuple[type[_M], ...],
-    bad: BadMessages,
-    max_messages: int = DRAIN_MAX_MESSAGES,
-) -> list[_M]:
-    """The messages queued on ``sock`` that decode to ``kind``, reading at most ``max_messages``
-    (valid or not) so a flood cannot stall the caller; anything else is counted as bad."""
-    out: list[_M] = []
-    names = "/".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-    for _ in range(max_messages):
-        try:
-            frames = sock.recv_multipart(flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return out
-        try:
-            msg = wire.load(frames)
-        except WireError as exc:
-            bad.record(exc)
-            continue
-        if isinstance(msg, kind):
-            out.append(msg)
-        else:
-            bad.record(WireError(f"expected {names}, got {type(msg).__name__} on {bad.channel}"))
-    return out

@@ -1,11 +1,10 @@
-"""CurveZMQ keys, the per-context authenticator, and the rule about what may bind where.
+"""The CurveZMQ runtime: the per-context ZAP authenticator, curve socket options, bind checks.
 
-Why this exists: zmqrl's sockets carry model weights out and training data in, and the learner
-trusts what arrives enough to train on it. On loopback that is fine; anything reachable from other
-machines must be encrypted and must only accept known peers. CurveZMQ does both inside libzmq:
-servers (the binding side: learner and supervisor) hold a long-term key pair, clients (actors, and
-the learner when it talks to the supervisor) hold their own pair and the server's public key, and a
-ZAP handler (the authenticator started here) decides which client public keys may connect.
+Keys come from :mod:`zmqrl.transport.keys` (made by ``zmqrl keys``, read by ``Security.load``); this
+module is what enforces them once a process runs. The authenticator admits the client keys listed
+in the keys directory's ``authorized/`` (reread when it changes) and counts every refusal;
+:func:`curve_options` makes a socket a CURVE server or client; :func:`check_bind_allowed` refuses
+plaintext binds beyond loopback.
 
 Two libzmq behaviours this module guards against, both verified against libzmq 4.3.5:
 
@@ -16,26 +15,16 @@ Two libzmq behaviours this module guards against, both verified against libzmq 4
   :meth:`Security.start_authenticator` has run for that context.
 * There is one ZAP endpoint per ``zmq.Context``. Roles may share a context (in-process tests, the
   singleton), so authenticators are shared per context and reference-counted.
-
-Key layout (what :func:`create_keys`, i.e. ``zmqrl keys DIR``, writes)::
-
-    DIR/server.key, DIR/server.key_secret          the binding side
-    DIR/<client>.key, DIR/<client>.key_secret      the connecting side
-    DIR/authorized/<client>.key                    public keys the servers accept
 """
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import logging
 import os
-import re
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,259 +33,17 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from zmqrl.transport.keys import KEYS_COMMAND, PUBLIC_SUFFIX, Security, SecurityError
+
 log = logging.getLogger("zmqrl.security")
 
-# File names of the layout above. ``.key``/``.key_secret`` and the text format are the ones pyzmq
-# and czmq use, so their tools (zmq.auth.load_certificate, zcert) read zmqrl's keys as they are.
-SERVER_NAME = "server"
-DEFAULT_CLIENT = "client"
-AUTHORIZED_DIR = "authorized"
-PUBLIC_SUFFIX = ".key"
-SECRET_SUFFIX = ".key_secret"
-# Secret files are readable by their owner only, like an ssh private key; the keys directory too.
-SECRET_MODE = 0o600
-KEYS_DIR_MODE = 0o700
 # The ZAP domain every zmqrl server announces; the authenticator answers for this domain only.
 ZAP_DOMAIN = "zmqrl"
 # Seconds between log lines about refused handshakes (the ones in between are counted, then summed up).
 DENIAL_LOG_SECONDS = 30.0
-# The command users run to make keys; every "what to do next" message names it.
-KEYS_COMMAND = "zmqrl keys"
-# Client names become file names: keep them to one plain path component.
-_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # Endpoint schemes that never leave this machine.
 _LOCAL_SCHEMES = ("ipc://", "inproc://")
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
-
-
-class SecurityError(RuntimeError):
-    """Keys or settings that cannot be used safely; the message says what to do next."""
-
-
-# --------------------------------------------------------------------------------------------
-# Key files
-# --------------------------------------------------------------------------------------------
-
-
-def _key_text(name: str, public: bytes, secret: bytes | None) -> str:
-    """One key in the ZPL text format that zmq.auth.load_certificate and czmq's zcert read."""
-    kind = "secret key: keep it private" if secret is not None else "public key: safe to share"
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [
-        f"#   zmqrl CurveZMQ {kind} (made by `{KEYS_COMMAND}` on {when})",
-        "",
-        "metadata",
-        f'    name = "{name}"',
-        "curve",
-        f'    public-key = "{public.decode("ascii")}"',
-    ]
-    if secret is not None:
-        lines.append(f'    secret-key = "{secret.decode("ascii")}"')
-    return "\n".join(lines) + "\n"
-
-
-def _write_new(path: Path, text: str, mode: int) -> None:
-    """Create ``path`` with ``mode`` from the first byte on; never replace an existing file.
-
-    pyzmq's create_certificates opens with the process umask and would need a chmod afterwards,
-    which leaves a window where a secret is readable by others, and it silently overwrites.
-    O_EXCL closes both holes.
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(fd, mode)  # the umask may have removed bits we asked for; set exactly this
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
-
-
-def client_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a client key pair (it becomes a file name), or None if it can.
-
-    Pure, so that config checking (transport.key_name) and ``zmqrl keys`` apply the same rule.
-    """
-    if not _CLIENT_NAME.fullmatch(name) or name in (SERVER_NAME, AUTHORIZED_DIR):
-        return (
-            f"bad client name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "
-            f"(not starting with '.', and not {SERVER_NAME!r} or {AUTHORIZED_DIR!r})"
-        )
-    return None
-
-
-def _check_client_names(names: Iterable[str]) -> list[str]:
-    checked: list[str] = []
-    for name in names:
-        if problem := client_name_problem(name):
-            raise SecurityError(problem)
-        if name in checked:
-            raise SecurityError(f"client name {name!r} given twice")
-        checked.append(name)
-    return checked
-
-
-def create_keys(keys_dir: Path, clients: list[str] | None = None) -> list[Path]:
-    """Make the server pair (when absent) and one pair per client, and authorize every client.
-
-    Run once per deployment on the host of the binding roles; run again with new names to add
-    clients (each gets its own pair, so one can later be revoked by deleting its authorized file).
-    Nothing is ever overwritten: replacing the server key would lock out every deployed client,
-    so that raises FileExistsError, as does reusing a client name. Everything is checked before the
-    first file is written, so a refused call leaves the directory as it was.
-    """
-    keys_dir = Path(keys_dir)
-    explicit = clients is not None
-    names = _check_client_names(clients if clients is not None else [DEFAULT_CLIENT])
-    server_files = [keys_dir / f"{SERVER_NAME}{PUBLIC_SUFFIX}", keys_dir / f"{SERVER_NAME}{SECRET_SUFFIX}"]
-    have_server = any(p.exists() for p in server_files)
-    if have_server and not explicit:
-        raise FileExistsError(
-            f"{keys_dir} already holds a server key ({server_files[0].name}); refusing to overwrite it, "
-            f"because every client made for it would be locked out. To add a client, give a new "
-            f"client name; to start over, move {keys_dir} away first."
-        )
-    authorized = keys_dir / AUTHORIZED_DIR
-    planned: list[tuple[str, Path, Path, Path]] = []
-    for name in names:
-        files = (
-            keys_dir / f"{name}{PUBLIC_SUFFIX}",
-            keys_dir / f"{name}{SECRET_SUFFIX}",
-            authorized / f"{name}{PUBLIC_SUFFIX}",
-        )
-        for path in files:
-            if path.exists():
-                raise FileExistsError(
-                    f"{path} already exists; refusing to overwrite a key. Pick another client name, "
-                    f"or delete that client's files first to replace it."
-                )
-        planned.append((name, *files))
-
-    if not keys_dir.exists():
-        keys_dir.mkdir(parents=True, mode=KEYS_DIR_MODE)
-    authorized.mkdir(exist_ok=True)
-    written: list[Path] = []
-    if not have_server:
-        public, secret = zmq.curve_keypair()
-        _write_new(server_files[0], _key_text(SERVER_NAME, public, None), 0o644)
-        _write_new(server_files[1], _key_text(SERVER_NAME, public, secret), SECRET_MODE)
-        written += server_files
-    for name, public_path, secret_path, authorized_path in planned:
-        public, secret = zmq.curve_keypair()
-        _write_new(public_path, _key_text(name, public, None), 0o644)
-        _write_new(secret_path, _key_text(name, public, secret), SECRET_MODE)
-        _write_new(authorized_path, _key_text(name, public, None), 0o644)
-        written += [public_path, secret_path, authorized_path]
-    return written
-
-
-def _missing(path: Path, keys_dir: Path, hint: str) -> SecurityError:
-    return SecurityError(
-        f"{path} is missing: {hint} Make keys with `{KEYS_COMMAND} DIR` on the host of the learner and "
-        f"supervisor, copy what each host needs, and point transport.keys_dir at it (now {keys_dir})."
-    )
-
-
-def _read_key(path: Path, keys_dir: Path, hint: str, need_secret: bool) -> tuple[bytes, bytes | None]:
-    """Public and secret key of one key file, with errors that name the file and the fix."""
-    if not path.is_file():
-        raise _missing(path, keys_dir, hint)
-    try:
-        public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise SecurityError(f"cannot read key file {path}: {exc}; remake it with `{KEYS_COMMAND}`") from None
-    if need_secret and secret is None:
-        raise SecurityError(f"{path} holds no secret key; remake it with `{KEYS_COMMAND}`")
-    try:
-        if secret is not None and zmq.curve_public(secret) != public:
-            raise SecurityError(f"{path}: its public and secret keys do not belong together; remake it")
-    except zmq.ZMQError as exc:
-        raise SecurityError(f"{path}: not a valid CurveZMQ key ({exc}); remake it") from None
-    if secret is not None:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            log.warning("secret key %s is readable by other users (mode %o): chmod 600 it", path, mode)
-    return public, secret
-
-
-@dataclass(frozen=True)
-class Security:
-    """Curve keys of one process; None everywhere means plaintext (loopback default).
-
-    One value serves every role on a host: binding sockets use the server pair, connecting sockets
-    the client pair plus the server's public key. ``server_secret`` is None on hosts that only
-    connect (actor hosts get ``server.key`` but never ``server.key_secret``).
-    """
-
-    server_public: bytes
-    server_secret: bytes | None
-    client_public: bytes
-    client_secret: bytes
-    authorized_dir: Path
-
-    @property
-    def can_serve(self) -> bool:
-        """Whether this process holds the server secret, i.e. may bind secured sockets."""
-        return self.server_secret is not None
-
-    @classmethod
-    def load(cls, keys_dir: Path, client: str = DEFAULT_CLIENT) -> Security:
-        """Read the keys of one process from ``keys_dir`` (made by ``zmqrl keys``)."""
-        keys_dir = Path(keys_dir)
-        _check_client_names([client])
-        if not zmq.has("curve"):
-            raise SecurityError(
-                f"this libzmq ({zmq.zmq_version()}) was built without CURVE; install a pyzmq wheel, "
-                f"which bundles a libzmq with CURVE"
-            )
-        if not keys_dir.is_dir():
-            raise SecurityError(
-                f"keys directory {keys_dir} does not exist: make it with `{KEYS_COMMAND} {keys_dir}` "
-                f"(or fix transport.keys_dir)"
-            )
-        server_public, _ = _read_key(
-            keys_dir / f"{SERVER_NAME}{PUBLIC_SUFFIX}",
-            keys_dir,
-            "every host needs the server's public key.",
-            need_secret=False,
-        )
-        server_secret: bytes | None = None
-        secret_path = keys_dir / f"{SERVER_NAME}{SECRET_SUFFIX}"
-        if secret_path.exists():
-            secret_public, server_secret = _read_key(secret_path, keys_dir, "", need_secret=True)
-            if secret_public != server_public:
-                raise SecurityError(
-                    f"{secret_path} and {SERVER_NAME}{PUBLIC_SUFFIX} in {keys_dir} are different keys: "
-                    f"copy both from the directory `{KEYS_COMMAND}` made"
-                )
-        client_public, client_secret = _read_key(
-            keys_dir / f"{client}{SECRET_SUFFIX}",
-            keys_dir,
-            f"every process needs a client key pair (here: {client!r}).",
-            need_secret=True,
-        )
-        assert client_secret is not None  # need_secret=True guarantees it
-        return cls(
-            server_public=server_public,
-            server_secret=server_secret,
-            client_public=client_public,
-            client_secret=client_secret,
-            authorized_dir=keys_dir / AUTHORIZED_DIR,
-        )
-
-    def start_authenticator(self, ctx: zmq.Context) -> AuthenticatorHandle:
-        """Start (or join) the ZAP handler of ``ctx`` that admits clients listed in authorized_dir.
-
-        Call it before binding secured sockets in ``ctx`` (sockets.py refuses otherwise) and call
-        ``stop()`` on the result at shutdown, before the context is closed. Files added to or
-        removed from authorized_dir count from the next handshake on; connections already made stay
-        up until they drop. libzmq does not retry a handshake the authenticator refused, so a client
-        refused before its key was added must be restarted to get in.
-        """
-        if not self.authorized_dir.is_dir():
-            raise SecurityError(
-                f"{self.authorized_dir} is missing: servers need the list of authorized client keys. "
-                f"Run the binding roles on the host where `{KEYS_COMMAND}` made the keys."
-            )
-        return _start_shared(ctx, self.authorized_dir.resolve())
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,7 +254,11 @@ class AuthenticatorHandle:
         self.stop()
 
 
-def _start_shared(ctx: zmq.Context, directory: Path) -> AuthenticatorHandle:
+def shared_authenticator(ctx: zmq.Context, directory: Path) -> AuthenticatorHandle:
+    """Start the ZAP handler of ``ctx`` admitting the keys in ``directory``, or join the running one.
+
+    What :meth:`Security.start_authenticator` runs once it has checked the directory exists.
+    """
     with _running_lock:
         shared = _running.get(id(ctx))
         if shared is None:

@@ -1,6 +1,6 @@
 """Every ZeroMQ socket zmqrl opens is made here, so each option is set in exactly one place.
 
-Who binds and who connects (see README "Sockets and ports"):
+Who binds and who connects (see docs/architecture.md "Sockets and ports"):
   learner    binds PULL samples, PUB weights;   connects PUSH heartbeat, SUB control
   supervisor binds PULL heartbeat, PUB control
   actor      connects PUSH samples, SUB weights, PUSH heartbeat, SUB control
@@ -17,13 +17,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from zmqrl.transport.security import (
-    Security,
-    SecurityError,
-    authenticator_running,
-    check_bind_allowed,
-    curve_options,
-)
+from zmqrl.transport.keys import Security, SecurityError
+from zmqrl.transport.security import authenticator_running, check_bind_allowed, curve_options
 
 # A weights subscriber only ever wants the newest snapshot; keep few queued (ZMQ_CONFLATE does
 # not work with multipart messages, so the subscriber drains to the latest instead).

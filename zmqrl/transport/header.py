@@ -1,0 +1,358 @@
+"""Structural decoding of wire headers: limits, field parsers, array descriptors, fingerprints.
+
+What :func:`zmqrl.transport.wire.load` runs on every message before any array is viewed: the header
+map is well-formed, every field is typed and bounded, the descriptors say exactly how many bytes
+each array frame must have, and a samples message names its columns in the protocol's order. It
+never looks at array contents (that is :mod:`zmqrl.transport.validation`). The encoder runs the
+same :func:`parse_header` on what it is about to send, so sender and receiver cannot disagree.
+
+Every check raises :class:`~zmqrl.transport.messages.WireError` through :func:`fail`, with a short
+reason that never quotes more than a bounded piece of the foreign value (:func:`short`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, NoReturn
+
+import numpy as np
+
+from zmqrl.spec import ALLOWED_DTYPES, MAX_NDIM
+from zmqrl.transport.messages import (
+    KIND_HEARTBEAT,
+    KIND_SAMPLES,
+    KIND_STOP,
+    KIND_WEIGHTS,
+    PRIORITY_FIELD,
+    PROTO_VERSION,
+    Fingerprint,
+    FingerprintScalar,
+    WireError,
+)
+from zmqrl.types import BATCH_FIELDS, EpisodeStat
+
+# --------------------------------------------------------------------------------------------
+# Limits
+# --------------------------------------------------------------------------------------------
+
+# Largest header frame accepted, checked before msgpack sees it, so a hostile peer cannot make
+# the receiver parse megabytes of metadata. 4096 episode records fit comfortably inside it.
+MAX_HEADER_BYTES = 64 * 1024
+
+# Most array frames one message may carry (samples use 5; weights one per parameter tensor).
+MAX_ARRAYS = 64
+
+
+# Longest string (in characters) accepted anywhere in a header: names, roles, reasons, info values.
+MAX_STRING = 256
+
+# Most finished-episode records one samples message may carry.
+MAX_EPISODES = 4096
+
+# Most entries in a heartbeat's "counters" or "info" map. Not part of the brief's list but needed
+# to bound msgpack's map allocation; the header size limit would bound it anyway.
+MAX_MAP_ENTRIES = 256
+
+# Largest total size of all array frames of one message (the sum of their byte lengths). Also
+# bounds every single dimension, so shape arithmetic stays in small integers.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+# Integers in headers must fit a signed 64-bit integer, so every language can hold them natively.
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+# Little-endian dtype for each allowed name: decoding always interprets bytes as little-endian,
+# whatever the host's byte order ("|" for single-byte types, "<" otherwise).
+LE_DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}
+
+# Exact key set of each kind's header. Unknown keys are rejected rather than ignored: a typo in
+# another language's encoder should fail at once, and additions go with a PROTO_VERSION bump.
+_COMMON_KEYS = ("proto", "kind", "arrays")
+_HEADER_KEYS: dict[str, frozenset[str]] = {
+    KIND_SAMPLES: frozenset((*_COMMON_KEYS, "actor_id", "seq", "weights_version", "episodes")),
+    KIND_WEIGHTS: frozenset((*_COMMON_KEYS, "version", "agent")),
+    KIND_HEARTBEAT: frozenset((*_COMMON_KEYS, "role", "id", "pid", "time", "state", "counters", "info")),
+    KIND_STOP: frozenset((*_COMMON_KEYS, "reason")),
+}
+# Keys a header may carry in addition to its exact set. Each was added without a PROTO_VERSION bump
+# because a message without it means exactly what it meant before (as the optional priority array).
+_OPTIONAL_KEYS: dict[str, frozenset[str]] = {
+    # The learner's run fingerprint (zmqrl/fingerprint.py), and its env-step count at publish time.
+    KIND_WEIGHTS: frozenset(("fingerprint", "env_steps")),
+}
+
+# Bounds of the optional weights "fingerprint" map: a flat map of the settings actor and learner
+# must share. Small on purpose: it is compared key by key on every actor, and named in errors.
+MAX_FINGERPRINT_ENTRIES = 64
+MAX_FINGERPRINT_LIST = 64  # longest list value (an observation shape, per-dimension action bounds)
+_DESCRIPTOR_KEYS = frozenset(("name", "dtype", "shape"))
+
+# Options for msgpack.unpackb. The max_*_len limits make msgpack refuse oversized containers
+# before allocating them; a string may take up to 4 UTF-8 bytes per character; the header must
+# not contain binary blobs or extension types at all (ext objects are rejected by the hook).
+UNPACK_LIMITS: dict[str, Any] = {
+    "raw": False,
+    "strict_map_key": True,
+    "use_list": True,
+    "max_str_len": 4 * MAX_STRING,
+    "max_bin_len": 0,
+    "max_array_len": MAX_EPISODES,
+    "max_map_len": MAX_MAP_ENTRIES,
+    "max_ext_len": 0,
+}
+
+
+class ArrayDesc(NamedTuple):
+    """One validated array descriptor from a header."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+# --------------------------------------------------------------------------------------------
+# Small checkers (all raise WireError with a short reason)
+# --------------------------------------------------------------------------------------------
+
+
+def fail(reason: str) -> NoReturn:
+    """Raise the wire's one error type; every check in the wire modules ends up here."""
+    raise WireError(reason)
+
+
+def short(value: Any) -> str:
+    """A bounded description of a foreign value for error messages (never a huge or nested repr)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        text = repr(value)
+    elif isinstance(value, (str, bytes)):
+        text = repr(value[:40])
+    else:
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(value: Any, what: str, minimum: int = 0) -> int:
+    """A real msgpack integer (bool rejected: True would otherwise pass as 1) within int64."""
+    if type(value) is not int:
+        fail(f"{what} must be an integer, got {short(value)}")
+    if value < minimum or value > _INT64_MAX:
+        fail(f"{what} out of range: {value}")
+    return value
+
+
+def _float(value: Any, what: str) -> float:
+    """A finite number; integers are accepted because other encoders may shrink 3.0 to 3."""
+    if type(value) is float:
+        if not math.isfinite(value):
+            fail(f"{what} must be finite, got {value}")
+        return value
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        return float(value)
+    fail(f"{what} must be a finite number, got {short(value)}")
+
+
+def _str(value: Any, what: str) -> str:
+    if type(value) is not str:
+        fail(f"{what} must be a string, got {short(value)}")
+    if len(value) > MAX_STRING:
+        fail(f"{what} longer than {MAX_STRING} characters")
+    return value
+
+
+def _keys(
+    header: dict[Any, Any], expected: frozenset[str], what: str, optional: frozenset[str] = frozenset()
+) -> None:
+    keys = header.keys() - optional
+    if keys != expected:
+        missing = sorted(expected - keys)
+        extra = sorted(short(k) for k in keys - expected)
+        fail(f"{what}: missing keys {missing}, unexpected keys {extra}")
+
+
+def _fingerprint_scalar(value: Any, what: str) -> FingerprintScalar:
+    if type(value) is bool:
+        return value
+    if type(value) is str:
+        return _str(value, what)
+    if type(value) is int:
+        return _int(value, what, minimum=_INT64_MIN)
+    if type(value) is float:
+        return _float(value, what)
+    fail(f"{what} must be a string, number or bool, got {short(value)}")
+
+
+def parse_fingerprint(value: Any) -> Fingerprint:
+    """A flat map of short strings to scalars or short lists of scalars; nothing nested."""
+    if type(value) is not dict:
+        fail(f"'fingerprint' must be a map, got {short(value)}")
+    if len(value) > MAX_FINGERPRINT_ENTRIES:
+        fail(f"fingerprint has {len(value)} entries > {MAX_FINGERPRINT_ENTRIES}")
+    out: Fingerprint = {}
+    for key, item in value.items():
+        name = _str(key, "fingerprint key")
+        if type(item) is list:
+            if len(item) > MAX_FINGERPRINT_LIST:
+                fail(f"fingerprint {name!r} has {len(item)} items > {MAX_FINGERPRINT_LIST}")
+            out[name] = [_fingerprint_scalar(x, f"fingerprint {name!r} item") for x in item]
+        else:
+            out[name] = _fingerprint_scalar(item, f"fingerprint {name!r}")
+    return out
+
+
+def reject_ext(code: int, data: bytes) -> NoReturn:
+    """msgpack ext_hook: extension types have no meaning in this protocol."""
+    raise WireError(f"msgpack extension type {code} not allowed")
+
+
+# --------------------------------------------------------------------------------------------
+# Header parsing (shared by dump, which validates what it is about to send, and load)
+# --------------------------------------------------------------------------------------------
+
+
+def _descriptors(arrays: Any) -> list[ArrayDesc]:
+    """Validate the "arrays" list and compute each array's exact byte length."""
+    if type(arrays) is not list:
+        fail(f"'arrays' must be a list, got {short(arrays)}")
+    if len(arrays) > MAX_ARRAYS:
+        fail(f"too many arrays: {len(arrays)} > {MAX_ARRAYS}")
+    out: list[ArrayDesc] = []
+    total = 0
+    for i, d in enumerate(arrays):
+        if type(d) is not dict:
+            fail(f"array descriptor {i} must be a map, got {short(d)}")
+        _keys(d, _DESCRIPTOR_KEYS, f"array descriptor {i}")
+        name = _str(d["name"], f"array {i} name")
+        dtype = d["dtype"]
+        if type(dtype) is not str or dtype not in ALLOWED_DTYPES:
+            fail(f"array {name!r}: dtype {short(dtype)} not allowed")
+        shape = d["shape"]
+        if type(shape) is not list:
+            fail(f"array {name!r}: shape must be a list, got {short(shape)}")
+        if len(shape) > MAX_NDIM:
+            fail(f"array {name!r}: {len(shape)} dimensions > {MAX_NDIM}")
+        # Python ints cannot overflow, and each dim is capped, so this product stays small.
+        nbytes = LE_DTYPES[dtype].itemsize
+        for dim in shape:
+            if type(dim) is not int or not 0 <= dim <= MAX_MESSAGE_BYTES:
+                fail(f"array {name!r}: bad dimension {short(dim)}")
+            nbytes *= dim
+        total += nbytes
+        if total > MAX_MESSAGE_BYTES:
+            fail(f"arrays larger than {MAX_MESSAGE_BYTES} bytes in total")
+        out.append(ArrayDesc(name, dtype, tuple(shape), nbytes))
+    return out
+
+
+def parse_episodes(value: Any) -> list[EpisodeStat]:
+    """A samples header's "episodes": a bounded list of [finite return, length >= 0] records."""
+    if type(value) is not list:
+        fail(f"'episodes' must be a list, got {short(value)}")
+    if len(value) > MAX_EPISODES:
+        fail(f"too many episodes: {len(value)} > {MAX_EPISODES}")
+    out: list[EpisodeStat] = []
+    for rec in value:
+        if type(rec) is not list or len(rec) != 2:
+            fail(f"episode record must be [return, length], got {short(rec)}")
+        out.append(EpisodeStat(_float(rec[0], "episode return"), _int(rec[1], "episode length")))
+    return out
+
+
+def _check_sample_columns(descs: list[ArrayDesc]) -> None:
+    """The protocol-fixed part of a samples message's layout (the spec-dependent part is later)."""
+    names = tuple(d.name for d in descs)
+    if names not in (BATCH_FIELDS, (*BATCH_FIELDS, PRIORITY_FIELD)):
+        fail(
+            f"samples arrays must be {list(BATCH_FIELDS)} (optionally then {PRIORITY_FIELD!r}) in that order,"
+            f" got {[short(n) for n in names]}"
+        )
+    lead = None
+    for d in descs:
+        if not d.shape:
+            fail(f"samples column {d.name!r} has no batch dimension")
+        if lead is None:
+            lead = d.shape[0]
+        elif d.shape[0] != lead:
+            fail(f"samples column {d.name!r} has {d.shape[0]} rows, expected {lead}")
+    for d in (descs[2], descs[4], *descs[5:]):  # reward, discount, priority
+        if d.dtype != "float32" or len(d.shape) != 1:
+            fail(f"samples column {d.name!r} must be float32 of shape (B,), got {d.dtype} {list(d.shape)}")
+
+
+def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
+    """Validate a decoded header of any kind; return its kind and array descriptors."""
+    if type(header) is not dict:
+        fail(f"header must be a map, got {short(header)}")
+    proto = header.get("proto")
+    if type(proto) is not int or proto != PROTO_VERSION:
+        fail(f"unsupported protocol version {short(proto)}")
+    kind = header.get("kind")
+    if type(kind) is not str or kind not in _HEADER_KEYS:
+        fail(f"unknown message kind {short(kind)}")
+    _keys(header, _HEADER_KEYS[kind], f"{kind} header", _OPTIONAL_KEYS.get(kind, frozenset()))
+    descs = _descriptors(header["arrays"])
+    if kind == KIND_SAMPLES:
+        _int(header["actor_id"], "actor_id")
+        _int(header["seq"], "seq")
+        _int(header["weights_version"], "weights_version")
+        _check_sample_columns(descs)
+    elif kind == KIND_WEIGHTS:
+        _int(header["version"], "version")
+        _str(header["agent"], "agent")
+        if "fingerprint" in header:
+            parse_fingerprint(header["fingerprint"])
+        if "env_steps" in header:
+            _int(header["env_steps"], "env_steps")
+        if len({d.name for d in descs}) != len(descs):
+            fail("weights array names are not unique")
+    elif kind == KIND_HEARTBEAT:
+        if descs:
+            fail("heartbeat must not carry arrays")
+        for key in ("role", "state"):
+            _str(header[key], key)
+        _int(header["id"], "id")
+        _int(header["pid"], "pid")
+        _float(header["time"], "time")
+        counters = header["counters"]
+        if type(counters) is not dict:
+            fail(f"'counters' must be a map, got {short(counters)}")
+        for k, v in counters.items():
+            _str(k, "counter name")
+            if type(v) is int:
+                _int(v, f"counter {k!r}", minimum=_INT64_MIN)
+            else:
+                _float(v, f"counter {k!r}")
+        info = header["info"]
+        if type(info) is not dict:
+            fail(f"'info' must be a map, got {short(info)}")
+        for k, v in info.items():
+            _str(k, "info key")
+            _str(v, f"info {k!r}")
+    else:  # KIND_STOP
+        if descs:
+            fail("stop must not carry arrays")
+        _str(header["reason"], "reason")
+    return kind, descs
+
+
+# --------------------------------------------------------------------------------------------
+# Values bound for a header (the encoder's side: numpy scalars become builtins, bools are refused)
+# --------------------------------------------------------------------------------------------
+
+
+def py_int(value: Any, what: str) -> int:
+    """Python int from an int or numpy integer (msgpack cannot pack numpy scalars); no bools."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        fail(f"{what} must be an integer, got {short(value)}")
+    return int(value)
+
+
+def py_number(value: Any, what: str) -> int | float:
+    """Python int or float from a builtin or numpy number, keeping ints as ints; no bools."""
+    if isinstance(value, (bool, np.bool_)):
+        fail(f"{what} must be a number, got a bool")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    fail(f"{what} must be a number, got {short(value)}")

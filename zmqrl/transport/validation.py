@@ -1,0 +1,162 @@
+"""Content checks of decoded samples and weights: finite floats, ranges, shapes against the run.
+
+The second of the wire's two levels (see :mod:`zmqrl.transport.wire`): :func:`validate_samples`
+checks a samples message against the run's :class:`~zmqrl.spec.SampleSpec` and
+:func:`validate_weights` a weights message against the receiver's network. Both scan array
+contents, vectorised, and raise only :class:`~zmqrl.transport.messages.WireError`. They also work
+on locally built messages (an actor may check itself before its first send).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.header import MAX_EPISODES, fail, py_int, short
+from zmqrl.transport.messages import SamplesMsg, WeightsMsg, WireError
+from zmqrl.types import BATCH_FIELDS
+
+# Continuous actions may exceed the spec's bounds by this much, relative to the bound's magnitude
+# (at least 1): float32 rounding in an actor's rescaling of a squashed policy output (low + (y + 1)
+# * (high - low) / 2) lands a few ulps outside a bound; anything further out is a bug or hostile.
+ACTION_BOUND_TOLERANCE = 1e-5
+
+
+def _check_finite(arr: np.ndarray, what: str) -> None:
+    if not np.isfinite(arr).all():
+        fail(f"{what} contains NaN or infinity")
+
+
+def _check_bool_bytes(arr: np.ndarray, what: str) -> None:
+    """numpy would read any non-zero byte as True; the wire allows only 0 and 1."""
+    if arr.size and arr.view(np.uint8).max() > 1:
+        fail(f"{what} has bool bytes other than 0 and 1")
+
+
+def _check_content(arr: np.ndarray, what: str) -> None:
+    kind = arr.dtype.kind
+    if kind == "f":
+        _check_finite(arr, what)
+    elif kind == "b":
+        _check_bool_bytes(arr, what)
+
+
+def _validate_samples(msg: Any, spec: SampleSpec) -> None:
+    if not isinstance(msg, SamplesMsg):
+        fail(f"expected a samples message, got {type(msg).__name__}")
+    for what in ("actor_id", "seq", "weights_version"):
+        py_int(getattr(msg, what), what)
+    cols: list[np.ndarray] = []
+    for name in BATCH_FIELDS:
+        col = getattr(msg.batch, name, None)
+        if not isinstance(col, np.ndarray):
+            fail(f"samples column {name!r} is not a numpy array")
+        cols.append(col)
+    obs, action, reward, next_obs, discount = cols
+    if reward.ndim != 1:
+        fail(f"reward must have shape (B,), got {reward.shape}")
+    n = reward.shape[0]
+    if not 1 <= n <= spec.max_batch:
+        fail(f"batch size {n} outside [1, {spec.max_batch}]")
+    want = (
+        ("obs", obs, (n, *spec.obs_shape), spec.obs_dtype),
+        ("action", action, (n, *spec.action_shape), spec.action_dtype),
+        ("reward", reward, (n,), "float32"),
+        ("next_obs", next_obs, (n, *spec.obs_shape), spec.obs_dtype),
+        ("discount", discount, (n,), "float32"),
+    )
+    for name, col, shape, dtype in want:
+        if col.shape != shape or col.dtype.name != dtype:
+            fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
+    _check_finite(reward, "reward")
+    # min/max propagate NaN and a NaN comparison is False, so this also rejects NaN and inf.
+    if not (discount.min() >= 0.0 and discount.max() <= 1.0):
+        fail("discount outside [0, 1]")
+    priorities = getattr(msg, "priorities", None)
+    if priorities is not None:
+        shaped = isinstance(priorities, np.ndarray) and priorities.shape == (n,)
+        if not shaped or priorities.dtype.name != "float32":
+            fail(f"priority must be float32 of shape ({n},)")
+        if not (priorities.min() >= 0.0 and priorities.max() < math.inf):
+            fail("priority must be finite and >= 0")
+    _check_content(obs, "obs")
+    _check_content(next_obs, "next_obs")
+    if action.dtype.kind in "iu" and spec.num_actions is not None:
+        if not (action.min() >= 0 and action.max() < spec.num_actions):
+            fail(f"action outside [0, {spec.num_actions})")
+    else:
+        _check_content(action, "action")
+        if spec.action_low is not None and spec.action_high is not None:
+            _check_action_bounds(action, spec)
+    if len(msg.episodes) > MAX_EPISODES:
+        fail(f"too many episodes: {len(msg.episodes)} > {MAX_EPISODES}")
+    for ep in msg.episodes:
+        ret, length = ep
+        if isinstance(ret, (bool, np.bool_)) or not isinstance(ret, (int, float, np.number)):
+            fail(f"episode return must be a number, got {short(ret)}")
+        if not math.isfinite(ret):
+            fail("episode return must be finite")
+        if py_int(length, "episode length") < 0:
+            fail("episode length must be >= 0")
+
+
+def _check_action_bounds(action: np.ndarray, spec: SampleSpec) -> None:
+    """Every row within [low, high] up to ACTION_BOUND_TOLERANCE (actions are already finite).
+
+    The margin scales with each bound's magnitude (at least 1), and an infinite bound stays
+    infinite, so one side of a half-bounded dimension is still checked.
+    """
+    low = np.asarray(spec.action_low, dtype=np.float64).reshape(spec.action_shape)
+    high = np.asarray(spec.action_high, dtype=np.float64).reshape(spec.action_shape)
+    slack_low = ACTION_BOUND_TOLERANCE * np.maximum(1.0, np.abs(low))
+    slack_high = ACTION_BOUND_TOLERANCE * np.maximum(1.0, np.abs(high))
+    if not ((action >= low - slack_low).all() and (action <= high + slack_high).all()):
+        fail("continuous action outside the action space's bounds")
+
+
+def validate_samples(msg: SamplesMsg, spec: SampleSpec) -> None:
+    """Check a samples message against the run's spec, contents included; raise WireError if bad.
+
+    Works on locally built messages too (the actor may self-check before its first send). Float
+    checks are vectorised: this runs once per received batch on the learner.
+    """
+    try:
+        _validate_samples(msg, spec)
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"invalid samples message ({type(exc).__name__})") from exc
+
+
+def _check_weights(msg: WeightsMsg, reference: Mapping[str, tuple[tuple[int, ...], str]] | None) -> None:
+    arrays = msg.weights.arrays
+    if reference is not None:
+        missing = [k for k in reference if k not in arrays]
+        extra = [k for k in arrays if k not in reference]
+        if missing or extra:
+            fail(f"weights names differ from reference: missing {missing[:8]}, unexpected {extra[:8]}")
+        for name, (shape, dtype) in reference.items():
+            want_shape = tuple(int(d) for d in shape)
+            want_dtype = np.dtype(dtype).name
+            arr = arrays[name]
+            if arr.shape != want_shape or arr.dtype.name != want_dtype:
+                fail(f"weights {name!r} is {arr.dtype.name} {arr.shape}, expected {want_dtype} {want_shape}")
+    for name, arr in arrays.items():
+        _check_content(arr, f"weights {name!r}")
+
+
+def validate_weights(
+    msg: WeightsMsg, reference: Mapping[str, tuple[tuple[int, ...], str]] | None = None
+) -> None:
+    """The content half of :func:`load_weights`, for a message already decoded by :func:`load`
+    (the actor checks the fingerprint in between, so a mismatched network is named, not dropped)."""
+    try:
+        _check_weights(msg, reference)
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"invalid weights message ({type(exc).__name__})") from exc
