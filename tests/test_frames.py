@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zmqrl import frames
-from zmqrl.frames import FramePool
 from zmqrl.replay import (
     PrioritizedReplay,
     SharedFramesPrioritizedReplay,
     SharedFramesReplay,
     UniformReplay,
+    frames,
 )
+from zmqrl.replay.frames import FramePool
 from zmqrl.types import TransitionBatch
 
 STACK, SIDE, N_STEP = 4, 6, 3

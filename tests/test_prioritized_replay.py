@@ -1,4 +1,4 @@
-"""Tests for zmqrl.sumtree.SumTree and zmqrl.replay.PrioritizedReplay.
+"""Tests for zmqrl.replay.sumtree.SumTree and zmqrl.replay.PrioritizedReplay.
 
 The sum tree is checked against a brute-force cumsum/searchsorted reference with exactly
 representable values (small multiples of 1/8), so tree and reference agree bit for bit even on
@@ -18,9 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_replay import OBS_DIM, make_batch
-from zmqrl.core import PrioritizedBuffer, ReplayBuffer
-from zmqrl.replay import DEFAULT_MAX_INITIAL_PRIORITY_RATIO, INITIAL_MAX_PRIORITY, PrioritizedReplay
-from zmqrl.sumtree import SumTree
+from zmqrl.config import ReplayConfig
+from zmqrl.core import Replay
+from zmqrl.replay import (
+    DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
+    INITIAL_MAX_PRIORITY,
+    PrioritizedBuffer,
+    PrioritizedReplay,
+    make_replay,
+)
+from zmqrl.replay.sumtree import SumTree
+from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
 # chi-square critical values at p = 0.001 for the degrees of freedom used below.
@@ -187,10 +195,11 @@ def test_sumtree_rejects_bad_input() -> None:
 
 
 # ---------------------------------------------------------------------------------------- replay
-def test_satisfies_protocols() -> None:
-    buf = make_per(4)
-    assert isinstance(buf, PrioritizedBuffer)
-    assert isinstance(buf, ReplayBuffer)
+def test_the_factorys_prioritized_buffer_satisfies_the_replay_contract() -> None:
+    spec = SampleSpec((OBS_DIM,), "float32", (), "int64", num_actions=2)
+    buf = make_replay(ReplayConfig(capacity=4, prioritized=True), spec, seed=0)
+    assert isinstance(buf, Replay)
+    assert isinstance(buf, PrioritizedBuffer) and type(buf.storage) is PrioritizedReplay
 
 
 def chi2_of(counts: np.ndarray, probs: np.ndarray) -> float:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmqrl.ratelimit import (
+from zmqrl.replay.ratelimit import (
     STAT_INSERT_BLOCKED,
     STAT_INSERTED,
     STAT_RATIO,

@@ -7,8 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from zmqrl.core import ReplayBuffer
-from zmqrl.replay import UniformReplay
+from zmqrl.config import ReplayConfig
+from zmqrl.core import Replay
+from zmqrl.replay import UniformBuffer, UniformReplay, make_replay
+from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
 OBS_DIM = 3
@@ -45,8 +47,11 @@ def assert_rows_consistent(batch: TransitionBatch) -> None:
     np.testing.assert_array_equal(batch.action, ids % 2)
 
 
-def test_satisfies_protocol() -> None:
-    assert isinstance(make_buffer(4), ReplayBuffer)
+def test_the_factorys_uniform_buffer_satisfies_the_replay_contract() -> None:
+    spec = SampleSpec((OBS_DIM,), "float32", (), "int64", num_actions=2)
+    buf = make_replay(ReplayConfig(capacity=4), spec, seed=0)
+    assert isinstance(buf, Replay)
+    assert isinstance(buf, UniformBuffer) and type(buf.storage) is UniformReplay
 
 
 def test_fill_then_wrap_overwrites_oldest() -> None:

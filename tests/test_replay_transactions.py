@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zmqrl import frames
-from zmqrl.frames import FramePool
 from zmqrl.replay import (
     PrioritizedReplay,
     SharedFramesPrioritizedReplay,
     SharedFramesReplay,
     UniformReplay,
+    frames,
 )
+from zmqrl.replay.frames import FramePool
 from zmqrl.types import TransitionBatch
 
 STACK, SIDE, CAP = 4, 5, 8

@@ -1,4 +1,5 @@
-"""A pool of image planes stored once each, for replay of stacked Atari frames.
+"""Shared-frame replay: a pool of image planes stored once each (``FramePool``), and the replay
+buffers that keep stacked Atari frames in it (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``).
 
 A preprocessed Atari observation is a stack of the last 4 frames, and an n-step transition holds
 two of them (``obs`` and ``next_obs``): 8 planes of 84x84 bytes, of which consecutive transitions
@@ -10,7 +11,7 @@ plane), confirmed by comparing the bytes on a hit, so the wire format and the ac
 about the sharing. Each plane is reference-counted by the replay rows that use it and its slot is
 reused when the count drops to zero.
 
-How many slots (``slots_for``): a replay add is a transaction (zmqrl/replay.py), so the rows it
+How many slots (``slots_for``): a replay add is a transaction (storage.py), so the rows it
 overwrites keep their planes until every new plane is stored; only then are the old ones
 released. That is what lets a failed add leave the pool exactly as it was, and it means a plane
 shared by an overwritten row and a new one is never freed and copied back. The price is the peak:
@@ -30,7 +31,7 @@ anonymous mappings made with MAP_NORESERVE, whose pages become resident when fir
 freed slots are reused before untouched ones, so resident memory follows the largest number of
 distinct planes ever live at once, not the reservation.
 
-Not thread-safe on its own: the owning replay buffer serialises access.
+The pool is not thread-safe on its own: the replay buffer that owns it serialises access.
 """
 
 from __future__ import annotations
@@ -43,11 +44,18 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from zmqrl.replay.prioritized import PrioritizedReplay
+from zmqrl.replay.storage import DISCOUNT_DTYPE, REWARD_DTYPE, Undo, UniformReplay
+from zmqrl.types import TransitionBatch
+
 # Digest size in bytes: 128 bits makes an accidental collision practically impossible, and a
 # collision would still be caught by the byte comparison on every hit.
 DIGEST_BYTES = 16
 
 IntArray = npt.NDArray[np.int64]
+
+# Plane id of a row that holds no observation yet (shared-frames storage).
+_NO_PLANE = -1
 
 # mmap flag (Linux, every architecture zmqrl runs on): reserve address space without committing.
 _LINUX_MAP_NORESERVE = 0x4000
@@ -191,3 +199,99 @@ def _reserve(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
     buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+class _SharedFrames(UniformReplay):
+    """Ring storage for image observations with each plane kept once.
+
+    A ``UniformReplay`` that overrides only where the columns live (``_allocate``, the write and
+    gather hooks, the transaction's commit and discard); ``SharedFramesPrioritizedReplay`` puts it
+    before ``PrioritizedReplay`` in its bases, so the same hooks serve the prioritized ring too.
+
+    ``obs`` and ``next_obs`` of shape ``(planes, *plane_shape)`` (e.g. 4 stacked 84x84 frames) are
+    stored as ``planes`` ids per row into a ``FramePool``: consecutive transitions of one game share
+    all but about one of their 8 planes, so a row costs ~1 plane instead of 8 (module docstring).
+    Sampling gathers the planes back into dense arrays, so nothing downstream changes. The pool is
+    reserved for the worst case and becomes resident as distinct planes arrive.
+    """
+
+    def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
+        obs_shape = self._row_shapes[0]
+        if len(obs_shape) < 2:
+            raise ValueError(
+                f"replay.share_frames needs image observations (planes, height, width), got {obs_shape}"
+            )
+        planes = obs_shape[0]
+        # Sized for the transactional worst case (proof above, `slots_for`): a full buffer keeps
+        # its planes while a batch of up to `capacity` new rows is interned.
+        self._pool = FramePool(slots_for(capacity, planes), obs_shape[1:], self._dtypes[0])
+
+        def ids() -> np.ndarray:
+            return np.full((capacity, planes), _NO_PLANE, dtype=np.int64)
+
+        return (
+            ids(),
+            np.zeros((capacity, *self._row_shapes[1]), dtype=self._dtypes[1]),
+            np.zeros((capacity,), dtype=REWARD_DTYPE),
+            ids(),
+            np.zeros((capacity,), dtype=DISCOUNT_DTYPE),
+        )
+
+    @property
+    def live_planes(self) -> int:
+        """Distinct planes stored now (each ``plane_bytes``)."""
+        return self._pool.live
+
+    def _stats_locked(self) -> dict[str, float | int]:
+        return {**super()._stats_locked(), "live_planes": self._pool.live}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in use now: the id and scalar columns plus the distinct planes stored."""
+        plane_bytes = self._pool.planes[0].nbytes
+        return sum(c.nbytes for c in self._columns) + self._pool.live * plane_bytes
+
+    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: Undo) -> None:
+        m = batch.size - start
+        slots = undo.slots  # (pos + arange(m)) % capacity
+        obs_ids, action, reward, next_ids, discount = self._columns
+        planes = obs_ids.shape[1]
+        plane_shape = self._row_shapes[0][1:]
+        for column in (batch.obs, batch.next_obs):
+            ids = self._pool.intern(column[start:].reshape(m * planes, *plane_shape), undo.taken)
+            undo.interned.append(ids)
+        obs_ids[slots] = undo.interned[0].reshape(m, planes)
+        next_ids[slots] = undo.interned[1].reshape(m, planes)
+        action[slots] = batch.action[start:]
+        reward[slots] = batch.reward[start:]
+        discount[slots] = batch.discount[start:]
+
+    def _commit_locked(self, undo: Undo) -> None:
+        # Only now, with every new plane stored, do the overwritten rows let go of theirs: planes
+        # they share with the new rows keep a reference throughout and are never copied twice, and
+        # a failure before this point finds every old plane still in place.
+        old = np.concatenate([undo.rows[0].ravel(), undo.rows[3].ravel()])
+        self._pool.release(old[old != _NO_PLANE])
+
+    def _discard_locked(self, undo: Undo) -> None:
+        self._pool.undo_interns(undo.interned, undo.taken)
+
+    def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
+        obs_ids, action, reward, next_ids, discount = self._columns
+        planes = self._pool.planes
+        return TransitionBatch(
+            planes[obs_ids[rows]], action[rows], reward[rows], planes[next_ids[rows]], discount[rows]
+        )
+
+
+class SharedFramesReplay(_SharedFrames):
+    """``UniformReplay`` storing each image plane once (``replay.share_frames``)."""
+
+
+class SharedFramesPrioritizedReplay(_SharedFrames, PrioritizedReplay):
+    """``PrioritizedReplay`` storing each image plane once (``replay.share_frames``)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in use now, plus the sum tree and the per-slot ordinals."""
+        return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)

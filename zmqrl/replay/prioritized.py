@@ -1,48 +1,24 @@
-"""Replay storage for the learner: preallocated, thread-safe ring buffers, sampled uniformly
-(``UniformReplay``) or in proportion to priority (``PrioritizedReplay``, as in Ape-X).
+"""Proportional prioritized replay (``PrioritizedReplay``, as in Ape-X) on the ring storage.
 
-The learner's ingest thread adds batches that arrive from actors while its main thread samples
-training batches, so both operations take one internal lock. The lock is held only while numpy
-copies rows in or out (never across a Python loop over rows), so the two threads contend for
-microseconds per call.
-
-Storage is one preallocated array per ``TransitionBatch`` column, sized up front so the learner can
-print the eventual footprint (``nbytes``) at start. The OS commits zeroed pages lazily, so resident
-memory grows as the buffer fills; a too-large capacity still fails late, but is visible early.
-``next_obs`` is stored separately from ``obs``, which doubles observation memory; that is the
-price of accepting n-step transitions from many actors in any order. For stacked image frames,
-``SharedFramesReplay`` / ``SharedFramesPrioritizedReplay`` (``replay.share_frames``) store each
-distinct plane once instead, found by content, which needs no ordering either.
-
-Every mutation is all-or-nothing. Input is validated before anything changes, and an add is a
-transaction (``_Undo``): it saves what it will overwrite (the rows at its slots, the counters, the
-sum-tree leaves and ordinals), writes, and either commits or, if anything raised on the way, puts
-all of it back, including the frame pool's references, so a failed add leaves the buffer exactly
-as it was. Saving costs one extra copy of the overwritten rows.
+Row ``i`` is drawn with probability ``v_i / sum(v)``, ``v_i = (p_i + priority_eps) ** alpha``,
+kept in a sum tree (sumtree.py) so that drawing a batch and re-prioritising it are both
+``O(batch * log capacity)``. Ids and bounded actor priorities are explained on the class,
+importance weights on ``sample_prioritized``. An add is one transaction with the ring's
+(storage.py): the tree leaves and ordinals it overwrites are saved and put back with the rows if
+anything fails.
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import DTypeLike
 
-from zmqrl.frames import FramePool, Taken, slots_for
-from zmqrl.sumtree import SumTree
+from zmqrl.replay.storage import FloatArray, IntArray, Undo, UniformReplay
+from zmqrl.replay.sumtree import SumTree
 from zmqrl.types import TransitionBatch
-
-# Dtypes of the scalar columns; fixed by the TransitionBatch contract.
-REWARD_DTYPE = np.dtype(np.float32)
-DISCOUNT_DTYPE = np.dtype(np.float32)
-
-# Casting allowed when a batch column's dtype differs from the buffer's: same-kind casts
-# (int64 -> int32 actions, float64 -> float32 rewards) are harmless, but e.g. float obs into a
-# uint8 buffer would silently wrap values, so that is rejected.
-_CASTING: Final = "same_kind"
 
 # Prioritized replay defaults: Ape-X (Horgan et al. 2018) uses alpha = 0.6; the epsilon only has to
 # keep a zero-|TD error| row drawable, so it is tiny relative to typical TD errors.
@@ -56,227 +32,15 @@ INITIAL_MAX_PRIORITY: Final = 1.0
 DEFAULT_MAX_INITIAL_PRIORITY_RATIO: Final = 10.0
 # `_ordinal` value of a slot that has never held a row: no real insertion ordinal is negative.
 _NO_ORDINAL: Final = -1
-# Plane id of a row that holds no observation yet (shared-frames storage).
-_NO_PLANE: Final = -1
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-
-
-@dataclass
-class _Undo:
-    """What one add is about to change, kept until the add has fully succeeded.
-
-    ``_begin_locked`` records it, the add writes, and then either ``_commit_locked`` finishes the
-    add (shared frames release the overwritten rows' planes only then) or, if anything raised on
-    the way, ``_rollback_locked`` puts every saved value back.
-    """
-
-    slots: IntArray  # ring slots the add writes
-    rows: tuple[np.ndarray, ...]  # each column's contents at ``slots`` before the add
-    scalars: dict[str, int]  # the counters named in ``_SCALARS``, before the add
-    leaves: FloatArray | None = None  # prioritized: sum-tree leaves at ``slots``
-    ordinals: IntArray | None = None  # prioritized: ``_ordinal`` at ``slots``
-    interned: list[np.ndarray] = field(default_factory=list)  # shared frames: plane ids interned
-    taken: list[Taken] = field(default_factory=list)  # shared frames: pool slots taken for them
-
-
-class UniformReplay:
-    """Fixed-capacity FIFO ring buffer of transitions with uniform sampling (with replacement).
-
-    Satisfies ``zmqrl.core.ReplayBuffer``. When full, each ``add`` overwrites the oldest rows.
-    """
-
-    # Counters an add may change: saved and restored with the rows (see ``_Undo``).
-    _SCALARS: ClassVar[tuple[str, ...]] = ("_pos", "_size", "_total_added")
-
-    def __init__(
-        self,
-        capacity: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: DTypeLike,
-        action_shape: tuple[int, ...],
-        action_dtype: DTypeLike,
-        seed: int | None = None,
-    ) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self._capacity = int(capacity)
-        obs_shape = tuple(int(d) for d in obs_shape)
-        action_shape = tuple(int(d) for d in action_shape)
-        # Row shape and dtype each column of an added batch must have, in BATCH_FIELDS order.
-        self._row_shapes: tuple[tuple[int, ...], ...] = (obs_shape, action_shape, (), obs_shape, ())
-        self._dtypes: tuple[np.dtype[np.generic], ...] = (
-            np.dtype(obs_dtype),
-            np.dtype(action_dtype),
-            REWARD_DTYPE,
-            np.dtype(obs_dtype),
-            DISCOUNT_DTYPE,
-        )
-        self._columns: tuple[np.ndarray, ...] = self._allocate(self._capacity)
-        self._rng = np.random.default_rng(seed)
-        self._lock = threading.Lock()
-        self._pos = 0  # next row to write
-        self._size = 0  # rows holding data, <= capacity
-        self._total_added = 0
-
-    def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
-        """Storage: one preallocated array per column, in BATCH_FIELDS order."""
-        return tuple(
-            np.zeros((capacity, *shape), dtype=dtype)
-            for shape, dtype in zip(self._row_shapes, self._dtypes, strict=True)
-        )
-
-    def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
-        """Copies of the stored rows ``rows`` (ring slots); the caller holds the lock."""
-        return TransitionBatch(*(c[rows] for c in self._columns))
-
-    @property
-    def capacity(self) -> int:
-        """Maximum number of stored transitions."""
-        return self._capacity
-
-    def __len__(self) -> int:
-        return self._size
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes preallocated for all columns (the buffer never grows beyond this)."""
-        return sum(c.nbytes for c in self._columns)
-
-    @property
-    def total_added(self) -> int:
-        """All-time number of transitions passed to ``add``, including overwritten ones."""
-        return self._total_added
-
-    def snapshot(self, max_rows: int | None = None) -> TransitionBatch:
-        """The stored transitions, oldest first (at most the newest ``max_rows``), as copies: what a
-        checkpoint keeps so that a resumed learner does not start from an empty buffer."""
-        with self._lock:
-            order = (np.arange(self._size) + (self._pos - self._size)) % self._capacity
-            if max_rows is not None:
-                order = order[max(0, len(order) - max_rows) :]
-            return self._gather_locked(order)
-
-    def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
-        """Refill from a ``snapshot`` (appended in order, as if just received); ``total_added``
-        only raises the counter. One transaction, like ``add``."""
-        b = self._validate(batch)
-        with self._lock:
-            self._insert_locked(batch, b, total_added)
-
-    def rng_state(self) -> dict[str, object]:
-        return dict(self._rng.bit_generator.state)
-
-    def set_rng_state(self, state: dict[str, object]) -> None:
-        self._rng.bit_generator.state = state
-
-    def _validate(self, batch: TransitionBatch) -> int:
-        """Check every column's shape (and that its dtype casts safely); return the batch size.
-
-        The learner has already validated wire input, so this only guards against programming
-        errors that would otherwise broadcast or cast silently into storage.
-        """
-        if batch.reward.ndim != 1:
-            raise ValueError(f"reward column must be 1-D, got shape {batch.reward.shape}")
-        b = int(batch.reward.shape[0])
-        for name, col, dtype, row_shape in zip(
-            TransitionBatch._fields, batch, self._dtypes, self._row_shapes, strict=True
-        ):
-            if col.shape[0:1] != (b,) or col.shape[1:] != row_shape:
-                raise ValueError(f"column {name!r} has shape {col.shape}, expected ({b}, *{row_shape})")
-            if not np.can_cast(col.dtype, dtype, casting=_CASTING):
-                raise ValueError(f"column {name!r} has dtype {col.dtype}, buffer stores {dtype}")
-        return b
-
-    def add(self, batch: TransitionBatch) -> None:
-        """Insert a batch, overwriting the oldest rows when full.
-
-        A batch larger than the capacity keeps only its newest ``capacity`` rows. Each column is
-        written with at most two slice copies (before and after the wrap point).
-        """
-        b = self._validate(batch)
-        if b == 0:
-            return
-        with self._lock:
-            self._insert_locked(batch, b, None)
-
-    def _insert_locked(self, batch: TransitionBatch, b: int, total_floor: int | None) -> None:
-        """Append the batch's newest ``capacity`` rows at ``_pos`` as one transaction."""
-        cap = self._capacity
-        start = max(0, b - cap)  # rows of the batch that survive
-        m = b - start
-        pos = self._pos
-        undo = self._begin_locked((pos + np.arange(m)) % cap)
-        try:
-            if m:
-                self._write_rows_locked(batch, start, pos, undo)
-            self._pos = (pos + m) % cap
-            self._size = min(cap, self._size + m)
-            self._total_added += b
-            if total_floor is not None:
-                self._total_added = max(self._total_added, total_floor)
-            self._commit_locked(undo)
-        except BaseException:
-            self._rollback_locked(undo)
-            raise
-
-    # ------------------------------------------------------------------ transactions
-    def _begin_locked(self, slots: IntArray) -> _Undo:
-        """Save what an add writing ``slots`` will change."""
-        return _Undo(
-            slots=slots,
-            rows=tuple(c.take(slots, axis=0) for c in self._columns),  # take: ~2x faster than c[slots]
-            scalars={name: getattr(self, name) for name in self._SCALARS},
-        )
-
-    def _rollback_locked(self, undo: _Undo) -> None:
-        """Put back everything ``undo`` saved: the buffer is as it was before the add began."""
-        for store, old in zip(self._columns, undo.rows, strict=True):
-            store[undo.slots] = old
-        for name, value in undo.scalars.items():
-            setattr(self, name, value)
-        self._discard_locked(undo)
-
-    def _commit_locked(self, undo: _Undo) -> None:
-        """Hook: the last step of a successful add (shared frames release overwritten planes)."""
-
-    def _discard_locked(self, undo: _Undo) -> None:
-        """Hook: undo a failed add's effects outside the columns (shared frames: interned planes)."""
-
-    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: _Undo) -> None:
-        """Copy rows ``batch[start:]`` (at most ``capacity``) into the ring from slot ``pos`` on,
-        wrapping once; the caller holds the lock and updates ``_pos``/``_size``/counters."""
-        cap = self._capacity
-        m = batch.size - start
-        first = min(m, cap - pos)  # rows that fit before the end of the ring
-        rest = m - first
-        for store, col in zip(self._columns, batch, strict=True):
-            store[pos : pos + first] = col[start : start + first]
-            if rest:
-                store[:rest] = col[start + first :]
-
-    def sample(self, batch_size: int) -> TransitionBatch:
-        """``batch_size`` transitions drawn uniformly with replacement; the arrays are copies.
-
-        Raises ValueError when the buffer is empty or ``batch_size`` < 1.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        with self._lock:
-            if self._size == 0:
-                raise ValueError("cannot sample from an empty replay buffer")
-            idx = self._rng.integers(0, self._size, size=batch_size)
-            # Rows 0..size-1 are exactly the stored rows: the ring fills from 0 and never shrinks.
-            return self._gather_locked(idx)
 
 
 class PrioritizedReplay(UniformReplay):
     """Proportional prioritized replay (Schaul et al. 2016) on ``UniformReplay``'s ring storage.
 
-    Satisfies ``zmqrl.core.PrioritizedBuffer``. Row ``i`` is drawn with probability
-    ``P(i) = v_i / sum(v)``, ``v_i = (p_i + priority_eps) ** alpha``, where ``p_i`` is the raw
-    priority (``|TD error|``) last given for the row; ``alpha = 0`` is uniform sampling.
+    Row ``i`` is drawn with probability ``P(i) = v_i / sum(v)``, ``v_i = (p_i + priority_eps) **
+    alpha``, where ``p_i`` is the raw priority (``|TD error|``) last given for the row; ``alpha =
+    0`` is uniform sampling. ``zmqrl.replay.make_replay`` puts it behind the ``zmqrl.core.Replay``
+    interface, which also anneals the importance exponent (buffers.py).
 
     Ids: ``sample_prioritized`` returns each row's *insertion ordinal* (its position in the
     all-time insertion order: the value of ``total_added`` when it was written), not its ring
@@ -369,6 +133,14 @@ class PrioritizedReplay(UniformReplay):
     def stale_priority_updates(self) -> int:
         """Rows whose ``update_priorities`` was skipped because their slot had been overwritten."""
         return self._stale_updates
+
+    def _stats_locked(self) -> dict[str, float | int]:
+        return {
+            **super()._stats_locked(),
+            "clipped_priorities": self._clipped,
+            "stale_priority_updates": self._stale_updates,
+            "max_priority": self._max_priority,
+        }
 
     @property
     def total_priority(self) -> float:
@@ -467,13 +239,13 @@ class PrioritizedReplay(UniformReplay):
         n_over = int(np.count_nonzero(raw > limit))
         return (np.minimum(raw, limit) if n_over else raw), n_over
 
-    def _begin_locked(self, slots: IntArray) -> _Undo:
+    def _begin_locked(self, slots: IntArray) -> Undo:
         undo = super()._begin_locked(slots)
         undo.leaves = self._tree.get(slots)
         undo.ordinals = self._ordinal[slots]
         return undo
 
-    def _rollback_locked(self, undo: _Undo) -> None:
+    def _rollback_locked(self, undo: Undo) -> None:
         super()._rollback_locked(undo)
         if undo.leaves is not None and undo.ordinals is not None:
             # Internal nodes are always recomputed from their children, so restoring the leaves
@@ -586,97 +358,3 @@ class PrioritizedReplay(UniformReplay):
         if not (np.isfinite(raw).all() and (raw >= 0).all()):
             raise ValueError("priorities must be finite and >= 0")
         return raw
-
-
-class _SharedFrames:
-    """Storage for image observations with each plane kept once (mixed into the replay classes).
-
-    ``obs`` and ``next_obs`` of shape ``(planes, *plane_shape)`` (e.g. 4 stacked 84x84 frames) are
-    stored as ``planes`` ids per row into a ``FramePool``: consecutive transitions of one game share
-    all but about one of their 8 planes, so a row costs ~1 plane instead of 8 (see zmqrl/frames.py).
-    Sampling gathers the planes back into dense arrays, so nothing downstream changes. The pool is
-    reserved for the worst case and becomes resident as distinct planes arrive.
-    """
-
-    _capacity: int
-    _columns: tuple[np.ndarray, ...]
-    _row_shapes: tuple[tuple[int, ...], ...]
-    _dtypes: tuple[np.dtype[np.generic], ...]
-
-    def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
-        obs_shape = self._row_shapes[0]
-        if len(obs_shape) < 2:
-            raise ValueError(
-                f"replay.share_frames needs image observations (planes, height, width), got {obs_shape}"
-            )
-        planes = obs_shape[0]
-        # Sized for the transactional worst case (proof in zmqrl/frames.py): a full buffer keeps
-        # its planes while a batch of up to `capacity` new rows is interned.
-        self._pool = FramePool(slots_for(capacity, planes), obs_shape[1:], self._dtypes[0])
-
-        def ids() -> np.ndarray:
-            return np.full((capacity, planes), _NO_PLANE, dtype=np.int64)
-
-        return (
-            ids(),
-            np.zeros((capacity, *self._row_shapes[1]), dtype=self._dtypes[1]),
-            np.zeros((capacity,), dtype=REWARD_DTYPE),
-            ids(),
-            np.zeros((capacity,), dtype=DISCOUNT_DTYPE),
-        )
-
-    @property
-    def live_planes(self) -> int:
-        """Distinct planes stored now (each ``plane_bytes``)."""
-        return self._pool.live
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes in use now: the id and scalar columns plus the distinct planes stored."""
-        plane_bytes = self._pool.planes[0].nbytes
-        return sum(c.nbytes for c in self._columns) + self._pool.live * plane_bytes
-
-    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: _Undo) -> None:
-        m = batch.size - start
-        slots = undo.slots  # (pos + arange(m)) % capacity
-        obs_ids, action, reward, next_ids, discount = self._columns
-        planes = obs_ids.shape[1]
-        plane_shape = self._row_shapes[0][1:]
-        for column in (batch.obs, batch.next_obs):
-            ids = self._pool.intern(column[start:].reshape(m * planes, *plane_shape), undo.taken)
-            undo.interned.append(ids)
-        obs_ids[slots] = undo.interned[0].reshape(m, planes)
-        next_ids[slots] = undo.interned[1].reshape(m, planes)
-        action[slots] = batch.action[start:]
-        reward[slots] = batch.reward[start:]
-        discount[slots] = batch.discount[start:]
-
-    def _commit_locked(self, undo: _Undo) -> None:
-        # Only now, with every new plane stored, do the overwritten rows let go of theirs: planes
-        # they share with the new rows keep a reference throughout and are never copied twice, and
-        # a failure before this point finds every old plane still in place.
-        old = np.concatenate([undo.rows[0].ravel(), undo.rows[3].ravel()])
-        self._pool.release(old[old != _NO_PLANE])
-
-    def _discard_locked(self, undo: _Undo) -> None:
-        self._pool.undo_interns(undo.interned, undo.taken)
-
-    def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
-        obs_ids, action, reward, next_ids, discount = self._columns
-        planes = self._pool.planes
-        return TransitionBatch(
-            planes[obs_ids[rows]], action[rows], reward[rows], planes[next_ids[rows]], discount[rows]
-        )
-
-
-class SharedFramesReplay(_SharedFrames, UniformReplay):
-    """``UniformReplay`` storing each image plane once (``replay.share_frames``)."""
-
-
-class SharedFramesPrioritizedReplay(_SharedFrames, PrioritizedReplay):
-    """``PrioritizedReplay`` storing each image plane once (``replay.share_frames``)."""
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes in use now, plus the sum tree and the per-slot ordinals."""
-        return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)

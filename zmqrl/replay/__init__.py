@@ -1,0 +1,57 @@
+"""Replay for the learner: ``make_replay`` builds the configured buffer behind ``zmqrl.core.Replay``.
+
+Modules, from the bottom up:
+
+* ``storage``: ``UniformReplay``, the preallocated thread-safe ring, and the transaction (``Undo``)
+  that makes every add all-or-nothing;
+* ``sumtree`` and ``prioritized``: ``PrioritizedReplay`` (proportional, Ape-X) on that ring;
+* ``frames``: ``FramePool`` and the buffers that store each image plane once
+  (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``);
+* ``buffers``: the ``Replay`` interface over those classes (``UniformBuffer``,
+  ``PrioritizedBuffer``, with the importance exponent's ``BetaSchedule``);
+* ``factory``: ``make_replay`` and ``replay_footprint`` (sizing, the log line, refusals);
+* ``ratelimit``: the replay-ratio limiter between the learner's ingest and training threads.
+"""
+
+from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
+from zmqrl.replay.factory import (
+    PRIORITY_BYTES_PER_ROW,
+    SHARED_PLANES_PER_ROW,
+    make_replay,
+    replay_footprint,
+)
+from zmqrl.replay.frames import FramePool, FramePoolFull, SharedFramesPrioritizedReplay, SharedFramesReplay
+from zmqrl.replay.prioritized import (
+    DEFAULT_ALPHA,
+    DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
+    DEFAULT_PRIORITY_EPS,
+    INITIAL_MAX_PRIORITY,
+    PrioritizedReplay,
+)
+from zmqrl.replay.ratelimit import NoLimit, RateLimiter, make_rate_limiter
+from zmqrl.replay.storage import UniformReplay
+from zmqrl.replay.sumtree import SumTree
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_MAX_INITIAL_PRIORITY_RATIO",
+    "DEFAULT_PRIORITY_EPS",
+    "INITIAL_MAX_PRIORITY",
+    "PRIORITY_BYTES_PER_ROW",
+    "SHARED_PLANES_PER_ROW",
+    "BetaSchedule",
+    "FramePool",
+    "FramePoolFull",
+    "NoLimit",
+    "PrioritizedBuffer",
+    "PrioritizedReplay",
+    "RateLimiter",
+    "SharedFramesPrioritizedReplay",
+    "SharedFramesReplay",
+    "SumTree",
+    "UniformBuffer",
+    "UniformReplay",
+    "make_rate_limiter",
+    "make_replay",
+    "replay_footprint",
+]
