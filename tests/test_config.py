@@ -1,13 +1,11 @@
-"""Config loading: defaults, strict YAML sections, --set overrides, range checks, the CLI edge, docs."""
+"""Config loading: defaults, strict YAML sections, --set overrides, range checks, the CLI edge."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
 import pytest
@@ -42,22 +40,6 @@ def zmqrl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
-
-
-def dotted_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every leaf field of a config dataclass as ``section.key`` (nested dataclasses are walked)."""
-    hints = typing.get_type_hints(cls)
-    keys: list[str] = []
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        members = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]  # agent: DQN | SAC
-        if dataclasses.is_dataclass(tp):
-            keys.extend(dotted_keys(tp, f"{prefix}{f.name}."))
-        elif members:
-            keys.extend(dict.fromkeys(k for m in members for k in dotted_keys(m, f"{prefix}{f.name}.")))
-        else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
 
 
 # ---------------------------------------------------------------------------------------- defaults
@@ -359,25 +341,6 @@ def test_cli_help_exits_0_and_mentions_set(tmp_path: Path, args: tuple[str, ...]
     result = zmqrl(tmp_path, *args)
     assert result.returncode == 0, result.stderr
     assert "--set" in result.stdout
-
-
-# -------------------------------------------------------------------------------------------- docs
-
-
-def readme_configuration_section() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.find("## Configuration")
-    assert start >= 0, "README.md needs a '## Configuration' section"
-    end = text.find("\n## ", start + 1)
-    return text[start:] if end < 0 else text[start:end]
-
-
-def test_every_config_field_is_documented_in_readme() -> None:
-    section = readme_configuration_section()
-    missing = [
-        key for key in dotted_keys(Config) if not re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", section)
-    ]
-    assert not missing, f"README '## Configuration' does not document: {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("role", ["launch", "learner", "actor", "evaluator"])

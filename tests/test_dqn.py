@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from zmqrl.agents.dqn import DQNAgent, DQNConfig
-from zmqrl.agents.nets import NumpyQForward, QNetwork, mlp, polyak_update, resolve_device
-from zmqrl.core import Agent
+from zmqrl.agents.nets import QNetwork, mlp, polyak_update, resolve_device
+from zmqrl.agents.numpy_policies import NumpyDQNPolicy
+from zmqrl.core import LearningAgent, Policy
 from zmqrl.types import TransitionBatch, Weights
 
 torch.set_num_threads(1)
@@ -52,7 +53,7 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def test_agent_satisfies_the_core_protocol() -> None:
-    assert isinstance(make_agent(), Agent)
+    assert isinstance(make_agent(), LearningAgent) and isinstance(make_agent(), Policy)
 
 
 def test_export_import_round_trip_makes_actor_act_like_learner() -> None:
@@ -281,10 +282,34 @@ def test_numpy_act_path_tracks_updates_and_imports() -> None:
     obs = random_obs(512)
     for _ in range(3):
         agent.update(fake_batch())
-    np.testing.assert_allclose(NumpyQForward(agent.online)(obs), agent.q_values(obs), rtol=1e-5, atol=1e-5)
+    assert agent._online_arrays is not None  # on the CPU, act() goes through numpy
+    mirrored = agent._numpy_q_values(agent._online_arrays, obs)
+    np.testing.assert_allclose(mirrored, agent.q_values(obs), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(agent.act(obs, explore=False), agent.q_values(obs).argmax(axis=1))
     agent.import_weights(make_agent(seed=7, dueling=True).export_weights())
     np.testing.assert_array_equal(agent.act(obs, explore=False), agent.q_values(obs).argmax(axis=1))
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_cpu_acting_is_the_numpy_policys_own_code_bit_for_bit(dueling: bool) -> None:
+    """On the CPU the agent acts through NumpyDQNPolicy's forward code, on views of its own
+    parameters: with the same weights and seed, Q-values, actions and an actor's initial
+    priorities are the very same numbers."""
+    learner = make_agent(seed=0, dueling=dueling)
+    for seed in range(3):
+        learner.update(fake_batch(seed=seed))
+    actor = make_agent(seed=4, dueling=dueling)
+    policy = NumpyDQNPolicy(actor.config, OBS_SHAPE, N_ACTIONS, seed=4)
+    weights = learner.export_weights()
+    assert actor.import_weights(weights) and policy.import_weights(weights)
+    obs = random_obs(64)
+    assert actor._online_arrays is not None
+    np.testing.assert_array_equal(actor._numpy_q_values(actor._online_arrays, obs), policy.q_values(obs))
+    for epsilon in (0.0, 0.5, np.linspace(0.0, 1.0, 64)):
+        actor.epsilon = policy.epsilon = epsilon
+        np.testing.assert_array_equal(actor.act(obs, explore=True), policy.act(obs, explore=True))
+    batch = fake_batch(n=64, seed=5)
+    np.testing.assert_array_equal(actor.initial_priorities(batch), policy.initial_priorities(batch))
 
 
 # ----------------------------------------------------------------------------------- networks
@@ -495,7 +520,7 @@ def test_initial_priorities_match_the_td_errors_update_computes(numpy_path: bool
     for seed in range(3):  # online and target now differ
         agent.update(fake_batch(seed=seed))
     if not numpy_path:
-        agent._numpy_q = agent._numpy_target = None  # the torch path, as on a GPU or with a CNN
+        agent._online_arrays = agent._target_arrays = None  # the torch path, as on a GPU or with a CNN
     batch = fake_batch(n=64, seed=5)
     priorities = agent.initial_priorities(batch)
     agent.update(batch)
@@ -510,7 +535,7 @@ def test_actor_priorities_after_import_use_the_imported_net_as_target(numpy_path
         learner.update(fake_batch(seed=seed))
     actor.import_weights(learner.export_weights())
     if not numpy_path:
-        actor._numpy_q = actor._numpy_target = None
+        actor._online_arrays = actor._target_arrays = None
     batch = fake_batch(n=64, seed=5)
     q, next_q = actor.q_values(batch.obs), actor.q_values(batch.next_obs)
     expected = np.abs(batch.reward + batch.discount * next_q.max(axis=1) - q[np.arange(64), batch.action])
@@ -551,7 +576,7 @@ def test_dqn_agent_with_nature_cnn_acts_and_learns_on_uint8_frames() -> None:
     pytest.importorskip("zmqrl.agents.conv")
     config = DQNConfig(torso="nature_cnn", dueling=True, device="cpu", target_update_interval=1000)
     agent = DQNAgent(config, ATARI_SHAPE, 6, seed=0)
-    assert agent._numpy_q is None  # the numpy mirror is MLP-only
+    assert agent._online_arrays is None  # the numpy path is MLP-only
     actions = agent.act(_frames(2), explore=False)
     assert actions.dtype == np.int64 and actions.shape == (2,)
     batch = TransitionBatch(
@@ -565,5 +590,3 @@ def test_dqn_agent_with_nature_cnn_acts_and_learns_on_uint8_frames() -> None:
     metrics = agent.update(batch)
     assert np.isfinite(metrics["loss"])
     np.testing.assert_allclose(priorities, agent.last_td_errors, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="MLP torsos only"):
-        NumpyQForward(agent.online)

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from tests.test_dqn import params, same
-from zmqrl.agents import make_agent
+from zmqrl.agents import make_learner
 from zmqrl.agents.configs import DQNConfig, SACConfig
-from zmqrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, SACAgent, squashed_gaussian_log_prob
-from zmqrl.core import Agent
+from zmqrl.agents.numpy_policies import NumpySACPolicy
+from zmqrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, SACAgent
+from zmqrl.agents.sac_nets import squashed_gaussian_log_prob
+from zmqrl.core import LearningAgent, Policy
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch, Weights
 
@@ -56,7 +58,7 @@ def in_bounds(actions: np.ndarray) -> bool:
 
 
 def test_agent_satisfies_the_core_protocol() -> None:
-    assert isinstance(make_sac(), Agent)
+    assert isinstance(make_sac(), LearningAgent) and isinstance(make_sac(), Policy)
 
 
 @pytest.mark.parametrize(("explore", "epsilon"), [(False, 0.0), (True, 0.0), (True, 0.5), (True, 1.0)])
@@ -115,9 +117,25 @@ def test_numpy_act_path_tracks_updates_and_matches_torch() -> None:
     obs = random_obs(256)
     for seed in range(3):
         agent.update(fake_batch(seed=seed))
-    assert agent._numpy_policy is not None
-    for mirrored, reference in zip(agent._numpy_policy(obs), agent.policy_outputs(obs), strict=True):
+    assert agent._policy_arrays is not None  # on the CPU, act() goes through numpy
+    for mirrored, reference in zip(agent._policy_outputs(obs), agent.policy_outputs(obs), strict=True):
         np.testing.assert_allclose(mirrored, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_acting_is_the_numpy_policys_own_code_bit_for_bit() -> None:
+    """On the CPU the agent acts through NumpySACPolicy's forward code, on views of its own
+    parameters: with the same weights and seed the actions are the very same floats."""
+    agent = make_sac(seed=4)
+    for seed in range(3):  # updates draw learning noise only, never the acting RNG
+        agent.update(fake_batch(seed=seed))
+    policy = NumpySACPolicy(agent.config, OBS_SHAPE, ACT_DIM, action_low=LOW, action_high=HIGH, seed=4)
+    assert policy.import_weights(agent.export_weights())
+    obs = random_obs(64)
+    np.testing.assert_array_equal(agent._policy_outputs(obs), policy.policy_outputs(obs))
+    for epsilon in (0.0, 0.5, np.linspace(0.0, 1.0, 64)):
+        agent.epsilon = policy.epsilon = epsilon
+        np.testing.assert_array_equal(agent.act(obs, explore=True), policy.act(obs, explore=True))
+        np.testing.assert_array_equal(agent.act(obs, explore=False), policy.act(obs, explore=False))
 
 
 def test_default_bounds_are_minus_one_to_one_and_bad_bounds_are_refused() -> None:
@@ -423,7 +441,7 @@ def test_state_dict_round_trip_gives_identical_subsequent_updates() -> None:
     assert restored.export_weights().version == agent.export_weights().version == 2
 
 
-# ------------------------------------------------------------------------------------ make_agent
+# ------------------------------------------------------------------------------------ make_learner
 
 
 def test_make_agent_dispatches_on_kind_and_checks_the_action_space() -> None:
@@ -431,7 +449,7 @@ def test_make_agent_dispatches_on_kind_and_checks_the_action_space() -> None:
     discrete = SampleSpec(
         obs_shape=(4,), obs_dtype="float32", action_shape=(), action_dtype="int64", num_actions=2
     )
-    sac = make_agent(
+    sac = make_learner(
         SACConfig(hidden_sizes=[8], device="cpu"),
         box,
         action_low=np.array([-2.0]),
@@ -442,14 +460,14 @@ def test_make_agent_dispatches_on_kind_and_checks_the_action_space() -> None:
     np.testing.assert_array_equal(sac.action_high, [2.0])
 
     with pytest.raises(ValueError, match=r"agent.kind 'sac' needs a continuous.*Discrete\(2\)"):
-        make_agent(SACConfig(device="cpu"), discrete)
+        make_learner(SACConfig(device="cpu"), discrete)
     with pytest.raises(ValueError, match=r"agent.kind 'dqn' needs a Discrete.*Box of shape \(1,\)"):
-        make_agent(DQNConfig(device="cpu"), box)
+        make_learner(DQNConfig(device="cpu"), box)
     matrix = SampleSpec(obs_shape=(3,), obs_dtype="float32", action_shape=(2, 2), action_dtype="float32")
     with pytest.raises(ValueError, match=r"1-D Box.*\(2, 2\)"):
-        make_agent(SACConfig(device="cpu"), matrix)
+        make_learner(SACConfig(device="cpu"), matrix)
     with pytest.raises(ValueError, match="not known"):
-        make_agent(SACConfig(kind="ppo"), box)
+        make_learner(SACConfig(kind="ppo"), box)
 
 
 # -------------------------------------------------------------------------------------- learning

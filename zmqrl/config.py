@@ -6,18 +6,16 @@ the file and the key (a typo silently falling back to a default is how runs wast
 
 Values come from three layers, later ones winning: the YAML file, then environment variables
 ``ZMQRL_<SECTION>__<KEY>`` (so a container needs no custom file), then ``--set section.key=value``.
-Variables and ``--set`` go through one path (:func:`_assign`), so both are checked alike and an
-error names the variable or the ``--set`` that caused it.
+Variables and ``--set`` go through one path (:func:`zmqrl.config_parse.assign`), so both are
+checked alike and an error names the variable or the ``--set`` that caused it. This module holds the
+sections, the entry points and the range checks; :mod:`zmqrl.config_parse` the parsing machinery.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +23,43 @@ from typing import Any
 
 import yaml
 
-from zmqrl.agents.configs import AGENT_CONFIGS, AgentConfig, DQNConfig
+from zmqrl.agents.configs import AgentConfigBase, DQNConfig
+from zmqrl.config_parse import (  # re-exported: callers import them from zmqrl.config
+    ENV_PREFIX,
+    ENV_SEPARATOR,
+    assign,
+    build,
+    environment_overrides,
+    is_config_variable,
+    parse_value,
+    read_yaml,
+    without_config_variables,
+)
 from zmqrl.errors import ConfigError  # re-exported: `from zmqrl.config import ConfigError` still works
 
-# A decimal number, exponent allowed: what YAML 1.2 would read as a float where PyYAML gives a string.
-_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-# Config from the environment: ZMQRL_LEARNER__MAX_UPDATES=5000 sets learner.max_updates, and
-# ZMQRL_ENV__ATARI__FRAME_STACK=2 sets env.atari.frame_stack. Only names with a double underscore
-# after the prefix are config, so ZMQRL_SUPERVISED, ZMQRL_ACTOR_ID and the like are left alone.
-ENV_PREFIX = "ZMQRL_"
-ENV_SEPARATOR = "__"
+__all__ = [
+    "ENV_PREFIX",
+    "ENV_SEPARATOR",
+    "ActorConfig",
+    "AgentConfigBase",
+    "AtariConfig",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "EnvConfig",
+    "EvaluatorConfig",
+    "LearnerConfig",
+    "ReplayConfig",
+    "RunConfig",
+    "SupervisorConfig",
+    "TransportConfig",
+    "config_from_dict",
+    "environment_overrides",
+    "is_config_variable",
+    "load_config",
+    "save_config",
+    "without_config_variables",
+]
 
 
 @dataclass
@@ -161,7 +186,7 @@ class CheckpointConfig:
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    agent: AgentConfig = field(default_factory=DQNConfig)
+    agent: AgentConfigBase = field(default_factory=DQNConfig)  # the class of the plugin agent.kind names
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -187,22 +212,7 @@ def load_config(
     ``environ`` (default: ``os.environ``; see :func:`environment_overrides`), then the
     ``section.key=value`` overrides: file < environment < --set."""
     source = str(path) if path is not None else "<defaults>"
-    raw: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{source}: config file not found")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{source}: cannot read the file: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{source}: the top level must be a mapping of sections")
-        raw = loaded
+    raw = read_yaml(path) if path is not None else {}
     return config_from_dict(raw, source, overrides, environ=os.environ if environ is None else environ)
 
 
@@ -221,7 +231,7 @@ def config_from_dict(
     assigned: list[tuple[str, str]] = []  # (dotted key, who set it), to blame range errors on
     for name, key, text in environment_overrides(environ or {}):
         label = f"environment {name}"
-        _assign(raw, key, _parse_value(text), label, source)
+        assign(Config, raw, key, parse_value(text), label, source)
         assigned.append((key, label))
     for item in overrides or []:
         key, sep, text = item.partition("=")
@@ -229,48 +239,11 @@ def config_from_dict(
         if not sep or "." not in key:
             raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. learner.max_updates=5000)")
         label = f"--set {item!r}"
-        _assign(raw, key, _parse_value(text), label, source)
+        assign(Config, raw, key, parse_value(text), label, source)
         assigned.append((key, label))
-    cfg = _build(Config, raw, source, prefix="")
+    cfg: Config = build(Config, raw, source, prefix="")
     _check(cfg, source, assigned)
     return cfg
-
-
-def environment_overrides(environ: Mapping[str, str]) -> list[tuple[str, str, str]]:
-    """``(variable, dotted key, value text)`` for each config variable in ``environ``, in the order
-    they are applied.
-
-    A config variable is ``ZMQRL_`` followed by key names joined by double underscores, upper-case
-    by convention (``ZMQRL_LEARNER__MAX_UPDATES`` -> ``learner.max_updates``); ``ZMQRL_`` names
-    without a double underscore belong to the processes themselves and are skipped. ``agent.kind``
-    goes first because it decides which other ``agent.*`` keys exist; the rest go by name, so the
-    result never depends on the order of the environment.
-    """
-    found: list[tuple[str, str, str]] = []
-    for name, text in environ.items():
-        if not is_config_variable(name):
-            continue
-        parts = name[len(ENV_PREFIX) :].lower().split(ENV_SEPARATOR)
-        if not all(parts):
-            raise ConfigError(
-                f"environment {name}: expected ZMQRL_SECTION__KEY, upper-case, with one double "
-                f"underscore between names (e.g. ZMQRL_LEARNER__MAX_UPDATES=5000)"
-            )
-        found.append((name, ".".join(parts), text))
-    found.sort(key=lambda item: (item[1] != "agent.kind", item[0]))
-    return found
-
-
-def is_config_variable(name: str) -> bool:
-    """Whether an environment variable sets config: ``ZMQRL_`` and a double underscore after it."""
-    return name.startswith(ENV_PREFIX) and ENV_SEPARATOR in name[len(ENV_PREFIX) :]
-
-
-def without_config_variables(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` minus its config variables, for the processes `zmqrl launch` starts: the resolved
-    config file they read already holds those values, and applied again over it they would undo
-    the launch's own --set (``--name``, ``--resume``)."""
-    return {name: value for name, value in environ.items() if not is_config_variable(name)}
 
 
 def save_config(cfg: Config, path: Path) -> None:
@@ -279,129 +252,6 @@ def save_config(cfg: Config, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     tmp.replace(path)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's multi-line message folded into one line: where, then what."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{where}: {problem}"
-
-
-def _parse_value(text: str) -> Any:
-    """A --set or variable value read as YAML (``7``, ``true``, ``[64, 64]``); empty means null."""
-    try:
-        return yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        return text
-
-
-def _assign(raw: dict[str, Any], key: str, value: Any, label: str, source: str) -> None:
-    """Set the dotted ``key`` (``learner.max_updates``, ``env.atari.frame_stack``) in ``raw``.
-
-    Key and value are checked here, so that a mistake is blamed on ``label`` (the --set or the
-    variable) and not on the file. Nested mappings are copied before they are changed, so the
-    caller's data (e.g. a checkpoint's stored config) is never modified.
-    """
-    path = key.split(".")
-    sections = typing.get_type_hints(Config)
-    if path[0] not in sections:
-        _build(Config, {path[0]: None}, label, prefix="")  # raises: unknown key, with a suggestion
-    cls: type = sections[path[0]]
-    if path[0] == "agent":
-        current = raw.get("agent") if isinstance(raw.get("agent"), dict) else {}
-        kind = value if path == ["agent", "kind"] else (current or {}).get("kind", "dqn")
-        cls = _agent_class(kind, label)
-    prefix = f"{path[0]}."
-    for part in path[1:-1]:
-        names = [f.name for f in dataclasses.fields(cls)]
-        if part not in names:
-            _build(cls, {part: None}, label, prefix)  # raises: unknown key
-        inner = typing.get_type_hints(cls)[part]
-        if not (isinstance(inner, type) and dataclasses.is_dataclass(inner)):
-            raise ConfigError(f"{label}: '{prefix}{part}' has no keys of its own; set it as a whole")
-        cls, prefix = inner, f"{prefix}{part}."
-    _build(cls, {path[-1]: value}, label, prefix)
-    target = raw
-    for depth, part in enumerate(path[:-1]):
-        child = target.get(part)
-        if child is None:  # `learner:` with nothing under it means "all defaults", as without --set
-            child = {}
-        elif not isinstance(child, dict):
-            what = f"section '{part}'" if depth == 0 else f"'{'.'.join(path[: depth + 1])}'"
-            raise ConfigError(f"{source}: {what} must be a mapping")
-        else:
-            child = dict(child)
-        target[part] = child
-        target = child
-    target[path[-1]] = value
-
-
-def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{prefix.rstrip('.') or 'top level'}' must be a mapping")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
-            also = f" (did you mean '{prefix}{hint[0]}'?)" if hint else f" (known: {', '.join(names)})"
-            raise ConfigError(f"{source}: unknown key '{prefix}{key}'{also}")
-        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
-    return cls(**kwargs)
-
-
-def _agent_class(kind: Any, source: str) -> type:
-    if kind not in AGENT_CONFIGS:
-        raise ConfigError(f"{source}: 'agent.kind' must be one of {', '.join(AGENT_CONFIGS)}, got {kind!r}")
-    return AGENT_CONFIGS[kind]
-
-
-def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
-    if key == "agent":  # a union of agent configs, told apart by their `kind`
-        data = value if value is not None else {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: 'agent' must be a mapping")
-        return _build(_agent_class(data.get("kind", "dqn"), source), data, source, prefix="agent.")
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _build(tp, value if value is not None else {}, source, prefix=f"{key}.")
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, source, key)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
-            return float(value)  # "1e-4": PyYAML (YAML 1.1) reads exponents without a dot as text
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif origin is list:
-        if isinstance(value, (list, tuple)):
-            return [_coerce(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value)]
-    elif origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-    else:
-        return value
-    expected = getattr(tp, "__name__", str(tp))
-    raise ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
 
 
 def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = None) -> None:
@@ -527,11 +377,13 @@ def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = No
         endpoint = getattr(cfg.transport, name)
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise fail(f"transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555")
-    from zmqrl.transport.security import client_name_problem  # zmq: only once the rest passed
+    from zmqrl.transport.keys import client_name_problem  # zmq: only once the rest passed
 
     if problem := client_name_problem(cfg.transport.key_name):
         raise fail(f"transport.key_name: {problem}")
+    check = getattr(cfg.agent, "check", None)  # optional for a plugin's config class
     try:
-        cfg.agent.check()
+        if check is not None:
+            check()
     except ValueError as exc:
         raise fail(str(exc)) from None

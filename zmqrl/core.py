@@ -4,20 +4,21 @@ This module imports neither torch nor zmq: roles, tests and other languages' por
 whole system's shape here. The intended call loops::
 
     # actor process                                  # learner process
-    agent = make_agent(cfg, spec)                    agent = make_agent(cfg, spec)
+    policy = plugin.make_policy(...)                 agent = plugin.make_learner(...)
     while running:                                   publish(agent.export_weights())
         if (w := weights_sub.latest()):              while updates < max_updates:
-            agent.import_weights(w)                      batch = replay.sample(batch_size)
-        a = agent.act(obs[None], explore=True)[0]        metrics = agent.update(batch)
-        obs2, r, term, trunc, _ = env.step(a)            if updates % sync_interval == 0:
-        for t in steps.step(obs, a, r, term,                 publish(agent.export_weights())
-                            trunc, obs2): ...
+            policy.import_weights(w)                     drawn = replay.sample(batch_size, updates)
+        a = policy.act(obs[None], explore=True)[0]       metrics = agent.update(drawn.batch,
+        obs2, r, term, trunc, _ = env.step(a)                                   drawn.importance)
+        for t in steps.step(obs, a, r, term,             replay.update_priorities(drawn.ids, ...)
+                            trunc, obs2): ...            if updates % sync_interval == 0:
+                                                             publish(agent.export_weights())
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,27 +26,54 @@ from zmqrl.types import TransitionBatch, Weights
 
 
 @runtime_checkable
-class Agent(Protocol):
-    """A policy that can be trained (learner side) and mirrored (actor side).
+class Policy(Protocol):
+    """The acting side of an agent: what an actor and the evaluator hold.
 
-    The *sync-model* contract: ``export_weights`` returns the acting network's parameters stamped
-    with a version that increases whenever the parameters changed since the previous export;
-    ``import_weights`` loads a snapshot only if its version is newer than what the agent holds, so
-    a late or duplicated publish can never roll an actor back.
+    The *sync-model* contract, receiving half: ``import_weights`` loads a snapshot only if its
+    version is newer than what the policy holds, so a late or duplicated publish can never roll an
+    actor back. A policy need not import torch (actors then start in a fraction of a second).
     """
+
+    epsilon: float | np.ndarray
+    """Probability that ``act(explore=True)`` takes a uniformly random action (set by the actor):
+    one for every row, or one per row of ``obs`` (a vector actor's sub-envs)."""
 
     @property
     def weights_version(self) -> int:
-        """Version of the weights the agent acts with now (0: initial, never synced)."""
+        """Version of the weights the policy acts with now (0: initial, never synced)."""
         ...
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Actions for a batch of observations ``(B, *obs_shape)``; explore=False is greedy."""
         ...
 
-    epsilon: float | np.ndarray
-    """Probability that ``act(explore=True)`` takes a uniformly random action (set by the actor):
-    one for every row, or one per row of ``obs`` (a vector actor's sub-envs)."""
+    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Name -> (shape, dtype) of the weights this policy imports, for wire validation."""
+        ...
+
+    def import_weights(self, weights: Weights) -> bool:
+        """Load ``weights`` if newer than the current version; return whether it was loaded."""
+        ...
+
+    def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
+        """Ape-X: ``|TD error|`` of fresh transitions under this copy's weights, or None when the
+        policy cannot compute them (e.g. SAC actors hold no critic)."""
+        ...
+
+
+@runtime_checkable
+class LearningAgent(Policy, Protocol):
+    """The learning side of an agent: what the learner holds (it also acts, to evaluate).
+
+    The *sync-model* contract, publishing half: ``export_weights`` returns the acting network's
+    parameters stamped with a version that increases whenever they changed since the previous
+    export, in exactly the layout the agent's :class:`Policy` imports.
+    """
+
+    @property
+    def device(self) -> str:
+        """Where updates run (e.g. ``cpu``, ``cuda:0``), for the learner's log."""
+        ...
 
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
         """One gradient step on ``batch``; returns scalar metrics (e.g. ``loss``, ``q_mean``).
@@ -59,25 +87,12 @@ class Agent(Protocol):
         priorities of the rows it was sampled from."""
         ...
 
-    def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
-        """Actor side (Ape-X): ``|TD error|`` of fresh transitions under this copy's weights, or
-        None when the copy cannot compute them (e.g. SAC actors hold no critic)."""
-        ...
-
-    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Name -> (shape, dtype) of what ``export_weights`` sends, for wire validation."""
-        ...
-
     def export_weights(self) -> Weights:
         """Snapshot of the acting weights (numpy, CPU) with their version."""
         ...
 
-    def import_weights(self, weights: Weights) -> bool:
-        """Load ``weights`` if newer than the current version; return whether it was loaded."""
-        ...
-
     def continue_versions_after(self, floor: int) -> None:
-        """Learner side, after a restart: number the next export above ``floor``."""
+        """After a learner restart: number the next export above ``floor``."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -89,40 +104,69 @@ class Agent(Protocol):
         ...
 
 
+class Sampled(NamedTuple):
+    """One draw from replay: the batch, and what the learner needs to correct and re-prioritise it."""
+
+    batch: TransitionBatch
+    importance: np.ndarray | None  # (B,) loss weights, max 1 (prioritized); None: uniform draw
+    ids: np.ndarray | None  # (B,) row ids to hand back to ``update_priorities``; None: uniform
+    metrics: dict[str, float]  # e.g. ``per_beta``, ``per_importance_min``; empty for uniform
+
+
 @runtime_checkable
-class ReplayBuffer(Protocol):
-    """Bounded storage of transitions that the learner samples from."""
+class Replay(Protocol):
+    """Bounded storage of transitions that the learner samples from, whatever its kind.
+
+    Uniform, prioritized and shared-frame buffers are all built by the configuration
+    (``zmqrl.replay.make_replay``) behind this one interface, so the learner never asks which it
+    has. Every mutation is all-or-nothing and safe to call from the ingest thread while the
+    training thread samples.
+    """
 
     def __len__(self) -> int: ...
 
     @property
     def capacity(self) -> int: ...
 
-    def add(self, batch: TransitionBatch) -> None:
-        """Insert a batch, overwriting the oldest items when full."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (or reserved) by the buffer's arrays."""
         ...
 
-    def sample(self, batch_size: int) -> TransitionBatch:
-        """A batch drawn from what is stored (uniformly, for the plain buffer)."""
+    @property
+    def total_added(self) -> int:
+        """Transitions ever added (including those since overwritten)."""
         ...
 
-
-@runtime_checkable
-class PrioritizedBuffer(ReplayBuffer, Protocol):
-    """Replay that samples in proportion to priority and corrects the bias with importance weights."""
-
-    def add_with_priorities(self, batch: TransitionBatch, priorities: np.ndarray | None) -> None:
-        """Insert with initial priorities (None: the largest priority seen so far)."""
+    def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None) -> None:
+        """Insert a batch, overwriting the oldest rows when full. ``priorities``: the actor's initial
+        ones (Ape-X), used by prioritized buffers (None: the largest seen), ignored otherwise."""
         ...
 
-    def sample_prioritized(
-        self, batch_size: int, beta: float
-    ) -> tuple[TransitionBatch, np.ndarray, np.ndarray]:
-        """``(batch, indices, importance weights normalised to max 1)``."""
+    def sample(self, batch_size: int, updates: int) -> Sampled:
+        """A batch for the learner's update number ``updates`` (schedules such as prioritized
+        replay's importance exponent follow it)."""
         ...
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """Set new priorities (e.g. ``|TD error|``) for rows returned by ``sample_prioritized``."""
+    def update_priorities(self, ids: np.ndarray | None, td_errors: np.ndarray) -> None:
+        """Give the rows of a ``Sampled`` their new priorities (no-op for uniform buffers; rows
+        overwritten since they were sampled are skipped)."""
+        ...
+
+    def snapshot(self, max_rows: int | None = None) -> TransitionBatch:
+        """The newest ``max_rows`` transitions, oldest first (for checkpoints)."""
+        ...
+
+    def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
+        """Refill from a ``snapshot`` (into an empty buffer)."""
+        ...
+
+    def rng_state(self) -> dict[str, object]: ...
+
+    def set_rng_state(self, state: dict[str, object]) -> None: ...
+
+    def stats(self) -> dict[str, float | int]:
+        """Kind-specific counters for reports (e.g. ``clipped_priorities``); may be empty."""
         ...
 
 

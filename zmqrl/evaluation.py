@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.core import Agent
+from zmqrl.core import LearningAgent, Policy
 
 if TYPE_CHECKING:
     from zmqrl.config import Config, EnvConfig
@@ -108,7 +108,7 @@ class EvalTracker:
 
 
 def evaluate(
-    agent: Agent, envs: list[gym.Env[Any, Any]], seed: int, tick: Callable[[], bool] | None = None
+    agent: Policy, envs: list[gym.Env[Any, Any]], seed: int, tick: Callable[[], bool] | None = None
 ) -> EvalResult:
     """One greedy episode in each env (env i reset with ``seed + i``); returns their statistics.
 
@@ -133,13 +133,14 @@ def evaluate(
     return EvalResult(float(np.mean(returns)), float(np.std(returns)), returns, lengths)
 
 
-def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> Agent:
-    """A CPU agent sized for ``env`` (a continuous policy also needs the env's action bounds)."""
-    from zmqrl.agents import make_agent
+def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> LearningAgent:
+    """The agent's learning side on the CPU, sized for ``env``: what a full-state checkpoint
+    (``load_state_dict``) loads into (a continuous policy also needs the env's action bounds)."""
+    from zmqrl.agents import make_learner
     from zmqrl.envs import action_bounds, sample_spec
 
     bounds = action_bounds(env)
-    return make_agent(
+    return make_learner(
         cfg.agent,
         sample_spec(env),
         device="cpu",
@@ -149,9 +150,26 @@ def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None
     )
 
 
-def load_policy(agent: Agent, payload: dict[str, Any], path: Path) -> None:
-    """Load a checkpoint's policy into ``agent``: a weights-only payload through
-    ``import_weights``, a full training state through ``load_state_dict``."""
+def make_eval_policy(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> Policy:
+    """The agent's acting side (torch-free where the agent allows), greedy, sized for ``env``: all
+    an evaluator of published weights needs."""
+    from zmqrl.agents import make_policy
+    from zmqrl.envs import action_bounds, sample_spec
+
+    bounds = action_bounds(env)
+    return make_policy(
+        cfg.agent,
+        sample_spec(env),
+        seed=seed,
+        action_low=bounds.get("action_low"),
+        action_high=bounds.get("action_high"),
+    )
+
+
+def load_checkpoint_weights(agent: Policy, payload: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint's policy into ``agent``: a weights-only payload (``checkpoints/best`` of
+    an evaluator) through ``import_weights``, which any policy has; a full training state through
+    ``load_state_dict``, which only a learning agent (:func:`make_eval_agent`) has."""
     from zmqrl.types import Weights
 
     if payload.get("contents") == WEIGHTS_ONLY:
@@ -161,6 +179,8 @@ def load_policy(agent: Agent, payload: dict[str, Any], path: Path) -> None:
         if not agent.import_weights(Weights(version, arrays)):
             raise ValueError(f"{path}: the agent refused the stored weights")
     elif "agent" in payload:
+        if not isinstance(agent, LearningAgent):
+            raise ValueError(f"{path}: a full training state needs the learning agent (make_eval_agent)")
         agent.load_state_dict(payload["agent"])
     else:
         raise ValueError(f"{path}: holds neither an agent state nor weights")
@@ -206,7 +226,7 @@ def evaluate_checkpoint(
         envs = [_recording_env(cfg.env, video_dir)]
     try:
         agent = make_eval_agent(cfg, envs[0])
-        load_policy(agent, payload, path)
+        load_checkpoint_weights(agent, payload, path)
         if video_dir is None:
             return evaluate(agent, envs, seed=seed)
         try:

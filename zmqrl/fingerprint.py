@@ -14,12 +14,12 @@ What is in it, and why (everything else may differ between the two sides):
   do not change the learner's target.
 * ``obs.*`` / ``action.*``: the spaces, as the learner's :class:`SampleSpec` sees them (shape,
   dtype, number of discrete actions, continuous bounds).
-* ``agent.*``: the kind, the acting network's sizes (the fields that change its parameters, per
-  agent kind in :data:`AGENT_FIELDS`), and the actors' n-step processor (``n_step``, ``gamma``).
-  Optimiser and target-network settings live only on the learner and are left out.
+* ``agent.*``: the kind, the acting network's sizes (the fields that change its parameters: each
+  agent plugin's ``fingerprint_fields``), and the actors' n-step processor (``n_step``,
+  ``gamma``). Optimiser and target-network settings live only on the learner and are left out.
 
 The map is plain msgpack data (strings, ints, finite floats, bools, short lists of those) so a
-client in another language can build and compare it; README "Wire protocol" lists the keys.
+client in another language can build and compare it; docs/protocol.md lists the keys.
 """
 
 from __future__ import annotations
@@ -30,20 +30,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from zmqrl.agents.registry import get_agent
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.wire import MAX_STRING, Fingerprint, FingerprintScalar, FingerprintValue
 
 if TYPE_CHECKING:
     from zmqrl.config import Config
-
-# Agent config fields that change the acting network or the meaning of a transition, per kind.
-# A kind not listed (a future agent) gets DEFAULT_AGENT_FIELDS, those of them its config has.
-AGENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "dqn": ("kind", "hidden_sizes", "dueling", "torso", "n_step", "gamma"),
-    "sac": ("kind", "hidden_sizes", "n_step", "gamma"),
-}
-DEFAULT_AGENT_FIELDS = ("kind", "hidden_sizes", "n_step", "gamma")
 
 # Atari preprocessing settings that change observations, rewards or dynamics (not noop_max).
 ATARI_FIELDS = (
@@ -102,7 +95,9 @@ def run_fingerprint(cfg: Config, spec: SampleSpec) -> Fingerprint:
         out["action.low"] = [_bound(x) for x in _as_tuple(spec.action_low)]
         out["action.high"] = [_bound(x) for x in _as_tuple(spec.action_high)]
     agent = cfg.agent
-    for name in AGENT_FIELDS.get(agent.kind, DEFAULT_AGENT_FIELDS):
+    # Which agent fields change the acting network or a transition's meaning: the plugin says
+    # (those of them its config has; see AgentPlugin.fingerprint_fields).
+    for name in get_agent(agent.kind).fingerprint_fields:
         if hasattr(agent, name):
             out[f"agent.{name}"] = _value(getattr(agent, name))
     return out

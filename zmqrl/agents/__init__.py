@@ -1,134 +1,106 @@
-"""Agents: each module holds one algorithm (config, networks, update) behind the core Agent contract."""
+"""Agents: built through the registry, a learning side for the learner and an acting side for actors.
+
+``make_learner`` / ``make_policy`` look up ``config.kind`` in :mod:`zmqrl.agents.registry`, check
+the settings against the env's spaces and the machine, then call the plugin's factory. Importing
+this package imports no torch: a DQN actor with an MLP acts in numpy.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from zmqrl.agents.configs import AgentConfig, DQNConfig, SACConfig
+from zmqrl.agents.configs import AgentConfig, AgentConfigBase, DQNConfig, SACConfig
+from zmqrl.agents.registry import AgentPlugin, agent_names, get_agent, register_agent, unregister_agent
 from zmqrl.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from zmqrl.agents.dqn import DQNAgent
-    from zmqrl.agents.sac import SACAgent
+    from zmqrl.core import LearningAgent, Policy
     from zmqrl.spec import SampleSpec
 
+__all__ = [
+    "AgentConfig",
+    "AgentConfigBase",
+    "AgentPlugin",
+    "DQNConfig",
+    "SACConfig",
+    "agent_names",
+    "get_agent",
+    "make_learner",
+    "make_policy",
+    "register_agent",
+    "unregister_agent",
+]
 
-def make_agent(
-    config: AgentConfig,
+
+def make_learner(
+    config: Any,
     spec: SampleSpec,
     *,
-    epsilon: float | np.ndarray = 0.0,
-    device: str | None = None,
     seed: int | None = None,
+    device: str | None = None,
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
-) -> DQNAgent | SACAgent:
-    """The agent a config asks for, sized for the run's observation and action spaces.
+) -> LearningAgent:
+    """The learning side of the agent ``config.kind`` names, sized for the run's spaces.
 
-    ``action_low`` / ``action_high`` (the env's ``action_space.low`` / ``.high``) are the bounds a
-    continuous-action agent rescales its policy onto; None means [-1, 1]. Discrete agents ignore them.
+    ``device`` None: the config's own. ``action_low`` / ``action_high`` (the env's Box bounds; None
+    means [-1, 1]) are what a continuous-action agent rescales its policy onto.
 
-    Settings that cannot work with this env or machine (an invalid agent value, a discrete agent
-    on continuous actions, a CNN torso on flat observations, ``cuda`` without a GPU) raise
-    :class:`~zmqrl.errors.ConfigError` before anything is built, so the CLI exits 2 with one line.
-    Any ValueError from the constructors themselves is left alone: past these checks it is a bug.
+    Settings that cannot work with this env or machine raise :class:`~zmqrl.errors.ConfigError`
+    before anything is built, so the CLI exits 2 with one line. Any ValueError from the factories
+    themselves is left alone: past these checks it is a bug.
     """
-    # The config loader only builds matching (kind, class) pairs: a mismatch is a caller's bug.
-    matched = (config.kind, type(config)) in (("dqn", DQNConfig), ("sac", SACConfig))
-    if not matched and config.kind in ("dqn", "sac"):
-        raise ValueError(
-            f"agent.kind '{config.kind}' does not match its config section {type(config).__name__}"
-        )
-    if not matched:
-        raise ValueError(f"agent.kind '{config.kind}' is not known (available: dqn, sac)")
-    problem = _settings_problem(config, spec, device, action_low, action_high)
-    if problem is not None:
-        raise ConfigError(problem)
-    if isinstance(config, DQNConfig):
-        from zmqrl.agents.dqn import DQNAgent
-
-        assert spec.num_actions is not None  # _settings_problem: DQN needs Discrete actions
-        return DQNAgent(config, spec.obs_shape, spec.num_actions, epsilon=epsilon, device=device, seed=seed)
-    from zmqrl.agents.sac import SACAgent
-
-    return SACAgent(
-        config,
-        spec.obs_shape,
-        spec.action_shape[0],
-        action_low=action_low,
-        action_high=action_high,
-        epsilon=epsilon,
-        device=device,
-        seed=seed,
+    plugin = _checked_plugin(config, spec, device, action_low, action_high)
+    return plugin.make_learner(
+        config, spec, seed=seed, device=device, action_low=action_low, action_high=action_high
     )
 
 
-def _settings_problem(
-    config: AgentConfig,
+def make_policy(
+    config: Any,
+    spec: SampleSpec,
+    *,
+    seed: int | None = None,
+    epsilon: float | np.ndarray = 0.0,
+    action_low: np.ndarray | None = None,
+    action_high: np.ndarray | None = None,
+) -> Policy:
+    """The acting side (on the CPU) of the agent ``config.kind`` names: the plugin's own policy
+    (torch-free where the agent allows), else its learner built on the CPU. Errors as for
+    :func:`make_learner`."""
+    plugin = _checked_plugin(config, spec, "cpu", action_low, action_high)
+    if plugin.make_policy is None:
+        learner = plugin.make_learner(
+            config, spec, seed=seed, device="cpu", action_low=action_low, action_high=action_high
+        )
+        learner.epsilon = epsilon
+        return learner
+    return plugin.make_policy(
+        config, spec, seed=seed, epsilon=epsilon, action_low=action_low, action_high=action_high
+    )
+
+
+def _checked_plugin(
+    config: Any,
     spec: SampleSpec,
     device: str | None,
     action_low: np.ndarray | None,
     action_high: np.ndarray | None,
-) -> str | None:
-    """What in the user's settings makes this agent impossible to build here, or None."""
-    try:
-        config.check()
-    except ValueError as exc:
-        return str(exc)
-    if isinstance(config, DQNConfig):
-        if spec.num_actions is None:
-            return (
-                f"agent.kind 'dqn' needs a Discrete action space; this env's actions are continuous "
-                f"(Box of shape {spec.action_shape}): use agent.kind 'sac'"
-            )
-        if config.torso == "nature_cnn" and (problem := _cnn_problem(spec.obs_shape)):
-            return problem
-    if isinstance(config, SACConfig):
-        if spec.num_actions is not None:
-            return (
-                f"agent.kind 'sac' needs a continuous (Box) action space; this env's actions are "
-                f"Discrete({spec.num_actions}): use agent.kind 'dqn'"
-            )
-        if len(spec.action_shape) != 1:
-            return (
-                f"agent.kind 'sac' needs a 1-D Box action space; this env's actions have shape "
-                f"{spec.action_shape}"
-            )
-        import numpy as np
-
-        for name, bound in (("low", action_low), ("high", action_high)):
-            if bound is not None and not np.all(np.isfinite(np.asarray(bound, np.float64))):
-                return (
-                    f"agent.kind 'sac' needs finite action bounds (its tanh policy is rescaled onto "
-                    f"them); this env's action_space.{name} is {bound}"
-                )
-    from zmqrl.agents.nets import resolve_device
-
-    try:
-        resolve_device(device if device is not None else config.device)
-    except ValueError as exc:
-        return f"agent.device: {exc}"
-    return None
-
-
-def _cnn_problem(obs_shape: tuple[int, ...]) -> str | None:
-    """Why the Nature CNN cannot take these observations, or None: it needs (C, H, W) frames at
-    least as big as its kernels and strides allow (36x36 for the paper's layers)."""
-    from zmqrl.agents.conv import CONV_LAYERS
-
-    if len(obs_shape) != 3 or min(obs_shape) < 1:
-        return (
-            f"agent.torso 'nature_cnn' needs image observations (C, H, W); this env's observations "
-            f"have shape {tuple(obs_shape)}: use agent.torso 'mlp', or env.preprocess 'atari'"
+) -> AgentPlugin:
+    plugin = get_agent(config.kind)
+    # The config loader only builds the kind's own class: a mismatch is a caller's bug.
+    if type(config) is not plugin.config_class:
+        raise ValueError(
+            f"agent.kind {config.kind!r} needs a {plugin.config_class.__name__}, got {type(config).__name__}"
         )
-    height, width = obs_shape[1:]
-    for _, kernel, stride in CONV_LAYERS:
-        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
-    if min(height, width) < 1:
-        return (
-            f"agent.torso 'nature_cnn' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: "
-            f"raise env.atari.screen_size (84 is the standard)"
-        )
-    return None
+    check = getattr(config, "check", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if plugin.check is not None and (problem := plugin.check(config, spec, device, action_low, action_high)):
+        raise ConfigError(problem)
+    return plugin

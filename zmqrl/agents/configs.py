@@ -1,7 +1,8 @@
-"""Agent hyper-parameters, one dataclass per algorithm.
+"""Agent hyper-parameters: the fields every agent shares, and one dataclass per built-in algorithm.
 
 Kept free of torch so that parsing a config (the supervisor, `zmqrl config`, `--help`) starts in
-a fraction of a second; the algorithm modules import their config from here.
+a fraction of a second; the algorithm modules import their config from here. An agent from a
+plugin brings its own config class, ideally a subclass of :class:`AgentConfigBase`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,41 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 # Values of DQNConfig.torso: the layers between observation and Q-value head.
 TORSOS = ("mlp", "nature_cnn")
 
+# The fields the roles read from every agent's config, whatever its kind: the actors' n-step
+# processor (gamma, n_step), the learner's sampling (batch_size) and device, and the kind itself.
+BASE_FIELDS = ("kind", "gamma", "n_step", "batch_size", "device")
+
 
 @dataclass
-class DQNConfig:
+class AgentConfigBase:
+    """What every agent's config provides, because the roles read it (see ``BASE_FIELDS``).
+
+    Plugins subclass it and add their own hyperparameters (each with a default, so that
+    ``agent: {kind: ...}`` alone is a working config); a subclass re-declares a field to change
+    its default, and must re-declare ``kind`` with its plugin's name as the default. ``check``
+    validates these fields; a subclass extends it with ``super().check()``.
+    """
+
+    kind: str = ""  # which agent: a registered name (dqn, sac, a plugin's) or "module:ATTRIBUTE"
+    gamma: float = 0.99  # per-step discount; used by the actors' n-step processor
+    n_step: int = 1  # length of the n-step return window (actors' n-step processor)
+    batch_size: int = 128  # transitions per gradient step (the learner samples this many)
+    device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+
+    def check(self) -> None:
+        """Raise ``ValueError("agent.<field>: ...")`` for the first invalid shared value."""
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"agent.gamma: must be in (0, 1], got {self.gamma}")
+        if self.n_step < 1:
+            raise ValueError(f"agent.n_step: must be >= 1, got {self.n_step}")
+        if self.batch_size < 1:
+            raise ValueError(f"agent.batch_size: must be >= 1, got {self.batch_size}")
+        if self.device not in DEVICE_NAMES:
+            raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
+
+
+@dataclass
+class DQNConfig(AgentConfigBase):
     """Hyperparameters of the DQN agent; the defaults learn CartPole-v1."""
 
     kind: str = "dqn"  # agent family, used to pick the agent class from a config file
@@ -76,7 +109,7 @@ class DQNConfig:
 
 
 @dataclass
-class SACConfig:
+class SACConfig(AgentConfigBase):
     """Hyperparameters of soft actor-critic (Haarnoja et al., 2018, with automatic entropy tuning).
 
     Actors get only the policy's weights; the learner keeps the twin critics and their targets.
@@ -124,6 +157,5 @@ class SACConfig:
             raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
 
 
-# Every agent config, selected by the `kind` key of a config's `agent` section.
-AgentConfig = DQNConfig | SACConfig
-AGENT_CONFIGS: dict[str, type[DQNConfig] | type[SACConfig]] = {"dqn": DQNConfig, "sac": SACConfig}
+# The type of a config's `agent` section: whichever plugin's config class its `kind` selects.
+AgentConfig = AgentConfigBase

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
-from zmqrl.agents.nets import NumpyQForward, QNetwork, fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.numpy_policies import explores, linear, relu_torso
+from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sync import PublishedModule
 from zmqrl.types import TransitionBatch, Weights
 
@@ -44,7 +46,7 @@ class DQNAgent:
         self.config = config
         self.obs_shape = tuple(obs_shape)
         self.n_actions = n_actions
-        self.device = resolve_device(device if device is not None else config.device)
+        self._device = resolve_device(device if device is not None else config.device)
         # Private generators: seeding must not depend on, or disturb, the process-global RNGs.
         init_generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.rng = np.random.default_rng(seed)
@@ -56,7 +58,7 @@ class DQNAgent:
             config.dueling,
             generator=init_generator,
             torso=config.torso,
-        ).to(self.device)
+        ).to(self._device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
 
@@ -68,12 +70,17 @@ class DQNAgent:
         # True while target == online exactly (fresh, just imported or hard-copied): an actor's
         # initial_priorities then needs one forward pass over obs and next_obs together, not two.
         self._target_is_online = True
-        self._on_cpu = self.device.type == "cpu"
-        # CPU acting goes through a numpy view of the MLP's weights: ~4x less overhead per call.
-        # A CNN's convolutions stay with torch, where they are fast and the overhead is negligible.
+        self._on_cpu = self._device.type == "cpu"
+        # CPU acting runs NumpyDQNPolicy's forward code on views of the MLP's weights (see
+        # numpy_views). A CNN's convolutions stay with torch: fast there, the overhead negligible.
         mirror = self._on_cpu and config.torso == "mlp"
-        self._numpy_q = NumpyQForward(self.online) if mirror else None
-        self._numpy_target = NumpyQForward(self.target) if mirror else None
+        self._online_arrays = parameter_views(self.online) if mirror else None
+        self._target_arrays = parameter_views(self.target) if mirror else None
+
+    @property
+    def device(self) -> str:
+        """Where updates run (``cpu``, ``cuda``, ``cuda:1``), for the learner's log."""
+        return str(self._device)
 
     @property
     def weights_version(self) -> int:
@@ -87,9 +94,7 @@ class DQNAgent:
 
         Each row explores independently. When every row explores, the network is not evaluated.
         """
-        eps = self.epsilon
-        # np.any costs ~1 µs per call: keep the scalar test for the single-env actor's hot path.
-        if explore and (eps > 0.0 if isinstance(eps, float) else bool(np.any(eps > 0.0))):
+        if explore and explores(self.epsilon):
             explore_rows = self.rng.random(obs.shape[0]) < self.epsilon
             n_random = int(np.count_nonzero(explore_rows))
             if n_random == obs.shape[0]:
@@ -101,8 +106,8 @@ class DQNAgent:
         return self._greedy(obs)
 
     def _greedy(self, obs: np.ndarray) -> np.ndarray:
-        if self._numpy_q is not None:
-            return self._numpy_q(obs).argmax(axis=1).astype(np.int64, copy=False)
+        if self._online_arrays is not None:
+            return self._numpy_q_values(self._online_arrays, obs).argmax(axis=1).astype(np.int64, copy=False)
         with torch.inference_mode():
             q = self.online(self._obs_tensor(obs))
             actions = q.argmax(dim=1)
@@ -117,11 +122,19 @@ class DQNAgent:
             q = self.online(self._obs_tensor(obs))
         return q.cpu().numpy()
 
+    def _numpy_q_values(self, arrays: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
+        """The MLP Q-network's values in numpy, as ``NumpyDQNPolicy.q_values`` computes them."""
+        x = relu_torso(obs, arrays, "torso", len(self.config.hidden_sizes))
+        if not self.config.dueling:
+            return linear(x, arrays, "head")
+        value, advantage = linear(x, arrays, "value"), linear(x, arrays, "advantage")
+        return value + advantage - advantage.mean(axis=1, keepdims=True)
+
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy
             obs = obs.copy()
         tensor = torch.from_numpy(obs)
-        return tensor if self._on_cpu else tensor.to(self.device, non_blocking=True)
+        return tensor if self._on_cpu else tensor.to(self._device, non_blocking=True)
 
     # --------------------------------------------------------------------------------- learning
 
@@ -185,8 +198,8 @@ class DQNAgent:
         actor's target equals its online net (both are overwritten by ``import_weights``), so
         one forward pass over ``obs`` and ``next_obs`` together serves both nets.
         """
-        if self._numpy_q is not None and self._numpy_target is not None:
-            return self._numpy_priorities(batch)
+        if self._online_arrays is not None and self._target_arrays is not None:
+            return self._numpy_priorities(batch, self._online_arrays, self._target_arrays)
         with torch.inference_mode():
             obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
             if self._target_is_online:
@@ -199,16 +212,17 @@ class DQNAgent:
             q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
             return (td_target - q_taken).abs().cpu().numpy()
 
-    def _numpy_priorities(self, batch: TransitionBatch) -> np.ndarray:
-        assert self._numpy_q is not None and self._numpy_target is not None
+    def _numpy_priorities(
+        self, batch: TransitionBatch, online: dict[str, np.ndarray], target: dict[str, np.ndarray]
+    ) -> np.ndarray:
         n = batch.size
         rows = np.arange(n)
-        q_both = self._numpy_q(np.concatenate([batch.obs, batch.next_obs]))
+        q_both = self._numpy_q_values(online, np.concatenate([batch.obs, batch.next_obs]))
         q_taken, next_q = q_both[rows, batch.action], q_both[n:]
         if self._target_is_online:  # the online argmax, valued by the same net, is the max
             target_q = next_q.max(axis=1)
         else:
-            target_values = self._numpy_target(batch.next_obs)
+            target_values = self._numpy_q_values(target, batch.next_obs)
             picked = next_q.argmax(axis=1) if self.config.double else target_values.argmax(axis=1)
             target_q = target_values[rows, picked]
         td_target = batch.reward + batch.discount * target_q
@@ -218,11 +232,11 @@ class DQNAgent:
         """(obs, actions, rewards, next_obs, discounts) on the device; observations keep their dtype
         (uint8 frames are widened inside the network, after the transfer)."""
         return (
-            to_device(batch.obs, self.device),
-            to_device(batch.action, self.device, torch.int64),
-            to_device(batch.reward, self.device, torch.float32),
-            to_device(batch.next_obs, self.device),
-            to_device(batch.discount, self.device, torch.float32),
+            to_device(batch.obs, self._device),
+            to_device(batch.action, self._device, torch.int64),
+            to_device(batch.reward, self._device, torch.float32),
+            to_device(batch.next_obs, self._device),
+            to_device(batch.discount, self._device, torch.float32),
         )
 
     def _td_target(
@@ -240,7 +254,7 @@ class DQNAgent:
     def _importance_tensor(self, importance: np.ndarray, size: int) -> torch.Tensor:
         if np.shape(importance) != (size,):  # (B, 1) would broadcast to (B, B) without a word
             raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
-        return to_device(np.asarray(importance), self.device, torch.float32)
+        return to_device(np.asarray(importance), self._device, torch.float32)
 
     def current_lr(self) -> float:
         """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` if set.

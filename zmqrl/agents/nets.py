@@ -167,54 +167,6 @@ class QNetwork(nn.Module):
         return value + advantage - advantage.mean(dim=1, keepdim=True)
 
 
-class NumpyQForward:
-    """A numpy mirror of a CPU ``QNetwork``'s forward pass, for the actor's one-observation hot path.
-
-    Why: for a single small observation, torch's per-op dispatch and module-call overhead (~30 µs for
-    a 2x256 MLP) dwarfs the arithmetic; the same matmuls in numpy take ~8 µs. The arrays are *views*
-    of the parameter tensors' memory, so in-place changes (optimiser steps, ``load_state_dict``,
-    ``copy_``) are seen at once. A parameter tensor that is *replaced* (e.g. by moving the network to
-    another device or ``load_state_dict(assign=True)``) would not be: build the mirror once the
-    network is final, and only for CPU networks with the ``Linear -> ReLU`` torso QNetwork builds.
-    """
-
-    def __init__(self, net: QNetwork) -> None:
-        if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in net.parameters()):
-            raise ValueError("NumpyQForward mirrors float32 CPU networks only")
-        if net.torso_kind != "mlp" or not isinstance(net.torso, nn.Sequential):
-            raise ValueError(f"NumpyQForward mirrors MLP torsos only, not {net.torso_kind!r}")
-        modules = list(net.torso)
-        linears, activations = modules[0::2], modules[1::2]
-        if len(linears) != len(activations) or not all(type(m) is nn.ReLU for m in activations):
-            raise ValueError("NumpyQForward mirrors torsos of alternating Linear and ReLU layers only")
-        self.torso = [self._view(layer) for layer in linears]
-        self.dueling = net.dueling
-        heads = [net.value, net.advantage] if net.dueling else [net.head]
-        self.heads = [self._view(layer) for layer in heads]
-
-    @staticmethod
-    def _view(layer: nn.Module) -> tuple[np.ndarray, np.ndarray]:
-        """(weight transposed, bias) as numpy views sharing the tensors' memory."""
-        if not isinstance(layer, nn.Linear) or layer.bias is None:
-            raise ValueError(f"NumpyQForward expected a Linear layer with bias, got {layer}")
-        return layer.weight.detach().numpy().T, layer.bias.detach().numpy()
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Action values ``(B, n_actions)`` for obs ``(B, *obs_shape)``, float32."""
-        x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
-        for weight_t, bias in self.torso:
-            x = x @ weight_t + bias
-            np.maximum(x, 0.0, out=x)
-        if not self.dueling:
-            weight_t, bias = self.heads[0]
-            return x @ weight_t + bias
-        (value_w, value_b), (adv_w, adv_b) = self.heads
-        value = x @ value_w + value_b
-        advantage = x @ adv_w + adv_b
-        return value + advantage - advantage.mean(axis=1, keepdims=True)
-
-
-@torch.no_grad()
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """``target <- (1 - tau) * target + tau * online``, in place; ``tau == 1`` is an exact hard copy.
 

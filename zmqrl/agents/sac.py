@@ -1,7 +1,8 @@
 """Soft actor-critic (Haarnoja et al., 2018) with twin critics and automatic entropy tuning.
 
 The learner trains a tanh-squashed Gaussian policy, two Q critics and their Polyak-averaged
-targets; actors hold only the policy (``export_weights`` sends nothing else) and act with it.
+targets (the networks are in ``zmqrl.agents.sac_nets``); actors hold only the policy
+(``export_weights`` sends nothing else) and act with it.
 Everything inside the agent works in the squashed space ``[-1, 1]^act_dim``: replay holds env
 actions, which ``update`` maps back linearly, so the critics see inputs of the same scale on
 every env and ``target_entropy = -act_dim`` means the same thing whatever the env's bounds
@@ -17,122 +18,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.configs import SACConfig
-from zmqrl.agents.nets import (
-    fused_adam,
-    hidden_layers,
-    init_linear_,
-    mlp,
-    polyak_update,
-    resolve_device,
-    to_device,
-)
+from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN, explores, linear, relu_torso
+from zmqrl.agents.numpy_policies import squashed_action_bounds as _action_bounds
+from zmqrl.agents.numpy_views import parameter_views
+from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
 from zmqrl.agents.sync import PublishedModule
 from zmqrl.types import TransitionBatch, Weights
 
-# Bounds of the policy's log standard deviation: below -5 the policy is deterministic for any
-# practical purpose and the log-probability explodes; above 2 the squashed actions are all +-1.
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "entropy", "td_abs_mean")
-
-
-def squashed_gaussian_log_prob(
-    noise: torch.Tensor, log_std: torch.Tensor, pre_tanh: torch.Tensor
-) -> torch.Tensor:
-    """``log pi(tanh(u))`` summed over action dimensions, for ``u = mean + exp(log_std) * noise``.
-
-    The Gaussian term uses ``noise`` itself rather than ``(u - mean) / std``, which loses precision
-    when std is small. The change of variables subtracts ``log(1 - tanh(u)^2)``, rewritten as
-    ``2 * (log 2 - u - softplus(-2u))``: exact, and finite where ``tanh(u)`` rounds to +-1.
-    """
-    gaussian = -0.5 * noise.square() - log_std - _HALF_LOG_2PI
-    log_det_jacobian = 2.0 * (math.log(2.0) - pre_tanh - F.softplus(-2.0 * pre_tanh))
-    return (gaussian - log_det_jacobian).sum(dim=-1)
-
-
-class SquashedGaussianPolicy(nn.Module):
-    """``obs -> (mean, log_std)`` of a diagonal Gaussian whose samples are squashed by tanh into [-1, 1]."""
-
-    def __init__(
-        self, obs_dim: int, act_dim: int, hidden: list[int], generator: torch.Generator | None = None
-    ) -> None:
-        super().__init__()
-        with torch.random.fork_rng(devices=[], enabled=generator is not None):
-            self.torso, width = hidden_layers(obs_dim, hidden, nn.ReLU)
-            self.mean = nn.Linear(width, act_dim)
-            self.log_std = nn.Linear(width, act_dim)
-        if generator is not None:
-            init_linear_(self, generator)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
-        return self.mean(features), self.log_std(features).clamp(LOG_STD_MIN, LOG_STD_MAX)
-
-    def sample(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised squashed actions ``(B, act_dim)`` in [-1, 1] and their log-probs ``(B,)``."""
-        mean, log_std = self(obs)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        pre_tanh = mean + log_std.exp() * noise
-        return torch.tanh(pre_tanh), squashed_gaussian_log_prob(noise, log_std, pre_tanh)
-
-
-class TwinQNetwork(nn.Module):
-    """Two independent ``Q(s, a)`` MLPs on ``concat(obs, action)``; the min of the pair curbs the
-    overestimation a single critic's maximisation by the policy would feed on (Fujimoto et al., 2018).
-
-    (Stacking the pair into batched matmuls was measured: no faster on CPU at 256x256, so two plain
-    MLPs it is.)"""
-
-    def __init__(
-        self, obs_dim: int, act_dim: int, hidden: list[int], generator: torch.Generator | None = None
-    ) -> None:
-        super().__init__()
-        with torch.random.fork_rng(devices=[], enabled=generator is not None):
-            self.q1 = mlp(obs_dim + act_dim, hidden, 1)
-            self.q2 = mlp(obs_dim + act_dim, hidden, 1)
-        if generator is not None:
-            init_linear_(self, generator)
-
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs.reshape(obs.shape[0], -1).to(torch.float32), action], dim=1)
-        return self.q1(x).squeeze(1), self.q2(x).squeeze(1)
-
-
-class NumpyPolicyForward:
-    """A numpy mirror of a CPU ``SquashedGaussianPolicy``'s forward pass, for the actor's hot path.
-
-    As for ``NumpyQForward``: for one observation, torch's per-op overhead dwarfs the arithmetic.
-    The arrays are views of the parameters' memory, so optimiser steps and ``copy_`` /
-    ``load_state_dict`` are seen at once; a parameter *replaced* by a new tensor would not be.
-    """
-
-    def __init__(self, policy: SquashedGaussianPolicy) -> None:
-        if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in policy.parameters()):
-            raise ValueError("NumpyPolicyForward mirrors float32 CPU networks only")
-        self.torso = [self._view(layer) for layer in policy.torso if isinstance(layer, nn.Linear)]
-        self.mean = self._view(policy.mean)
-        self.log_std = self._view(policy.log_std)
-
-    @staticmethod
-    def _view(layer: nn.Linear) -> tuple[np.ndarray, np.ndarray]:
-        """(weight transposed, bias) as numpy views sharing the tensors' memory."""
-        return layer.weight.detach().numpy().T, layer.bias.detach().numpy()
-
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(mean, clamped log_std)``, each ``(B, act_dim)`` float32, for obs ``(B, *obs_shape)``."""
-        x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
-        for weight_t, bias in self.torso:
-            x = x @ weight_t + bias
-            np.maximum(x, 0.0, out=x)
-        mean = x @ self.mean[0] + self.mean[1]
-        log_std = np.clip(x @ self.log_std[0] + self.log_std[1], LOG_STD_MIN, LOG_STD_MAX)
-        return mean, log_std
 
 
 class SACAgent:
@@ -161,11 +59,11 @@ class SACAgent:
         self.obs_shape = tuple(obs_shape)
         self.act_dim = act_dim
         self.action_low, self.action_high = _action_bounds(action_low, action_high, act_dim)
-        self.device = resolve_device(device if device is not None else config.device)
+        self._device = resolve_device(device if device is not None else config.device)
         # Private generators: seeding must not depend on, or disturb, the process-global RNGs.
         init_generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self.rng = np.random.default_rng(seed)  # acting: exploration noise and random actions
-        self._noise = torch.Generator(device=self.device)  # learning: the policy's reparameterised samples
+        self._noise = torch.Generator(device=self._device)  # learning: the policy's reparameterised samples
         if seed is not None:
             self._noise.manual_seed(seed + 1)
         else:
@@ -173,24 +71,24 @@ class SACAgent:
 
         obs_dim = math.prod(self.obs_shape)
         self.policy = SquashedGaussianPolicy(obs_dim, act_dim, config.hidden_sizes, init_generator).to(
-            self.device
+            self._device
         )
-        self.critic = TwinQNetwork(obs_dim, act_dim, config.hidden_sizes, init_generator).to(self.device)
+        self.critic = TwinQNetwork(obs_dim, act_dim, config.hidden_sizes, init_generator).to(self._device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.policy_optimizer = fused_adam(self.policy.parameters(), lr=config.actor_lr)
         self.critic_optimizer = fused_adam(self.critic.parameters(), lr=config.critic_lr)
         self.target_entropy = float(config.target_entropy if config.target_entropy is not None else -act_dim)
         # alpha is learned as log(alpha), which keeps it positive under unconstrained Adam steps.
         self.log_alpha = torch.tensor(
-            math.log(config.alpha), device=self.device, requires_grad=config.autotune
+            math.log(config.alpha), device=self._device, requires_grad=config.autotune
         )
         self.alpha_optimizer = fused_adam([self.log_alpha], lr=config.alpha_lr) if config.autotune else None
 
         # env action = scale * squashed + shift, and back; kept on the device for update().
         self._scale = (self.action_high - self.action_low) / 2.0
         self._shift = (self.action_high + self.action_low) / 2.0
-        self._scale_t = torch.as_tensor(self._scale, device=self.device)
-        self._shift_t = torch.as_tensor(self._shift, device=self.device)
+        self._scale_t = torch.as_tensor(self._scale, device=self._device)
+        self._shift_t = torch.as_tensor(self._shift, device=self._device)
 
         # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
         self.epsilon: float | np.ndarray = epsilon
@@ -199,10 +97,14 @@ class SACAgent:
         self._td_errors = np.zeros(0, dtype=np.float32)
         # actor_loss, alpha_loss, entropy of the latest policy step (NaN until the first one): the
         # metrics of an update that skips the policy step (policy_update_interval > 1) repeat them.
-        self._policy_stats = torch.full((3,), float("nan"), device=self.device)
-        # CPU acting goes through a numpy view of the policy: for one observation ~15 µs a call
-        # instead of ~37 µs through torch (2x256 hidden; most of torch's is per-op overhead).
-        self._numpy_policy = NumpyPolicyForward(self.policy) if self.device.type == "cpu" else None
+        self._policy_stats = torch.full((3,), float("nan"), device=self._device)
+        # CPU acting runs NumpySACPolicy's forward code on views of the policy (see numpy_views).
+        self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None
+
+    @property
+    def device(self) -> str:
+        """Where updates run (``cpu``, ``cuda``, ``cuda:1``), for the learner's log."""
+        return str(self._device)
 
     @property
     def weights_version(self) -> int:
@@ -225,9 +127,7 @@ class SACAgent:
         """
         n = obs.shape[0]
         n_random = 0
-        eps = self.epsilon
-        # np.any costs ~1 µs per call: keep the scalar test for the single-env actor's hot path.
-        if explore and (eps > 0.0 if isinstance(eps, float) else bool(np.any(eps > 0.0))):
+        if explore and explores(self.epsilon):
             random_rows = self.rng.random(n) < self.epsilon
             n_random = int(np.count_nonzero(random_rows))
             if n_random == n:
@@ -253,9 +153,12 @@ class SACAgent:
         return mean.cpu().numpy(), log_std.cpu().numpy()
 
     def _policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self._numpy_policy is not None:
-            return self._numpy_policy(obs)
-        return self.policy_outputs(obs)
+        """``policy_outputs``, through numpy on the CPU (as ``NumpySACPolicy.policy_outputs``)."""
+        arrays = self._policy_arrays
+        if arrays is None:
+            return self.policy_outputs(obs)
+        x = relu_torso(obs, arrays, "torso", len(self.config.hidden_sizes))
+        return linear(x, arrays, "mean"), np.clip(linear(x, arrays, "log_std"), LOG_STD_MIN, LOG_STD_MAX)
 
     def _uniform_actions(self, n: int) -> np.ndarray:
         return self.rng.uniform(self.action_low, self.action_high, size=(n, self.act_dim)).astype(np.float32)
@@ -263,7 +166,7 @@ class SACAgent:
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy
             obs = obs.copy()
-        return torch.from_numpy(obs).to(self.device, non_blocking=True)
+        return torch.from_numpy(obs).to(self._device, non_blocking=True)
 
     # --------------------------------------------------------------------------------- learning
 
@@ -276,11 +179,11 @@ class SACAgent:
         critics of ``|Q_i - target|`` per row.
         """
         cfg = self.config
-        obs = to_device(batch.obs, self.device)
-        actions = (to_device(batch.action, self.device, torch.float32) - self._shift_t) / self._scale_t
-        rewards = to_device(batch.reward, self.device, torch.float32)
-        next_obs = to_device(batch.next_obs, self.device)
-        discounts = to_device(batch.discount, self.device, torch.float32)
+        obs = to_device(batch.obs, self._device)
+        actions = (to_device(batch.action, self._device, torch.float32) - self._shift_t) / self._scale_t
+        rewards = to_device(batch.reward, self._device, torch.float32)
+        next_obs = to_device(batch.next_obs, self._device)
+        discounts = to_device(batch.discount, self._device, torch.float32)
         alpha = self.log_alpha.detach().exp()
 
         # Critic: soft Bellman backup with the smaller target critic and a fresh next action.
@@ -339,7 +242,7 @@ class SACAgent:
             self.alpha_optimizer.step()
             alpha = self.log_alpha.detach().exp()
         else:
-            alpha_loss = torch.zeros((), device=self.device)
+            alpha_loss = torch.zeros((), device=self._device)
         self._policy_stats = torch.stack([actor_loss.detach(), alpha_loss.detach(), -log_prob.mean()])
         return alpha
 
@@ -353,7 +256,7 @@ class SACAgent:
     def _importance_tensor(self, importance: np.ndarray, size: int) -> torch.Tensor:
         if np.shape(importance) != (size,):  # (B, 1) would broadcast to (B, B) without a word
             raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
-        return to_device(np.asarray(importance), self.device, torch.float32)
+        return to_device(np.asarray(importance), self._device, torch.float32)
 
     @property
     def last_td_errors(self) -> np.ndarray:
@@ -408,7 +311,7 @@ class SACAgent:
             "dirty": self._sync.dirty,
             "epsilon": float(np.mean(self.epsilon)),
             "rng": self.rng.bit_generator.state,
-            "noise_device": self.device.type,
+            "noise_device": self._device.type,
             "noise": self._noise.get_state(),
         }
 
@@ -433,27 +336,5 @@ class SACAgent:
         self._sync.dirty = bool(state["dirty"])
         self.epsilon = float(state["epsilon"])
         self.rng.bit_generator.state = state["rng"]
-        if state["noise_device"] == self.device.type:
+        if state["noise_device"] == self._device.type:
             self._noise.set_state(state["noise"].cpu())
-
-
-def _action_bounds(
-    low: np.ndarray | None, high: np.ndarray | None, act_dim: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Float32 ``(act_dim,)`` bounds (None: -1 / +1), checked finite and ordered: the policy's tanh
-    output is mapped affinely onto them, which an infinite or empty interval would make meaningless."""
-    bounds = []
-    for name, value, default in (("action_low", low, -1.0), ("action_high", high, 1.0)):
-        array = np.full(act_dim, default, np.float32) if value is None else np.asarray(value, np.float32)
-        if array.shape != (act_dim,):
-            raise ValueError(f"{name} must have shape ({act_dim},), got {array.shape}")
-        if not np.all(np.isfinite(array)):
-            raise ValueError(
-                f"{name} must be finite for SAC (the tanh policy is rescaled onto it), got {array}"
-            )
-        bounds.append(array)
-    if not np.all(bounds[0] < bounds[1]):
-        raise ValueError(
-            f"action_low must be < action_high in every dimension, got {bounds[0]} and {bounds[1]}"
-        )
-    return bounds[0], bounds[1]

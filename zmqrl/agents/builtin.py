@@ -1,0 +1,208 @@
+"""The built-in agents, dqn and sac, as registry plugins: their settings checks and factories.
+
+Registered through the same :mod:`zmqrl.agents.registry` as any plugin. Nothing here imports
+torch until a learner (or a torch-backed policy) is built: actors with an MLP act in numpy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.agents.registry import AgentPlugin
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from zmqrl.core import LearningAgent, Policy
+    from zmqrl.spec import SampleSpec
+
+
+def device_problem(name: str) -> str | None:
+    """Why ``name`` cannot be used here (``cuda`` without a GPU), or None. ``cpu`` is decided
+    without importing torch, so a CPU actor's checks stay torch-free."""
+    if name == "cpu":
+        return None
+    from zmqrl.agents.nets import resolve_device
+
+    try:
+        resolve_device(name)
+    except ValueError as exc:
+        return f"agent.device: {exc}"
+    return None
+
+
+# -------------------------------------------------------------------------------------- dqn
+
+
+def check_dqn(
+    config: Any,
+    spec: SampleSpec,
+    device: str | None,
+    action_low: np.ndarray | None,
+    action_high: np.ndarray | None,
+) -> str | None:
+    """DQN needs Discrete actions, and image frames when its torso is the Nature CNN."""
+    if spec.num_actions is None:
+        return (
+            f"agent.kind 'dqn' needs a Discrete action space; this env's actions are continuous "
+            f"(Box of shape {spec.action_shape}): use agent.kind 'sac'"
+        )
+    if config.torso == "nature_cnn" and (problem := _cnn_problem(spec.obs_shape)):
+        return problem
+    return device_problem(device if device is not None else config.device)
+
+
+def _cnn_problem(obs_shape: tuple[int, ...]) -> str | None:
+    """Why the Nature CNN cannot take these observations, or None: it needs (C, H, W) frames at
+    least as big as its kernels and strides allow (36x36 for the paper's layers)."""
+    if len(obs_shape) != 3 or min(obs_shape) < 1:
+        return (
+            f"agent.torso 'nature_cnn' needs image observations (C, H, W); this env's observations "
+            f"have shape {tuple(obs_shape)}: use agent.torso 'mlp', or env.preprocess 'atari'"
+        )
+    from zmqrl.agents.conv import CONV_LAYERS  # torch: only a CNN run gets here
+
+    height, width = obs_shape[1:]
+    for _, kernel, stride in CONV_LAYERS:
+        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+    if min(height, width) < 1:
+        return (
+            f"agent.torso 'nature_cnn' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: "
+            f"raise env.atari.screen_size (84 is the standard)"
+        )
+    return None
+
+
+def make_dqn_learner(
+    config: Any,
+    spec: SampleSpec,
+    *,
+    seed: int | None,
+    device: str | None,
+    action_low: np.ndarray | None,
+    action_high: np.ndarray | None,
+) -> LearningAgent:
+    from zmqrl.agents.dqn import DQNAgent
+
+    assert spec.num_actions is not None  # check_dqn: DQN needs Discrete actions
+    return DQNAgent(config, spec.obs_shape, spec.num_actions, device=device, seed=seed)
+
+
+def make_dqn_policy(
+    config: Any,
+    spec: SampleSpec,
+    *,
+    seed: int | None,
+    epsilon: float | np.ndarray,
+    action_low: np.ndarray | None,
+    action_high: np.ndarray | None,
+) -> Policy:
+    """The numpy Q-network for the MLP torso (no torch in the actor); the torch agent for the CNN,
+    whose convolutions numpy would run many times slower."""
+    assert spec.num_actions is not None  # check_dqn
+    if config.torso == "mlp":
+        from zmqrl.agents.numpy_policies import NumpyDQNPolicy
+
+        return NumpyDQNPolicy(config, spec.obs_shape, spec.num_actions, epsilon=epsilon, seed=seed)
+    from zmqrl.agents.dqn import DQNAgent
+
+    return DQNAgent(config, spec.obs_shape, spec.num_actions, epsilon=epsilon, device="cpu", seed=seed)
+
+
+# -------------------------------------------------------------------------------------- sac
+
+
+def check_sac(
+    config: Any,
+    spec: SampleSpec,
+    device: str | None,
+    action_low: np.ndarray | None,
+    action_high: np.ndarray | None,
+) -> str | None:
+    """SAC needs a 1-D Box action space with finite bounds (its tanh policy is rescaled onto them)."""
+    if spec.num_actions is not None:
+        return (
+            f"agent.kind 'sac' needs a continuous (Box) action space; this env's actions are "
+            f"Discrete({spec.num_actions}): use agent.kind 'dqn'"
+        )
+    if len(spec.action_shape) != 1:
+        return (
+            f"agent.kind 'sac' needs a 1-D Box action space; this env's actions have shape "
+            f"{spec.action_shape}"
+        )
+    import numpy as np
+
+    for name, bound in (("low", action_low), ("high", action_high)):
+        if bound is not None and not np.all(np.isfinite(np.asarray(bound, np.float64))):
+            return (
+                f"agent.kind 'sac' needs finite action bounds (its tanh policy is rescaled onto "
+                f"them); this env's action_space.{name} is {bound}"
+            )
+    return device_problem(device if device is not None else config.device)
+
+
+def make_sac_learner(
+    config: Any,
+    spec: SampleSpec,
+    *,
+    seed: int | None,
+    device: str | None,
+    action_low: np.ndarray | None,
+    action_high: np.ndarray | None,
+) -> LearningAgent:
+    from zmqrl.agents.sac import SACAgent
+
+    return SACAgent(
+        config,
+        spec.obs_shape,
+        spec.action_shape[0],
+        action_low=action_low,
+        action_high=action_high,
+        device=device,
+        seed=seed,
+    )
+
+
+def make_sac_policy(
+    config: Any,
+    spec: SampleSpec,
+    *,
+    seed: int | None,
+    epsilon: float | np.ndarray,
+    action_low: np.ndarray | None,
+    action_high: np.ndarray | None,
+) -> Policy:
+    from zmqrl.agents.numpy_policies import NumpySACPolicy
+
+    return NumpySACPolicy(
+        config,
+        spec.obs_shape,
+        spec.action_shape[0],
+        action_low=action_low,
+        action_high=action_high,
+        epsilon=epsilon,
+        seed=seed,
+    )
+
+
+DQN_PLUGIN = AgentPlugin(
+    name="dqn",
+    config_class=DQNConfig,
+    make_learner=make_dqn_learner,
+    make_policy=make_dqn_policy,
+    check=check_dqn,
+    # Fields that change the acting network or the meaning of a transition.
+    fingerprint_fields=("kind", "hidden_sizes", "dueling", "torso", "n_step", "gamma"),
+    description="DQN with double-Q targets, dueling heads, MLP or Nature CNN torso (Discrete actions)",
+)
+SAC_PLUGIN = AgentPlugin(
+    name="sac",
+    config_class=SACConfig,
+    make_learner=make_sac_learner,
+    make_policy=make_sac_policy,
+    check=check_sac,
+    fingerprint_fields=("kind", "hidden_sizes", "n_step", "gamma"),
+    description="soft actor-critic with twin critics and entropy tuning (1-D Box actions)",
+)
+BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN)
