@@ -1,8 +1,11 @@
 """Environment construction from config, and the sample spec a run's messages must match.
 
 Every role builds its envs here, so training, evaluation and the spec the learner checks samples
-against all agree on one pipeline. Atari games get the standard DeepMind preprocessing
-(``env.preprocess: atari``); every other env is ``gymnasium.make`` as configured, untouched.
+against all agree on one pipeline. ``env.id`` is a registered gymnasium id or an import path to a
+factory of your own (:mod:`zmqrl.env_ids`). Atari games get the standard DeepMind preprocessing
+(``env.preprocess: atari``); other envs are used as made, except that ``Discrete`` observations
+are one-hot encoded (the agents' networks take float vectors), and observation spaces no agent
+can take are refused here, with the space named, before any process starts training.
 """
 
 from __future__ import annotations
@@ -16,8 +19,19 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
-from zmqrl.errors import ConfigError
+from zmqrl.env_ids import EnvError, is_factory_path, make_from_factory, unknown_id_message
 from zmqrl.spec import SampleSpec
+
+__all__ = [
+    "ATARI_INSTALL_HINT",
+    "MUJOCO_INSTALL_HINT",
+    "EnvError",
+    "OneHotObservation",
+    "action_bounds",
+    "make_env",
+    "make_vector_env",
+    "sample_spec",
+]
 
 # What to run when an optional extra is missing; the project's extras pull in everything the env needs.
 ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'
@@ -39,13 +53,6 @@ _RAW_FRAMESKIP = 1
 _RGB_CHANNELS = 3
 
 
-class EnvError(ConfigError):
-    """The configured environment cannot be made or is not supported by the configured agent.
-
-    A ConfigError (hence still a ValueError): the user fixes it with another setting, so the CLI
-    exits 2 with one line wherever in a role it is raised."""
-
-
 def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
     """A fresh environment from ``env.id`` + ``env.kwargs`` (seeded later, at its first reset).
 
@@ -53,17 +60,72 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
     sign and may end episodes on a lost life (per ``env.atari``), while an evaluation env
     (``training=False``) always reports the raw game score and plays every life, so that evaluation
     returns are comparable to published scores whatever the training tricks.
+
+    ``env.max_episode_steps`` replaces a registered id's time limit; a factory's env gets it as a
+    TimeLimit on top of whatever limit the factory set itself.
     """
     if cfg.preprocess == "atari":
+        if is_factory_path(cfg.id):
+            raise EnvError(
+                f"env.preprocess 'atari' needs a registered ALE id such as ALE/Pong-v5, not the "
+                f"factory '{cfg.id}': apply the preprocessing inside the factory instead"
+            )
         return _make_atari_env(cfg, training=training)
     if cfg.preprocess != "none":
         raise EnvError(f"env.preprocess must be 'none' or 'atari', got {cfg.preprocess!r}")
+    if is_factory_path(cfg.id):
+        env = make_from_factory(cfg.id, dict(cfg.kwargs))
+        if cfg.max_episode_steps is not None:
+            env = gym.wrappers.TimeLimit(env, max_episode_steps=cfg.max_episode_steps)
+        return _supported_observations(env, cfg.id)
     if cfg.id.startswith(ALE_NAMESPACE):
         _register_ale(cfg.id)  # a raw (unpreprocessed) ALE env is allowed too; it still needs registering
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
-    return _gym_make(cfg.id, kwargs)
+    return _supported_observations(_gym_make(cfg.id, kwargs), cfg.id)
+
+
+class OneHotObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
+    """``Discrete(n, start)`` observations as float32 one-hot vectors of length ``n``.
+
+    Why in make_env: learner, actors and evaluator all build their envs there, so they agree on
+    the encoding, and :func:`sample_spec` (hence the wire spec and the run fingerprint) sees the
+    ``Box`` the agents' networks really take. A module-level class, so the env stays picklable.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Discrete):
+            raise EnvError(f"OneHotObservation needs a Discrete observation space, got {space}")
+        self._n = int(space.n)
+        self._start = int(space.start)
+        self.observation_space = gym.spaces.Box(low=0.0, high=1.0, shape=(self._n,), dtype=np.float32)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        encoded = np.zeros(self._n, dtype=np.float32)
+        encoded[int(observation) - self._start] = 1.0
+        return encoded
+
+
+def _supported_observations(env: gym.Env[Any, Any], env_id: str) -> gym.Env[Any, Any]:
+    """``env`` with an observation space the agents take: a Box as is, Discrete one-hot encoded.
+
+    Anything else is refused now, naming the space, rather than failing later in a network or on
+    the wire; the env is closed first so nothing it opened outlives the error.
+    """
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box):
+        return env
+    if isinstance(space, gym.spaces.Discrete):
+        return OneHotObservation(env)
+    env.close()
+    raise EnvError(
+        f"env.id '{env_id}': observation space {type(space).__name__} ({space}) is not supported; "
+        "zmqrl takes Box observations, and Discrete ones (one-hot encoded). Flatten or encode "
+        "others in a wrapper inside your env factory (e.g. gymnasium.wrappers.FlattenObservation)"
+    )
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, *, training: bool = True) -> gym.vector.SyncVectorEnv:
@@ -105,7 +167,10 @@ def sample_spec(
     if act_space is None:
         act_space = env.action_space
     if not isinstance(obs_space, gym.spaces.Box):
-        raise EnvError(f"observation space {obs_space} is not supported (need a Box)")
+        # make_env has already encoded Discrete observations; this is an env made some other way.
+        raise EnvError(
+            f"observation space {obs_space} is not supported (need a Box; make envs with make_env)"
+        )
     obs_dtype = np.dtype(obs_space.dtype).name
     if isinstance(act_space, gym.spaces.Discrete):
         if int(act_space.start) != 0:
@@ -134,7 +199,7 @@ def sample_spec(
 
 
 def action_bounds(env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any]) -> dict[str, np.ndarray]:
-    """``action_low`` / ``action_high`` keyword arguments for ``make_agent``, from a Box action space.
+    """``action_low`` / ``action_high`` keyword arguments for ``make_learner``, from a Box action space.
 
     A continuous-action agent squashes its policy onto these bounds (the spec carries the same
     bounds, to validate received actions). Discrete envs give ``{}``, so callers can always splat it.
@@ -156,6 +221,8 @@ def _gym_make(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
         return gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         raise EnvError(_missing_dependency_message(env_id, exc)) from None
+    except gym.error.UnregisteredEnv as exc:
+        raise EnvError(unknown_id_message(env_id, exc)) from None
     except (gym.error.Error, TypeError, ImportError) as exc:
         raise EnvError(f"env.id '{env_id}' could not be made: {exc}") from None
 

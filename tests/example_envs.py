@@ -1,0 +1,64 @@
+"""A tiny environment of our own, trained on through ``env.id: tests.example_envs:make_env``.
+
+Why this one: it is solved in a few hundred DQN updates, its optimum is known exactly, and its
+observations are ``Discrete`` (the cell index), so a run on it goes through zmqrl's one-hot
+encoding in every process. Nothing here imports zmqrl: it is what a user's own module looks like.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+# Default corridor: cells 0..LENGTH-1, the agent starts in cell 0 and the goal is the last cell.
+LENGTH = 6
+# Paid for every step: the fewer steps to the goal, the higher the return.
+STEP_REWARD = -1.0
+# Episodes that have not reached the goal by then are truncated (a random walk needs ~LENGTH**2).
+MAX_STEPS = 25
+LEFT, RIGHT = 0, 1
+
+
+class Corridor(gym.Env[int, int]):
+    """Walk right to the goal. Actions: 0 left (a wall at cell 0), 1 right; each step costs 1.
+
+    The best return is ``-(length - 1)``: walking straight right. A policy that never gets there
+    scores ``-max_steps``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, length: int = LENGTH, max_steps: int = MAX_STEPS) -> None:
+        if length < 2:
+            raise ValueError(f"length must be >= 2, got {length}")
+        self.length = length
+        self.max_steps = max_steps
+        self.observation_space = gym.spaces.Discrete(length)
+        self.action_space = gym.spaces.Discrete(2)
+        self._cell = 0
+        self._steps = 0
+
+    @property
+    def optimal_return(self) -> float:
+        return STEP_REWARD * (self.length - 1)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[int, dict]:
+        super().reset(seed=seed)
+        self._cell = 0
+        self._steps = 0
+        return self._cell, {}
+
+    def step(self, action: int) -> tuple[int, float, bool, bool, dict]:
+        move = 1 if int(action) == RIGHT else -1
+        self._cell = int(np.clip(self._cell + move, 0, self.length - 1))
+        self._steps += 1
+        terminated = self._cell == self.length - 1
+        truncated = not terminated and self._steps >= self.max_steps
+        return self._cell, STEP_REWARD, terminated, truncated, {}
+
+
+def make_env(length: int = LENGTH, max_steps: int = MAX_STEPS) -> Corridor:
+    """The factory ``env.id`` names; ``env.kwargs`` arrive here as keyword arguments."""
+    return Corridor(length=length, max_steps=max_steps)
