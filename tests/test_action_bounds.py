@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zmqrl.agents import make_agent
+from zmqrl.agents import make_policy
 from zmqrl.agents.configs import SACConfig
 from zmqrl.config import EnvConfig
 from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
@@ -69,7 +69,7 @@ def test_a_sac_actors_actions_pass_the_learners_bounds_check() -> None:
     run_spec = sample_spec(env)
     bounds = action_bounds(env)
     config = SACConfig(hidden_sizes=[8], device="cpu")
-    agent = make_agent(
+    agent = make_policy(  # what an actor acts with
         config,
         run_spec,
         seed=0,

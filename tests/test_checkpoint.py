@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from zmqrl.agents import make_agent
+from zmqrl.agents import make_learner
 from zmqrl.checkpoint import load_checkpoint, save_checkpoint
 from zmqrl.config import Config, load_config
 from zmqrl.envs import make_env, sample_spec
@@ -21,7 +21,7 @@ from zmqrl.evaluation import evaluate_checkpoint
 def saved_agent(path: Path, cfg: Config | None = None) -> None:
     cfg = cfg or load_config(None, ["agent.hidden_sizes=[16]"])
     env = make_env(cfg.env)
-    agent = make_agent(cfg.agent, sample_spec(env), seed=0)
+    agent = make_learner(cfg.agent, sample_spec(env), seed=0)
     save_checkpoint(path, {"agent": agent.state_dict(), "config": cfg.to_dict(), "counters": {"updates": 0}})
 
 

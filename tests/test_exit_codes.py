@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zmqrl.agents import make_agent
+from zmqrl.agents import make_learner
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec
@@ -22,12 +22,13 @@ PENDULUM = SampleSpec((3,), "float32", (1,), "float32")
 # Runs the real CLI after replacing one function, to stand in for a bug in zmqrl's own code.
 INJECT_BUG = """
 import sys
+import zmqrl.learning.trainer as trainer
 import zmqrl.roles.learner as learner
 
 def broken(*args, **kwargs):
     raise ValueError("injected bug")
 
-setattr(learner.Learner if sys.argv[1] == "__init__" else learner, sys.argv[1], broken)
+setattr(learner.Learner if sys.argv[1] == "__init__" else trainer, sys.argv[1], broken)
 from zmqrl.cli import main
 
 sys.argv = ["zmqrl", *sys.argv[2:]]
@@ -60,32 +61,32 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
-# --------------------------------------------------------------------------- make_agent's contract
+# --------------------------------------------------------------------------- make_learner's contract
 
 
 def test_make_agent_reports_settings_that_cannot_work_here_as_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"agent.torso 'nature_cnn' needs image observations"):
-        make_agent(DQNConfig(torso="nature_cnn"), CARTPOLE)
+        make_learner(DQNConfig(torso="nature_cnn"), CARTPOLE)
     with pytest.raises(ConfigError, match=r"larger frames than 20x20"):
-        make_agent(
+        make_learner(
             DQNConfig(torso="nature_cnn"),
             SampleSpec((4, 20, 20), "uint8", (), "int64", num_actions=6),
         )
     with pytest.raises(ConfigError, match="needs a Discrete action space"):
-        make_agent(DQNConfig(), PENDULUM)
+        make_learner(DQNConfig(), PENDULUM)
     with pytest.raises(ConfigError, match="needs a continuous"):
-        make_agent(SACConfig(), CARTPOLE)
+        make_learner(SACConfig(), CARTPOLE)
     with pytest.raises(ConfigError, match="finite action bounds"):
-        make_agent(SACConfig(), PENDULUM, action_low=np.array([-np.inf]), action_high=np.array([1.0]))
+        make_learner(SACConfig(), PENDULUM, action_low=np.array([-np.inf]), action_high=np.array([1.0]))
     with pytest.raises(ConfigError, match=r"agent.gamma"):
-        make_agent(DQNConfig(gamma=2.0), CARTPOLE)
+        make_learner(DQNConfig(gamma=2.0), CARTPOLE)
 
 
 def test_make_agent_leaves_a_callers_mistake_a_plain_value_error() -> None:
     mismatched = DQNConfig()
     mismatched.kind = "sac"  # only code can build this pair; the config loader never does
     with pytest.raises(ValueError) as info:
-        make_agent(mismatched, PENDULUM)
+        make_learner(mismatched, PENDULUM)
     assert not isinstance(info.value, ConfigError)
 
 
@@ -105,10 +106,38 @@ def test_a_setting_that_fails_only_when_the_agent_is_built_exits_2_with_one_line
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("where", ["__init__", "make_agent"])
+@pytest.mark.parametrize("where", ["__init__", "make_learner"])
 def test_a_value_error_from_zmqrls_own_code_exits_1_with_a_traceback(tmp_path: Path, where: str) -> None:
     result = run([sys.executable, "-c", INJECT_BUG, where, *role_args(tmp_path, "learner")])
     assert result.returncode == 1, result.stderr
     assert "Traceback (most recent call last)" in result.stderr
     assert "ValueError: injected bug" in result.stderr
     assert error_lines(result.stderr) == []
+
+
+# --------------------------------------------------------------------------- actors without torch
+
+ACTOR_WITHOUT_TORCH = """
+import sys
+from zmqrl.cli import main
+
+sys.argv = ["zmqrl", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+print("exit", code, "torch modules", len(loaded))
+"""
+
+
+@pytest.mark.parametrize("kind", ["dqn", "sac"])
+def test_an_mlp_actor_process_acts_without_importing_torch(tmp_path: Path, kind: str) -> None:
+    """The acting side of the built-in agents with an MLP is numpy: an actor process starts in a
+    fraction of the time torch's import takes (it never sends here: nothing listens)."""
+    env = "CartPole-v1" if kind == "dqn" else "Pendulum-v1"
+    args = role_args(
+        tmp_path, "actor", f"agent.kind={kind}", f"env.id={env}", "actor.max_steps=40", "actor.send_batch=64"
+    )
+    result = run([sys.executable, "-c", ACTOR_WITHOUT_TORCH, *args, "--id", "0"])
+    assert result.stdout.strip().splitlines()[-1] == "exit 0 torch modules 0", result.stdout + result.stderr

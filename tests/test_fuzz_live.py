@@ -105,7 +105,7 @@ def test_learner_survives_ten_thousand_malformed_messages(ctx: zmq.Context, tmp_
     elapsed = time.monotonic() - started
     assert learner.receiver.bad.count == sent_bad >= 10_000
     assert learner.batches == sent_good and learner.samples == 8 * sent_good
-    stored = learner.replay.sample(4096)
+    stored = learner.replay.sample(4096, 0).batch
     assert np.isfinite(stored.reward).all() and np.isfinite(stored.obs).all()
     assert set(stored.action.tolist()) <= {0, 1} and (stored.discount <= 1).all()
     assert thread.is_alive() and learner.updates > 0, "training goes on through the flood"

@@ -11,8 +11,9 @@ import zmq
 from tests.conftest import tiny_config
 from tests.test_roles import FakeSupervisor, start, with_transport
 from zmqrl.checkpoint import LATEST, load_resumable, save_periodic
+from zmqrl.learning.checkpointing import PublishedVersions
 from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner, PublishedVersions
+from zmqrl.roles.learner import Learner
 
 
 def test_only_the_newest_periodic_checkpoints_are_kept_and_latest_points_at_the_newest(

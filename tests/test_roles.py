@@ -15,14 +15,14 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.agents import make_agent
+from zmqrl.agents import make_learner
 from zmqrl.config import Config
 from zmqrl.envs import action_bounds, make_env, sample_spec
 from zmqrl.fingerprint import run_fingerprint
 from zmqrl.roles.actor import Actor
 from zmqrl.roles.learner import Learner
-from zmqrl.roles.link import SupervisorLink
-from zmqrl.roles.liveness import FINAL_STATES
+from zmqrl.supervision.link import SupervisorLink
+from zmqrl.supervision.liveness import FINAL_STATES
 from zmqrl.transport import wire
 from zmqrl.transport.channels import LearnerUnreachable
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
@@ -92,7 +92,7 @@ class FakeLearner:
             spec = sample_spec(env)
             bounds = action_bounds(env)
             env.close()
-            agent = make_agent(cfg.agent, spec, device="cpu", **bounds)
+            agent = make_learner(cfg.agent, spec, device="cpu", **bounds)
             initial = Weights(0, agent.export_weights().arrays)
             msg = WeightsMsg(initial, cfg.agent.kind, run_fingerprint(cfg, spec))
             self._greeting = wire.dump(msg)
@@ -218,7 +218,7 @@ def test_learner_counts_and_drops_malformed_samples(ctx: zmq.Context, tmp_path: 
 
     wait_until(lambda: learner.samples == 8 and learner.receiver.bad.count == len(malformed), 10, "ingest")
     assert len(learner.replay) == 8
-    stored = learner.replay.sample(64)
+    stored = learner.replay.sample(64, 0).batch
     assert np.isfinite(stored.reward).all() and set(stored.action.tolist()) <= {0, 1}
     assert thread.is_alive(), "bad input must not stop the learner"
     learner.request_stop()
@@ -251,7 +251,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
 
     first = fake.first_sample(cfg)
     assert first.actor_id == 0 and first.weights_version == 0  # acting with its own initial weights
-    reference = actor.agent.export_weights().arrays
+    reference = {k: np.zeros(shape, dtype) for k, (shape, dtype) in actor.agent.weights_spec().items()}
     newer = Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()})
     older = Weights(3, {k: np.zeros_like(v) for k, v in reference.items()})
 
@@ -269,7 +269,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
     assert all(m.weights_version == 5 for m in seqs[1:]), "an older version must never be applied"
     assert [m.seq for m in seqs] == sorted(m.seq for m in seqs)
     assert actor.agent.weights_version == 5
-    np.testing.assert_allclose(actor.agent.export_weights().arrays[next(iter(reference))], 0.01)
+    np.testing.assert_allclose(actor.agent.arrays[next(iter(reference))], 0.01)
     assert actor.weights.bad.count >= 1
     sup.stop()
     thread.join(timeout=20)
@@ -324,7 +324,7 @@ def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_wit
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
     wait_until(lambda: actor.steps == 3 * envs_per_actor, 20, "the first n-step window to fill")
-    reference = actor.agent.export_weights().arrays
+    reference = {k: np.zeros(shape, dtype) for k, (shape, dtype) in actor.agent.weights_spec().items()}
     v5 = wire.dump(WeightsMsg(Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()}), "dqn"))
 
     def loaded() -> bool:

@@ -20,13 +20,14 @@ import zmq
 
 from tests.conftest import tiny_config
 from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
+from zmqrl.acting import ACTOR_SEED_STRIDE, ActedVersions
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.sac import SACAgent
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
 from zmqrl.exploration import apex_epsilon
-from zmqrl.roles.actor import ACTOR_SEED_STRIDE, ActedVersions, Actor
+from zmqrl.roles.actor import Actor
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg
@@ -156,7 +157,7 @@ def test_vector_actor_keeps_sub_envs_apart(ctx: zmq.Context, tmp_path: Path) -> 
     seed = cfg.run.seed + ACTOR_SEED_STRIDE * 2
     assert MarkerEnv.reset_seeds == {0: seed, 1: seed + 1, 2: seed + 2}
     rungs = [apex_epsilon(3 + j, 6, cfg.actor.epsilon, cfg.actor.epsilon_alpha) for j in range(3)]
-    np.testing.assert_allclose(actor.epsilons, rungs)
+    np.testing.assert_allclose(actor.sampler.epsilons, rungs)
     assert stats["epsilon"] == pytest.approx(np.mean(rungs))
 
     seen = set()
@@ -196,8 +197,9 @@ def test_vector_actor_warm_up_anneals_each_rung(ctx: zmq.Context, tmp_path: Path
     fake.close()
     sup.close()
     # Each sub-env anneals over its own transitions (~500 each here), so all sit on their rungs.
-    assert actor.stats["epsilon"] == pytest.approx(float(np.mean(actor.epsilons)))
-    np.testing.assert_allclose(actor._sub_env_epsilons(np.array([0, 50])), [1.0, (1 + actor.epsilons[1]) / 2])
+    rungs = actor.sampler.epsilons
+    assert actor.stats["epsilon"] == pytest.approx(float(np.mean(rungs)))
+    np.testing.assert_allclose(actor.sampler.sub_env_epsilons(np.array([0, 50])), [1.0, (1 + rungs[1]) / 2])
 
 
 def test_vector_actor_stops_on_supervisor_broadcast(ctx: zmq.Context, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Where scalars go: a tiny Logger contract, a TensorBoard implementation and a null one.
 
-Tags are namespaced as in README "Metrics": ``charts/...``, ``losses/...``, ``learner/...``,
+Tags are namespaced as docs/metrics.md lists them: ``charts/...``, ``losses/...``, ``learner/...``,
 ``replay/...``, ``perf/...``.
 """
 

@@ -1,0 +1,108 @@
+"""Ingest: what happens to a decoded samples message before it is in replay (ratio, lag, insert)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from zmqrl import testhooks
+from zmqrl.config import Config
+from zmqrl.core import Replay
+from zmqrl.learning.state import LearnerCounters
+from zmqrl.replay import NoLimit, RateLimiter
+from zmqrl.transport.channels import SampleReceiver
+from zmqrl.transport.wire import SamplesMsg
+
+log = logging.getLogger("zmqrl.learner")
+
+# Longest single wait on the replay-ratio limiter, so waiting threads still see stops.
+LIMITER_WAIT_SECONDS = 0.1
+# Ingest thread: wait this long for a message before re-checking its stop flag.
+INGEST_POLL_MS = 100
+# Ingest thread: messages drained per wake-up before yielding the replay lock to the trainer.
+INGEST_MAX_DRAIN = 64
+
+
+def warn_if_queues_hide_lag(cfg: Config) -> None:
+    """With a replay ratio, every queued transition is inserted late: say so when the OS's TCP
+    buffers are left at their (large) default."""
+    if cfg.learner.samples_per_insert is not None and not cfg.transport.samples_buffer_kb:
+        log.warning(
+            "learner.samples_per_insert is set but transport.samples_buffer_kb is 0: transitions "
+            "waiting in the OS's TCP buffers will be inserted long after they were acted (see "
+            "policy_lag); consider --set transport.samples_buffer_kb=4 --set transport.samples_hwm=1"
+        )
+
+
+class Ingest:
+    """Admits valid samples messages into replay, all or nothing, and counts them.
+
+    A batch waits for the replay-ratio limiter (backpressure: while it waits the socket is not
+    read, so the actors' queues fill and their sends block); a batch acted with weights more than
+    ``max_policy_lag`` versions older than those published is dropped and counted instead.
+    """
+
+    def __init__(
+        self,
+        replay: Replay,
+        limiter: RateLimiter | NoLimit,
+        counters: LearnerCounters,
+        *,
+        published_version: Callable[[], int],
+        min_replay_size: int,
+        max_policy_lag: int | None,
+    ) -> None:
+        self.replay = replay
+        self.limiter = limiter
+        self.counters = counters
+        self._published_version = published_version
+        self._min_replay_size = min_replay_size
+        self._max_policy_lag = max_policy_lag
+        self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
+        # Test hook, looked up once: the ingest path must not read the environment per batch.
+        self._fault_armed = testhooks.hook(testhooks.INGEST_FAULT_ONCE) is not None
+        self.note_replay_size()
+
+    def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
+        """Insert (or drop as stale) one message; False if ``stop`` was set while it waited."""
+        n = msg.batch.size
+        counters = self.counters
+        if self._fault_armed and counters.samples > 0 and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
+            raise RuntimeError("test hook: replay add failed")
+        while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
+            if stop is None or stop.is_set():
+                return False
+        lag = self._published_version() - msg.weights_version  # measured when it would enter replay
+        stale = self._max_policy_lag is not None and lag > self._max_policy_lag
+        with counters.lock:  # replay and counters change together, so a checkpoint sees them agree
+            if stale:
+                counters.stale_batches += 1
+                counters.stale_samples += n
+            else:
+                self.replay.add(msg.batch, msg.priorities)
+                self.limiter.inserted(n)
+                counters.samples += n
+                counters.batches += 1
+            counters.episodes += len(msg.episodes)
+            counters.episode_queue.extend(msg.episodes)
+            counters.lags.append(lag)
+            counters.recent_lags.append(lag)
+        self.note_replay_size()
+        return True
+
+    def note_replay_size(self) -> None:
+        if len(self.replay) >= self._min_replay_size:
+            self.replay_ready.set()
+
+    def drain(self, receiver: SampleReceiver, stop: threading.Event) -> None:
+        """The ingest thread's loop: receive, validate (in the receiver) and accept until ``stop``."""
+        while not stop.is_set():
+            if not receiver.wait(INGEST_POLL_MS):
+                continue
+            for _ in range(INGEST_MAX_DRAIN):
+                msg = receiver.recv_nowait()
+                if msg is False:
+                    break
+                if msg is not None:
+                    self.accept(msg, stop)  # type: ignore[arg-type]

@@ -1,0 +1,225 @@
+"""The learner without sockets or threads: builds replay and agent from the config, trains, evaluates.
+
+The learner process and serial mode drive the same ``Trainer``: they differ only in where samples
+come from and where published weights go (``publish_to``), and in whether ingest runs on a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from zmqrl.agents import make_learner
+from zmqrl.config import Config
+from zmqrl.envs import action_bounds, make_env, sample_spec
+from zmqrl.errors import ConfigError
+from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
+from zmqrl.fingerprint import run_fingerprint
+from zmqrl.learning.checkpointing import VERSION_FILE, Checkpoints, PublishedVersions
+from zmqrl.learning.ingest import Ingest
+from zmqrl.learning.state import LearnerCounters
+from zmqrl.memory import format_bytes
+from zmqrl.metrics import Logger
+from zmqrl.replay import make_rate_limiter, make_replay
+from zmqrl.transport import wire
+from zmqrl.transport.wire import Fingerprint, WeightsMsg
+from zmqrl.types import Weights
+
+log = logging.getLogger("zmqrl.learner")
+
+# Receives each published snapshot and the env steps (transitions received) it was trained on.
+PublishTo = Callable[[Weights, int], None]
+
+
+def check_weights_fit(
+    spec: Mapping[str, tuple[tuple[int, ...], str]],
+    agent_kind: str,
+    fingerprint: Fingerprint,
+    max_message_mb: int,
+) -> None:
+    """Refuse a network whose weights message subscribers would drop: ZeroMQ refuses any frame
+    larger than ``transport.max_message_mb`` (the limit holds per frame: the header, and each
+    array) and drops the connection, so actors and the evaluator would act with their initial
+    weights forever without a word. Measured on the message as encoded, from the agent's
+    ``weights_spec()`` (zeros of those shapes: exporting would bump the agent's version)."""
+    arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in spec.items()}
+    frames = wire.dump(WeightsMsg(weights=Weights(0, arrays), agent=agent_kind, fingerprint=fingerprint))
+    sizes = [f.nbytes if isinstance(f, memoryview) else len(f) for f in frames]
+    largest, limit = max(sizes), max_message_mb * 2**20
+    if largest > limit:
+        need = math.ceil(largest / 2**20)
+        raise ConfigError(
+            f"the weights message ({format_bytes(sum(sizes))}) has a {format_bytes(largest)} frame, "
+            f"more than transport.max_message_mb {max_message_mb} ({format_bytes(limit)}): actors and "
+            f"the evaluator would drop every weights message; raise transport.max_message_mb to {need} "
+            f"or use a smaller network"
+        )
+
+
+class Trainer:
+    """Replay, agent, rate limiter, counters, evaluations and checkpoints of one learner.
+
+    ``progress`` is called while long work (an evaluation, the final checkpoint) runs, so a
+    supervised learner keeps reporting progress; ``on_thread_death`` receives the exception of a
+    background checkpoint write that failed.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        publish_to: PublishTo,
+        *,
+        resume: bool = False,
+        background_checkpoints: bool = True,
+        on_thread_death: Callable[[BaseException], None] | None = None,
+        progress: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self._publish_to = publish_to
+        self._progress = progress
+        lcfg = cfg.learner
+        # With a separate evaluator process the learner keeps one env, only to read the spaces.
+        n_eval = 1 if cfg.evaluator.enabled else lcfg.eval_episodes
+        self.eval_envs = [make_env(cfg.env, training=False) for _ in range(n_eval)]
+        self.spec = sample_spec(self.eval_envs[0])
+        # What this run's actors must share with it (env, spaces, network, n-step): sent with the weights.
+        self.fingerprint = run_fingerprint(cfg, self.spec)
+        self.replay = make_replay(cfg.replay, self.spec, seed=cfg.run.seed, log=log)
+        bounds = action_bounds(self.eval_envs[0])
+        self.agent = make_learner(
+            cfg.agent,
+            self.spec,
+            seed=cfg.run.seed,
+            action_low=bounds.get("action_low"),
+            action_high=bounds.get("action_high"),
+        )
+        check_weights_fit(
+            self.agent.weights_spec(), cfg.agent.kind, self.fingerprint, cfg.transport.max_message_mb
+        )
+        self.limiter = make_rate_limiter(
+            lcfg.samples_per_insert, lcfg.samples_per_insert_tolerance, lcfg.min_replay_size
+        )
+        self.counters = LearnerCounters()
+        self.evals = EvalTracker(lcfg.target_return, lcfg.target_hold)
+        self.published_version = 0
+        self.versions = PublishedVersions(run_dir / VERSION_FILE)
+        self.checkpoints = Checkpoints(self, on_thread_death or _reraise, background_checkpoints)
+        if resume:
+            self.checkpoints.restore()
+        # Count the ratio from what replay holds now: a restored snapshot of at least min_replay_size
+        # puts the run exactly on the ratio's line, so a resumed learner neither waits for data it
+        # already has nor holds the actors back for training it has already done.
+        self.limiter.reset(inserted=min(len(self.replay), lcfg.min_replay_size))
+        # Number above anything published before in this run (a previous learner may have got
+        # further than its last checkpoint), so actors never see the version go backwards.
+        self.agent.continue_versions_after(self.versions.highest)
+        self.ingest = Ingest(
+            self.replay,
+            self.limiter,
+            self.counters,
+            published_version=lambda: self.published_version,
+            min_replay_size=lcfg.min_replay_size,
+            max_policy_lag=lcfg.max_policy_lag,
+        )
+        self.tb: Logger | None = None  # set by the caller before training (reports use it)
+        self.on_scalars: Callable[[dict[str, float]], None] = lambda metrics: None
+        self.launched = time.time()  # "seconds" in the eval history count from here (see start)
+        log.info("agent %s on %s", cfg.agent.kind, self.agent.device)
+
+    @property
+    def evaluates(self) -> bool:
+        """The learner evaluates unless a separate evaluator process does."""
+        return not self.cfg.evaluator.enabled
+
+    def start(self, launched: float) -> None:
+        """Start the training clock; ``launched`` (wall time) is what eval "seconds" count from."""
+        self.launched = launched
+        self.counters.start_clock()
+
+    def publish(self) -> None:
+        weights = self.agent.export_weights()
+        self.published_version = weights.version
+        self._publish_to(weights, self.counters.samples)
+        self.versions.record(weights.version)
+
+    def can_train(self, timeout: float = 0.0) -> bool:
+        """Whether the replay ratio (and min_replay_size) admits the next update."""
+        return self.limiter.await_sample(self.cfg.agent.batch_size, timeout)
+
+    def train_step(self) -> None:
+        """One update, then whatever falls due at its count: publish, scalars, eval, checkpoint.
+
+        With prioritized replay the update is importance-weighted and the batch's rows get their
+        new |TD error| priorities (rows overwritten meanwhile are skipped by the buffer)."""
+        lcfg = self.cfg.learner
+        batch_size = self.cfg.agent.batch_size
+        drawn = self.replay.sample(batch_size, self.counters.updates)
+        metrics = self.agent.update(drawn.batch, drawn.importance)
+        self.replay.update_priorities(drawn.ids, self.agent.last_td_errors)
+        metrics.update(drawn.metrics)
+        self.limiter.sampled(batch_size)
+        self.counters.updates += 1
+        updates = self.counters.updates
+        if updates % lcfg.sync_interval == 0:
+            self.publish()
+        if updates % lcfg.log_interval == 0:
+            self.on_scalars(metrics)
+        if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
+            self.evaluate()
+        if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:
+            self.checkpoints.save_latest()
+
+    def evaluate(self) -> EvalResult:
+        envs = self.eval_envs
+        seed = self.cfg.run.seed + EVAL_SEED_OFFSET + len(self.evals.history) * len(envs)
+        result = evaluate(self.agent, envs, seed=seed, tick=self._eval_tick)
+        c = self.counters
+        _, improved = self.evals.add(
+            result, updates=c.updates, samples=c.samples, seconds=time.time() - self.launched
+        )
+        if self.tb is not None:
+            # Returns are indexed by env steps (transitions received), as the evaluator's are.
+            self.tb.scalar("charts/eval_return", result.mean, c.samples)
+            self.tb.scalar("charts/eval_return_std", result.std, c.samples)
+        if improved:
+            self.checkpoints.save_best()
+        log.info(
+            "eval @ %d updates: %.1f ± %.1f over %d episodes%s",
+            c.updates,
+            result.mean,
+            result.std,
+            len(envs),
+            " (new best)" if improved else "",
+        )
+        return result
+
+    def finish(self, finished: bool) -> None:
+        """The run's end: a last publish, the final evaluation (if the run reached its end and the
+        last one is not of these weights) and the final checkpoint, written before returning."""
+        self.publish()
+        last_eval = self.evals.history[-1]["updates"] if self.evals.history else -1
+        if self.evaluates and finished and last_eval != self.counters.updates:
+            self.evaluate()
+        self.checkpoints.save_latest(final=True, tick=self._progress)
+
+    def close(self) -> None:
+        self.limiter.close()  # an ingest thread waiting for room must not outlive the run
+        for env in self.eval_envs:
+            env.close()
+        self.versions.close()
+
+    def _eval_tick(self) -> bool:
+        """Progress during an evaluation (minutes of Atari episodes are not a hang); never abandons it."""
+        self._progress()
+        return False
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc

@@ -1,0 +1,207 @@
+"""Serial mode: one process, one thread, the components of a launched run interleaved deterministically.
+
+The same Sampler (actor loop, exploration, n-step processing), wire encoding and decoding, Trainer
+(ingest, replay, agent update, evaluation, checkpoints) and weights import run here as in
+``zmqrl launch``, but in turns instead of in parallel and with no sockets: a batch is encoded to
+its wire frames and decoded back exactly as a learner would receive it, and each published
+snapshot goes through the wire to every actor, which imports it at its next weights poll. With a
+fixed ``run.seed`` two runs give identical results, so this is the mode for breakpoints,
+profilers and fast tests.
+
+The interleaving follows the replay ratio. With ``learner.samples_per_insert`` set, actors take
+turns (round robin) producing one batch each, and the learner trains whenever the ratio admits
+an update and before any insert it would refuse. Unset (processes then train as fast as they
+can), serial mode makes one update per batch received once replay holds ``min_replay_size``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from zmqrl.acting import Sampler, actor_seed
+from zmqrl.agents import make_policy
+from zmqrl.config import Config, save_config
+from zmqrl.core import Policy
+from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.learning.reporting import LearnerReports, write_stats
+from zmqrl.learning.trainer import Trainer
+from zmqrl.metrics import Logger, TensorBoardLogger
+from zmqrl.replay import RateLimiter
+from zmqrl.transport import wire
+from zmqrl.transport.sequence import SequenceTracker
+from zmqrl.transport.wire import SamplesMsg, WeightsMsg
+from zmqrl.types import Weights
+
+log = logging.getLogger("zmqrl.serial")
+
+
+class SerialActor:
+    """One actor's Sampler and policy, with an inbox holding the newest published weights frames."""
+
+    def __init__(self, cfg: Config, actor_id: int) -> None:
+        num_envs = cfg.actor.envs_per_actor
+        env: Any = make_env(cfg.env) if num_envs == 1 else make_vector_env(cfg.env, num_envs, training=True)
+        spec = sample_spec(env)
+        bounds = action_bounds(env)
+        self.policy: Policy = make_policy(
+            cfg.agent,
+            spec,
+            seed=actor_seed(cfg, actor_id),
+            action_low=bounds.get("action_low"),
+            action_high=bounds.get("action_high"),
+        )
+        self.inbox: list[bytes | memoryview] | None = None
+        self.weights_loaded = 0
+        self.samples_sent = 0
+        self.sampler = Sampler(
+            cfg,
+            actor_id,
+            self.policy,
+            env,
+            spec,
+            sync_weights=self._sync,
+            initial_priorities=cfg.replay.prioritized,
+        )
+
+    def _sync(self) -> None:
+        if self.inbox is None:
+            return
+        msg = wire.load_weights(self.inbox, self.policy.weights_spec())
+        self.inbox = None
+        if self.policy.import_weights(msg.weights):
+            self.weights_loaded += 1
+
+    def next_batch(self) -> list[bytes | memoryview]:
+        """Step until a batch is ready; its wire frames."""
+        while not self.sampler.collect(1 << 30):
+            pass
+        msg = self.sampler.message()
+        self.samples_sent += msg.batch.size
+        return wire.dump(msg)
+
+    def stats(self) -> dict[str, Any]:
+        s = self.sampler
+        return {
+            "actor_id": s.actor_id,
+            "steps": s.steps,
+            "episodes": s.episodes,
+            "samples": self.samples_sent,
+            "weights_version": self.policy.weights_version,
+            "weights_loaded": self.weights_loaded,
+            "recent_return": sum(s.recent_returns) / len(s.recent_returns) if s.recent_returns else math.nan,
+        }
+
+
+class SerialRun:
+    """A whole run in this thread: ``run()`` returns ``{"learner": ..., "actors": [...]}``."""
+
+    def __init__(
+        self, cfg: Config, *, run_dir: Path | None = None, logger: Logger | None = None, resume: bool = False
+    ) -> None:
+        if cfg.evaluator.enabled:
+            log.info("serial mode: the learner evaluates (evaluator.enabled is for separate processes)")
+            cfg = replace(cfg, evaluator=replace(cfg.evaluator, enabled=False))
+        self.cfg = cfg
+        self.run_dir = run_dir if run_dir is not None else cfg.run_dir
+        self._logger = logger
+        self.resume = resume
+        self.stopped = False  # set by request_stop (e.g. from a signal handler)
+
+    def request_stop(self) -> None:
+        self.stopped = True
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        self.actors: list[SerialActor] = []
+        self.seqs = SequenceTracker()
+        self.trainer = trainer = Trainer(
+            cfg, self.run_dir, self._deliver, resume=self.resume, background_checkpoints=False
+        )
+        tb = self._logger or TensorBoardLogger(self.run_dir / "tb")
+        trainer.tb = tb
+        reports = LearnerReports(trainer, tb, bad_messages=lambda: 0, seqs=self.seqs)
+        trainer.on_scalars = reports.log_scalars
+        state = "failed"
+        try:
+            self.actors = [SerialActor(cfg, i) for i in range(cfg.actor.num_actors)]
+            trainer.start(time.time())
+            trainer.publish()
+            finished = self._loop(reports)
+            trainer.finish(finished)
+            state = "finished" if finished else "stopped"
+        finally:
+            learner = reports.final_stats(state, {})
+            write_stats(self.run_dir, learner)
+            tb.close()
+            for actor in self.actors:
+                actor.sampler.close()
+            trainer.close()
+        return {"mode": "serial", "learner": learner, "actors": [a.stats() for a in self.actors]}
+
+    def _deliver(self, weights: Weights, env_steps: int) -> None:
+        msg = WeightsMsg(
+            weights=weights,
+            agent=self.cfg.agent.kind,
+            fingerprint=self.trainer.fingerprint,
+            env_steps=env_steps,
+        )
+        frames = wire.dump(msg)
+        for actor in self.actors:
+            actor.inbox = frames  # a newer publish replaces one not yet polled, as actors keep the latest
+
+    def _loop(self, reports: LearnerReports) -> bool:
+        """Alternate batches and updates until the run's end; False if stopped (request_stop)."""
+        cfg, trainer = self.cfg, self.trainer
+        lcfg = cfg.learner
+        batch_size = cfg.agent.batch_size
+        ratio = isinstance(trainer.limiter, RateLimiter)
+        deadline = time.monotonic() + lcfg.max_seconds if lcfg.max_seconds else math.inf
+        max_steps = cfg.actor.max_steps
+        turn = 0
+        while trainer.counters.updates < lcfg.max_updates:
+            if self.stopped:
+                return False
+            if time.monotonic() > deadline:  # learner.max_seconds: an end of the run, as in processes
+                return True
+            live = [a for a in self.actors if max_steps is None or a.sampler.steps < max_steps]
+            if not live:
+                log.info("every actor reached actor.max_steps: ending the run")
+                return True
+            actor = live[turn % len(live)]
+            turn += 1
+            frames = actor.next_batch()
+            msg = wire.load_samples(frames, trainer.spec)  # what a learner receives, checked as it checks
+            self._insert(msg, batch_size)
+            if ratio:
+                while trainer.counters.updates < lcfg.max_updates and trainer.limiter.can_sample(batch_size):
+                    trainer.train_step()
+            elif trainer.ingest.replay_ready.is_set():
+                trainer.train_step()
+            reports.progress_line_if_due()
+        return True
+
+    def _insert(self, msg: SamplesMsg, batch_size: int) -> None:
+        """Hand one batch to ingest; first train as long as the replay ratio would refuse it."""
+        trainer = self.trainer
+        while not trainer.limiter.can_insert(msg.batch.size):
+            # No deadlock (zmqrl/replay/ratelimit.py): a limiter refusing an insert admits a sample.
+            if not trainer.limiter.can_sample(batch_size):
+                raise RuntimeError(f"replay ratio deadlock: {trainer.limiter!r}")
+            trainer.train_step()
+        self.seqs.observe(msg.actor_id, msg.seq, msg.batch.size)
+        accepted = trainer.ingest.accept(msg)
+        assert accepted, "the limiter admitted this insert"
+
+
+def run_serial(
+    cfg: Config, *, run_dir: Path | None = None, logger: Logger | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Run ``cfg`` in serial mode; returns ``{"mode", "learner", "actors"}`` (see SerialRun)."""
+    return SerialRun(cfg, run_dir=run_dir, logger=logger, resume=resume).run()
