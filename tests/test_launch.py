@@ -354,6 +354,21 @@ def test_a_learner_failing_past_its_restarts_stops_the_run_with_a_clear_error(ru
     assert_nothing_left(run_dir)
 
 
+def test_a_run_whose_every_actor_is_down_for_good_stops_instead_of_waiting_forever(run_root: Path) -> None:
+    """The actor's replacements cannot start (a bad edit of the run's config.yaml, which the
+    learner read before): once its slot is given up no process is left to feed the learner."""
+    run_dir = run_root / "t"
+    launch, actor_pid = launch_until_actor_runs(
+        run_root, learner__max_updates=1_000_000, supervisor__max_restarts=1, supervisor__restart_backoff=0.2
+    )
+    config = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(config.replace("actor:\n", "actor:\n  no_such_setting: 1\n", 1))
+    os.kill(actor_pid, signal.SIGKILL)
+    assert launch.finish(timeout=90) == 1, launch.output
+    assert "every actor has stopped for good" in launch.output
+    assert_nothing_left(run_dir)
+
+
 def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Path) -> None:
     run_dir = run_root / "t"
     overrides = tiny_overrides(run_root, learner__max_updates=1500, learner__checkpoint_interval=100)

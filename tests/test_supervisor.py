@@ -20,9 +20,9 @@ import pytest
 from tests.conftest import tiny_config, wait_until
 from zmqrl.config import SupervisorConfig
 from zmqrl.roles import supervisor as supervisor_module
-from zmqrl.roles.link import PARENT_PID_ENV, SUPERVISED_ENV
-from zmqrl.roles.liveness import Liveness, RestartPolicy
 from zmqrl.roles.supervisor import Supervisor
+from zmqrl.supervision.link import PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.supervision.liveness import Liveness, RestartPolicy
 from zmqrl.transport.wire import HeartbeatMsg
 
 
@@ -259,7 +259,7 @@ def test_an_actor_that_beats_but_never_progresses_is_killed_as_hung(
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from zmqrl.roles.link import die_with_parent
+    from zmqrl.supervision.link import die_with_parent
     die_with_parent()
     open(sys.argv[1], "w").write("armed")
     time.sleep(120)

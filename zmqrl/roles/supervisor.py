@@ -13,20 +13,16 @@ from the kernel if the supervisor itself dies (each child asks for it itself at 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from zmqrl.config import save_config, without_config_variables
-from zmqrl.roles.link import LAUNCHED_ENV, PARENT_PID_ENV, SUPERVISED_ENV
-from zmqrl.roles.liveness import RestartPolicy, os_stopped
-from zmqrl.roles.oversight import EXIT_FAILED, EXIT_OK, STOP_REPEAT_SECONDS, Oversight
-from zmqrl.roles.summary import Slot
+from zmqrl.config import save_config
+from zmqrl.supervision.liveness import RestartPolicy, os_stopped
+from zmqrl.supervision.oversight import EXIT_FAILED, EXIT_OK, Oversight
+from zmqrl.supervision.processes import log_tail, role_command, start_child, stop_in_order
+from zmqrl.supervision.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
 # Lines of a failed child's log shown on the console.
@@ -87,29 +83,9 @@ class Supervisor(Oversight):
 
     def _spawn(self, role: str, index: int, previous: Slot | None = None) -> Slot:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
-        cmd = [sys.executable, "-m", "zmqrl", role, str(self.run_dir / "config.yaml")]
-        if role == "actor":
-            cmd += ["--id", str(index)]
-            if previous is not None:
-                cmd.append("--replacement")
-        elif previous is not None or self.resume:  # learner: its checkpoint; evaluator: best so far
-            cmd.append("--resume")
-        env = {
-            **without_config_variables(os.environ),
-            "PYTHONUNBUFFERED": "1",
-            SUPERVISED_ENV: "1",
-            PARENT_PID_ENV: str(os.getpid()),
-            LAUNCHED_ENV: repr(self.launched),
-        }
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
+        config_path = self.run_dir / "config.yaml"
+        cmd = role_command(role, index, config_path, replacement=previous is not None, resume=self.resume)
+        proc = start_child(cmd, log_path, self.launched)
         now = self._clock()
         slot = self._new_slot(role, index, now, pid=proc.pid)
         slot.log_path = log_path
@@ -169,11 +145,22 @@ class Supervisor(Oversight):
                     continue
                 if not self._check(slot, now) and slot.role == "learner":
                     return EXIT_FAILED
+            if self._every_actor_failed():
+                self._say(
+                    "error: every actor has stopped for good (crash loops, see their logs): nothing can "
+                    "feed the learner any more; stopping the run"
+                )
+                return EXIT_FAILED
             if now >= next_progress:
                 next_progress = now + scfg.progress_seconds
                 alive = sum(1 for s in self.slots.values() if s.role == "actor" and self._alive_proc(s))
                 self.reporter.progress(self.slots, alive)
         return EXIT_FAILED
+
+    def _every_actor_failed(self) -> bool:
+        """Every actor slot given up after a crash loop (not finished: ``actor.max_steps``)."""
+        actors = [s for s in self.slots.values() if s.role == "actor"]
+        return bool(actors) and all(s.retired and s.exit_code not in (None, 0) for s in actors)
 
     def _alive_proc(self, slot: Slot) -> bool:
         return self.procs[slot.name].poll() is None
@@ -252,38 +239,17 @@ class Supervisor(Oversight):
             if proc.poll() is None:
                 proc.kill()
 
-    def _alive(self) -> list[Slot]:
-        return [s for s in self.slots.values() if self._alive_proc(s)]
-
     def _shutdown(self) -> None:
-        grace = self.cfg.supervisor.stop_grace
         reason = "interrupted" if self._signal is not None else "run finished"
         started = self._clock()
-        deadline_term = started + grace
-        deadline_kill = started + 2 * grace
-        termed = False
-        next_stop = 0.0
-        while self._alive():
-            now = self._clock()
-            for slot in self._alive():  # a stopped process can obey neither a stop nor SIGTERM
-                proc = self.procs[slot.name]
-                if os_stopped(proc.pid):
-                    self._say(f"warning: {slot.name} (pid {proc.pid}) is stopped by a signal; killing it")
-                    proc.kill()
-            if now >= next_stop:
-                self.control.stop(reason)
-                next_stop = now + STOP_REPEAT_SECONDS
-            if now >= deadline_kill:
-                for slot in self._alive():
-                    self._say(f"warning: {slot.name} ignored SIGTERM; killing")
-                    self.procs[slot.name].kill()
-                break
-            if now >= deadline_term and not termed:
-                termed = True
-                for slot in self._alive():
-                    self._say(f"warning: {slot.name} did not stop within {grace:.0f} s; sending SIGTERM")
-                    self.procs[slot.name].terminate()
-            self._pump(50)
+        stop_in_order(
+            self.procs,
+            self.cfg.supervisor.stop_grace,
+            broadcast_stop=lambda: self.control.stop(reason),
+            pump=self._pump,
+            say=self._say,
+            clock=self._clock,
+        )
         for slot in self.slots.values():
             proc = self.procs[slot.name]
             proc.wait()
@@ -293,41 +259,12 @@ class Supervisor(Oversight):
         self.shutdown_seconds = self._clock() - started
 
     def _show_tail(self, slot: Slot) -> None:
-        if slot.log_path is None:
-            return
-        try:
-            lines = slot.log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-        except OSError:
+        lines = log_tail(slot.log_path, LOG_TAIL_LINES) if slot.log_path is not None else None
+        if lines is None:
             return
         self._say(f"last lines of {slot.log_path}:")
         for line in lines:
             print(f"    {line}", file=self._out)
-
-
-def previous_run_state(run_dir: Path) -> str | None:
-    """How the last run in ``run_dir`` ended ("finished", "stopped", "failed"), if it left
-    checkpoints to continue from; None otherwise."""
-    stats = run_dir / "learner-stats.json"
-    if not (run_dir / "checkpoints" / "latest").is_file() or not stats.is_file():
-        return None
-    try:
-        return str(json.loads(stats.read_text()).get("state"))
-    except (OSError, ValueError):
-        return None
-
-
-def holds_results(run_dir: Path) -> bool:
-    """Whether ``run_dir`` already holds a run's output (TensorBoard events or checkpoints), which a
-    new run must not be mixed into."""
-    return any((run_dir / sub).is_dir() and any((run_dir / sub).iterdir()) for sub in ("tb", "checkpoints"))
-
-
-def next_free_run_dir(run_dir: Path) -> Path:
-    """``NAME-2``, ``NAME-3``, ...: the first sibling of ``run_dir`` that holds no results."""
-    n = 2
-    while holds_results(run_dir.with_name(f"{run_dir.name}-{n}")):
-        n += 1
-    return run_dir.with_name(f"{run_dir.name}-{n}")
 
 
 def _asks_os_for_port(endpoint: str) -> bool:

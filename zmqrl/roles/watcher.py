@@ -16,9 +16,9 @@ import logging
 import re
 from typing import Any
 
-from zmqrl.roles.liveness import FINAL_STATES
-from zmqrl.roles.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
-from zmqrl.roles.summary import Slot
+from zmqrl.supervision.liveness import FINAL_STATES
+from zmqrl.supervision.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
+from zmqrl.supervision.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
 # Seconds between "still waiting for the learner" lines.

@@ -31,8 +31,9 @@ from zmqrl.config import Config
 from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.health import HealthRecord, health_path, write_health
 from zmqrl.transport import sockets
-from zmqrl.transport.channels import BadMessages, ControlSubscriber, HeartbeatSender
-from zmqrl.transport.security import Security
+from zmqrl.transport.channels import BadMessages
+from zmqrl.transport.control import ControlSubscriber, HeartbeatSender
+from zmqrl.transport.keys import Security
 
 # Set by a supervisor in its children's environment (`launch`), or by an orchestrator for roles
 # that a watch-only `zmqrl supervise` tracks: they then watch the supervisor's heartbeat.

@@ -20,11 +20,12 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.health import HealthRecord, health_path, write_health
-from zmqrl.roles.link import socket_limits, transport_security
-from zmqrl.roles.liveness import Liveness
-from zmqrl.roles.summary import Reporter, Slot
+from zmqrl.supervision.link import socket_limits, transport_security
+from zmqrl.supervision.liveness import Liveness
+from zmqrl.supervision.summary import Reporter, Slot
 from zmqrl.transport import sockets
-from zmqrl.transport.channels import BadMessages, ControlPublisher, HeartbeatReceiver
+from zmqrl.transport.channels import BadMessages
+from zmqrl.transport.control import ControlPublisher, HeartbeatReceiver
 from zmqrl.transport.wire import HeartbeatMsg
 
 # Seconds between repeated stop broadcasts while processes are still alive.

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from zmqrl import strictjson
 from zmqrl.config import Config
 from zmqrl.metrics import fmt_value
-from zmqrl.roles.liveness import Liveness
+from zmqrl.supervision.liveness import Liveness
 from zmqrl.transport.wire import HeartbeatMsg
 
 
