@@ -1,0 +1,199 @@
+"""The training commands: ``zmqrl launch`` (supervised processes, or ``--serial`` in one thread) and
+``zmqrl supervise`` (watch processes an orchestrator starts).
+
+Registered on :data:`zmqrl.cli.app` when zmqrl.cli is imported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from zmqrl.cli import (
+    COMMAND_STARTED,
+    EXIT_CONFIG,
+    EXIT_RUNTIME,
+    ConfigArg,
+    InsecureOpt,
+    SetOpt,
+    _fail,
+    _load,
+    _run_role,
+    _setup_logging,
+    app,
+)
+
+
+@app.command(epilog="Example: zmqrl launch configs/cartpole_dqn.yaml --set run.seed=1")
+def launch(
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="YAML config file (see configs/ and README 'Configuration'); omit with --resume."
+        ),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            metavar="RUN_DIR",
+            help="Continue the run in RUN_DIR from its checkpoints, "
+            "with the config saved there (--set still applies).",
+        ),
+    ] = None,
+    actors: Annotated[
+        int | None,
+        typer.Option("--actors", "-n", help="Number of actor processes (overrides actor.num_actors)."),
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Run name: results go to runs/NAME/.")] = None,
+    serial: Annotated[
+        bool,
+        typer.Option(
+            "--serial",
+            help="Run the same components in this one process and thread, interleaved "
+            "deterministically (no sockets, no child processes): for pdb, py-spy and profilers. "
+            "The learner's progress goes to stderr; the learner evaluates (no separate evaluator).",
+        ),
+    ] = False,
+    insecure: InsecureOpt = False,
+    set_: SetOpt = None,
+) -> None:
+    """Train: start the learner, N actors and (if evaluator.enabled) the evaluator as separate
+    processes and supervise them.
+
+    Progress is printed every few seconds; the learner's, the evaluator's and each actor's stats are
+    printed at the end. Ctrl-C stops every process cleanly (twice: kills them). Logs: runs/NAME/logs/.
+
+    With --serial the same run happens in this one process instead, deterministically: Ctrl-C stops
+    it after its final checkpoint (exit 130).
+    """
+    overrides = list(set_ or [])
+    if actors is not None:
+        overrides.append(f"actor.num_actors={actors}")
+    if resume is not None:
+        if config is not None:
+            _fail("give either CONFIG or --resume RUN_DIR, not both", EXIT_CONFIG)
+        config = resume / "config.yaml"
+        overrides += [f"run.dir={resume.parent}", f"run.name={resume.name}"]
+    elif config is None:
+        _fail(
+            "missing CONFIG (or --resume RUN_DIR); try: zmqrl launch configs/cartpole_dqn.yaml", EXIT_CONFIG
+        )
+    if name is not None:
+        overrides.append(f"run.name={name}")
+    if insecure:
+        overrides.append("transport.insecure=true")
+    cfg = _load(config, overrides)
+    _setup_logging(cfg.run.log_level)
+    cfg, resuming = _place_run(cfg, resume is not None, serial)
+    if serial:
+        raise typer.Exit(_launch_serial(cfg, resuming))
+
+    from zmqrl.roles.supervisor import Supervisor
+    from zmqrl.transport.keys import SecurityError
+    from zmqrl.transport.sockets import BindError
+
+    try:
+        code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming).run()
+    except (BindError, SecurityError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    raise typer.Exit(code)
+
+
+def _place_run(cfg: Any, resume: bool, serial: bool) -> tuple[Any, bool]:
+    """The run directory this launch writes to, and whether it continues the run there: a stopped
+    run is continued, and a new run never mixes into a finished or failed one's TensorBoard events
+    and checkpoints (it goes to NAME-2); says so when it decides either."""
+    from zmqrl.rundirs import choose_run_dir
+
+    choice = choose_run_dir(cfg.run_dir, resume=resume, continue_stopped=True)
+    again = "zmqrl launch --serial" if serial else "zmqrl launch"
+    if choice.continued:
+        typer.echo(
+            f"{cfg.run_dir} holds a stopped run: continuing it from its latest checkpoint "
+            f"(use --name to start a separate run)"
+        )
+    elif choice.moved:
+        typer.echo(
+            f"{cfg.run_dir} holds a {choice.previous or 'previous'} run: this run goes to {choice.run_dir} "
+            f"(to continue that one: {again} --resume {cfg.run_dir})"
+        )
+        cfg = replace(cfg, run=replace(cfg.run, name=choice.run_dir.name))
+    return cfg, choice.resume
+
+
+def _launch_serial(cfg: Any, resume: bool) -> int:
+    """``launch --serial``: the whole run in this thread (zmqrl/serial.py), then a short summary.
+    Exit 0 when it ended by itself, 130/143 when Ctrl-C / SIGTERM stopped it (after its final
+    checkpoint), 2 for settings that cannot work; a bug propagates with its traceback (exit 1)."""
+    from zmqrl import strictjson
+    from zmqrl.serial import SerialRun
+
+    received: list[int] = []
+    started = time.monotonic()
+    stats = _run_role(lambda: SerialRun(cfg, resume=resume), received)
+    # The same files a launched run leaves: learner-stats.json (the Trainer's) and stats.json.
+    (cfg.run_dir / "stats.json").write_text(strictjson.dumps(stats, indent=2))
+    for line in serial_summary(stats, cfg.run_dir, time.monotonic() - started):
+        typer.echo(line)
+    return 128 + received[0] if received else 0
+
+
+def serial_summary(stats: dict[str, Any], run_dir: Path, seconds: float) -> list[str]:
+    """A serial run's end: counters, the final evaluation, where its files are (and, if it was
+    stopped, how to continue it)."""
+    learner = stats["learner"]
+    actors = stats["actors"]
+    state = learner.get("state", "?")
+    episodes = sum(int(a.get("episodes", 0)) for a in actors)
+    history = learner.get("eval_history") or []
+    if history:
+        last = history[-1]
+        best = max(float(e["mean"]) for e in history)
+        evaluation = (
+            f"final eval: {float(last['mean']):.2f} ± {float(last['std']):.2f} at {int(last['updates'])} "
+            f"updates (best {best:.2f}, {len(history)} evaluations)"
+        )
+    else:
+        evaluation = "final eval: none (no evaluation ran: see learner.eval_interval)"
+    lines = [
+        f"serial run {state} in {seconds:.1f} s: {int(learner.get('updates', 0))} updates, "
+        f"{int(learner.get('samples', 0))} samples, {len(actors)} actor(s), {episodes} episodes",
+        evaluation,
+        f"run dir: {run_dir}",
+    ]
+    if state == "stopped":
+        lines.append(f"continue it with: zmqrl launch --serial --resume {run_dir}")
+    return lines
+
+
+@app.command(epilog="Example: zmqrl supervise configs/cartpole_dqn.yaml --set run.name=cartpole")
+def supervise(
+    config: ConfigArg,
+    insecure: InsecureOpt = False,
+    set_: SetOpt = None,
+) -> None:
+    """Watch a run whose processes something else starts (docker compose, Kubernetes, by hand).
+
+    Binds transport.heartbeat and transport.control; the learner, actors and evaluator connect to
+    them (give them ZMQRL_SUPERVISED=1 to have them wait for it and leave when it is gone). It
+    prints the same progress lines and summary as `launch`, reports processes that fall silent or
+    hang (it cannot restart them: their orchestrator does), and broadcasts stop when the learner
+    finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 130/143 on a signal.
+    """
+    overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
+    cfg = _load(config, overrides)
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.roles.watcher import Watcher
+    from zmqrl.transport.keys import SecurityError
+    from zmqrl.transport.sockets import BindError
+
+    try:
+        code = Watcher(cfg, launched=COMMAND_STARTED).run()
+    except (BindError, SecurityError) as exc:
+        _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
+    raise typer.Exit(code)

@@ -1,0 +1,237 @@
+"""The single-role and tool commands: ``zmqrl learner | actor | evaluator`` (one role in this process,
+as ``launch`` starts them or an orchestrator does) and ``zmqrl health | eval | keys | config``.
+
+Registered on :data:`zmqrl.cli.app` when zmqrl.cli is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zmqrl import strictjson
+from zmqrl.cli import (
+    EXIT_CONFIG,
+    EXIT_RUNTIME,
+    ConfigArg,
+    InsecureOpt,
+    SetOpt,
+    _fail,
+    _load,
+    _run_role,
+    _setup_logging,
+    _start_link,
+    app,
+)
+
+
+@app.command(epilog="Example: zmqrl learner configs/cartpole_dqn.yaml --resume")
+def learner(
+    config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue from the newest readable checkpoint "
+            "in the run directory (network, optimizer, counters, replay).",
+        ),
+    ] = False,
+    insecure: InsecureOpt = False,
+    set_: SetOpt = None,
+) -> None:
+    """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
+    cfg = _load(config, [*(set_ or []), *(["transport.insecure=true"] if insecure else [])])
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.config import save_config
+    from zmqrl.supervision.link import SUPERVISED_ENV
+
+    if not os.environ.get(SUPERVISED_ENV):
+        save_config(cfg, cfg.run_dir / "config.yaml")
+    link = _start_link(cfg, "learner", 0)
+    from zmqrl.roles.learner import Learner
+
+    stats = _run_role(lambda: Learner(cfg, resume=resume, link=link))
+    stats.pop("eval_history", None)
+    typer.echo(strictjson.dumps({"learner": stats}))
+    if stats.get("state") == "failed":
+        raise typer.Exit(EXIT_RUNTIME)
+
+
+@app.command(epilog="Example: zmqrl actor configs/cartpole_dqn.yaml --id 3")
+def actor(
+    config: ConfigArg,
+    id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            "-i",
+            metavar="N|auto",
+            help="Actor index: picks its seed and its epsilon on the Ape-X ladder (0 explores most). "
+            "An integer here wins; else the ZMQRL_ACTOR_ID environment variable (an integer or "
+            "'auto'); 'auto' claims the lowest id no live actor of this run directory holds (for "
+            "scaled container replicas sharing the run directory); with neither, 0.",
+        ),
+    ] = None,
+    replacement: Annotated[
+        bool,
+        typer.Option(
+            "--replacement",
+            help="Started in place of a failed actor (launch does this): wait "
+            "for the learner's current weights before acting, and skip the epsilon warm-up.",
+        ),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
+    cfg = _load(config, set_)
+    _setup_logging(cfg.run.log_level)
+    from zmqrl.actor_ids import ActorIdError, resolve_actor_id
+
+    try:  # the claim's lock reserves the id until this process exits
+        claim = resolve_actor_id(id, os.environ, cfg.run_dir, cfg.actor.num_actors)
+    except ActorIdError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    actor_id = claim.actor_id
+    logging.getLogger("zmqrl").info("%s", claim.describe())
+    link = _start_link(cfg, "actor", actor_id)
+    from zmqrl.roles.actor import Actor
+
+    stats = _run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link))
+    typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
+
+
+@app.command(epilog="Example: zmqrl evaluator configs/cartpole_dqn.yaml --set evaluator.episodes=20")
+def evaluator(
+    config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Keep the score of the run's existing checkpoints/best as the one to beat."
+        ),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Run the evaluator: follows transport.weights, plays evaluator.episodes greedy episodes of each
+    new version (at most every evaluator.interval_seconds), logs to TensorBoard and keeps the best
+    weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
+    cfg = _load(config, set_)
+    _setup_logging(cfg.run.log_level)
+    link = _start_link(cfg, "evaluator", 0)
+    from zmqrl.roles.evaluator import Evaluator
+
+    stats = _run_role(lambda: Evaluator(cfg, resume=resume, link=link))
+    stats.pop("eval_history", None)
+    typer.echo(strictjson.dumps({"evaluator": stats}))
+
+
+@app.command(epilog="Example: ZMQRL_HEALTH_FILE=/tmp/zmqrl-health.json zmqrl health")
+def health(
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="The role's health file (default: $ZMQRL_HEALTH_FILE, rewritten on every heartbeat).",
+        ),
+    ] = None,
+) -> None:
+    """Exit 0 if the role in this container is alive and making progress, else 1 and one line why.
+
+    For container health checks and Kubernetes probes: the role must run with ZMQRL_HEALTH_FILE
+    set. Judged like the supervisor judges heartbeats: no beat for supervisor.heartbeat_timeout
+    is dead, no progress for supervisor.progress_timeout is hung."""
+    from zmqrl.health import HEALTH_FILE_ENV, health_path, judge, read_health
+
+    path = file or health_path()
+    if path is None:
+        _fail(f"no health file: set {HEALTH_FILE_ENV} for the role (and here), or pass --file", EXIT_RUNTIME)
+    try:
+        record = read_health(path)
+    except ValueError as exc:
+        typer.echo(f"unhealthy: {exc}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    ok, reason = judge(record)
+    typer.echo(reason if ok else f"unhealthy: {reason}")
+    raise typer.Exit(0 if ok else EXIT_RUNTIME)
+
+
+@app.command("eval", epilog="Example: zmqrl eval runs/cartpole_dqn/checkpoints/best --episodes 20")
+def eval_checkpoint(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best.")],
+    episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Episode i resets with seed + i.")] = 0,
+    video: Annotated[
+        Path | None,
+        typer.Option(
+            "--video",
+            help="Also record every episode as DIR/eval-episode-<i>.mp4 (needs the `video` extra: "
+            'pip install -e ".[video]").',
+            metavar="DIR",
+        ),
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Play a saved policy greedily and print its mean ± std return (uses the config stored in the
+    checkpoint; --set can change it, e.g. --set env.max_episode_steps=1000)."""
+    from zmqrl.config import ConfigError
+    from zmqrl.envs import EnvError
+    from zmqrl.evaluation import evaluate_checkpoint
+
+    if episodes < 1:
+        _fail("--episodes must be >= 1", EXIT_CONFIG)
+    if not checkpoint.is_file():
+        _fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+    try:
+        result = evaluate_checkpoint(checkpoint, episodes, seed, list(set_ or []), video_dir=video)
+    except (ConfigError, EnvError) as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    typer.echo(
+        f"{checkpoint}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes "
+        f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
+        f"{sum(result.lengths) / len(result.lengths):.0f})"
+    )
+    for path in result.videos:
+        typer.echo(f"video: {path}")
+
+
+@app.command(epilog="Example: zmqrl keys keys/ --client actor --client evaluator")
+def keys(
+    keys_dir: Annotated[Path, typer.Argument(help="Directory for the keys (created if missing).")],
+    client: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--client",
+            "-c",
+            help="Name of a client key pair to add and authorize (repeatable); "
+            "default: a server pair plus one client pair named 'client'. A process uses the pair "
+            "NAME with --set transport.key_name=NAME (or ZMQRL_TRANSPORT__KEY_NAME=NAME); revoke it "
+            "by deleting KEYS_DIR/authorized/NAME.key.",
+        ),
+    ] = None,
+) -> None:
+    """Make CurveZMQ keys: a server pair (learner, supervisor), client pairs (every process that
+    connects), and KEYS_DIR/authorized/ listing the clients the servers accept. Then run with
+    --set transport.keys_dir=KEYS_DIR (README 'Security')."""
+    from zmqrl.transport.keys import SecurityError, create_keys
+
+    try:
+        written = create_keys(keys_dir, list(client) if client else None)
+    except (SecurityError, FileExistsError, ValueError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    for path in written:
+        typer.echo(str(path))
+
+
+@app.command("config", epilog="Example: zmqrl config configs/cartpole_dqn.yaml --set agent.lr=0.0005")
+def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Print the resolved config (defaults + file + overrides) as YAML, and check it."""
+    import yaml
+
+    cfg = _load(config, set_)
+    typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)
