@@ -1,0 +1,127 @@
+"""The generated configuration reference is current and complete; README points at docs/ that exist."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from zmqrl import docgen
+from zmqrl.config import Config
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "docs" / "configuration.md"
+
+
+@dataclasses.dataclass
+class Base:
+    shared: int = 1  # the base's words
+    plain: str = "x"  # only in the base
+
+
+@dataclasses.dataclass
+class Derived(Base):
+    shared: int = 2  # the subclass's words
+    extra: list[int] = dataclasses.field(default_factory=lambda: [3, 4])  # a field of its own
+    silent: float | None = None
+
+
+def test_docs_configuration_md_is_not_stale() -> None:
+    """Fails whenever a config field, its default or its comment changed without regenerating."""
+    current = REFERENCE.read_text(encoding="utf-8")
+    assert docgen.regenerate(current) == current, "docs/configuration.md is stale: run python -m zmqrl.docgen"
+
+
+def test_the_reference_documents_every_key_of_every_section_and_built_in_agent() -> None:
+    text = REFERENCE.read_text(encoding="utf-8")
+    config = Config()
+    keys = [
+        row.key
+        for section in dataclasses.fields(config)
+        if section.name != docgen.AGENT_SECTION
+        for row in docgen.section_fields(getattr(config, section.name), section.name)
+    ]
+    keys += [row.key for _, cls in docgen.builtin_agents() for row in docgen.section_fields(cls(), "agent")]
+    assert "env.atari.frame_stack" in keys and "agent.torso" in keys and "agent.autotune" in keys
+    missing = [key for key in keys if f"| `{key}` |" not in text]
+    assert not missing, missing
+
+
+def test_comments_come_from_the_class_that_declares_the_field() -> None:
+    comments = docgen.field_comments(Derived)
+    assert comments == {
+        "shared": "the subclass's words",
+        "plain": "only in the base",
+        "extra": "a field of its own",
+    }
+
+
+def test_rows_carry_type_default_and_meaning() -> None:
+    rows = {row.key: row for row in docgen.section_fields(Derived(), "demo")}
+    assert rows["demo.extra"] == docgen.FieldDoc("demo.extra", "list[int]", "[3, 4]", "a field of its own")
+    assert rows["demo.silent"].default == "null"
+    table = "\n".join(docgen.render_table(rows.values()))
+    assert "(no comment in the source)" in table  # a field without a comment shows, not hides, it
+
+
+def test_defaults_are_written_as_yaml() -> None:
+    assert [docgen.format_default(v) for v in (None, True, 0.5, 1e-6, "", "auto", {}, [64])] == [
+        "null",
+        "true",
+        "0.5",
+        "1e-06",
+        '""',
+        "auto",
+        "{}",
+        "[64]",
+    ]
+
+
+def test_check_exits_1_on_a_stale_file_and_rewriting_fixes_it(tmp_path: Path) -> None:
+    path = tmp_path / "configuration.md"
+    path.write_text(f"# Configuration\n\nprose stays\n\n{docgen.BEGIN}\nold table\n{docgen.END}\ntail\n")
+    assert docgen.main([str(path), "--check"]) == docgen.STALE
+    assert "old table" in path.read_text()  # --check writes nothing
+    assert docgen.main([str(path)]) == 0
+    text = path.read_text()
+    assert text.startswith("# Configuration\n\nprose stays\n") and text.endswith(f"{docgen.END}\ntail\n")
+    assert "| `learner.max_updates` |" in text and "old table" not in text
+    assert docgen.main([str(path), "--check"]) == 0
+
+
+def test_a_file_without_the_markers_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "configuration.md"
+    path.write_text("no markers here\n")
+    assert docgen.main([str(path), "--check"]) == 2
+
+
+def test_the_module_runs_as_a_script() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "zmqrl.docgen", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_readme_links_to_docs_that_exist() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\((docs/[^)#]+)", readme))
+    assert {"docs/configuration.md", "docs/metrics.md", "docs/protocol.md"} <= linked
+    assert [name for name in linked if not (REPO / name).is_file()] == []
+
+
+def test_docs_links_between_pages_resolve() -> None:
+    for page in (REPO / "docs").glob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([\w./-]+\.md)(?:#([\w-]+))?\)", text):
+            linked = (page.parent / target).resolve()
+            assert linked.is_file(), f"{page.name} links to missing {target}"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), re.MULTILINE)
+                slugs = {re.sub(r"[^\w -]", "", h).strip().lower().replace(" ", "-") for h in headings}
+                assert anchor in slugs, f"{page.name} links to missing {target}#{anchor}"
