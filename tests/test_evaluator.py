@@ -21,7 +21,7 @@ import zmq
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tests.conftest import ANY_PORT, tiny_config, wait_until
-from zmqrl.checkpoint import load_checkpoint, save_checkpoint
+from zmqrl.checkpoint import LATEST, load_checkpoint, save_checkpoint
 from zmqrl.config import Config
 from zmqrl.envs import make_env
 from zmqrl.evaluation import (
@@ -379,3 +379,32 @@ def test_video_without_moviepy_fails_clearly_before_playing(
     with pytest.raises(VideoUnavailable, match=r'pip install -e "\.\[video\]"'):
         evaluate_checkpoint(path, episodes=1, video_dir=video_dir)
     assert not video_dir.exists()
+
+
+def test_an_evaluator_that_heard_no_weights_before_the_run_finished_scores_the_final_checkpoint(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    """A run shorter than the evaluator's start-up still ends with its final policy evaluated: the
+    learner's last checkpoint holds exactly the weights it would have published last."""
+    sup, learner = SupervisorDouble(ctx), LearnerDouble(ctx)
+    cfg = evaluator_config(tmp_path, sup, learner)
+    env = make_env(cfg.env, training=False)
+    agent = make_eval_agent(cfg, env, seed=0)
+    env.close()
+    agent.import_weights(Weights(7, balancing_weights(agent.export_weights().arrays)))
+    save_checkpoint(
+        cfg.run_dir / "checkpoints" / LATEST,
+        {"agent": agent.state_dict(), "config": cfg.to_dict(), "counters": {"samples": 1234}},
+    )
+    evaluator = Evaluator(cfg, ctx=ctx, logger=NullLogger())
+    thread = start(evaluator.run)
+    wait_until(lambda: any(hb.state == "waiting" for hb in sup.drain()), 20, "the evaluator to wait")
+    while thread.is_alive():  # the supervisor's stop at the end of a run; no weights ever came
+        sup.stop("run finished")
+        thread.join(timeout=0.1)
+    sup.close()
+    learner.close()
+    stats = evaluator.stats
+    assert stats["evaluations"] == 1 and stats["evaluated_version"] >= 7
+    assert stats["eval_history"][0]["env_steps"] == 1234
+    assert stats["eval_return"] == EPISODE_CAP  # the balancing weights, not a fresh policy's

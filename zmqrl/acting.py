@@ -197,6 +197,21 @@ class Sampler:
     def close(self) -> None:
         self.env.close()
 
+    def counters(self, elapsed: float) -> dict[str, float | int]:
+        """What the sampling loop has done, for heartbeats and stats (``elapsed``: its seconds)."""
+        recent = self.recent_returns
+        return {
+            "envs": self.num_envs,
+            "steps": self.steps,
+            "episodes": self.episodes,
+            "weights_version": self.policy.weights_version,
+            # A vector actor reports the mean of its sub-envs' epsilons.
+            "epsilon": float(np.mean(self.policy.epsilon)),
+            "steps_per_s": self.steps / max(elapsed, 1e-9),
+            "priority_seconds": self.priority_seconds,
+            "recent_return": float(np.mean(recent)) if recent else float("nan"),
+        }
+
     def _single_steps(self, until: int) -> None:
         policy, env, nstep, acted = self.policy, self.env, self._nstep, self._acted
         pending, send_batch = self._pending, self._send_batch

@@ -56,6 +56,25 @@ def stored_best_score(path: Path) -> float | None:
     return float(best)
 
 
+def final_weights(cfg: Config, checkpoint: Path) -> WeightsMsg:
+    """A learner checkpoint's acting weights as the weights message the learner would publish."""
+    from zmqrl.envs import make_env
+    from zmqrl.evaluation import load_checkpoint_weights, make_eval_agent
+
+    payload = load_checkpoint(checkpoint)
+    env = make_env(cfg.env, training=False)
+    try:
+        agent = make_eval_agent(cfg, env)
+    finally:
+        env.close()
+    load_checkpoint_weights(agent, payload, checkpoint)
+    weights = agent.export_weights()
+    steps = int(payload.get("counters", {}).get("samples", 0))
+    return WeightsMsg(
+        weights=Weights(max(weights.version, 1), weights.arrays), agent=cfg.agent.kind, env_steps=steps
+    )
+
+
 class Scorer:
     """Evaluates each newly published weights version once, greedily, on its own eval envs.
 

@@ -56,6 +56,7 @@ class SerialActor:
             action_high=bounds.get("action_high"),
         )
         self.inbox: list[bytes | memoryview] | None = None
+        self.started = time.monotonic()
         self.weights_loaded = 0
         self.samples_sent = 0
         self.sampler = Sampler(
@@ -85,15 +86,11 @@ class SerialActor:
         return wire.dump(msg)
 
     def stats(self) -> dict[str, Any]:
-        s = self.sampler
         return {
-            "actor_id": s.actor_id,
-            "steps": s.steps,
-            "episodes": s.episodes,
+            "actor_id": self.sampler.actor_id,
+            **self.sampler.counters(time.monotonic() - self.started),
             "samples": self.samples_sent,
-            "weights_version": self.policy.weights_version,
             "weights_loaded": self.weights_loaded,
-            "recent_return": sum(s.recent_returns) / len(s.recent_returns) if s.recent_returns else math.nan,
         }
 
 

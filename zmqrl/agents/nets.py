@@ -167,6 +167,7 @@ class QNetwork(nn.Module):
         return value + advantage - advantage.mean(dim=1, keepdim=True)
 
 
+@torch.no_grad()
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """``target <- (1 - tau) * target + tau * online``, in place; ``tau == 1`` is an exact hard copy.
 

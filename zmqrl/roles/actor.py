@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import zmq
 
 from zmqrl.acting import HOUSEKEEPING_EVERY, Pacer, Sampler, actor_seed
@@ -242,24 +241,14 @@ class Actor:
 
     def _counters(self) -> dict[str, float | int]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        sampler = self.sampler
-        recent = sampler.recent_returns
         return {
-            "envs": self.num_envs,
-            "steps": sampler.steps,
-            "episodes": sampler.episodes,
+            **self.sampler.counters(elapsed),
             "samples": self.samples_sent,
             "batches": self.sender.messages_sent,
-            "weights_version": self.agent.weights_version,
             "weights_loaded": self.weights_loaded,
-            # A vector actor reports the mean of its sub-envs' epsilons.
-            "epsilon": float(np.mean(self.agent.epsilon)),
-            "steps_per_s": sampler.steps / elapsed,
             "samples_per_s": self.samples_sent / elapsed,
             "blocked_seconds": self.sender.blocked_seconds,
             "paced_seconds": self.pacer.paced_seconds,
-            "priority_seconds": sampler.priority_seconds,
             "bad_messages": self.weights.bad.count,
-            "recent_return": float(np.mean(recent)) if recent else float("nan"),
             "duration": elapsed,
         }

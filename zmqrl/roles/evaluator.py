@@ -20,9 +20,10 @@ import torch
 import zmq
 
 from zmqrl import strictjson
+from zmqrl.checkpoint import LATEST
 from zmqrl.config import Config
 from zmqrl.envs import make_env, sample_spec
-from zmqrl.evaluating import BEST, Scorer, stored_best_score
+from zmqrl.evaluating import BEST, Scorer, final_weights, stored_best_score
 from zmqrl.evaluation import make_eval_policy
 from zmqrl.fingerprint import run_fingerprint
 from zmqrl.metrics import Logger, TensorBoardLogger
@@ -41,6 +42,8 @@ DRAIN_SECONDS = 0.25
 # Where the results go, under the run directory (and `best`, see zmqrl.evaluating).
 TB_SUBDIR = Path("tb") / "evaluator"
 STATS_FILE = "evaluator-stats.json"
+# The supervisor's stop reason at the normal end of a run (the learner finished).
+RUN_FINISHED = "run finished"
 
 log = logging.getLogger("zmqrl.evaluator")
 
@@ -153,6 +156,22 @@ class Evaluator:
         return self.stats
 
     def _loop(self, scorer: Scorer) -> None:
+        self._follow(scorer)
+        if self.link.stop_reason == RUN_FINISHED and scorer.received_version == 0:
+            self._score_final_checkpoint(scorer)
+
+    def _score_final_checkpoint(self, scorer: Scorer) -> None:
+        """The learner finished before this evaluator heard any of its weights (a short run, or an
+        evaluator slow to start): score the final weights from the learner's last checkpoint, so
+        a run with an evaluator always ends with its final policy evaluated."""
+        latest = self.run_dir / "checkpoints" / LATEST
+        if not latest.is_file():
+            return
+        log.info("the learner finished before any weights arrived: evaluating %s", latest)
+        scorer.offer(final_weights(self.cfg, latest))
+        scorer.evaluate_pending(lambda: False)
+
+    def _follow(self, scorer: Scorer) -> None:
         while not self.link.tick(self._counters, state=self._idle_state()):
             scorer.offer(self.weights.latest())
             announced = self.weights.stop

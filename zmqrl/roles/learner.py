@@ -14,17 +14,14 @@ import zmq
 
 from zmqrl import testhooks
 from zmqrl.config import Config
-from zmqrl.core import Replay
 from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.learning.ingest import warn_if_queues_hide_lag
 from zmqrl.learning.reporting import LearnerReports, write_stats
 from zmqrl.learning.trainer import Trainer
 from zmqrl.metrics import Logger, TensorBoardLogger
-from zmqrl.replay import NoLimit, RateLimiter
 from zmqrl.supervision.link import SupervisorLink, launch_time, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
-from zmqrl.transport.wire import Fingerprint
 from zmqrl.types import Weights
 
 # Main loop: updates between (cheap, time-gated) housekeeping calls.
@@ -71,37 +68,21 @@ class Learner:
     def request_stop(self) -> None:
         self.stop_event.set()
 
-    # What tests and tools read while it runs.
-    @property
-    def updates(self) -> int:
-        return self.trainer.counters.updates if self.trainer else 0
+    # What tests and tools read while it runs: the trainer's counters (0 before it is built).
+    updates = property(lambda self: self.trainer.counters.updates if self.trainer else 0)
+    samples = property(lambda self: self.trainer.counters.samples if self.trainer else 0)
+    batches = property(lambda self: self.trainer.counters.batches if self.trainer else 0)
+    stale_batches = property(lambda self: self.trainer.counters.stale_batches if self.trainer else 0)
 
     @property
-    def samples(self) -> int:
-        return self.trainer.counters.samples if self.trainer else 0
+    def parts(self) -> Trainer:
+        """The trainer, once ``run()`` built it."""
+        assert self.trainer is not None, "the learner builds its trainer in run()"
+        return self.trainer
 
-    @property
-    def batches(self) -> int:
-        return self.trainer.counters.batches if self.trainer else 0
-
-    @property
-    def stale_batches(self) -> int:
-        return self.trainer.counters.stale_batches if self.trainer else 0
-
-    @property
-    def fingerprint(self) -> Fingerprint:
-        assert self.trainer is not None
-        return self.trainer.fingerprint
-
-    @property
-    def replay(self) -> Replay:
-        assert self.trainer is not None
-        return self.trainer.replay
-
-    @property
-    def limiter(self) -> RateLimiter | NoLimit:
-        assert self.trainer is not None
-        return self.trainer.limiter
+    fingerprint = property(lambda self: self.parts.fingerprint)
+    replay = property(lambda self: self.parts.replay)
+    limiter = property(lambda self: self.parts.limiter)
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -1,14 +1,9 @@
 """The supervisor behind ``zmqrl launch``: starts the learner and N actors as OS processes,
 watches their heartbeats and exits, restarts what fails, and shuts everything down in order.
 
-Each process is judged by ``liveness.py``: dead (silent, or stopped by a signal), hung (alive but
-no progress) or healthy; dead and hung ones are killed and replaced, with a backoff that only a
-crash loop makes grow. Shutdown order: stop broadcast (repeated, PUB/SUB may drop the first) ->
-after ``stop_grace`` SIGTERM -> after another ``stop_grace`` SIGKILL; a stopped process cannot
-obey either, so it is killed at once. Children run in their own sessions so a terminal's Ctrl-C
-reaches only the supervisor, which then stops them in that order; on Linux they also get SIGTERM
-from the kernel if the supervisor itself dies (each child asks for it itself at start-up:
-``link.die_with_parent``).
+Each process is judged by ``supervision/liveness.py``: dead (silent, or stopped by a signal), hung
+(alive but no progress) or healthy; dead and hung ones are killed and replaced, with a backoff that
+only a crash loop makes grow. How children are started and stopped: ``supervision/processes.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from zmqrl.config import save_config
 from zmqrl.supervision.liveness import RestartPolicy, os_stopped
 from zmqrl.supervision.oversight import EXIT_FAILED, EXIT_OK, Oversight
 from zmqrl.supervision.processes import log_tail, role_command, start_child, stop_in_order
-from zmqrl.supervision.summary import Slot
+from zmqrl.supervision.summary import Slot, given_up_line, restart_line
 from zmqrl.transport.wire import HeartbeatMsg
 
 # Lines of a failed child's log shown on the console.
@@ -75,11 +70,12 @@ class Supervisor(Oversight):
 
     # ------------------------------------------------------------------ processes
     def _spawn_actors(self) -> None:
-        """Every role that consumes the learner's weights: the actors and, if enabled, the evaluator."""
-        for i in range(self.cfg.actor.num_actors):
-            self._spawn("actor", i)
+        """Every role that consumes the learner's weights: the evaluator (if enabled) first, as it
+        starts slowest (torch, TensorBoard) and should hear the early versions, then the actors."""
         if self.cfg.evaluator.enabled:
             self._spawn("evaluator", 0)
+        for i in range(self.cfg.actor.num_actors):
+            self._spawn("actor", i)
 
     def _spawn(self, role: str, index: int, previous: Slot | None = None) -> Slot:
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
@@ -213,23 +209,9 @@ class Supervisor(Oversight):
         self._show_tail(slot)
         if delay is None:
             slot.retired = True
-            deaths = len(slot.live.unhealthy_deaths)
-            if slot.role == "learner":
-                checkpoints = self.run_dir / "checkpoints"
-                self._say(
-                    f"error: the learner failed (exit code {rc}) {deaths} times in a row without running "
-                    f"healthily; stopping the run. Its latest checkpoint is in {checkpoints}: fix the cause "
-                    f"(see {slot.log_path}), then `zmqrl launch --resume {self.run_dir}`"
-                )
-            else:
-                self._say(
-                    f"warning: {slot.name} exited with code {rc}, {deaths} times in a row without running "
-                    f"healthily (a crash loop: see {slot.log_path}); the run goes on without it (degraded)"
-                )
+            self._say(given_up_line(slot, rc, self.run_dir))
             return False
-        what = "from its latest checkpoint " if slot.role == "learner" else ""
-        why = "after running healthily" if healthy else "before running healthily"
-        self._say(f"warning: {slot.name} exited with code {rc} {why}; restarting it {what}in {delay:.1f} s")
+        self._say(restart_line(slot, rc, healthy, delay))
         slot.restart_at = now + delay
         return True
 

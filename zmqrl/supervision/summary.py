@@ -275,3 +275,25 @@ class Reporter:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def given_up_line(slot: Slot, exit_code: int, run_dir: Path) -> str:
+    """What the console says when a slot's crash loop reaches ``supervisor.max_restarts``."""
+    deaths = len(slot.live.unhealthy_deaths)
+    if slot.role == "learner":
+        return (
+            f"error: the learner failed (exit code {exit_code}) {deaths} times in a row without running "
+            f"healthily; stopping the run. Its latest checkpoint is in {run_dir / 'checkpoints'}: fix the "
+            f"cause (see {slot.log_path}), then `zmqrl launch --resume {run_dir}`"
+        )
+    return (
+        f"warning: {slot.name} exited with code {exit_code}, {deaths} times in a row without running "
+        f"healthily (a crash loop: see {slot.log_path}); the run goes on without it (degraded)"
+    )
+
+
+def restart_line(slot: Slot, exit_code: int, healthy: bool, delay: float) -> str:
+    """What the console says when a failed process is about to be restarted."""
+    what = "from its latest checkpoint " if slot.role == "learner" else ""
+    why = "after running healthily" if healthy else "before running healthily"
+    return f"warning: {slot.name} exited with code {exit_code} {why}; restarting it {what}in {delay:.1f} s"
