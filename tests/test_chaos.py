@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from tests.test_launch import Launch, assert_nothing_left, wait_for_log
 
-pytestmark = pytest.mark.slow
+# A stress test of minutes of real processes: part of the heavy run (`pytest -m heavy`, in CI).
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 REPLACED_WITHIN = 5.0  # seconds from a fault to a new process in that slot
 FAULTS = 6  # actor faults, besides the one learner kill (each takes ~3-5 s: restart + start-up)
 

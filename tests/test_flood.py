@@ -32,7 +32,8 @@ from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg, StopMsg
 from zmqrl.types import EpisodeStat, TransitionBatch
 
-pytestmark = pytest.mark.slow
+# A stress test of minutes of real processes: part of the heavy run (`pytest -m heavy`, in CI).
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 REPO = Path(__file__).resolve().parents[1]
 
 # How long the flood lasts. The committed run is a full minute; shorten it only while iterating.
