@@ -132,6 +132,7 @@ def main() -> None:
     )
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per row (default: the row's own)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one up")
     parser.add_argument("--code", action="append", type=Path, default=[], help="another checkout to run too")
     parser.add_argument("--out", type=Path, default=Path("results"), help="writes OUT.md and OUT.json")
     args = parser.parse_args()
@@ -141,7 +142,7 @@ def main() -> None:
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {r.name: {label[c]: [] for c in codes} for r in rows}
     with tempfile.TemporaryDirectory(prefix="zmqrl-results-") as tmp:
         for row in rows:
-            for seed in range(args.seeds or row.seeds):
+            for seed in range(args.first_seed, args.first_seed + (args.seeds or row.seeds)):
                 for code in codes:  # alternate, so both checkouts see the same machine conditions
                     runs = Path(tmp) / f"{len(raw[row.name][label[code]])}-{abs(hash(code)) % 10_000}"
                     result = run_once(code, row, seed, runs)

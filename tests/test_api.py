@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,7 +67,11 @@ def test_train_never_mixes_a_new_run_into_a_finished_one(run_root: Path) -> None
 def test_train_in_processes_runs_what_launch_runs(run_root: Path) -> None:
     cfg = zmqrl.load_config(None, overrides(run_root, actor__num_actors=2))
     out = io.StringIO()
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     result = zmqrl.train(cfg, mode="processes", out=out)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers, (
+        "handlers restored"
+    )
     assert result.mode == "processes" and result.state == "finished" and result.exit_code == 0
     assert result.updates == 300 and len(result.actors) == 2
     assert all(row["steps"] > 0 for row in result.actors)

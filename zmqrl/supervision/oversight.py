@@ -111,7 +111,7 @@ class Oversight:
         self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
         self.control = ControlPublisher(ctl_sock)
         self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
-        self._install_signals()
+        previous = self._install_signals()
         code = EXIT_FAILED
         try:
             code = self._run()
@@ -122,6 +122,8 @@ class Oversight:
             if auth is not None:
                 auth.stop()
         self._report()
+        for signum, handler in previous.items():  # a library caller gets its own handlers back
+            signal.signal(signum, handler)
         if self._signal == signal.SIGINT:
             return EXIT_SIGINT
         if self._signal == signal.SIGTERM:
@@ -182,9 +184,10 @@ class Oversight:
         )
 
     # ------------------------------------------------------------------ signals
-    def _install_signals(self) -> None:
+    def _install_signals(self) -> dict[int, Any]:
+        """Ctrl-C and SIGTERM stop the run in order; returns the handlers they replaced."""
         if threading.current_thread() is not threading.main_thread():
-            return
+            return {}
 
         def handler(signum: int, _frame: Any) -> None:
             if self._signal is None:
@@ -193,8 +196,10 @@ class Oversight:
             else:
                 self._second_signal()
 
+        previous: dict[int, Any] = {int(n): signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+        return previous
 
     def _stopping_what(self) -> str:
         return "stopping every process (press Ctrl-C again to kill them now)"
