@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -125,3 +126,25 @@ def test_docs_links_between_pages_resolve() -> None:
                 headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), re.MULTILINE)
                 slugs = {re.sub(r"[^\w -]", "", h).strip().lower().replace(" ", "-") for h in headings}
                 assert anchor in slugs, f"{page.name} links to missing {target}#{anchor}"
+
+
+def test_the_readmes_python_api_example_runs(tmp_path: Path) -> None:
+    """The example as printed, shortened through config variables (file < environment < overrides)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API") :]
+    example = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert example is not None
+    script = tmp_path / "example.py"
+    script.write_text(example.group(1) + "\nprint('acted', action, result.state)\n")
+    env = {
+        **os.environ,
+        "ZMQRL_RUN__DIR": str(tmp_path / "runs"),
+        "ZMQRL_LEARNER__MAX_UPDATES": "200",
+        "ZMQRL_LEARNER__MIN_REPLAY_SIZE": "200",
+        "ZMQRL_LEARNER__EVAL_EPISODES": "2",
+    }
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] in ("acted 0 finished", "acted 1 finished")

@@ -114,6 +114,9 @@ class SerialRun:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
+        import torch  # the learner's agent needs it anyway; its intra-op threads as the learner's
+
+        torch.set_num_threads(cfg.learner.torch_threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         self.actors: list[SerialActor] = []
