@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
-from zmqrl.agents.numpy_policies import explores, linear, relu_torso
+from zmqrl.agents.numpy_policies import epsilon_greedy, explores, linear, relu_torso
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sync import PublishedModule
 from zmqrl.types import TransitionBatch, Weights
@@ -95,14 +95,7 @@ class DQNAgent:
         Each row explores independently. When every row explores, the network is not evaluated.
         """
         if explore and explores(self.epsilon):
-            explore_rows = self.rng.random(obs.shape[0]) < self.epsilon
-            n_random = int(np.count_nonzero(explore_rows))
-            if n_random == obs.shape[0]:
-                return self.rng.integers(self.n_actions, size=n_random, dtype=np.int64)
-            actions = self._greedy(obs)
-            if n_random:
-                actions[explore_rows] = self.rng.integers(self.n_actions, size=n_random, dtype=np.int64)
-            return actions
+            return epsilon_greedy(self.rng, self.epsilon, obs, self.n_actions, self._greedy)
         return self._greedy(obs)
 
     def _greedy(self, obs: np.ndarray) -> np.ndarray:

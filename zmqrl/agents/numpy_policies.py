@@ -14,7 +14,7 @@ numpy generator; they are not the torch agent's initial values, only as random.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -92,6 +92,67 @@ def explores(epsilon: float | np.ndarray) -> bool:
     return epsilon > 0.0 if isinstance(epsilon, float) else bool(np.any(epsilon > 0.0))
 
 
+def epsilon_greedy(
+    rng: np.random.Generator,
+    epsilon: float | np.ndarray,
+    obs: np.ndarray,
+    n_actions: int,
+    greedy: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """DQN's acting rule, shared by DQNAgent and NumpyDQNPolicy (same draws from ``rng``, in the
+    same order): each row explores independently with probability ``epsilon``, and when every
+    row explores ``greedy`` is not called."""
+    explore_rows = rng.random(obs.shape[0]) < epsilon
+    n_random = int(np.count_nonzero(explore_rows))
+    if n_random == obs.shape[0]:
+        return rng.integers(n_actions, size=n_random, dtype=np.int64)
+    actions = greedy(obs)
+    if n_random:
+        actions[explore_rows] = rng.integers(n_actions, size=n_random, dtype=np.int64)
+    return actions
+
+
+class SquashedActions:
+    """SAC's acting rule onto ``[low, high]``, shared by SACAgent and NumpySACPolicy (same draws,
+    same order): ``explore`` samples the tanh-squashed Gaussian, except that each row is a
+    uniformly random action with probability ``epsilon``; greedy is ``tanh(mean)``."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray) -> None:
+        self.low, self.high = low, high
+        self.scale = (high - low) / 2.0
+        self.shift = (high + low) / 2.0
+
+    def __call__(
+        self,
+        rng: np.random.Generator,
+        epsilon: float | np.ndarray,
+        obs: np.ndarray,
+        explore: bool,
+        outputs: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    ) -> np.ndarray:
+        n = obs.shape[0]
+        n_random = 0
+        if explore and explores(epsilon):
+            random_rows = rng.random(n) < epsilon
+            n_random = int(np.count_nonzero(random_rows))
+            if n_random == n:  # the network is not evaluated
+                return self.uniform(rng, n)
+        mean, log_std = outputs(obs)
+        if explore:
+            noise = rng.standard_normal(mean.shape, dtype=np.float32)
+            squashed = np.tanh(mean + np.exp(log_std) * noise)
+        else:
+            squashed = np.tanh(mean)
+        # Clip: the affine map may round one ulp past a bound the env checks.
+        actions = np.clip(squashed * self.scale + self.shift, self.low, self.high)
+        if n_random:
+            actions[random_rows] = self.uniform(rng, n_random)
+        return actions
+
+    def uniform(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.uniform(self.low, self.high, size=(n, self.low.shape[0])).astype(np.float32)
+
+
 class NumpyDQNPolicy:
     """DQN's acting side for the MLP torso (plain or dueling): epsilon-greedy on numpy Q-values.
 
@@ -154,14 +215,7 @@ class NumpyDQNPolicy:
         """Epsilon-greedy (``explore=True``) or greedy int64 actions ``(B,)``; each row explores
         independently, and when every row explores the network is not evaluated."""
         if explore and explores(self.epsilon):
-            explore_rows = self.rng.random(obs.shape[0]) < self.epsilon
-            n_random = int(np.count_nonzero(explore_rows))
-            if n_random == obs.shape[0]:
-                return self.rng.integers(self.n_actions, size=n_random, dtype=np.int64)
-            actions = self._greedy(obs)
-            if n_random:
-                actions[explore_rows] = self.rng.integers(self.n_actions, size=n_random, dtype=np.int64)
-            return actions
+            return epsilon_greedy(self.rng, self.epsilon, obs, self.n_actions, self._greedy)
         return self._greedy(obs)
 
     def _greedy(self, obs: np.ndarray) -> np.ndarray:
@@ -223,8 +277,7 @@ class NumpySACPolicy:
         self.obs_shape = tuple(obs_shape)
         self.act_dim = act_dim
         self.action_low, self.action_high = squashed_action_bounds(action_low, action_high, act_dim)
-        self._scale = (self.action_high - self.action_low) / 2.0
-        self._shift = (self.action_high + self.action_low) / 2.0
+        self._actions = SquashedActions(self.action_low, self.action_high)
         self._depth = len(config.hidden_sizes)
         layout, width = mlp_layout("torso", math.prod(self.obs_shape), config.hidden_sizes)
         for name in ("mean", "log_std"):
@@ -257,29 +310,8 @@ class NumpySACPolicy:
         return linear(x, arrays, "mean"), log_std
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        """Float32 actions ``(B, act_dim)`` in ``[low, high]``; when every row is random, the
-        network is not evaluated."""
-        n = obs.shape[0]
-        n_random = 0
-        if explore and explores(self.epsilon):
-            random_rows = self.rng.random(n) < self.epsilon
-            n_random = int(np.count_nonzero(random_rows))
-            if n_random == n:
-                return self._uniform_actions(n)
-        mean, log_std = self.policy_outputs(obs)
-        if explore:
-            noise = self.rng.standard_normal(mean.shape, dtype=np.float32)
-            squashed = np.tanh(mean + np.exp(log_std) * noise)
-        else:
-            squashed = np.tanh(mean)
-        # Clip: the affine map may round one ulp past a bound the env checks.
-        actions = np.clip(squashed * self._scale + self._shift, self.action_low, self.action_high)
-        if n_random:
-            actions[random_rows] = self._uniform_actions(n_random)
-        return actions
-
-    def _uniform_actions(self, n: int) -> np.ndarray:
-        return self.rng.uniform(self.action_low, self.action_high, size=(n, self.act_dim)).astype(np.float32)
+        """Float32 actions ``(B, act_dim)`` in ``[low, high]`` (see SquashedActions)."""
+        return self._actions(self.rng, self.epsilon, obs, explore, self.policy_outputs)
 
     def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
         """None: the policy holds no critic, which a TD error needs."""

@@ -22,7 +22,7 @@ from torch import nn
 
 from zmqrl.agents.configs import SACConfig
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
-from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN, explores, linear, relu_torso
+from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN, SquashedActions, linear, relu_torso
 from zmqrl.agents.numpy_policies import squashed_action_bounds as _action_bounds
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
@@ -85,10 +85,9 @@ class SACAgent:
         self.alpha_optimizer = fused_adam([self.log_alpha], lr=config.alpha_lr) if config.autotune else None
 
         # env action = scale * squashed + shift, and back; kept on the device for update().
-        self._scale = (self.action_high - self.action_low) / 2.0
-        self._shift = (self.action_high + self.action_low) / 2.0
-        self._scale_t = torch.as_tensor(self._scale, device=self._device)
-        self._shift_t = torch.as_tensor(self._shift, device=self._device)
+        self._actions = SquashedActions(self.action_low, self.action_high)
+        self._scale_t = torch.as_tensor(self._actions.scale, device=self._device)
+        self._shift_t = torch.as_tensor(self._actions.shift, device=self._device)
 
         # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
         self.epsilon: float | np.ndarray = epsilon
@@ -125,24 +124,7 @@ class SACAgent:
         uniformly random action with probability ``epsilon``; ``explore=False`` is ``tanh(mean)``.
         When every row is random, the network is not evaluated.
         """
-        n = obs.shape[0]
-        n_random = 0
-        if explore and explores(self.epsilon):
-            random_rows = self.rng.random(n) < self.epsilon
-            n_random = int(np.count_nonzero(random_rows))
-            if n_random == n:
-                return self._uniform_actions(n)
-        mean, log_std = self._policy_outputs(obs)
-        if explore:
-            noise = self.rng.standard_normal(mean.shape, dtype=np.float32)
-            squashed = np.tanh(mean + np.exp(log_std) * noise)
-        else:
-            squashed = np.tanh(mean)
-        # Clip: the affine map may round one ulp past a bound the env checks.
-        actions = np.clip(squashed * self._scale + self._shift, self.action_low, self.action_high)
-        if n_random:
-            actions[random_rows] = self._uniform_actions(n_random)
-        return actions
+        return self._actions(self.rng, self.epsilon, obs, explore, self._policy_outputs)
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, clamped log_std)`` of the pre-tanh Gaussian as float32 numpy, computed by torch.
@@ -159,9 +141,6 @@ class SACAgent:
             return self.policy_outputs(obs)
         x = relu_torso(obs, arrays, "torso", len(self.config.hidden_sizes))
         return linear(x, arrays, "mean"), np.clip(linear(x, arrays, "log_std"), LOG_STD_MIN, LOG_STD_MAX)
-
-    def _uniform_actions(self, n: int) -> np.ndarray:
-        return self.rng.uniform(self.action_low, self.action_high, size=(n, self.act_dim)).astype(np.float32)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy
