@@ -153,7 +153,29 @@ class SquashedActions:
         return rng.uniform(self.low, self.high, size=(n, self.low.shape[0])).astype(np.float32)
 
 
-class NumpyDQNPolicy:
+class ImportedWeights:
+    """The receiving half of the sync-model contract, for a policy whose weights are the
+    ``VersionedArrays`` in ``self._params``."""
+
+    _params: VersionedArrays
+
+    @property
+    def weights_version(self) -> int:
+        return self._params.version
+
+    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return self._params.spec()
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weights acted with now, by parameter name (read-only use)."""
+        return self._params.arrays
+
+    def import_weights(self, weights: Weights) -> bool:
+        return self._params.load(weights)
+
+
+class NumpyDQNPolicy(ImportedWeights):
     """DQN's acting side for the MLP torso (plain or dueling): epsilon-greedy on numpy Q-values.
 
     ``initial_priorities`` are the Ape-X ones ``DQNAgent`` computes on an actor, whose target
@@ -186,21 +208,6 @@ class NumpyDQNPolicy:
         self._params = VersionedArrays(layout, seed)
         self.rng = np.random.default_rng(seed)  # acting draws, in DQNAgent's order
         self.epsilon: float | np.ndarray = epsilon
-
-    @property
-    def weights_version(self) -> int:
-        return self._params.version
-
-    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        return self._params.spec()
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The weights acted with now, by parameter name (read-only use)."""
-        return self._params.arrays
-
-    def import_weights(self, weights: Weights) -> bool:
-        return self._params.load(weights)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Action values ``(B, n_actions)`` float32 for obs ``(B, *obs_shape)``."""
@@ -253,7 +260,7 @@ def squashed_action_bounds(
     return bounds[0], bounds[1]
 
 
-class NumpySACPolicy:
+class NumpySACPolicy(ImportedWeights):
     """SAC's acting side: the tanh-squashed Gaussian policy MLP, rescaled onto the action bounds.
 
     ``explore=False`` acts ``tanh(mean)``; ``explore=True`` samples the squashed Gaussian, each row
@@ -286,21 +293,6 @@ class NumpySACPolicy:
         self._params = VersionedArrays(layout, seed)
         self.rng = np.random.default_rng(seed)  # acting draws, in SACAgent's order
         self.epsilon: float | np.ndarray = epsilon
-
-    @property
-    def weights_version(self) -> int:
-        return self._params.version
-
-    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        return self._params.spec()
-
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The weights acted with now, by parameter name (read-only use)."""
-        return self._params.arrays
-
-    def import_weights(self, weights: Weights) -> bool:
-        return self._params.load(weights)
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, clamped log_std)`` of the pre-tanh Gaussian, each ``(B, act_dim)`` float32."""
