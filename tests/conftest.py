@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +19,8 @@ from zmqrl.config import Config, load_config
 
 # Every socket a test opens asks the OS for a free port on loopback.
 ANY_PORT = "tcp://127.0.0.1:0"
+# The repository root: where `python -m zmqrl` finds the test package's modules.
+REPO = Path(__file__).resolve().parent.parent
 
 torch.set_num_threads(1)
 
@@ -50,6 +54,21 @@ def tiny_overrides(run_dir: Path, **extra: object) -> list[str]:
     }
     values.update({k.replace("__", "."): v for k, v in extra.items()})
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def launch_to_the_end(
+    config: Path, overrides: list[str], timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``python -m zmqrl launch CONFIG --set ...`` from the repository root, run to its end.
+
+    cwd: ``python -m zmqrl`` puts the working directory on sys.path, in the launch and in every
+    process it starts, so modules of the test package (example envs, plugin agents) import there
+    (a timeout leaves the run_root fixture to kill what is left)."""
+    cmd = [sys.executable, "-m", "zmqrl", "launch", str(config)]
+    for item in overrides:
+        cmd += ["--set", item]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def tiny_config(run_dir: Path, **extra: object) -> Config:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_overrides
+from tests.conftest import launch_to_the_end, tiny_overrides
 from tests.plugins.linear_q import PLUGIN, LinearQAgent, LinearQConfig
 from zmqrl.agents import make_learner, make_policy, registry
 from zmqrl.agents.configs import AgentConfigBase
@@ -25,7 +23,6 @@ from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
-REPO = Path(__file__).resolve().parents[1]
 KIND_PATH = "tests.plugins.linear_q:PLUGIN"
 CARTPOLE = SampleSpec((4,), "float32", (), "int64", num_actions=2)
 PENDULUM = SampleSpec((3,), "float32", (1,), "float32")
@@ -207,17 +204,7 @@ def test_a_plugin_agent_trains_end_to_end_through_launch(tmp_path: Path) -> None
         )
         if not item.startswith("agent.")
     ]
-    cmd = [sys.executable, "-m", "zmqrl", "launch", str(config)]
-    for item in overrides:
-        cmd += ["--set", item]
-    result = subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    result = launch_to_the_end(config, overrides)
     assert result.returncode == 0, result.stdout + result.stderr
     stats = json.loads((run_root / "t" / "stats.json").read_text())
     learner = stats["learner"]

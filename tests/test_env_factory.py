@@ -4,8 +4,6 @@ errors that say what to fix; then a real `zmqrl launch` that trains DQN on such 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,12 +13,11 @@ import numpy as np
 import pytest
 
 from tests import example_envs
-from tests.conftest import processes_mentioning, tiny_overrides
+from tests.conftest import launch_to_the_end, processes_mentioning, tiny_overrides
 from zmqrl.config import EnvConfig, load_config
 from zmqrl.envs import EnvError, OneHotObservation, make_env, make_vector_env, sample_spec
 from zmqrl.fingerprint import run_fingerprint
 
-REPO = Path(__file__).resolve().parents[1]
 CORRIDOR = "tests.example_envs:make_env"
 HERE = __name__  # this module, importable as tests.test_env_factory: factories for the error cases
 
@@ -210,20 +207,7 @@ def test_launch_trains_dqn_on_a_factory_env_to_its_optimum(run_root: Path) -> No
         evaluator__enabled="true",  # a third process that makes the env: evaluates the final weights
         evaluator__episodes=2,
     )
-    cmd = [sys.executable, "-m", "zmqrl", "launch", str(config)]
-    for item in overrides:
-        cmd += ["--set", item]
-    # cwd: `python -m zmqrl` puts the working directory on sys.path, in the launch and in every
-    # process it starts, so tests.example_envs imports there (a timeout leaves the run_root fixture
-    # to kill what is left).
-    result = subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    result = launch_to_the_end(config, overrides)
     assert result.returncode == 0, result.stdout + result.stderr
     learner = json.loads((run_root / "t" / "learner-stats.json").read_text())
     evaluator = json.loads((run_root / "t" / "evaluator-stats.json").read_text())
