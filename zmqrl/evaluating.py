@@ -170,11 +170,12 @@ class Scorer:
             eval_seconds=self.eval_seconds,
         )
         tb = self._tb
-        # Indexed by the learner's env steps at publish time: the same x-axis as the learner's returns.
+        # Indexed by the learner's env steps at publish time: the same x-axis as the learner's returns
+        # (the evaluator does not know the learner's update count, so all its tags are charts/).
         tb.scalar("charts/eval_return", result.mean, self._env_steps)
         tb.scalar("charts/eval_return_std", result.std, self._env_steps)
-        tb.scalar("evaluator/weights_version", version, version)
-        tb.scalar("evaluator/eval_seconds", self.eval_seconds, version)
+        tb.scalar("charts/eval_weights_version", version, self._env_steps)
+        tb.scalar("charts/eval_seconds", self.eval_seconds, self._env_steps)
         tb.flush()
         if improved:
             self._save_best(version, result, record["time"])

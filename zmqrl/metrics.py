@@ -1,14 +1,44 @@
-"""Where scalars go: a tiny Logger contract, a TensorBoard implementation and a null one.
+"""Where scalars go: a tiny Logger contract, the run's logger (TensorBoard + metrics.jsonl), a null one.
 
-Tags are namespaced as docs/metrics.md lists them: ``charts/...``, ``losses/...``, ``learner/...``,
-``replay/...``, ``perf/...``.
+Every role that reports scalars gets its logger from ``run_logger(run_dir, source)``; each scalar
+then goes to two places:
+
+- TensorBoard event files: ``run_dir/tb`` for the learner (and serial runs), ``run_dir/tb/<source>``
+  for the others, so TensorBoard shows one run per role;
+- ``run_dir/metrics.jsonl``: one strict-JSON row per scalar, shared by every process of the run, so
+  curves can be read (``zmqrl plot``, ``jq``, pandas) without TensorBoard.
+
+Tags are namespaced (``NAMESPACES``) and each is listed in docs/metrics.md with its meaning, unit and
+x-axis; tests/test_metrics_tags.py fails when a run writes a tag the docs do not list.
+
+Neither writer imports torch: the supervisor is a light process, and tensorboard's own event writer
+imports in a fraction of the time torch's ``SummaryWriter`` takes. Metrics are a report, never a
+reason to die: a failed write is logged once and training goes on.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+# The first path segment every tag must have (docs/metrics.md explains each).
+NAMESPACES = ("charts", "losses", "actor", "learner", "replay", "perf", "supervisor")
+# Sources whose TensorBoard events go straight under tb/ (where they always have), not tb/<source>.
+_TB_ROOT_SOURCES = frozenset({"learner"})
+# Seconds between TensorBoard's background flushes (a crash loses at most this much).
+TB_FLUSH_SECONDS = 5.0
+# Pending TensorBoard events before a write blocks on the background flush.
+TB_QUEUE_SIZE = 100
+
+log = logging.getLogger("zmqrl.metrics")
 
 
 class Logger(Protocol):
@@ -32,22 +62,171 @@ class NullLogger:
         pass
 
 
-class TensorBoardLogger:
-    """Writes TensorBoard event files under ``log_dir``."""
+def namespaced(tag: str) -> bool:
+    """Whether ``tag`` is ``<namespace>/<name>`` with one of ``NAMESPACES``."""
+    head, sep, name = tag.partition("/")
+    return bool(sep and name) and head in NAMESPACES
+
+
+def tb_dir(run_dir: Path, source: str) -> Path:
+    return run_dir / TB_DIR if source in _TB_ROOT_SOURCES else run_dir / TB_DIR / source
+
+
+def metrics_row(source: str, tag: str, value: float, step: int, *, launched: float, wall: float) -> str:
+    """One metrics.jsonl line: strict JSON, a non-finite value written as ``null`` (the row stays, so
+    a reader sees the tag was reported but not measured)."""
+    number = float(value)
+    row = {
+        "source": source,
+        "tag": tag,
+        "step": int(step),
+        "value": number if math.isfinite(number) else None,
+        "time": round(wall - launched, 3),
+        "wall": round(wall, 3),
+    }
+    return json.dumps(row, allow_nan=False, separators=(", ", ": ")) + "\n"
+
+
+class MetricsFile:
+    """Appends rows to metrics.jsonl, shared by several processes at once.
+
+    The file is opened ``O_APPEND`` and every row is one ``os.write``: the kernel then places each
+    write at the end of the file as a whole, so rows from different processes never interleave
+    (a buffered Python file could split a row across two flushes).
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def write(self, line: str) -> None:
+        if self._fd is None:
+            return
+        data = line.encode()
+        written = os.write(self._fd, data)
+        if written != len(data):  # a full disk: the row is cut short; say so rather than pretend
+            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class EventWriter:
+    """TensorBoard scalars through tensorboard's own event writer (no torch import)."""
 
     def __init__(self, log_dir: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # imported late: pulls in tensorboard
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # late: only runs that log pay
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=5)
+        self._event = event_pb2.Event
+        self._summary = summary_pb2.Summary
+        self._writer = EventFileWriter(
+            str(log_dir), max_queue_size=TB_QUEUE_SIZE, flush_secs=TB_FLUSH_SECONDS
+        )
 
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        self._writer.add_scalar(tag, value, step)
+    def scalar(self, tag: str, value: float, step: int, wall: float) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(value))])
+        self._writer.add_event(self._event(wall_time=wall, step=int(step), summary=summary))
 
     def flush(self) -> None:
         self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
+
+
+class RunLogger:
+    """A run's ``Logger``: each scalar to TensorBoard and to metrics.jsonl.
+
+    Either part may be missing (tensorboard not installed, a read-only run directory): the other
+    goes on. A part that fails is reported once, with the error, and tried again on the next scalar
+    (a full disk may be cleared); a tag outside ``NAMESPACES`` is reported once and written anyway.
+    """
+
+    def __init__(self, run_dir: Path, source: str, *, launched: float | None = None) -> None:
+        self.source = source
+        self.launched = time.time() if launched is None else launched
+        self._seen: set[str] = set()
+        self._failed: set[str] = set()
+        self._jsonl: MetricsFile | None = None
+        self._tb: EventWriter | None = None
+        try:
+            self._jsonl = MetricsFile(run_dir / METRICS_FILE)
+        except OSError as exc:
+            self._report("metrics.jsonl", exc)
+        try:
+            self._tb = EventWriter(tb_dir(run_dir, source))
+        except Exception as exc:  # ImportError, OSError, protobuf trouble: all non-fatal
+            self._report("tensorboard", exc)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if tag not in self._seen:
+            self._seen.add(tag)
+            if not namespaced(tag):
+                log.warning("metric tag %r is outside the namespaces %s", tag, "/, ".join(NAMESPACES) + "/")
+        wall = time.time()
+        if self._jsonl is not None:
+            try:
+                row = metrics_row(self.source, tag, value, step, launched=self.launched, wall=wall)
+                self._jsonl.write(row)
+            except (OSError, TypeError, ValueError) as exc:
+                self._report("metrics.jsonl", exc)
+        if self._tb is not None:
+            try:
+                self._tb.scalar(tag, value, step, wall)
+            except Exception as exc:  # see __init__
+                self._report("tensorboard", exc)
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            try:
+                self._tb.flush()
+            except Exception as exc:  # see __init__
+                self._report("tensorboard", exc)
+
+    def close(self) -> None:
+        tb, self._tb = self._tb, None
+        if tb is not None:
+            try:
+                tb.close()
+            except Exception as exc:  # see __init__
+                self._report("tensorboard", exc)
+        jsonl, self._jsonl = self._jsonl, None
+        if jsonl is not None:
+            jsonl.close()
+
+    def _report(self, part: str, exc: BaseException) -> None:
+        if part not in self._failed:
+            self._failed.add(part)
+            log.warning("%s: cannot write %s metrics (%s); the run goes on", self.source, part, exc)
+
+
+def run_logger(run_dir: Path, source: str, *, launched: float | None = None) -> Logger:
+    """The logger a role reports through: ``source`` names the role ("learner", "evaluator",
+    "supervisor", ...); ``launched`` (Unix seconds, default now) is what metrics.jsonl's ``time``
+    counts from: pass ``supervision.link.launch_time()`` so every process counts from the launch."""
+    return RunLogger(run_dir, source, launched=launched)
+
+
+def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of a metrics.jsonl; a line that is not a JSON object (a row cut short by a crash)
+    is skipped with a warning, once per file, so one bad line does not hide a run's curves."""
+    skipped = 0
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict) and isinstance(row.get("tag"), str):
+                yield row
+            elif line.strip():
+                skipped += 1
+    if skipped:
+        log.warning("%s: skipped %d malformed line(s)", path, skipped)
 
 
 def fmt_value(value: Any, digits: int = 1) -> str:

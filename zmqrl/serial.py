@@ -30,7 +30,7 @@ from zmqrl.core import Policy
 from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.learning.reporting import LearnerReports, write_stats
 from zmqrl.learning.trainer import Trainer
-from zmqrl.metrics import Logger, TensorBoardLogger
+from zmqrl.metrics import Logger, run_logger
 from zmqrl.replay import RateLimiter
 from zmqrl.transport import wire
 from zmqrl.transport.sequence import SequenceTracker
@@ -124,14 +124,15 @@ class SerialRun:
         self.trainer = trainer = Trainer(
             cfg, self.run_dir, self._deliver, resume=self.resume, background_checkpoints=False
         )
-        tb = self._logger or TensorBoardLogger(self.run_dir / "tb")
+        launched = time.time()  # serial mode is its own launch: "time" in metrics.jsonl counts from here
+        tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
         trainer.tb = tb
         reports = LearnerReports(trainer, tb, bad_messages=lambda: 0, seqs=self.seqs)
         trainer.on_scalars = reports.log_scalars
         state = "failed"
         try:
             self.actors = [SerialActor(cfg, i) for i in range(cfg.actor.num_actors)]
-            trainer.start(time.time())
+            trainer.start(launched)
             trainer.publish()
             finished = self._loop(reports)
             trainer.finish(finished)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from zmqrl.learning.trainer import Trainer
 
 STATS_FILE = "learner-stats.json"
+# Keys of a replay draw's metrics (zmqrl.core.Sampled.metrics) among an update's: logged as replay/.
+REPLAY_DRAW_PREFIX = "per_"
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -84,6 +86,7 @@ class LearnerReports:
             "updates_per_s": c.updates / elapsed,
             "samples_per_s": samples / elapsed,
             "duration": elapsed,
+            "evaluations": len(t.evals.history),  # the dashboard's eval history grows when this does
             "eval_return": t.evals.last,
             "eval_best": t.evals.best_or_nan,
             "target_time": reached.get("time", math.nan),
@@ -126,11 +129,16 @@ class LearnerReports:
         )
 
     def log_scalars(self, metrics: dict[str, float]) -> None:
+        """Every learner tag of docs/metrics.md: returns at env steps, the rest at updates.
+
+        ``metrics`` is the update's (the agent's loss terms) plus the replay draw's, whose keys
+        start with ``per_`` (prioritized experience replay): those go under ``replay/``."""
         t = self.trainer
         step = t.counters.updates
         tb = self.tb
         for key, value in metrics.items():
-            tb.scalar(f"losses/{key}", value, step)
+            space = "replay" if key.startswith(REPLAY_DRAW_PREFIX) else "losses"
+            tb.scalar(f"{space}/{key}", value, step)
         episodes, lags = t.counters.take_for_report()
         samples = t.counters.samples
         for ep in episodes:

@@ -26,7 +26,7 @@ from zmqrl.envs import make_env, sample_spec
 from zmqrl.evaluating import BEST, Scorer, final_weights, stored_best_score
 from zmqrl.evaluation import make_eval_policy
 from zmqrl.fingerprint import run_fingerprint
-from zmqrl.metrics import Logger, TensorBoardLogger
+from zmqrl.metrics import Logger, run_logger
 from zmqrl.supervision.link import SupervisorLink, launch_time, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, WeightsSubscriber
@@ -39,8 +39,7 @@ IDLE_POLL_MS = 100
 # During an evaluation: drain the weights socket this often. Its receive queue is tiny, so an
 # undrained socket would drop the learner's stop announcement behind newer republishes.
 DRAIN_SECONDS = 0.25
-# Where the results go, under the run directory (and `best`, see zmqrl.evaluating).
-TB_SUBDIR = Path("tb") / "evaluator"
+# Where the results go, under the run directory (scalars: zmqrl.metrics; `best`: zmqrl.evaluating).
 STATS_FILE = "evaluator-stats.json"
 # The supervisor's stop reason at the normal end of a run (the learner finished).
 RUN_FINISHED = "run finished"
@@ -109,7 +108,8 @@ class Evaluator:
         # The acting side only (numpy for an MLP): it imports published weights and plays greedily.
         policy = make_eval_policy(cfg, envs[0], seed=cfg.run.seed)
         best = stored_best_score(self.run_dir / BEST) if self.resume else None
-        tb: Logger = self._logger or TensorBoardLogger(self.run_dir / TB_SUBDIR)
+        launched = launch_time(log)
+        tb: Logger = self._logger or run_logger(self.run_dir, ROLE, launched=launched)
         limits = socket_limits(cfg)
         security = transport_security(cfg)
         weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
@@ -131,9 +131,7 @@ class Evaluator:
             cfg.transport.weights,
         )
         self.started = time.monotonic()
-        self.scorer = scorer = Scorer(
-            cfg, policy, envs, tb, self.run_dir, launched=launch_time(log), best=best
-        )
+        self.scorer = scorer = Scorer(cfg, policy, envs, tb, self.run_dir, launched=launched, best=best)
         state = "failed"
         try:
             self._loop(scorer)

@@ -18,7 +18,7 @@ from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.learning.ingest import warn_if_queues_hide_lag
 from zmqrl.learning.reporting import LearnerReports, write_stats
 from zmqrl.learning.trainer import Trainer
-from zmqrl.metrics import Logger, TensorBoardLogger
+from zmqrl.metrics import Logger, run_logger
 from zmqrl.supervision.link import SupervisorLink, launch_time, socket_limits, transport_security
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
@@ -119,7 +119,8 @@ class Learner:
             self.endpoints = {"samples": samples_ep, "weights": weights_ep}
             self.receiver = SampleReceiver(samples_sock, trainer.spec, BadMessages("learner samples", log))
             self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
-            trainer.tb = tb = self._logger or TensorBoardLogger(self.run_dir / "tb")
+            launched = launch_time(log)
+            trainer.tb = tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
             reports = self.reports = LearnerReports(
                 trainer,
                 tb,
@@ -128,7 +129,7 @@ class Learner:
                 extra=self._extra,
             )
             trainer.on_scalars = reports.log_scalars
-            trainer.start(launch_time(log))
+            trainer.start(launched)
             self.started = time.monotonic()
             ingest = start_guarded(
                 lambda: trainer.ingest.drain(self.receiver, self._ingest_stop),

@@ -1,0 +1,149 @@
+"""Every tag a run writes is namespaced and listed in docs/metrics.md, with meaning, unit, x-axis.
+
+Real runs write the tags (serial DQN with learner evaluation, serial SAC, and one `zmqrl launch` with
+prioritized replay, the evaluator and the supervisor); the tags are read back from metrics.jsonl and
+from the TensorBoard event files, so neither sink can carry a tag the other lacks or the docs omit.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import zmqrl
+from tests.conftest import REPO, launch_to_the_end, processes_mentioning, tiny_config, tiny_overrides
+from zmqrl.metrics import METRICS_FILE, NAMESPACES, namespaced, read_metrics
+
+DOCS = REPO / "docs" / "metrics.md"
+TABLE_HEADER = "| tag | meaning | unit | x-axis |"
+AXES = {"env steps", "updates"}
+# Returns are indexed by env steps; everything else by learner updates.
+ENV_STEP_TAGS = re.compile(r"^(charts/.*|actor/recent_return)$")
+
+
+def documented_tags(text: str | None = None) -> dict[str, tuple[str, str, str]]:
+    """docs/metrics.md's tag table: tag -> (meaning, unit, x-axis)."""
+    lines = (text if text is not None else DOCS.read_text()).splitlines()
+    start = lines.index(TABLE_HEADER) + 2  # past the header and its |---| line
+    table: dict[str, tuple[str, str, str]] = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert len(cells) == 4 and all(cells), f"a tag row needs 4 filled cells: {line}"
+        tag = cells[0].strip("`")
+        assert tag not in table, f"{tag} is listed twice"
+        table[tag] = (cells[1], cells[2], cells[3])
+    return table
+
+
+def tag_problems(written: set[str], documented: dict[str, tuple[str, str, str]]) -> list[str]:
+    """What is wrong with the tags a run wrote: not namespaced, or not in the docs table."""
+    problems = [
+        f"{t}: not under one of {', '.join(NAMESPACES)}" for t in sorted(written) if not namespaced(t)
+    ]
+    problems += [
+        f"{t}: written but not listed in docs/metrics.md" for t in sorted(written - documented.keys())
+    ]
+    return problems
+
+
+def jsonl_tags(run_dir: Path) -> dict[str, set[str]]:
+    """source -> tags in the run's metrics.jsonl."""
+    found: dict[str, set[str]] = {}
+    for row in read_metrics(run_dir / METRICS_FILE):
+        found.setdefault(row["source"], set()).add(row["tag"])
+    return found
+
+
+def event_file_tags(run_dir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    tags = set()
+    for path in (run_dir / "tb").rglob("events.out.tfevents.*"):
+        for event in EventFileLoader(str(path)).Load():
+            tags.update(v.tag for v in event.summary.value)
+    return tags
+
+
+def assert_documented(run_dir: Path) -> set[str]:
+    written = set().union(*jsonl_tags(run_dir).values())
+    assert written, f"{run_dir} wrote no metrics"
+    assert event_file_tags(run_dir) == written, "TensorBoard and metrics.jsonl hold different tags"
+    assert tag_problems(written, documented_tags()) == []
+    return written
+
+
+def test_the_docs_table_gives_every_tag_a_namespace_meaning_unit_and_its_x_axis() -> None:
+    table = documented_tags()
+    assert len(table) > 30
+    for tag, (_meaning, _unit, axis) in table.items():
+        assert namespaced(tag), tag
+        assert axis in AXES, f"{tag}: x-axis {axis!r} is not one of {AXES}"
+        expected = "env steps" if ENV_STEP_TAGS.match(tag) else "updates"
+        assert axis == expected, f"{tag}: returns go against env steps, all else against updates"
+    assert {t.split("/")[0] for t in table} == set(NAMESPACES)
+
+
+def test_the_check_fails_for_a_tag_the_docs_do_not_list_or_outside_the_namespaces() -> None:
+    table = documented_tags()
+    assert tag_problems({"charts/episodic_return", "losses/loss"}, table) == []
+    assert tag_problems({"charts/episodic_return", "charts/made_up_return"}, table) == [
+        "charts/made_up_return: written but not listed in docs/metrics.md"
+    ]
+    problems = tag_problems({"evaluator/weights_version"}, table)  # the old, unnamespaced name
+    assert len(problems) == 2 and problems[0].startswith("evaluator/weights_version: not under")
+
+
+def test_a_docs_row_without_unit_is_refused() -> None:
+    text = f"{TABLE_HEADER}\n|---|---|---|---|\n| `losses/loss` | the loss |  | updates |\n"
+    with pytest.raises(AssertionError, match="4 filled cells"):
+        documented_tags(text)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"learner__eval_interval": 100, "learner__log_interval": 50},
+        {
+            "agent__kind": "sac",
+            "env__id": "Pendulum-v1",
+            "learner__max_updates": 200,
+            "learner__eval_interval": 100,
+            "learner__log_interval": 50,
+        },
+    ],
+    ids=["dqn-with-learner-eval", "sac"],
+)
+def test_serial_runs_write_only_documented_tags(tmp_path: Path, extra: dict[str, object]) -> None:
+    cfg = tiny_config(tmp_path / "runs", **extra)
+    zmqrl.train(cfg, mode="serial")
+    written = assert_documented(cfg.run_dir)
+    assert {"charts/episodic_return", "charts/eval_return", "losses/q_mean", "perf/updates_per_s"} <= written
+    assert set(jsonl_tags(cfg.run_dir)) == {"learner"}
+
+
+@pytest.mark.slow
+def test_a_launched_run_with_every_role_writes_only_documented_tags(run_root: Path) -> None:
+    overrides = tiny_overrides(
+        run_root,
+        learner__max_updates=600,
+        learner__log_interval=50,
+        replay__prioritized="true",
+        evaluator__enabled="true",
+        evaluator__episodes=2,
+        evaluator__interval_seconds=0.5,
+    )
+    result = launch_to_the_end(REPO / "configs" / "cartpole_dqn.yaml", overrides)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = run_root / "t"
+    written = assert_documented(run_dir)
+    by_source = jsonl_tags(run_dir)
+    assert {"learner", "evaluator", "supervisor"} <= by_source.keys(), by_source.keys()
+    assert {"replay/per_beta", "replay/clipped_priorities"} <= by_source["learner"]
+    assert {"charts/eval_return", "charts/eval_weights_version"} <= by_source["evaluator"]
+    assert {"actor/alive", "supervisor/restarts"} <= by_source["supervisor"]
+    assert {"charts/eval_return"} <= written
+    assert processes_mentioning(str(run_root)) == []
