@@ -11,7 +11,19 @@ from typer.testing import CliRunner
 
 from zmqrl.cli import app
 
-COMMANDS = ["launch", "supervise", "learner", "actor", "evaluator", "health", "eval", "keys", "config"]
+COMMANDS = [
+    "launch",
+    "supervise",
+    "learner",
+    "actor",
+    "evaluator",
+    "health",
+    "eval",
+    "keys",
+    "config",
+    "plot",
+    "status",
+]
 
 
 def help_text(*args: str) -> str:

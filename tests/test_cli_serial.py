@@ -70,7 +70,9 @@ def test_a_serial_launch_finishes_and_leaves_the_files_of_a_launched_run(
     assert stats["mode"] == "serial" and len(stats["actors"]) == 1
     assert learner["state"] == "finished" and learner["updates"] == 160
     assert (run_dir / "checkpoints" / "latest").is_file()
-    assert re.search(r"INFO zmqrl.learner: updates \d+/160 \| samples", result.stderr), "progress lines"
+    assert re.search(r"INFO serial zmqrl.learner: updates \d+/160 \| samples", result.stderr), (
+        "progress lines"
+    )
     summary = line_starting(result.stdout, "serial run finished")
     assert "160 updates" in summary and f"{learner['samples']} samples" in summary
     assert line_starting(result.stdout, "run dir:") == f"run dir: {run_dir}"

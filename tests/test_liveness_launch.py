@@ -76,7 +76,7 @@ def log_times(path: Path, text: str) -> list[float]:
     found = []
     for line in path.read_text().splitlines():
         if text in line:
-            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
             found.append(stamp.timestamp())
     return found
 

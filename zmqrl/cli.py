@@ -15,7 +15,11 @@ import time
 # Before the heavier imports: "N s after launch" in the summary counts from here.
 COMMAND_STARTED = time.time()
 
+import difflib
+import enum
 import logging
+import os
+import shlex
 import signal
 import sys
 import threading
@@ -27,6 +31,15 @@ import typer
 
 # Exit codes (documented in README): 0 ok, 1 runtime failure, 2 bad config or usage.
 EXIT_RUNTIME, EXIT_CONFIG = 1, 2
+
+# One log record, one line: when (to the millisecond), how bad, which process (the same name as its
+# log file, runs/NAME/logs/ROLE-ID.log), which module, what. Tracebacks follow on their own lines.
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s {label} %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+# The config file suggested when the one given is missing or a directory.
+EXAMPLE_CONFIG = "configs/cartpole_dqn.yaml"
+# At most this many "did you mean" file names for a config path that does not exist.
+CLOSE_CONFIG_NAMES = 3
 
 app = typer.Typer(
     add_completion=False,
@@ -51,6 +64,26 @@ SetOpt = Annotated[
         help="Override one config value, e.g. --set learner.max_updates=5000 (repeatable).",
     ),
 ]
+
+
+class LogLevel(str, enum.Enum):
+    """The values of ``--log-level`` (and of ``run.log_level``)."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+LogLevelOpt = Annotated[
+    LogLevel | None,
+    typer.Option(
+        "--log-level",
+        case_sensitive=False,
+        help="Log records at this level and above (overrides run.log_level; `launch` passes it on to "
+        "every process it starts, through the run's saved config).",
+    ),
+]
 InsecureOpt = Annotated[
     bool,
     typer.Option(
@@ -66,20 +99,69 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(config: Path, overrides: list[str] | None) -> Any:
+def _load(config: Path, overrides: list[str] | None, log_level: LogLevel | None = None) -> Any:
+    """The resolved config, or exit 2 with one line. ``--log-level`` is applied last, after every
+    ``--set``, so it wins; in ``launch`` it reaches the children through the saved config.yaml."""
     from zmqrl.config import ConfigError, load_config
 
+    problem = config_path_problem(config)
+    if problem is not None:
+        _fail(problem, EXIT_CONFIG)
+    if log_level is not None:
+        overrides = [*(overrides or []), f"run.log_level={log_level.value}"]
     try:
         return load_config(config, overrides or [])
     except ConfigError as exc:
-        _fail(str(exc), EXIT_CONFIG)
+        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+def config_path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a config file (a directory; missing, with the closest YAML names next
+    to it), or None. Checked before parsing so the line says what to give instead."""
+    if path.is_dir():
+        return f"{path}: is a directory, not a config file; give a YAML file, e.g. {EXAMPLE_CONFIG}"
+    if path.exists():
+        return None
+    folder = path.parent
+    names = [p.name for p in folder.glob("*.y*ml")] if folder.is_dir() else []
+    matches = difflib.get_close_matches(path.name, sorted(names), n=CLOSE_CONFIG_NAMES)
+    if matches:
+        hint = "did you mean " + ", ".join(str(folder / name) for name in matches) + "?"
+    elif not folder.is_dir():
+        hint = f"no directory {folder}"
+    else:
+        hint = f"the configs that ship with zmqrl are in configs/, e.g. {EXAMPLE_CONFIG}"
+    return f"{path}: config file not found ({hint})"
+
+
+class _Logging:
+    """The one handler ``_setup_logging`` installed (replaced when the label changes)."""
+
+    handler: logging.Handler | None = None
+
+
+def _setup_logging(level: str, label: str) -> None:
+    """Log to stderr, one line a record, labelled ``label`` (``actor-3``: the process's log file
+    name; ``supervisor``, ``serial``). Under a supervisor, stderr *is* runs/NAME/logs/LABEL.log.
+
+    A program that configured logging itself (a test harness, an embedding application) keeps its
+    handlers: as with ``logging.basicConfig``, nothing is added then.
+    """
+    root = logging.getLogger()
+    if _Logging.handler is not None:
+        root.removeHandler(_Logging.handler)
+        _Logging.handler = None
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(LOG_FORMAT.format(label=label.replace("%", "%%")), LOG_DATE_FORMAT)
+    )
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
+    _Logging.handler = handler
+    logging.getLogger("zmqrl").debug(
+        "pid %d: zmqrl %s (log level %s)", os.getpid(), shlex.join(sys.argv[1:]), level
     )
 
 
@@ -146,8 +228,15 @@ def main() -> None:
 
 
 # The commands register themselves on ``app`` when imported, in this order in `zmqrl --help`:
-# launch, supervise (cli_launch), then learner, actor, evaluator, health, eval, keys, config.
+# launch, supervise (cli_launch), then learner, actor, evaluator, health, eval, keys, config,
+# then plot (cli_plot), then status (cli_status).
 from zmqrl import cli_launch, cli_roles  # noqa: F401
+
+# isort: split
+from zmqrl import cli_plot  # noqa: F401
+
+# isort: split
+from zmqrl import cli_status  # noqa: F401
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ from zmqrl.cli import (
     EXIT_RUNTIME,
     ConfigArg,
     InsecureOpt,
+    LogLevelOpt,
     SetOpt,
     _fail,
     _load,
@@ -26,6 +27,16 @@ from zmqrl.cli import (
     _setup_logging,
     app,
 )
+
+DashboardOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--dashboard/--plain",
+        help="Show a live dashboard (the default on a terminal), or print plain progress lines every "
+        "supervisor.progress_seconds (the default when stdout is not a terminal: CI, docker logs, a pipe).",
+        show_default=False,
+    ),
+]
 
 
 @app.command(epilog="Example: zmqrl launch configs/cartpole_dqn.yaml --set run.seed=1")
@@ -59,14 +70,18 @@ def launch(
             "The learner's progress goes to stderr; the learner evaluates (no separate evaluator).",
         ),
     ] = False,
+    dashboard: DashboardOpt = None,
     insecure: InsecureOpt = False,
+    log_level: LogLevelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Train: start the learner, N actors and (if evaluator.enabled) the evaluator as separate
     processes and supervise them.
 
-    Progress is printed every few seconds; the learner's, the evaluator's and each actor's stats are
-    printed at the end. Ctrl-C stops every process cleanly (twice: kills them). Logs: runs/NAME/logs/.
+    On a terminal a live dashboard shows every process and the run's progress (elsewhere a progress
+    line is printed every few seconds); the learner's, the evaluator's and each actor's stats are
+    printed at the end. `zmqrl status RUN_DIR` shows the same table from another shell. Ctrl-C stops
+    every process cleanly (twice: kills them). Logs: runs/NAME/logs/.
 
     With --serial the same run happens in this one process instead, deterministically: Ctrl-C stops
     it after its final checkpoint (exit 130).
@@ -78,6 +93,8 @@ def launch(
         if config is not None:
             _fail("give either CONFIG or --resume RUN_DIR, not both", EXIT_CONFIG)
         config = resume / "config.yaml"
+        if not config.is_file():
+            _fail(f"{resume}: not a run directory (no config.yaml in it); give a runs/NAME", EXIT_CONFIG)
         overrides += [f"run.dir={resume.parent}", f"run.name={resume.name}"]
     elif config is None:
         _fail(
@@ -87,8 +104,10 @@ def launch(
         overrides.append(f"run.name={name}")
     if insecure:
         overrides.append("transport.insecure=true")
-    cfg = _load(config, overrides)
-    _setup_logging(cfg.run.log_level)
+    cfg = _load(config, overrides, log_level)
+    _setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
+    if not serial:  # --serial builds all of it at once, and says the same in one line
+        _preflight(cfg)
     cfg, resuming = _place_run(cfg, resume is not None, serial)
     if serial:
         raise typer.Exit(_launch_serial(cfg, resuming))
@@ -98,10 +117,35 @@ def launch(
     from zmqrl.transport.sockets import BindError
 
     try:
-        code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming).run()
+        code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming, dashboard=dashboard).run()
     except (BindError, SecurityError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     raise typer.Exit(code)
+
+
+def _preflight(cfg: Any) -> None:
+    """The settings people get wrong first, checked here before any process starts, so that they
+    are one line and exit 2 instead of a learner's failure shown in its log's last lines: the env
+    (an unknown id, with close matches; a missing optional extra), a CUDA device that is absent, and
+    the learner's ports held by another process (the supervisor's own are bound right after)."""
+    from zmqrl.envs import EnvError, make_env
+    from zmqrl.transport.sockets import address_in_use_message, tcp_port_taken
+
+    for what in ("samples", "weights"):
+        endpoint = getattr(cfg.transport, what)
+        if tcp_port_taken(endpoint):
+            _fail(address_in_use_message(what, endpoint), EXIT_RUNTIME)
+    try:
+        make_env(cfg.env).close()
+    except EnvError as exc:
+        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
+    device = str(getattr(cfg.agent, "device", "cpu"))
+    if device.startswith("cuda"):  # only then is torch worth importing here
+        from zmqrl.agents.builtin import device_problem
+
+        problem = device_problem(device)
+        if problem is not None:
+            _fail(problem, EXIT_CONFIG)
 
 
 def _place_run(cfg: Any, resume: bool, serial: bool) -> tuple[Any, bool]:
@@ -174,26 +218,29 @@ def serial_summary(stats: dict[str, Any], run_dir: Path, seconds: float) -> list
 @app.command(epilog="Example: zmqrl supervise configs/cartpole_dqn.yaml --set run.name=cartpole")
 def supervise(
     config: ConfigArg,
+    dashboard: DashboardOpt = None,
     insecure: InsecureOpt = False,
+    log_level: LogLevelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Watch a run whose processes something else starts (docker compose, Kubernetes, by hand).
 
     Binds transport.heartbeat and transport.control; the learner, actors and evaluator connect to
     them (give them ZMQRL_SUPERVISED=1 to have them wait for it and leave when it is gone). It
-    prints the same progress lines and summary as `launch`, reports processes that fall silent or
-    hang (it cannot restart them: their orchestrator does), and broadcasts stop when the learner
-    finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 130/143 on a signal.
+    shows the same dashboard (or progress lines) and summary as `launch`, reports processes that
+    fall silent or hang (it cannot restart them: their orchestrator does), and broadcasts stop when
+    the learner finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 130/143 on a
+    signal.
     """
     overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
-    cfg = _load(config, overrides)
-    _setup_logging(cfg.run.log_level)
+    cfg = _load(config, overrides, log_level)
+    _setup_logging(cfg.run.log_level, "supervisor")
     from zmqrl.roles.watcher import Watcher
     from zmqrl.transport.keys import SecurityError
     from zmqrl.transport.sockets import BindError
 
     try:
-        code = Watcher(cfg, launched=COMMAND_STARTED).run()
+        code = Watcher(cfg, launched=COMMAND_STARTED, dashboard=dashboard).run()
     except (BindError, SecurityError) as exc:
         _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
     raise typer.Exit(code)

@@ -19,6 +19,7 @@ from zmqrl.cli import (
     EXIT_RUNTIME,
     ConfigArg,
     InsecureOpt,
+    LogLevelOpt,
     SetOpt,
     _fail,
     _load,
@@ -41,11 +42,12 @@ def learner(
         ),
     ] = False,
     insecure: InsecureOpt = False,
+    log_level: LogLevelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
-    cfg = _load(config, [*(set_ or []), *(["transport.insecure=true"] if insecure else [])])
-    _setup_logging(cfg.run.log_level)
+    cfg = _load(config, [*(set_ or []), *(["transport.insecure=true"] if insecure else [])], log_level)
+    _setup_logging(cfg.run.log_level, "learner-0")
     from zmqrl.config import save_config
     from zmqrl.supervision.link import SUPERVISED_ENV
 
@@ -84,11 +86,12 @@ def actor(
             "for the learner's current weights before acting, and skip the epsilon warm-up.",
         ),
     ] = False,
+    log_level: LogLevelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
-    cfg = _load(config, set_)
-    _setup_logging(cfg.run.log_level)
+    cfg = _load(config, set_, log_level)
+    _setup_logging(cfg.run.log_level, "actor")  # until its id is settled
     from zmqrl.actor_ids import ActorIdError, resolve_actor_id
 
     try:  # the claim's lock reserves the id until this process exits
@@ -96,6 +99,7 @@ def actor(
     except ActorIdError as exc:
         _fail(str(exc), EXIT_CONFIG)
     actor_id = claim.actor_id
+    _setup_logging(cfg.run.log_level, f"actor-{actor_id}")
     logging.getLogger("zmqrl").info("%s", claim.describe())
     link = _start_link(cfg, "actor", actor_id)
     from zmqrl.roles.actor import Actor
@@ -113,13 +117,14 @@ def evaluator(
             "--resume", help="Keep the score of the run's existing checkpoints/best as the one to beat."
         ),
     ] = False,
+    log_level: LogLevelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run the evaluator: follows transport.weights, plays evaluator.episodes greedy episodes of each
     new version (at most every evaluator.interval_seconds), logs to TensorBoard and keeps the best
     weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
-    cfg = _load(config, set_)
-    _setup_logging(cfg.run.log_level)
+    cfg = _load(config, set_, log_level)
+    _setup_logging(cfg.run.log_level, "evaluator-0")
     link = _start_link(cfg, "evaluator", 0)
     from zmqrl.roles.evaluator import Evaluator
 
@@ -169,7 +174,7 @@ def eval_checkpoint(
         typer.Option(
             "--video",
             help="Also record every episode as DIR/eval-episode-<i>.mp4 (needs the `video` extra: "
-            'pip install -e ".[video]").',
+            'pip install -e ".\\[video]").',
             metavar="DIR",
         ),
     ] = None,

@@ -165,6 +165,7 @@ class SupervisorConfig:
     restart_backoff_max: float = 30.0  # the longest delay before a restart
     stop_grace: float = 10.0  # seconds from the stop broadcast to SIGTERM, and again to SIGKILL
     progress_seconds: float = 5.0  # seconds between progress lines on the console
+    status: str = "tcp://127.0.0.1:0"  # supervisor answers `zmqrl status` here (port 0: any free port)
 
 
 @dataclass
@@ -373,10 +374,14 @@ def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = No
         raise fail(
             "transport.samples, transport.weights, transport.heartbeat and transport.control must all differ"
         )
+    if not cfg.supervisor.status.endswith(":0") and cfg.supervisor.status in endpoints:
+        raise fail("supervisor.status must differ from the transport endpoints")
     for name in ("samples", "weights", "heartbeat", "control"):
         endpoint = getattr(cfg.transport, name)
         if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise fail(f"transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555")
+    if not cfg.supervisor.status.startswith(("tcp://", "ipc://", "inproc://")):
+        raise fail("supervisor.status must be a ZeroMQ endpoint like tcp://127.0.0.1:5559 (or port 0)")
     from zmqrl.transport.keys import client_name_problem  # zmq: only once the rest passed
 
     if problem := client_name_problem(cfg.transport.key_name):

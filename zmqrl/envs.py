@@ -33,9 +33,14 @@ __all__ = [
     "sample_spec",
 ]
 
-# What to run when an optional extra is missing; the project's extras pull in everything the env needs.
+# What to run when an optional dependency is missing. Atari: zmqrl's `atari` extra (ale-py, which ships
+# the ROMs, and OpenCV for the resize); MuJoCo: the `mujoco` extra is exactly gymnasium's; MinAtar and
+# Box2D are no extras of ours, so their own packages are named.
 ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'
-MUJOCO_INSTALL_HINT = 'pip install -e ".[mujoco]"'
+ATARI_PACKAGES = "pip install ale-py opencv-python-headless"
+MUJOCO_INSTALL_HINT = 'pip install "gymnasium[mujoco]"'
+BOX2D_INSTALL_HINT = 'pip install swig "gymnasium[box2d]"'
+MINATAR_INSTALL_HINT = "pip install minatar"
 
 # Ids in this namespace come from ale_py, which must register them before gymnasium.make can find them.
 ALE_NAMESPACE = "ALE/"
@@ -44,6 +49,9 @@ ALE_NAMESPACE = "ALE/"
 # name the missing package, so matching the text covers every id without a hardcoded list.
 _MUJOCO_WORDS = ("mujoco",)
 _ATARI_WORDS = ("ale_py", "ale-py", "atari", "opencv", "cv2")
+_BOX2D_WORDS = ("box2d", "swig")
+# Ids of the MinAtar games mention it (MinAtar/Breakout-v1, minatar:...): offered its install line.
+_MINATAR_WORD = "minatar"
 
 # The frame-skip the raw ALE env must use under the preprocessing: AtariPreprocessing repeats each
 # action itself (and max-pools the last two frames), so any skip in the env would multiply with it.
@@ -222,8 +230,11 @@ def _gym_make(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
     except gym.error.DependencyNotInstalled as exc:
         raise EnvError(_missing_dependency_message(env_id, exc)) from None
     except gym.error.UnregisteredEnv as exc:
-        raise EnvError(unknown_id_message(env_id, exc)) from None
-    except (gym.error.Error, TypeError, ImportError) as exc:
+        raise EnvError(_minatar_message(env_id, exc) or unknown_id_message(env_id, exc)) from None
+    except ImportError as exc:  # gymnasium's "module:Env-v0" form, whose module is missing
+        message = _minatar_message(env_id, exc) or f"env.id '{env_id}' could not be made: {exc}"
+        raise EnvError(message) from None
+    except (gym.error.Error, TypeError) as exc:
         raise EnvError(f"env.id '{env_id}' could not be made: {exc}") from None
 
 
@@ -233,8 +244,24 @@ def _missing_dependency_message(env_id: str, exc: Exception) -> str:
     if any(word in text for word in _MUJOCO_WORDS):
         return f"env.id '{env_id}' needs MuJoCo: run `{MUJOCO_INSTALL_HINT}` ({exc})"
     if any(word in text for word in _ATARI_WORDS):
-        return f"env.id '{env_id}' needs the Atari dependencies: run `{ATARI_INSTALL_HINT}` ({exc})"
+        return (
+            f"env.id '{env_id}' needs the Atari dependencies: run `{ATARI_INSTALL_HINT}` in the zmqrl "
+            f"checkout (or `{ATARI_PACKAGES}`) ({exc})"
+        )
+    if any(word in text for word in _BOX2D_WORDS):
+        return f"env.id '{env_id}' needs Box2D, which is not installed: run `{BOX2D_INSTALL_HINT}`"
     return f"env.id '{env_id}' needs a package that is not installed: {exc}"
+
+
+def _minatar_message(env_id: str, exc: Exception) -> str | None:
+    """For a MinAtar id that failed because MinAtar is not installed: what to install (else None)."""
+    if _MINATAR_WORD not in env_id.lower():
+        return None
+    try:
+        import minatar  # noqa: F401
+    except ImportError:
+        return f"env.id '{env_id}' needs MinAtar, which is not installed: run `{MINATAR_INSTALL_HINT}`"
+    return None
 
 
 def _register_ale(env_id: str) -> None:
@@ -244,7 +271,7 @@ def _register_ale(env_id: str) -> None:
     except ImportError:
         raise EnvError(
             f"env.id '{env_id}' needs the Atari emulator (ale-py, which ships the ROMs): "
-            f"run `{ATARI_INSTALL_HINT}`"
+            f"run `{ATARI_INSTALL_HINT}` in the zmqrl checkout (or `{ATARI_PACKAGES}`)"
         ) from None
     gym.register_envs(ale_py)
 

@@ -204,16 +204,18 @@ class Actor:
             if waited >= next_warning:
                 next_warning *= 2
                 log.warning(
-                    "no weights from the learner at %s after %.0f s: is it running and publishing "
-                    "there? (with keys: does it accept transport.key_name?) Waiting.",
+                    "no weights from the learner at %s (transport.weights) after %.0f s: is the learner "
+                    "running there? a firewall in between? with Curve keys, does it accept "
+                    "transport.key_name? Waiting%s.",
                     endpoint,
                     waited,
+                    "" if give_up is None else f" (giving up after transport.connect_timeout={give_up:g} s)",
                 )
             if give_up is not None and waited > give_up:
                 raise LearnerUnreachable(
                     f"no weights received from {endpoint} for {waited:.0f} s (transport.connect_timeout): "
-                    "check that the learner runs and publishes there, and transport.keys_dir / "
-                    "transport.key_name if the run uses keys"
+                    "check that the learner runs and publishes there (transport.weights), that no firewall "
+                    "is in between, and transport.keys_dir / transport.key_name if the run uses Curve keys"
                 )
             self._weights_sock.poll(WEIGHTS_WAIT_POLL_MS)
         return True

@@ -66,6 +66,7 @@ class Supervisor(Oversight):
             f"learner on {endpoints['samples']} (samples) / {endpoints['weights']} (weights); "
             f"{self.cfg.actor.num_actors} actor(s) started"
         )
+        self.phase = "running"
         return self._monitor()
 
     # ------------------------------------------------------------------ processes
@@ -150,7 +151,7 @@ class Supervisor(Oversight):
             if now >= next_progress:
                 next_progress = now + scfg.progress_seconds
                 alive = sum(1 for s in self.slots.values() if s.role == "actor" and self._alive_proc(s))
-                self.reporter.progress(self.slots, alive)
+                self._progress(alive)
         return EXIT_FAILED
 
     def _every_actor_failed(self) -> bool:

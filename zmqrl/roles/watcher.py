@@ -30,6 +30,8 @@ log = logging.getLogger("zmqrl.supervisor")
 class Watcher(Oversight):
     """Tracks the processes that heartbeat to it; restarts none of them."""
 
+    command = "supervise"
+
     def __init__(self, cfg: Any, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self._reported: dict[str, str] = {}  # slot name -> the verdict last reported for it
@@ -47,7 +49,9 @@ class Watcher(Oversight):
             self._pump(100)
             now = self._clock()
             learner = self.slots.get("learner-0")
-            if learner is None and now >= next_waiting:
+            if learner is not None:
+                self.phase = "running"
+            elif now >= next_waiting:
                 next_waiting = now + WAITING_LINE_SECONDS
                 self._say(f"no heartbeat from a learner yet (roles connect to {t.heartbeat})")
             if learner is not None and learner.last is not None and learner.last.state == "finished":
@@ -58,7 +62,7 @@ class Watcher(Oversight):
                 self._judge(slot, now)
             if now >= next_progress:
                 next_progress = now + scfg.progress_seconds
-                self.reporter.progress(self.slots, self._actors_alive(now))
+                self._progress(self._actors_alive(now))
         return EXIT_OK
 
     def _slot_for(self, hb: HeartbeatMsg, now: float) -> Slot | None:

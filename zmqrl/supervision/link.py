@@ -19,6 +19,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -154,6 +155,9 @@ class SupervisorLink:
         # Shared with the main thread (plain attribute writes; the GIL makes each one atomic).
         self._counters: Callable[[], Mapping[str, float | int]] | None = None
         self._info: dict[str, str] = {}
+        # Every beat says where it comes from, so `zmqrl status` can show pid@host for processes
+        # that a watch-only supervisor did not start (another host, another container).
+        self._host = socket.gethostname()[:64]
         self._state = "starting"
         self._progress = 0
         self._progress_sent = -1
@@ -208,7 +212,7 @@ class SupervisorLink:
         self._stop_thread()
         self._state = state
         with self._beat_lock:
-            self.heartbeat.beat(state, {**counters, "progress": self._progress}, info or self._info)
+            self.heartbeat.beat(state, {**counters, "progress": self._progress}, self._with_host(info))
             self._write_health()
 
     def close(self) -> None:
@@ -263,8 +267,11 @@ class SupervisorLink:
             self._progress_sent = progress
             self._progress_wall = time.time()
         counters["progress"] = progress
-        self.heartbeat.beat(self._state, counters, self._info)
+        self.heartbeat.beat(self._state, counters, self._with_host(None))
         self._write_health()
+
+    def _with_host(self, info: Mapping[str, str] | None) -> dict[str, str]:
+        return {**(info or self._info), "host": self._host}
 
     def _write_health(self) -> None:
         if self._health is None:

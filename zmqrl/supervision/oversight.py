@@ -1,6 +1,7 @@
 """What every supervisor does, whether it started the processes (``launch``) or only watches them
-(``supervise``): bind the heartbeat and control sockets, hear heartbeats into slots, heartbeat on
-the control channel, handle Ctrl-C / SIGTERM, print progress and the final summary.
+(``supervise``): bind the heartbeat, control and status sockets, hear heartbeats into slots,
+heartbeat on the control channel, handle Ctrl-C / SIGTERM, show the run (a live dashboard on a
+terminal, progress lines elsewhere: ``supervision/monitor.py``) and print the final summary.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.health import HealthRecord, health_path, write_health
+from zmqrl.monitoring.live import ConsoleView
 from zmqrl.supervision.link import socket_limits, transport_security
 from zmqrl.supervision.liveness import Liveness
+from zmqrl.supervision.monitor import RunMonitor
 from zmqrl.supervision.summary import Reporter, Slot
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
@@ -36,25 +39,14 @@ EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
 log = logging.getLogger("zmqrl.supervisor")
 
 
-class Console:
-    """The supervisor's output stream. A closed terminal or pipe must never stop the supervisor
-    from shutting its children down, so write errors are swallowed."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        with contextlib.suppress(OSError, ValueError):
-            self._stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self._stream.flush()
-
-
 class Oversight:
-    """Sockets, slots and reporting shared by both supervisors; subclasses implement ``_run``."""
+    """Sockets, slots and reporting shared by both supervisors; subclasses implement ``_run``.
+
+    ``out`` is where the supervisor writes (stdout by default); ``dashboard`` None draws the live
+    dashboard when ``out`` is a terminal, True / False force it (``--dashboard`` / ``--plain``).
+    """
+
+    command = "launch"  # how the status record names this supervisor
 
     def __init__(
         self,
@@ -64,11 +56,14 @@ class Oversight:
         ctx: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
         launched: float | None = None,
+        dashboard: bool | None = None,
     ) -> None:
         self.cfg = cfg
         self._launched = launched  # when the command began (Unix s): "after launch" counts from it
         self.run_dir = cfg.run_dir
-        self._out = Console(out or sys.stdout)
+        # Every line the supervisor prints goes through the view (above the dashboard while it runs).
+        self.view = ConsoleView(out or sys.stdout, dashboard=dashboard)
+        self._out: TextIO = self.view  # type: ignore[assignment]
         self._ctx = ctx or zmq.Context.instance()
         self._clock = clock
         self.slots: dict[str, Slot] = {}
@@ -79,7 +74,11 @@ class Oversight:
         self._health = health_path()
         self._loops = 0
         self._last_loop_change = time.time()
-        self.reporter = Reporter(cfg, self.run_dir, self._out, self._say)  # type: ignore[arg-type]
+        self.reporter = Reporter(cfg, self.run_dir, self._out, self._say)
+        self.phase = "starting"  # "running" once the roles run; "stopping" from the shutdown on
+        self.monitor = RunMonitor(
+            cfg, self.view, self.slots, self._phase, self._say, command=self.command, clock=clock
+        )
 
     @property
     def target_at_learner(self) -> dict[str, Any] | None:
@@ -93,35 +92,36 @@ class Oversight:
         security = transport_security(self.cfg)
         auth = security.start_authenticator(self._ctx) if security else None
         insecure = self.cfg.transport.insecure
-        try:
+        with contextlib.ExitStack() as opening:  # what is open so far is closed again if one fails
+            if auth is not None:
+                opening.callback(auth.stop)
             hb_sock, hb_ep = sockets.heartbeat_pull(
                 self._ctx, self.cfg.transport.heartbeat, limits, security=security, insecure=insecure
             )
-            try:
-                ctl_sock, ctl_ep = sockets.control_pub(
-                    self._ctx, self.cfg.transport.control, limits, security=security, insecure=insecure
-                )
-            except Exception:
-                hb_sock.close(linger=0)
-                raise
-        except Exception:
-            if auth is not None:
-                auth.stop()
-            raise
+            opening.callback(hb_sock.close, linger=0)
+            ctl_sock, ctl_ep = sockets.control_pub(
+                self._ctx, self.cfg.transport.control, limits, security=security, insecure=insecure
+            )
+            opening.callback(ctl_sock.close, linger=0)
+            opening.callback(self.monitor.close)  # also when open() fails halfway
+            self.monitor.open(self._ctx, self.launched, limits, security)
+            opened = opening.pop_all()
         self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
         self.control = ControlPublisher(ctl_sock)
         self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
         previous = self._install_signals()
         code = EXIT_FAILED
         try:
+            self.view.start()
             code = self._run()
         finally:
-            self._shutdown()
-            hb_sock.close(linger=0)
-            ctl_sock.close(linger=0)
-            if auth is not None:
-                auth.stop()
+            self.phase = "stopping"
+            try:
+                self._shutdown()
+            finally:
+                opened.close()  # the dashboard goes down first: the summary is printed below it
         self._report()
+        self.monitor.finished()
         for signum, handler in previous.items():  # a library caller gets its own handlers back
             signal.signal(signum, handler)
         if self._signal == signal.SIGINT:
@@ -132,6 +132,9 @@ class Oversight:
 
     def _run(self) -> int:
         raise NotImplementedError
+
+    def _phase(self) -> str:
+        return "stopping" if self._signal is not None else self.phase
 
     def _shutdown(self) -> None:
         raise NotImplementedError
@@ -153,7 +156,12 @@ class Oversight:
                 continue  # a stranger, or a previous incarnation's last words
             slot.live.heard(hb, now)
             self.reporter.heard(self.slots, hb)
+        self.monitor.refresh()
         return beats
+
+    def _progress(self, actors_alive: int) -> None:
+        """A progress tick: the plain line off a terminal, and the supervisor's scalars."""
+        self.monitor.progress(actors_alive, self.heartbeats.bad.count)
 
     def _slot_for(self, hb: HeartbeatMsg, now: float) -> Slot | None:
         raise NotImplementedError
@@ -222,6 +230,6 @@ class Oversight:
             "wall_seconds": self._clock() - self._t0,
             "shutdown_seconds": self.shutdown_seconds,
             "bad_messages": bad.count,
-            "supervisor": {"bad_heartbeats": bad.count},
+            "supervisor": {"bad_heartbeats": bad.count, "bad_status_requests": self.monitor.bad_requests},
         }
         self.summary = self.reporter.final(self.slots, extra)

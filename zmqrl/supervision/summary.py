@@ -1,6 +1,7 @@
-"""What a supervisor prints while a run goes and writes when it ends: the progress line, the final
-summary on the console and ``stats.json``. Shared by ``launch`` (processes it started) and the
-watch-only ``supervise`` (processes it only hears), so both show the same view."""
+"""What a supervisor writes when a run ends: the final summary on the console and ``stats.json``
+(what it shows while the run goes is ``supervision/monitor.py``'s). Shared by ``launch``
+(processes it started) and the watch-only ``supervise`` (processes it only hears), so both show
+the same view."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def read_stats_file(path: Path, fallback: HeartbeatMsg | None) -> dict[str, Any]
 
 
 class Reporter:
-    """Progress lines and the final summary for one run."""
+    """The final summary for one run (and the learner's counters when the target was reached)."""
 
     def __init__(self, cfg: Config, run_dir: Path, out: TextIO, say: Callable[[str], None]) -> None:
         self.cfg = cfg
@@ -65,8 +66,6 @@ class Reporter:
         self._say = say
         # The learner's counters when the evaluator first reported the target return.
         self.target_at_learner: dict[str, Any] | None = None
-        # Per slot: (pid, heartbeat time, counter value) at the previous progress line.
-        self._rate_marks: dict[str, tuple[int, float, float]] = {}
 
     def heard(self, slots: Mapping[str, Slot], hb: HeartbeatMsg) -> None:
         if hb.role == "evaluator" and self.target_at_learner is None:
@@ -76,36 +75,6 @@ class Reporter:
                 # The evaluator knows weights versions, not env steps: take the learner's
                 # counters from the moment the evaluator said so (a heartbeat apart at most).
                 self.target_at_learner = dict(learner.last.counters)
-
-    def progress(self, slots: Mapping[str, Slot], actors_alive: int) -> None:
-        learner_slot = slots.get("learner-0")
-        learner = learner_slot.last if learner_slot is not None else None
-        c = dict(learner.counters) if learner else {}
-        evaluator = slots.get("evaluator-0")
-        if evaluator is not None and evaluator.last is not None:
-            c["eval_return"] = evaluator.last.counters.get("eval_return", math.nan)
-            c["eval_best"] = evaluator.last.counters.get("eval_best", math.nan)
-        actors = [s for s in slots.values() if s.role == "actor"]
-        steps_per_s = sum(self._recent_rate(a, "steps", "steps_per_s") for a in actors)
-        updates_per_s = self._recent_rate(learner_slot, "updates", "updates_per_s") if learner_slot else 0.0
-        self._say(
-            f"updates {int(c.get('updates', 0))}/{self.cfg.learner.max_updates} | "
-            f"samples {int(c.get('samples', 0))} | {updates_per_s:.0f} upd/s | "
-            f"eval {fmt_value(c.get('eval_return'))} (best {fmt_value(c.get('eval_best'))}) | "
-            f"actors {actors_alive}/{len(actors)}, {steps_per_s:.0f} steps/s"
-        )
-
-    def _recent_rate(self, slot: Slot, counter: str, fallback: str) -> float:
-        """``counter`` per second since the previous progress line (the counters' own rates are
-        lifetime averages, which hide a slowdown); the process's own rate for a new process."""
-        if slot.last is None:
-            return 0.0
-        now, value = slot.last.time, float(slot.last.counters.get(counter, 0.0))
-        mark = self._rate_marks.get(slot.name)
-        self._rate_marks[slot.name] = (slot.last.pid, now, value)
-        if mark is None or mark[0] != slot.last.pid or now <= mark[1]:
-            return float(slot.last.counters.get(fallback, 0.0))
-        return max(0.0, (value - mark[2]) / (now - mark[1]))
 
     # ------------------------------------------------------------------ final summary
     def final(self, slots: Mapping[str, Slot], extra: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ must run :meth:`Security.start_authenticator` before it binds a secured socket.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import zmq
@@ -106,12 +107,49 @@ def bind(sock: zmq.Socket, endpoint: str, what: str) -> str:
     except zmq.ZMQError as exc:
         sock.close(linger=0)
         if exc.errno == zmq.EADDRINUSE:
-            raise BindError(
-                f"cannot bind {what} on {endpoint}: address already in use "
-                f"(another zmqrl run? pick a free port with --set transport.{what}=tcp://127.0.0.1:PORT)"
-            ) from None
-        raise BindError(f"cannot bind {what} on {endpoint}: {exc}") from None
+            raise BindError(address_in_use_message(what, endpoint)) from None
+        raise BindError(f"cannot bind {what} on {endpoint} (transport.{what}): {exc}") from None
     return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
+def address_in_use_message(what: str, endpoint: str) -> str:
+    """The one line for an endpoint someone else holds: which port, which setting, what to do.
+    Every binding role (learner, ``launch``'s supervisor, ``supervise``) reports it from here."""
+    scheme, _, address = endpoint.partition("://")
+    if scheme == "tcp" and ":" in address:
+        host, port = address.rsplit(":", 1)
+        where, other = f"port {port}", f"{scheme}://{host}:PORT"
+    else:
+        where, other = endpoint, f"{scheme}://OTHER-PATH" if scheme == "ipc" else "ANOTHER-ENDPOINT"
+    return (
+        f"cannot bind {what} on {endpoint}: address already in use ({where}, setting transport.{what}): "
+        f"stop what holds it (another zmqrl run?) or choose another with --set transport.{what}={other}"
+    )
+
+
+def tcp_port_taken(endpoint: str) -> bool:
+    """Whether a ``tcp://HOST:PORT`` endpoint with a numeric host and a fixed port is already bound
+    here, probed as ZeroMQ would bind it (SO_REUSEADDR: a previous run's TIME_WAIT connections do
+    not count). For a check before starting processes that will bind it (``zmqrl launch``'s
+    learner): a race remains, which the bind itself then reports. Anything else: False."""
+    scheme, _, address = endpoint.partition("://")
+    host, _, port = address.rpartition(":")
+    host = {"*": "0.0.0.0", "localhost": "127.0.0.1"}.get(host, host)
+    if scheme != "tcp" or not port.isdigit() or int(port) == 0:
+        return False
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False  # an IPv6 literal, a host name or an interface name: left to the bind
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, int(port)))
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return False
 
 
 def samples_pull(
