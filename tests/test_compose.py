@@ -333,16 +333,15 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         learner = project.service("learner")[0]
         assert learner["State"]["Running"], "a killed actor must not take the learner down"
 
-        # The watch-only supervisor answers `zmqrl status` like launch's: every role, each on its
-        # own container's host name.
+        # The watch-only supervisor answers `zmqrl status` like launch's: every role, with the host
+        # it runs on (the test's compose shares the host's network, so one host name for all).
         supervisor = project.service("supervisor")[0]["Name"].lstrip("/")
         status = json.loads(
             project.docker_out("exec", supervisor, "zmqrl", "status", f"/runs/{RUN_NAME}", "--json")
         )
         rows = {(p["role"], p["id"]): p for p in status["processes"]}
         assert {("learner", 0), ("evaluator", 0), *(("actor", i) for i in range(ACTORS))} <= rows.keys(), rows
-        hosts = {p["host"] for p in rows.values()}
-        assert len(hosts) == len(rows) and None not in hosts, f"one container each: {hosts}"
+        assert all(p["host"] for p in rows.values()) and rows[("learner", 0)]["state"] == "running", rows
         timings["status"] = time.monotonic() - t0
 
         # The learner finishes; the supervisor broadcasts stop; every role exits 0 and stays down.
