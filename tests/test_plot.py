@@ -91,7 +91,17 @@ def test_seeds_of_one_setting_form_one_group_and_other_settings_are_labelled(tmp
     groups = group_runs(runs)
     assert [len(g.runs) for g in groups] == [2, 1]
     assert [g.name for g in groups] == ["agent.lr=0.001 (2 runs)", "agent.lr=0.01"]
-    assert group_runs(runs[:2])[0].name == "a (2 runs)"  # one setting: named after the run
+    assert group_runs(runs[:2])[0].name == "CartPole-v1, dqn (2 runs)"  # one setting: what it is
+
+
+def test_a_setting_an_older_run_does_not_record_does_not_split_the_seeds(tmp_path: Path) -> None:
+    old = write_run(tmp_path / "old", seed=0)
+    new = write_run(tmp_path / "new", seed=1)
+    config = yaml.safe_load((new / "config.yaml").read_text())
+    config["learner"]["stop_at_target"] = False  # a key added by a later version
+    (new / "config.yaml").write_text(yaml.safe_dump(config))
+    groups = group_runs([load_run(old), load_run(new)])
+    assert [len(g.runs) for g in groups] == [2]
 
 
 def test_seconds_run_on_across_a_resume(tmp_path: Path) -> None:

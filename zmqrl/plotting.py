@@ -157,18 +157,24 @@ def group_runs(runs: list[Run]) -> list[Group]:
     group's label names (up to LABEL_KEYS of) the settings that tell the groups apart: env and agent
     first, and settings every group has before those only some do (another agent's options)."""
     groups: dict[str, Group] = {}
+    # A key that some run's config lacks (written by an older version, before the setting existed)
+    # cannot tell runs apart: only the keys every run records are compared.
+    recorded = [set(r.config) for r in runs if r.config]
+    shared = set.intersection(*recorded) if recorded else set()
     for run in runs:
-        setting = {k: v for k, v in run.config.items() if not k.startswith(RUN_KEYS_PREFIX)}
+        setting = {k: v for k, v in run.config.items() if k in shared and not k.startswith(RUN_KEYS_PREFIX)}
         key = repr(sorted(setting.items())) if run.config else f"dir:{run.path}"
         groups.setdefault(key, Group([])).runs.append(run)
     found = list(groups.values())
     configs = [g.runs[0].config for g in found]
-    keys = {k for c in configs for k in c if not k.startswith(RUN_KEYS_PREFIX)}
+    keys = {k for k in shared if not k.startswith(RUN_KEYS_PREFIX)}
     differing = [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
     differing.sort(key=lambda k: (k not in LABEL_FIRST, sum(c.get(k) is None for c in configs), k))
     for group, config in zip(found, configs, strict=True):
         if differing and config:
             group.label = ", ".join(f"{k}={config.get(k)}" for k in differing[:LABEL_KEYS])
+        elif config.get("env.id") and config.get("agent.kind"):  # one setting: say what it is
+            group.label = f"{config['env.id']}, {config['agent.kind']}"
         else:
             group.label = str(config.get("run.name") or group.runs[0].path.name)
     return found
