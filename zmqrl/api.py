@@ -4,6 +4,7 @@
     cfg = zmqrl.load_config("configs/cartpole_dqn.yaml", overrides={"learner.max_updates": 2000})
     result = zmqrl.train(cfg, mode="serial")       # or mode="processes": what `zmqrl launch` runs
     policy = zmqrl.load_policy(result.run_dir)     # act(obs) with the final weights
+    best = zmqrl.load_policy(result.deploy_path)   # or the one to ship: best (else latest)
 
 Everything here is a thin layer over what the CLI runs, so a script and ``zmqrl launch`` give the
 same run. Nothing here imports torch until a run or a policy needs it.
@@ -50,6 +51,22 @@ class TrainResult:
     actors: list[dict[str, Any]]  # one row per actor (steps, episodes, samples, weights_version, ...)
     eval_history: list[dict[str, Any]] = field(default_factory=list)  # every evaluation, in order
     exit_code: int = 0  # the supervisor's exit code (processes mode)
+    # The checkpoint to deploy and why, as the summary's last line says: {"path", "eval_return",
+    # "eval_std", "final_eval_return", "why"} (zmqrl/deploy_choice.py); empty if the run wrote none.
+    deploy: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> str:
+        """Why the run ended: "max_updates", "max_seconds", "target held" (learner.stop_at_target),
+        "actor max_steps" (serial), or for a run that did not reach its end, its state."""
+        return str(self.learner.get("ended", self.state))
+
+    @property
+    def deploy_path(self) -> Path | None:
+        """``checkpoints/best`` when the run has one (the best evaluated weights), else
+        ``checkpoints/latest``; None when it wrote no checkpoint."""
+        path = self.deploy.get("path")
+        return Path(path) if path else None
 
     @property
     def final_eval(self) -> float:
@@ -126,6 +143,7 @@ def _train_serial(cfg: Config, resume: bool, out: TextIO | None) -> TrainResult:
         learner=learner,
         actors=stats["actors"],
         eval_history=list(learner.get("eval_history", [])),
+        deploy=dict(stats.get("deploy") or {}),
     )
 
 
@@ -144,6 +162,7 @@ def _train_processes(cfg: Config, resume: bool, out: TextIO | None) -> TrainResu
         actors=list(summary.get("actors", [])),
         eval_history=list(learner.get("eval_history", [])),
         exit_code=code,
+        deploy=dict(summary.get("deploy") or {}),
     )
 
 

@@ -182,14 +182,20 @@ def _launch_serial(cfg: Any, resume: bool) -> int:
     stats = _run_role(lambda: SerialRun(cfg, resume=resume), received)
     # The same files a launched run leaves: learner-stats.json (the Trainer's) and stats.json.
     (cfg.run_dir / "stats.json").write_text(strictjson.dumps(stats, indent=2))
-    for line in serial_summary(stats, cfg.run_dir, time.monotonic() - started):
+    for line in serial_summary(stats, cfg.run_dir, time.monotonic() - started, cfg.learner):
         typer.echo(line)
     return 128 + received[0] if received else 0
 
 
-def serial_summary(stats: dict[str, Any], run_dir: Path, seconds: float) -> list[str]:
-    """A serial run's end: counters, the final evaluation, where its files are (and, if it was
-    stopped, how to continue it)."""
+def serial_summary(
+    stats: dict[str, Any], run_dir: Path, seconds: float, learner_cfg: Any = None
+) -> list[str]:
+    """A serial run's end: counters, the final evaluation, whether it stopped at its target
+    (``learner_cfg``: the run's learner settings, for the target), where its files are (and, if it
+    was stopped, how to continue it), and last the checkpoint to deploy."""
+    from zmqrl.deploy_choice import deploy_line, stopped_at_target_line
+    from zmqrl.transport.control import TARGET_HELD
+
     learner = stats["learner"]
     actors = stats["actors"]
     state = learner.get("state", "?")
@@ -208,10 +214,15 @@ def serial_summary(stats: dict[str, Any], run_dir: Path, seconds: float) -> list
         f"serial run {state} in {seconds:.1f} s: {int(learner.get('updates', 0))} updates, "
         f"{int(learner.get('samples', 0))} samples, {len(actors)} actor(s), {episodes} episodes",
         evaluation,
-        f"run dir: {run_dir}",
     ]
+    held = learner.get("target_held")
+    if learner.get("ended") == TARGET_HELD and learner_cfg is not None and isinstance(held, dict):
+        lines.append(stopped_at_target_line(learner_cfg.target_return, learner_cfg.target_hold, held))
+    lines.append(f"run dir: {run_dir}")
     if state == "stopped":
         lines.append(f"continue it with: zmqrl launch --serial --resume {run_dir}")
+    if isinstance(stats.get("deploy"), dict):
+        lines.append(deploy_line(stats["deploy"]))
     return lines
 
 

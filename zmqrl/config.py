@@ -113,6 +113,7 @@ class LearnerConfig:
     eval_episodes: int = 10  # episodes per evaluation (played in lockstep, batched)
     target_return: float | None = None  # report when the mean eval return first reaches this
     target_hold: int = 3  # ... and when it first stayed there for this many evaluations in a row
+    stop_at_target: bool = False  # end the run (finished) once the target is held for target_hold evals
     checkpoint_interval: int = 5_000  # save `latest` every this many updates (and at the end)
     log_interval: int = 100  # updates between TensorBoard scalar writes
     progress_seconds: float = 5.0  # seconds between progress lines in the learner's log
@@ -301,6 +302,10 @@ def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = No
         ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
         ("learner.log_interval must be >= 1", cfg.learner.log_interval >= 1),
         ("learner.target_hold must be >= 1", cfg.learner.target_hold >= 1),
+        (
+            "learner.stop_at_target needs learner.target_return (the return to hold)",
+            not cfg.learner.stop_at_target or cfg.learner.target_return is not None,
+        ),
         ("checkpoint.keep must be >= 1", cfg.checkpoint.keep >= 1),
         ("checkpoint.replay_max_mb must be >= 1", cfg.checkpoint.replay_max_mb >= 1),
         ("learner.torch_threads must be >= 1", cfg.learner.torch_threads >= 1),

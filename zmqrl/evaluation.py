@@ -84,6 +84,14 @@ class EvalTracker:
         return record, improved
 
     @property
+    def holding(self) -> bool:
+        """Whether the latest ``hold`` evaluations were all at or above the target: what
+        ``learner.stop_at_target`` ends a run on. Unlike ``held`` (the first time it happened, kept
+        for the record) this is about now, so a resumed run whose record says "held" long ago
+        stops only when it holds the target again."""
+        return self.target is not None and self._streak >= self.hold
+
+    @property
     def best_or_nan(self) -> float:
         """The best mean return, NaN before the first evaluation (for heartbeats and stats)."""
         return self.best if math.isfinite(self.best) else float("nan")

@@ -27,9 +27,10 @@ from zmqrl.acting import Sampler, actor_seed
 from zmqrl.agents import make_policy
 from zmqrl.config import Config, save_config
 from zmqrl.core import Policy
+from zmqrl.deploy_choice import choose_deployment
 from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.learning.reporting import LearnerReports, write_stats
-from zmqrl.learning.trainer import Trainer
+from zmqrl.learning.trainer import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_MAX_UPDATES, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.replay import RateLimiter
 from zmqrl.transport import wire
@@ -95,7 +96,11 @@ class SerialActor:
 
 
 class SerialRun:
-    """A whole run in this thread: ``run()`` returns ``{"learner": ..., "actors": [...]}``."""
+    """A whole run in this thread: ``run()`` returns ``{"learner": ..., "actors": [...], "deploy": ...}``.
+
+    It ends at ``learner.max_updates``, ``learner.max_seconds``, every actor at ``actor.max_steps``
+    or, with ``learner.stop_at_target``, once the learner's evaluations held the target (the
+    Trainer decides, as in the learner process); the learner stats' ``ended`` says which."""
 
     def __init__(
         self, cfg: Config, *, run_dir: Path | None = None, logger: Logger | None = None, resume: bool = False
@@ -138,13 +143,18 @@ class SerialRun:
             trainer.finish(finished)
             state = "finished" if finished else "stopped"
         finally:
-            learner = reports.final_stats(state, {})
+            learner = {**reports.final_stats(state, {}), **trainer.end_stats(state)}
             write_stats(self.run_dir, learner)
             tb.close()
             for actor in self.actors:
                 actor.sampler.close()
             trainer.close()
-        return {"mode": "serial", "learner": learner, "actors": [a.stats() for a in self.actors]}
+        return {
+            "mode": "serial",
+            "learner": learner,
+            "actors": [a.stats() for a in self.actors],
+            "deploy": choose_deployment(self.run_dir, learner).to_dict(),
+        }
 
     def _deliver(self, weights: Weights, env_steps: int) -> None:
         msg = WeightsMsg(
@@ -158,7 +168,8 @@ class SerialRun:
             actor.inbox = frames  # a newer publish replaces one not yet polled, as actors keep the latest
 
     def _loop(self, reports: LearnerReports) -> bool:
-        """Alternate batches and updates until the run's end; False if stopped (request_stop)."""
+        """Alternate batches and updates until the run's end (its reason in ``trainer.ended``);
+        False if stopped (request_stop)."""
         cfg, trainer = self.cfg, self.trainer
         lcfg = cfg.learner
         batch_size = cfg.agent.batch_size
@@ -169,11 +180,15 @@ class SerialRun:
         while trainer.counters.updates < lcfg.max_updates:
             if self.stopped:
                 return False
+            if trainer.ended is not None:  # the target held (learner.stop_at_target)
+                return True
             if time.monotonic() > deadline:  # learner.max_seconds: an end of the run, as in processes
+                trainer.end(ENDED_MAX_SECONDS)
                 return True
             live = [a for a in self.actors if max_steps is None or a.sampler.steps < max_steps]
             if not live:
                 log.info("every actor reached actor.max_steps: ending the run")
+                trainer.end(ENDED_MAX_STEPS)
                 return True
             actor = live[turn % len(live)]
             turn += 1
@@ -181,17 +196,24 @@ class SerialRun:
             msg = wire.load_samples(frames, trainer.spec)  # what a learner receives, checked as it checks
             self._insert(msg, batch_size)
             if ratio:
-                while trainer.counters.updates < lcfg.max_updates and trainer.limiter.can_sample(batch_size):
+                while (
+                    trainer.counters.updates < lcfg.max_updates
+                    and trainer.ended is None
+                    and trainer.limiter.can_sample(batch_size)
+                ):
                     trainer.train_step()
             elif trainer.ingest.replay_ready.is_set():
                 trainer.train_step()
             reports.progress_line_if_due()
+        trainer.end(ENDED_MAX_UPDATES)
         return True
 
     def _insert(self, msg: SamplesMsg, batch_size: int) -> None:
         """Hand one batch to ingest; first train as long as the replay ratio would refuse it."""
         trainer = self.trainer
         while not trainer.limiter.can_insert(msg.batch.size):
+            if trainer.ended is not None:
+                return  # the run ends with this update's weights; the batch would not be trained on
             # No deadlock (zmqrl/replay/ratelimit.py): a limiter refusing an insert admits a sample.
             if not trainer.limiter.can_sample(batch_size):
                 raise RuntimeError(f"replay ratio deadlock: {trainer.limiter!r}")

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from zmqrl.memory import format_bytes
 from zmqrl.metrics import Logger
 from zmqrl.replay import make_rate_limiter, make_replay
 from zmqrl.transport import wire
+from zmqrl.transport.control import TARGET_HELD
 from zmqrl.transport.wire import Fingerprint, WeightsMsg
 from zmqrl.types import Weights
 
@@ -34,6 +36,11 @@ log = logging.getLogger("zmqrl.learner")
 
 # Receives each published snapshot and the env steps (transitions received) it was trained on.
 PublishTo = Callable[[Weights, int], None]
+# Why a run reached its end, as the final stats' "ended" says (a stopped or failed run says its state).
+ENDED_MAX_UPDATES = "max_updates"
+ENDED_MAX_SECONDS = "max_seconds"
+ENDED_MAX_STEPS = "actor max_steps"  # serial mode: every actor reached actor.max_steps
+ENDED_TARGET_HELD = TARGET_HELD  # learner.stop_at_target: the target return held target_hold times
 
 
 def check_weights_fit(
@@ -131,6 +138,9 @@ class Trainer:
         self.tb: Logger | None = None  # set by the caller before training (reports use it)
         self.on_scalars: Callable[[dict[str, float]], None] = lambda metrics: None
         self.launched = time.time()  # "seconds" in the eval history count from here (see start)
+        # Why the run is ending (one of the ENDED_* reasons), once something decided it is: the
+        # loops that drive the trainer check it after every update and then finish as at their end.
+        self.ended: str | None = None
         log.info("agent %s on %s", cfg.agent.kind, self.agent.device)
 
     @property
@@ -198,7 +208,24 @@ class Trainer:
             len(envs),
             " (new best)" if improved else "",
         )
+        if stops_at_target(self.cfg) and self.evals.holding:
+            self.end(ENDED_TARGET_HELD)
         return result
+
+    def end(self, reason: str) -> None:
+        """Mark the run as at its end for ``reason``; the first reason given is the one kept (the
+        final evaluation of a run that reached max_updates may hold the target too: it still
+        ended at max_updates)."""
+        if self.ended is None:
+            self.ended = reason
+            if reason == ENDED_TARGET_HELD:
+                lcfg = self.cfg.learner
+                log.info(
+                    "target return %g held for %d evaluations in a row: ending the run "
+                    "(learner.stop_at_target)",
+                    lcfg.target_return,
+                    lcfg.target_hold,
+                )
 
     def finish(self, finished: bool) -> None:
         """The run's end: a last publish, the final evaluation (if the run reached its end and the
@@ -208,6 +235,12 @@ class Trainer:
         if self.evaluates and finished and last_eval != self.counters.updates:
             self.evaluate()
         self.checkpoints.save_latest(final=True, tick=self._progress)
+
+    def end_stats(self, state: str) -> dict[str, Any]:
+        """What the final stats add about the run's end: ``ended`` (why a finished run ended; a
+        stopped or failed one says its state) and the record that first held the target."""
+        ended = (self.ended or ENDED_MAX_UPDATES) if state == "finished" else state
+        return {"ended": ended, "target_held": self.evals.held}
 
     def close(self) -> None:
         self.limiter.close()  # an ingest thread waiting for room must not outlive the run
@@ -219,6 +252,11 @@ class Trainer:
         """Progress during an evaluation (minutes of Atari episodes are not a hang); never abandons it."""
         self._progress()
         return False
+
+
+def stops_at_target(cfg: Config) -> bool:
+    """Whether this run ends once the target is held (validated: it then has a target_return)."""
+    return cfg.learner.stop_at_target and cfg.learner.target_return is not None
 
 
 def _reraise(exc: BaseException) -> None:

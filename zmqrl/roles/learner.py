@@ -17,7 +17,13 @@ from zmqrl.config import Config
 from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.learning.ingest import warn_if_queues_hide_lag
 from zmqrl.learning.reporting import LearnerReports, write_stats
-from zmqrl.learning.trainer import Trainer
+from zmqrl.learning.trainer import (
+    ENDED_MAX_SECONDS,
+    ENDED_MAX_UPDATES,
+    ENDED_TARGET_HELD,
+    Trainer,
+    stops_at_target,
+)
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.supervision.link import SupervisorLink, launch_time, socket_limits, transport_security
 from zmqrl.transport import sockets
@@ -37,8 +43,10 @@ log = logging.getLogger("zmqrl.learner")
 class Learner:
     """Owns the sockets, the ingest thread and the run directory around a :class:`Trainer`.
 
-    ``run()`` blocks until ``learner.max_updates``, ``learner.max_seconds``, a stop broadcast or
-    ``request_stop()``; then it evaluates once more, checkpoints, reports and closes everything.
+    ``run()`` blocks until ``learner.max_updates``, ``learner.max_seconds``, the target held
+    (``learner.stop_at_target``: its own evaluations, or the supervisor's word for the evaluator's),
+    a stop broadcast or ``request_stop()``; then it evaluates once more, checkpoints, reports and
+    closes everything.
     """
 
     def __init__(
@@ -63,6 +71,7 @@ class Learner:
         self.stats: dict[str, Any] = {}
         self._ingest_stop = threading.Event()
         self._thread_error: tuple[str, BaseException] | None = None  # a background thread that died
+        self._ignored_end: str | None = None  # a supervisor's end request this learner does not act on
         self.trainer: Trainer | None = None
 
     def request_stop(self) -> None:
@@ -140,10 +149,10 @@ class Learner:
             log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
             trainer.publish()  # first publish: actors adopt the learner's weights
             self._wait_for_replay()
-            if not self.stop_event.is_set():
+            if not self.stop_event.is_set() and trainer.ended is None:
                 self._train()
             self._raise_if_thread_died()
-            finished = not self.stop_event.is_set()  # max_updates or max_seconds reached
+            finished = not self.stop_event.is_set()  # max_updates, max_seconds or the target held
             trainer.finish(finished)
             state = "finished" if finished else "stopped"
         finally:
@@ -153,7 +162,7 @@ class Learner:
                 ingest.join(timeout=5)
             if reports is not None:
                 self.receiver.bad.flush()  # drops still waiting for their rate-limited log line
-                self.stats = reports.final_stats(state, self.endpoints)
+                self.stats = {**reports.final_stats(state, self.endpoints), **trainer.end_stats(state)}
                 write_stats(
                     self.run_dir, self.stats
                 )  # before the goodbye: a supervisor that hears it reads the file
@@ -206,6 +215,28 @@ class Learner:
         self.receiver.bad.maybe_flush()  # a burst of drops that stopped is still reported
         self.link.tick(self._counters, self.endpoints)
         self.reports.progress_line_if_due()
+        self._heed_end_request()
+
+    def _heed_end_request(self) -> None:
+        """With a separate evaluator the learner does not see the evaluations: the supervisor, told
+        by the evaluator's heartbeats that the target is held, says so in its own heartbeats on
+        the control channel (zmqrl/transport/control.py), and the run ends here as at its end.
+        Acted on only with this learner's own ``learner.stop_at_target``, so a learner whose config
+        does not ask for it never ends early; an unknown request is logged once and ignored."""
+        assert self.trainer is not None
+        request = self.link.control.end_request
+        if request is None or self.trainer.ended is not None or request == self._ignored_end:
+            return
+        if request == ENDED_TARGET_HELD and stops_at_target(self.cfg):
+            log.info("the supervisor reports the evaluator held the target return")
+            self.trainer.end(request)
+            return
+        self._ignored_end = request
+        log.warning(
+            "the supervisor asks to end the run (%s); ignored: learner.stop_at_target is not set here "
+            "(or the request is unknown)",
+            request,
+        )
 
     def _wait_for_replay(self) -> None:
         """Sleep (no spinning) until replay holds ``min_replay_size`` transitions, keeping the
@@ -218,7 +249,7 @@ class Learner:
         log.info("waiting for %d transitions before the first update", self.cfg.learner.min_replay_size)
         while not ready.wait(timeout=min(0.25, self.cfg.learner.republish_seconds)):
             self._housekeeping()
-            if self.stop_event.is_set():
+            if self.stop_event.is_set() or self.trainer.ended is not None:
                 return
 
     def _train(self) -> None:
@@ -229,15 +260,29 @@ class Learner:
         while trainer.counters.updates < lcfg.max_updates:
             if not trainer.can_train(TRAIN_WAIT_SECONDS):
                 self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
-                if self.stop_event.is_set() or time.monotonic() > deadline:
-                    break
+                if self._leaving(deadline):
+                    return
                 continue
             trainer.train_step()
+            if trainer.ended is not None:  # the evaluation in this step held the target
+                return
             updates = trainer.counters.updates
             if updates == 1 and testhooks.fire_once(testhooks.DEADLOCK_ONCE):
                 log.warning("test hook: the main loop deadlocks now")
                 testhooks.block_forever()
             if updates % HOUSEKEEPING_EVERY == 0:
                 self._housekeeping()
-                if self.stop_event.is_set() or time.monotonic() > deadline:
-                    break
+                if self._leaving(deadline):
+                    return
+        trainer.end(ENDED_MAX_UPDATES)
+
+    def _leaving(self, deadline: float) -> bool:
+        """Whether the training loop ends now: stopped, at an end already decided, or past
+        ``learner.max_seconds`` (which is then the end's reason)."""
+        assert self.trainer is not None
+        if self.stop_event.is_set() or self.trainer.ended is not None:
+            return True
+        if time.monotonic() > deadline:
+            self.trainer.end(ENDED_MAX_SECONDS)
+            return True
+        return False

@@ -4,6 +4,9 @@ watches their heartbeats and exits, restarts what fails, and shuts everything do
 Each process is judged by ``supervision/liveness.py``: dead (silent, or stopped by a signal), hung
 (alive but no progress) or healthy; dead and hung ones are killed and replaced, with a backoff that
 only a crash loop makes grow. How children are started and stopped: ``supervision/processes.py``.
+With ``learner.stop_at_target`` and an evaluator, the evaluator decides when the target is held and
+the supervisor tells the learner in its control heartbeats (``Reporter.end_request``); the learner
+then ends the run as at its end, and the rest stops as after any finished learner.
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ class Supervisor(Oversight):
         next_progress = self._clock() + scfg.progress_seconds
         while self._signal is None:
             self._pump(100)
+            if self.reporter.end_request is not None:  # learner.stop_at_target, the evaluator held it
+                self.control.request_end(self.reporter.end_request)
             now = self._clock()
             learner = self.slots["learner-0"]
             if learner.restart_at is None and self.procs["learner-0"].poll() == 0:

@@ -4,7 +4,9 @@ Under docker compose, Kubernetes or by hand, something else starts the learner, 
 the evaluator and restarts them when they die (compose ``restart:``, a Deployment). This
 supervisor gives such a run what ``launch`` gives its own: the table and progress lines, the
 dead / hung verdicts (which it reports, since it cannot restart what it did not start), the stop
-broadcast when the learner finishes or on Ctrl-C / SIGTERM, and the final summary.
+broadcast when the learner finishes or on Ctrl-C / SIGTERM, and the final summary. With
+``learner.stop_at_target`` and an evaluator, it passes the evaluator's "target held" on to the
+learner in its control heartbeats, as ``launch`` does (``Reporter.end_request``).
 
 Processes announce themselves by heartbeat; a slot (role, id) whose heartbeats come from a new pid
 is a restarted process rejoining, and counts as a restart.
@@ -47,6 +49,8 @@ class Watcher(Oversight):
         next_waiting = self._clock() + WAITING_LINE_SECONDS
         while self._signal is None:
             self._pump(100)
+            if self.reporter.end_request is not None:  # learner.stop_at_target, the evaluator held it
+                self.control.request_end(self.reporter.end_request)
             now = self._clock()
             learner = self.slots.get("learner-0")
             if learner is not None:

@@ -14,8 +14,10 @@ from typing import Any, TextIO
 
 from zmqrl import strictjson
 from zmqrl.config import Config
+from zmqrl.deploy_choice import choose_deployment, deploy_line, stopped_at_target_line
 from zmqrl.metrics import fmt_value
 from zmqrl.supervision.liveness import Liveness
+from zmqrl.transport.control import TARGET_HELD
 from zmqrl.transport.wire import HeartbeatMsg
 
 
@@ -66,9 +68,33 @@ class Reporter:
         self._say = say
         # The learner's counters when the evaluator first reported the target return.
         self.target_at_learner: dict[str, Any] | None = None
+        # Set once the evaluator reports the target held and learner.stop_at_target is on: the
+        # supervisor then asks the learner to end the run (ControlPublisher.request_end).
+        self.end_request: str | None = None
 
     def heard(self, slots: Mapping[str, Slot], hb: HeartbeatMsg) -> None:
-        if hb.role == "evaluator" and self.target_at_learner is None:
+        if hb.role == "evaluator":
+            self._heard_evaluator(slots, hb)
+
+    def _heard_evaluator(self, slots: Mapping[str, Slot], hb: HeartbeatMsg) -> None:
+        """The evaluator's heartbeats say when it first reached, and held, the target return. With
+        ``learner.stop_at_target`` the evaluator decides the end, but only the learner can end
+        the run (its final checkpoint, its exit 0): so the supervisor carries the word, which
+        is at most a heartbeat interval late (the learner trains on meanwhile; ``best`` holds the
+        weights that held the target)."""
+        lcfg = self.cfg.learner
+        if (
+            self.end_request is None
+            and lcfg.stop_at_target
+            and self.cfg.evaluator.enabled
+            and math.isfinite(hb.counters.get("target_held_time", math.nan))
+        ):
+            self.end_request = TARGET_HELD
+            self._say(
+                f"the evaluator held target return {lcfg.target_return:g} for {lcfg.target_hold} "
+                "evaluations in a row: ending the run (learner.stop_at_target)"
+            )
+        if self.target_at_learner is None:
             reached = hb.counters.get("target_time", math.nan)
             learner = slots.get("learner-0")
             if math.isfinite(reached) and learner is not None and learner.last is not None:
@@ -97,6 +123,8 @@ class Reporter:
         if evaluator is not None:
             ev = read_stats_file(self.run_dir / "evaluator-stats.json", evaluator.last)
             summary["evaluator"] = {**ev, "restarts": evaluator.restarts, "exit_code": evaluator.exit_code}
+        scorer = summary.get("evaluator", {}) if self.cfg.evaluator.enabled else None
+        summary["deploy"] = choose_deployment(self.run_dir, learner_stats, scorer).to_dict()
         self._print(summary, learner_stats, rows, extra, summary.get("evaluator", {}))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "stats.json").write_text(strictjson.dumps(summary, indent=2))
@@ -169,6 +197,7 @@ class Reporter:
                 self._print_held(launched, ls.get("target_held_time"), ls)
             elif target is not None:
                 print(f"target return {target:g} not reached", file=out)
+            self._print_stopped_at_target(ls, ev)
         else:
             print("no stats (the learner did not report)", file=out)
         print("\n== actors ==", file=out)
@@ -190,8 +219,19 @@ class Reporter:
             f"\nshutdown took {float(extra.get('shutdown_seconds', math.nan)):.2f} s; "
             f"stats in {self.run_dir / 'stats.json'}",
             file=out,
-            flush=True,
         )
+        print(deploy_line(summary["deploy"]), file=out, flush=True)
+
+    def _print_stopped_at_target(self, ls: dict[str, Any], ev: dict[str, Any]) -> None:
+        """Why a run that ended early ended: the record that completed the held streak is the
+        evaluator's when it evaluated, else the learner's."""
+        held = (ev if self.cfg.evaluator.enabled else ls).get("target_held")
+        target = self.cfg.learner.target_return
+        if ls.get("ended") != TARGET_HELD or target is None:
+            return
+        if not isinstance(held, dict):
+            held = {}  # the evaluator's stats are missing: say it without the time
+        print(stopped_at_target_line(target, self.cfg.learner.target_hold, held), file=self._out)
 
     def _print_evaluator(self, launched: float, ev: dict[str, Any]) -> None:
         out = self._out

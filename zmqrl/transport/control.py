@@ -2,8 +2,10 @@
 
 Roles send :class:`HeartbeatSender` beats that the supervisor reads with :class:`HeartbeatReceiver`;
 the supervisor's :class:`ControlPublisher` broadcasts stops and its own heartbeat, which every role
-reads with :class:`ControlSubscriber`. Nothing here ever blocks on a slow peer (sends drop when
-full), and every read is bounded (:data:`DRAIN_MAX_MESSAGES`), so a flood cannot stall a loop.
+reads with :class:`ControlSubscriber`. The supervisor's heartbeat may also carry a request that the
+run end as at its end (``info["end"]``: the evaluator held the target), which the learner acts on.
+Nothing here ever blocks on a slow peer (sends drop when full), and every read is bounded
+(:data:`DRAIN_MAX_MESSAGES`), so a flood cannot stall a loop.
 Bad messages are counted in the same :class:`~zmqrl.transport.channels.BadMessages` tally as the
 data channels'.
 """
@@ -26,6 +28,15 @@ from zmqrl.transport.wire import HeartbeatMsg, StopMsg, WireError
 # Most messages one drain of the heartbeat or control socket reads; the rest wait for the next
 # call, so a flood cannot hold the supervisor's (or a role's) loop inside one drain.
 DRAIN_MAX_MESSAGES = 256
+# Key of the supervisor heartbeat's ``info`` that asks the learner to end the run as finished; the
+# value says why (``"target held"``). A field of the heartbeat rather than a message kind of its own:
+# a role that does not know it ignores it (an unknown kind would be counted as a bad message), and
+# since it rides on every heartbeat from then on, a lost message or a learner restarted meanwhile
+# still hears it within a heartbeat interval.
+END_REQUEST_KEY = "end"
+# The one end request there is: learner.stop_at_target, the evaluator held the target return. Also
+# what the learner's final stats say as "ended" when its own evaluations held it.
+TARGET_HELD = "target held"
 
 _M = TypeVar("_M", bound=HeartbeatMsg | StopMsg)
 
@@ -93,11 +104,20 @@ class ControlPublisher:
 
     def __init__(self, sock: zmq.Socket) -> None:
         self._sock = sock
+        self.end_reason: str | None = None  # asked of the learner in every heartbeat once set
 
     def heartbeat(self) -> None:
-        msg = HeartbeatMsg("supervisor", 0, os.getpid(), time.time(), "running", {}, {})
+        info = {END_REQUEST_KEY: self.end_reason} if self.end_reason is not None else {}
+        msg = HeartbeatMsg("supervisor", 0, os.getpid(), time.time(), "running", {}, info)
         with contextlib.suppress(zmq.Again):
             self._sock.send_multipart(wire.dump(msg), flags=zmq.NOBLOCK)
+
+    def request_end(self, reason: str) -> None:
+        """Ask the learner to end the run as finished, for ``reason``: sent at once and then with
+        every heartbeat. Idempotent (the first reason stays)."""
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.heartbeat()
 
     def stop(self, reason: str) -> None:
         with contextlib.suppress(zmq.Again):
@@ -113,6 +133,9 @@ class ControlSubscriber:
         self.bad = bad
         self._clock = clock
         self.supervisor_seen: float | None = None  # clock() of the last supervisor heartbeat
+        # The supervisor's request that the run end (END_REQUEST_KEY), once heard; kept from then on.
+        # Written by the thread that polls, read by the role's main loop (one attribute: atomic).
+        self.end_request: str | None = None
 
     def poll_stop(self, max_messages: int = DRAIN_MAX_MESSAGES) -> StopMsg | None:
         """A stop among the next ``max_messages`` queued messages (the rest wait for the next call)."""
@@ -122,6 +145,8 @@ class ControlSubscriber:
                 stop = msg
             elif msg.role == "supervisor":
                 self.supervisor_seen = self._clock()
+                if self.end_request is None and msg.info.get(END_REQUEST_KEY):
+                    self.end_request = msg.info[END_REQUEST_KEY]
             else:
                 self.bad.record(WireError(f"a {msg.role} heartbeat on the control channel"))
         return stop
