@@ -45,8 +45,9 @@ ROWS = {
 }
 
 
-def run_once(code: Path, row: Row, seed: int, runs: Path) -> dict[str, Any]:
-    """One launch of ``row`` with ``seed`` by the checkout at ``code``; its figures."""
+def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One launch of ``row`` with ``seed`` by the checkout at ``code`` (``sets``: a variant's
+    overrides, after the row's own); its figures."""
     name = f"{row.name}-s{seed}"
     run_dir = runs / name
     cmd = [
@@ -61,7 +62,7 @@ def run_once(code: Path, row: Row, seed: int, runs: Path) -> dict[str, Any]:
         f"run.dir={runs}",
         "--set",
         f"run.seed={seed}",
-        *(item for s in row.sets for item in ("--set", s)),
+        *(item for s in (*row.sets, *sets) for item in ("--set", s)),
     ]
     env = {**os.environ, "PYTHONPATH": str(code)}
     started = time.time()
@@ -126,6 +127,18 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]], rows: list[Row]) -> st
     return "\n".join(lines)
 
 
+def code_label(code: Path) -> str:
+    return "" if code == REPO else str(code)
+
+
+def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """'LABEL=KEY=VALUE,KEY=VALUE' -> (LABEL, overrides)."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--variant {text!r}: expected LABEL=KEY=VALUE[,KEY=VALUE...] or LABEL=")
+    return name, tuple(item for item in rest.split(",") if item)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -134,21 +147,34 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="seeds per row (default: the row's own)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one up")
     parser.add_argument("--code", action="append", type=Path, default=[], help="another checkout to run too")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=KEY=VALUE[,KEY=VALUE...]",
+        help="a config variant to run too, e.g. 'ratio8=learner.samples_per_insert=8' (repeatable; "
+        "'LABEL=' alone is the config as shipped); variants alternate seed by seed like --code",
+    )
     parser.add_argument("--out", type=Path, default=Path("results"), help="writes OUT.md and OUT.json")
     args = parser.parse_args()
     rows = [ROWS[name] for name in args.rows.split(",")]
     codes = [REPO, *(c.resolve() for c in args.code)]
-    label = {code: ("this checkout" if code == REPO else str(code)) for code in codes}
-    raw: dict[str, dict[str, list[dict[str, Any]]]] = {r.name: {label[c]: [] for c in codes} for r in rows}
+    variants = [parse_variant(v) for v in args.variant] or [("", ())]
+    runs_of = [  # (label, code, overrides): every combination, run in turn for each seed
+        (" ".join(x for x in (code_label(code), name) if x) or "this checkout", code, sets)
+        for code in codes
+        for name, sets in variants
+    ]
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {r.name: {lb: [] for lb, _, _ in runs_of} for r in rows}
     with tempfile.TemporaryDirectory(prefix="zmqrl-results-") as tmp:
         for row in rows:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or row.seeds)):
-                for code in codes:  # alternate, so both checkouts see the same machine conditions
-                    runs = Path(tmp) / f"{len(raw[row.name][label[code]])}-{abs(hash(code)) % 10_000}"
-                    result = run_once(code, row, seed, runs)
-                    raw[row.name][label[code]].append(result)
+                for i, (lb, code, sets) in enumerate(runs_of):  # alternate: same machine conditions
+                    runs = Path(tmp) / f"{len(raw[row.name][lb])}-{i}"
+                    result = run_once(code, row, seed, runs, sets)
+                    raw[row.name][lb].append(result)
                     shown = {k: v for k, v in result.items() if k != "error"}
-                    print(f"{row.name} {label[code]}: {json.dumps(shown)}", flush=True)
+                    print(f"{row.name} {lb}: {json.dumps(shown)}", flush=True)
                     if not result["ok"]:
                         print(result["error"], file=sys.stderr)
     table = {row.name: {code: summarise(row, res) for code, res in raw[row.name].items()} for row in rows}
