@@ -3,7 +3,8 @@
 Every role builds its envs here, so training, evaluation and the spec the learner checks samples
 against all agree on one pipeline. ``env.id`` is a registered gymnasium id or an import path to a
 factory of your own (:mod:`zmqrl.env_ids`). Atari games get the standard DeepMind preprocessing
-(``env.preprocess: atari``); other envs are used as made, except that ``Discrete`` observations
+(``env.preprocess: atari``); MinAtar games (``MinAtar/Breakout-v1``) observe ``(C, 10, 10)`` uint8
+grids (:mod:`zmqrl.minatar`); other envs are used as made, except that ``Discrete`` observations
 are one-hot encoded (the agents' networks take float vectors), and observation spaces no agent
 can take are refused here, with the space named, before any process starts training.
 """
@@ -20,10 +21,18 @@ import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
 from zmqrl.env_ids import EnvError, is_factory_path, make_from_factory, unknown_id_message
+from zmqrl.minatar import (
+    MINATAR_INSTALL_HINT,
+    ChannelsFirstGrid,
+    is_minatar_id,
+    register_minatar,
+)
+from zmqrl.minatar import missing_message as missing_minatar_message
 from zmqrl.spec import SampleSpec
 
 __all__ = [
     "ATARI_INSTALL_HINT",
+    "MINATAR_INSTALL_HINT",
     "MUJOCO_INSTALL_HINT",
     "EnvError",
     "OneHotObservation",
@@ -34,13 +43,13 @@ __all__ = [
 ]
 
 # What to run when an optional dependency is missing. Atari: zmqrl's `atari` extra (ale-py, which ships
-# the ROMs, and OpenCV for the resize); MuJoCo: the `mujoco` extra is exactly gymnasium's; MinAtar and
-# Box2D are no extras of ours, so their own packages are named.
+# the ROMs, and OpenCV for the resize); MuJoCo: the `mujoco` extra is exactly gymnasium's; MinAtar:
+# zmqrl's `minatar` extra (MINATAR_INSTALL_HINT, from zmqrl.minatar); Box2D is no extra of ours, so
+# its own packages are named.
 ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'
 ATARI_PACKAGES = "pip install ale-py opencv-python-headless"
 MUJOCO_INSTALL_HINT = 'pip install "gymnasium[mujoco]"'
 BOX2D_INSTALL_HINT = 'pip install swig "gymnasium[box2d]"'
-MINATAR_INSTALL_HINT = "pip install minatar"
 
 # Ids in this namespace come from ale_py, which must register them before gymnasium.make can find them.
 ALE_NAMESPACE = "ALE/"
@@ -88,10 +97,16 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
         return _supported_observations(env, cfg.id)
     if cfg.id.startswith(ALE_NAMESPACE):
         _register_ale(cfg.id)  # a raw (unpreprocessed) ALE env is allowed too; it still needs registering
+    minatar = is_minatar_id(cfg.id)
+    if minatar:
+        register_minatar(cfg.id)  # the package's ids are not registered by gymnasium 1.x itself
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
-    return _supported_observations(_gym_make(cfg.id, kwargs), cfg.id)
+    env = _gym_make(cfg.id, kwargs)
+    if minatar:
+        env = ChannelsFirstGrid(env)  # the conv torsos' (C, H, W), uint8 0/1
+    return _supported_observations(env, cfg.id)
 
 
 class OneHotObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
@@ -260,7 +275,7 @@ def _minatar_message(env_id: str, exc: Exception) -> str | None:
     try:
         import minatar  # noqa: F401
     except ImportError:
-        return f"env.id '{env_id}' needs MinAtar, which is not installed: run `{MINATAR_INSTALL_HINT}`"
+        return missing_minatar_message(env_id)
     return None
 
 

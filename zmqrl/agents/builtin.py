@@ -1,7 +1,8 @@
 """The built-in agents, dqn and sac, as registry plugins: their settings checks and factories.
 
 Registered through the same :mod:`zmqrl.agents.registry` as any plugin. Nothing here imports
-torch until a learner (or a torch-backed policy) is built: actors with an MLP act in numpy.
+torch until a learner (or a torch-backed policy) is built: actors with an MLP or the MinAtar CNN
+act in numpy.
 """
 
 from __future__ import annotations
@@ -42,35 +43,34 @@ def check_dqn(
     action_low: np.ndarray | None,
     action_high: np.ndarray | None,
 ) -> str | None:
-    """DQN needs Discrete actions, and image frames when its torso is the Nature CNN."""
+    """DQN needs Discrete actions, and image frames big enough for its kernels when its torso is a CNN."""
     if spec.num_actions is None:
         return (
             f"agent.kind 'dqn' needs a Discrete action space; this env's actions are continuous "
             f"(Box of shape {spec.action_shape}): use agent.kind 'sac'"
         )
-    if config.torso == "nature_cnn" and (problem := _cnn_problem(spec.obs_shape)):
+    if config.torso != "mlp" and (problem := _cnn_problem(config.torso, spec.obs_shape)):
         return problem
     return device_problem(device if device is not None else config.device)
 
 
-def _cnn_problem(obs_shape: tuple[int, ...]) -> str | None:
-    """Why the Nature CNN cannot take these observations, or None: it needs (C, H, W) frames at
-    least as big as its kernels and strides allow (36x36 for the paper's layers)."""
+def _cnn_problem(torso_name: str, obs_shape: tuple[int, ...]) -> str | None:
+    """Why the CNN ``torso_name`` cannot take these observations, or None: it needs (C, H, W)
+    frames at least as big as its kernels and strides allow (36x36 for the Nature CNN, 3x3 for
+    the MinAtar one). Decided from the layer tables, without importing torch."""
+    from zmqrl.agents.torsos import CONV_TORSOS
+
     if len(obs_shape) != 3 or min(obs_shape) < 1:
         return (
-            f"agent.torso 'nature_cnn' needs image observations (C, H, W); this env's observations "
+            f"agent.torso '{torso_name}' needs image observations (C, H, W); this env's observations "
             f"have shape {tuple(obs_shape)}: use agent.torso 'mlp', or env.preprocess 'atari'"
         )
-    from zmqrl.agents.conv import CONV_LAYERS  # torch: only a CNN run gets here
-
-    height, width = obs_shape[1:]
-    for _, kernel, stride in CONV_LAYERS:
-        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+    height, width = CONV_TORSOS[torso_name].output_hw(obs_shape[1], obs_shape[2])
     if min(height, width) < 1:
-        return (
-            f"agent.torso 'nature_cnn' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: "
-            f"raise env.atari.screen_size (84 is the standard)"
+        fix = "raise env.atari.screen_size (84 is the standard)" if torso_name == "nature_cnn" else (
+            "use a torso made for them"
         )
+        return f"agent.torso '{torso_name}' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: {fix}"
     return None
 
 
@@ -98,10 +98,12 @@ def make_dqn_policy(
     action_low: np.ndarray | None,
     action_high: np.ndarray | None,
 ) -> Policy:
-    """The numpy Q-network for the MLP torso (no torch in the actor); the torch agent for the CNN,
-    whose convolutions numpy would run many times slower."""
+    """The numpy Q-network for the MLP and MinAtar CNN torsos (no torch in the actor); the torch
+    agent for the Nature CNN, whose 84x84 convolutions numpy would run many times slower."""
+    from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS
+
     assert spec.num_actions is not None  # check_dqn
-    if config.torso == "mlp":
+    if config.torso in NUMPY_DQN_TORSOS:
         from zmqrl.agents.numpy_policies import NumpyDQNPolicy
 
         return NumpyDQNPolicy(config, spec.obs_shape, spec.num_actions, epsilon=epsilon, seed=seed)
@@ -194,7 +196,7 @@ DQN_PLUGIN = AgentPlugin(
     check=check_dqn,
     # Fields that change the acting network or the meaning of a transition.
     fingerprint_fields=("kind", "hidden_sizes", "dueling", "torso", "n_step", "gamma"),
-    description="DQN with double-Q targets, dueling heads, MLP or Nature CNN torso (Discrete actions)",
+    description="DQN with double-Q targets, dueling heads, MLP, Nature or MinAtar CNN (Discrete actions)",
 )
 SAC_PLUGIN = AgentPlugin(
     name="sac",

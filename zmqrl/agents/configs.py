@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 # Values accepted by every agent's `device` field ("auto": cuda when available, else cpu).
 DEVICE_NAMES = ("auto", "cpu", "cuda")
-# Values of DQNConfig.torso: the layers between observation and Q-value head.
-TORSOS = ("mlp", "nature_cnn")
+# Values of DQNConfig.torso: the layers between observation and Q-value head (the CNNs' tables are
+# in zmqrl.agents.torsos).
+TORSOS = ("mlp", "nature_cnn", "minatar_cnn")
 
 # The fields the roles read from every agent's config, whatever its kind: the actors' n-step
 # processor (gamma, n_step), the learner's sampling (batch_size) and device, and the kind itself.
@@ -67,7 +68,7 @@ class DQNConfig(AgentConfigBase):
     target_update_interval: int = 250  # gradient steps between target network updates
     tau: float = 1.0  # target update weight: 1.0 = hard copy each interval; e.g. 0.005 with interval 1
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
-    torso: str = "mlp"  # "mlp" (hidden_sizes) or "nature_cnn" (Atari: uint8 (4, 84, 84) frames)
+    torso: str = "mlp"  # "mlp" (hidden_sizes), "nature_cnn" (Atari (4, 84, 84)) or "minatar_cnn" (C, 10, 10)
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value.

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
-from zmqrl.agents.numpy_policies import epsilon_greedy, explores, linear, relu_torso
+from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values, epsilon_greedy, explores
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sync import PublishedModule
 from zmqrl.types import TransitionBatch, Weights
@@ -71,9 +71,10 @@ class DQNAgent:
         # initial_priorities then needs one forward pass over obs and next_obs together, not two.
         self._target_is_online = True
         self._on_cpu = self._device.type == "cpu"
-        # CPU acting runs NumpyDQNPolicy's forward code on views of the MLP's weights (see
-        # numpy_views). A CNN's convolutions stay with torch: fast there, the overhead negligible.
-        mirror = self._on_cpu and config.torso == "mlp"
+        # CPU acting runs NumpyDQNPolicy's forward code on views of the network's weights (see
+        # numpy_views), for the MLP and the small MinAtar CNN. The Nature CNN's convolutions stay
+        # with torch: fast there, and the dispatch overhead negligible next to them.
+        mirror = self._on_cpu and config.torso in NUMPY_DQN_TORSOS
         self._online_arrays = parameter_views(self.online) if mirror else None
         self._target_arrays = parameter_views(self.target) if mirror else None
 
@@ -116,12 +117,8 @@ class DQNAgent:
         return q.cpu().numpy()
 
     def _numpy_q_values(self, arrays: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
-        """The MLP Q-network's values in numpy, as ``NumpyDQNPolicy.q_values`` computes them."""
-        x = relu_torso(obs, arrays, "torso", len(self.config.hidden_sizes))
-        if not self.config.dueling:
-            return linear(x, arrays, "head")
-        value, advantage = linear(x, arrays, "value"), linear(x, arrays, "advantage")
-        return value + advantage - advantage.mean(axis=1, keepdims=True)
+        """The Q-network's values in numpy, as ``NumpyDQNPolicy.q_values`` computes them."""
+        return dqn_q_values(self.config, arrays, obs)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy
@@ -187,9 +184,9 @@ class DQNAgent:
         """``|TD error|`` per row ``(B,)`` float32 under the current weights, with ``update``'s target.
 
         Ape-X actors send these with fresh transitions so that replay need not give every new row
-        the largest priority seen. No gradient; on CPU with the MLP torso it runs in numpy. An
-        actor's target equals its online net (both are overwritten by ``import_weights``), so
-        one forward pass over ``obs`` and ``next_obs`` together serves both nets.
+        the largest priority seen. No gradient; on CPU with the MLP or MinAtar CNN torso it runs in
+        numpy. An actor's target equals its online net (both are overwritten by ``import_weights``),
+        so one forward pass over ``obs`` and ``next_obs`` together serves both nets.
         """
         if self._online_arrays is not None and self._target_arrays is not None:
             return self._numpy_priorities(batch, self._online_arrays, self._target_arrays)

@@ -95,7 +95,8 @@ class QNetwork(nn.Module):
 
     Observations are cast to float32 inside ``forward`` so that callers can hand over the env's
     native dtype: uint8 frames cross to the device as bytes and are widened there. The ``"mlp"``
-    torso flattens them first; ``"nature_cnn"`` keeps ``(B, C, H, W)`` and scales by 1/255 itself.
+    torso flattens them first; the CNNs (``"nature_cnn"``, ``"minatar_cnn"``) keep ``(B, C, H, W)``
+    and scale the values themselves.
 
     With ``dueling`` the torso feeds a value head V(s) and an advantage head A(s, a), combined as
     ``Q = V + A - mean_a A``: subtracting the mean makes the split identifiable (Wang et al., 2016).
@@ -139,10 +140,10 @@ class QNetwork(nn.Module):
         activation: type[nn.Module],
         generator: torch.Generator | None,
     ) -> None:
-        if self.torso_kind == "nature_cnn":
-            from zmqrl.agents.conv import NatureCNN  # only Atari runs pay for (and need) the conv module
+        if self.torso_kind != "mlp":
+            from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
 
-            cnn = NatureCNN(self.obs_shape, generator=generator)
+            cnn = CONV_NETS[self.torso_kind](self.obs_shape, generator=generator)
             self.torso, width = cnn, int(cnn.out_features)
         else:
             self.torso, width = hidden_layers(math.prod(self.obs_shape), hidden, activation)

@@ -1,7 +1,7 @@
-"""Torch-free acting: the DQN (MLP torso) and SAC policies in numpy, for actors and evaluators.
+"""Torch-free acting: the DQN (MLP or MinAtar CNN torso) and SAC policies in numpy, for actors and evaluators.
 
-An actor only runs forward passes of a small MLP, one observation (or one row per sub-env) at a
-time; for that numpy is as fast as torch (faster: no per-op dispatch) and the process starts
+An actor only runs forward passes of a small network, one observation (or one row per sub-env) at
+a time; for that numpy is as fast as torch (faster: no per-op dispatch) and the process starts
 without importing torch at all. Each policy imports weights in exactly the layout its torch agent
 exports (``DQNAgent`` / ``SACAgent``: the same parameter names and shapes, so the wire check
 against ``weights_spec`` is the same) and acts with the same rules and the same RNG draws: with
@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.agents.torsos import CONV_TORSOS, conv_features, fan_in
 from zmqrl.types import TransitionBatch, Weights
 
 # Bounds of the SAC policy's log standard deviation (see zmqrl.agents.sac, which uses these).
@@ -35,8 +36,9 @@ class VersionedArrays:
         rng = np.random.default_rng(None if seed is None else [seed, INIT_STREAM])
         self.arrays: dict[str, np.ndarray] = {}
         for name, shape in layout.items():
-            fan_in = shape[1] if len(shape) == 2 else layout[name.replace(".bias", ".weight")][1]
-            bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+            # A bias has its weight's fan-in (a Linear's in_features, a Conv2d's C * k * k).
+            inputs = fan_in(shape if name.endswith(".weight") else layout[name.replace(".bias", ".weight")])
+            bound = 1.0 / math.sqrt(inputs) if inputs > 0 else 0.0
             self.arrays[name] = rng.uniform(-bound, bound, size=shape).astype(np.float32)
         self.version = 0  # 0: initial, never imported
 
@@ -85,6 +87,40 @@ def relu_torso(obs: np.ndarray, arrays: dict[str, np.ndarray], prefix: str, dept
 
 def linear(x: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
     return x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"]
+
+
+# DQN torsos whose acting runs in numpy: the MLP, and the CNNs whose tables say it is cheap.
+NUMPY_DQN_TORSOS = ("mlp", *(name for name, torso in CONV_TORSOS.items() if torso.numpy_acting))
+
+
+def dqn_layout(config: DQNConfig, obs_shape: tuple[int, ...], n_actions: int) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of ``QNetwork`` (torso, then the plain or dueling heads)."""
+    if config.torso == "mlp":
+        layout, width = mlp_layout("torso", math.prod(obs_shape), config.hidden_sizes)
+    else:
+        torso = CONV_TORSOS[config.torso]
+        layout, width = torso.layout("torso", obs_shape), torso.hidden
+    heads = {"value": 1, "advantage": n_actions} if config.dueling else {"head": n_actions}
+    for name, out in heads.items():
+        layout[f"{name}.weight"] = (out, width)
+        layout[f"{name}.bias"] = (out,)
+    return layout
+
+
+def dqn_q_values(config: DQNConfig, arrays: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
+    """``QNetwork``'s action values ``(B, n_actions)`` in numpy, from weights named as it names them.
+
+    Shared by NumpyDQNPolicy and DQNAgent's CPU acting (on views of its tensors), so both run one
+    copy of the forward code.
+    """
+    if config.torso == "mlp":
+        x = relu_torso(obs, arrays, "torso", len(config.hidden_sizes))
+    else:
+        x = conv_features(obs, arrays, "torso", CONV_TORSOS[config.torso])
+    if not config.dueling:
+        return linear(x, arrays, "head")
+    value, advantage = linear(x, arrays, "value"), linear(x, arrays, "advantage")
+    return value + advantage - advantage.mean(axis=1, keepdims=True)
 
 
 def explores(epsilon: float | np.ndarray) -> bool:
@@ -176,7 +212,8 @@ class ImportedWeights:
 
 
 class NumpyDQNPolicy(ImportedWeights):
-    """DQN's acting side for the MLP torso (plain or dueling): epsilon-greedy on numpy Q-values.
+    """DQN's acting side for the MLP or MinAtar CNN torso (plain or dueling heads): epsilon-greedy
+    on numpy Q-values.
 
     ``initial_priorities`` are the Ape-X ones ``DQNAgent`` computes on an actor, whose target
     network always equals its online one (both are overwritten by every import).
@@ -192,31 +229,23 @@ class NumpyDQNPolicy(ImportedWeights):
         seed: int | None = None,
     ) -> None:
         config.check()
-        if config.torso != "mlp":
-            raise ValueError(f"NumpyDQNPolicy runs the 'mlp' torso only, not {config.torso!r}")
+        if config.torso not in NUMPY_DQN_TORSOS:
+            raise ValueError(
+                f"NumpyDQNPolicy runs the {', '.join(NUMPY_DQN_TORSOS)} torsos only, not {config.torso!r}"
+            )
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
+        self.config = config
         self.obs_shape = tuple(obs_shape)
         self.n_actions = n_actions
         self.dueling = config.dueling
-        self._depth = len(config.hidden_sizes)
-        layout, width = mlp_layout("torso", math.prod(self.obs_shape), config.hidden_sizes)
-        heads = {"value": 1, "advantage": n_actions} if config.dueling else {"head": n_actions}
-        for name, out in heads.items():
-            layout[f"{name}.weight"] = (out, width)
-            layout[f"{name}.bias"] = (out,)
-        self._params = VersionedArrays(layout, seed)
+        self._params = VersionedArrays(dqn_layout(config, self.obs_shape, n_actions), seed)
         self.rng = np.random.default_rng(seed)  # acting draws, in DQNAgent's order
         self.epsilon: float | np.ndarray = epsilon
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Action values ``(B, n_actions)`` float32 for obs ``(B, *obs_shape)``."""
-        arrays = self._params.arrays
-        x = relu_torso(obs, arrays, "torso", self._depth)
-        if not self.dueling:
-            return linear(x, arrays, "head")
-        value, advantage = linear(x, arrays, "value"), linear(x, arrays, "advantage")
-        return value + advantage - advantage.mean(axis=1, keepdims=True)
+        return dqn_q_values(self.config, self._params.arrays, obs)
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Epsilon-greedy (``explore=True``) or greedy int64 actions ``(B,)``; each row explores
