@@ -321,3 +321,22 @@ def test_a_child_whose_parent_is_already_gone_leaves_at_once(tmp_path: Path) -> 
     assert child.returncode == -signal.SIGTERM
     assert not armed.exists()
     assert b"is already gone: exiting" in child.stderr
+
+
+def test_actors_and_the_evaluator_get_one_blas_thread_unless_the_environment_sets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zmqrl.supervision.processes import start_child
+
+    show = [sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"]
+
+    def blas_threads(role: str) -> str:
+        log_path = tmp_path / f"{role}-{len(list(tmp_path.iterdir()))}.log"
+        proc = start_child(show, log_path, 0.0, role)
+        assert proc.wait(timeout=30) == 0
+        return log_path.read_text().strip()
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert [blas_threads(r) for r in ("actor", "evaluator", "learner")] == ["1", "1", "None"]
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    assert blas_threads("actor") == "4"  # the user's own setting wins

@@ -85,7 +85,7 @@ class Supervisor(Oversight):
         log_path = self.run_dir / "logs" / f"{role}-{index}.log"
         config_path = self.run_dir / "config.yaml"
         cmd = role_command(role, index, config_path, replacement=previous is not None, resume=self.resume)
-        proc = start_child(cmd, log_path, self.launched)
+        proc = start_child(cmd, log_path, self.launched, role)
         now = self._clock()
         slot = self._new_slot(role, index, now, pid=proc.pid)
         slot.log_path = log_path
