@@ -9,6 +9,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from tests.conftest import REPO
 from zmqrl.cli import app
 
 COMMANDS = [
@@ -34,7 +35,20 @@ def help_text(*args: str) -> str:
 
 def test_the_app_has_exactly_these_commands_in_this_order() -> None:
     # The split into modules registers them; a command added without one of these tests fails here.
-    assert list(get_command(app).commands) == COMMANDS  # type: ignore[attr-defined]
+    group = get_command(app)
+    assert group.list_commands(group.context_class(group)) == COMMANDS  # type: ignore[attr-defined]
+
+
+def test_the_order_does_not_depend_on_which_cli_module_is_imported_first() -> None:
+    # A library caller importing e.g. zmqrl.cli_launch first registers launch and supervise last.
+    code = (
+        "import zmqrl.cli_launch, typer.main, zmqrl.docgen as d; from zmqrl.cli import app; "
+        "g = typer.main.get_command(app); print(g.list_commands(g.context_class(g))); "
+        "print(d.render_cli_reference() == open('docs/cli.md', encoding='utf-8').read())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(COMMANDS), "True"]
 
 
 @pytest.mark.parametrize("args", [(), *((name,) for name in COMMANDS)], ids=["zmqrl", *COMMANDS])

@@ -83,6 +83,7 @@ def test_a_program_that_configured_logging_itself_keeps_its_handlers() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a real launch: kept out of the ~10-minute default suite
 def test_launch_logs_each_process_to_its_file_passes_on_the_level_and_shows_a_crash(run_root: Path) -> None:
     """run_root (tests/conftest.py) kills whatever a timed-out launch leaves behind."""
     from tests.conftest import tiny_overrides

@@ -126,6 +126,7 @@ def test_serial_runs_write_only_documented_tags(tmp_path: Path, extra: dict[str,
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a real launch: kept out of the ~10-minute default suite
 def test_a_launched_run_with_every_role_writes_only_documented_tags(run_root: Path) -> None:
     overrides = tiny_overrides(
         run_root,

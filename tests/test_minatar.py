@@ -304,6 +304,7 @@ def test_qnetwork_with_the_minatar_torso_is_seeded_by_its_generator() -> None:
 
 @requires_minatar
 @pytest.mark.slow
+@pytest.mark.heavy  # a real launch: kept out of the ~10-minute default suite
 def test_the_breakout_config_launches_trains_evaluates_and_ends_cleanly(run_root: Path) -> None:
     overrides = tiny_overrides(
         run_root,

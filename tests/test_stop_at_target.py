@@ -305,6 +305,7 @@ def test_a_launched_run_whose_learner_evaluates_stops_at_the_target(run_root: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a real launch: kept out of the ~10-minute default suite
 def test_with_the_evaluator_the_supervisor_tells_the_learner_to_stop_at_the_target(run_root: Path) -> None:
     overrides = tiny_overrides(
         run_root,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 # Exit codes (documented in README): 0 ok, 1 runtime failure, 2 bad config or usage.
 EXIT_RUNTIME, EXIT_CONFIG = 1, 2
@@ -41,7 +42,27 @@ EXAMPLE_CONFIG = "configs/cartpole_dqn.yaml"
 # At most this many "did you mean" file names for a config path that does not exist.
 CLOSE_CONFIG_NAMES = 3
 
+# The order of `zmqrl --help` and docs/cli.md. Each cli_* module registers its commands when it is
+# imported, and importing one of them first (``from zmqrl.cli_launch import ...``) runs this
+# module's imports at its bottom before that module's own commands exist: so the order is fixed
+# here, not left to import order.
+COMMAND_ORDER = (
+    *("launch", "supervise", "learner", "actor", "evaluator", "health"),
+    *("eval", "keys", "config", "plot", "status"),
+)
+
+
+class OrderedGroup(TyperGroup):
+    """Lists the commands in COMMAND_ORDER (any others after them, as registered)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda name: (rank.get(name, len(rank)), names.index(name)))
+
+
 app = typer.Typer(
+    cls=OrderedGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # plain tracebacks: short, and never dumping local variables

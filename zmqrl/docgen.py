@@ -272,7 +272,8 @@ def cli_commands() -> list[tuple[str, Any]]:
 
     group = typer.main.get_command(app)
     commands: dict[str, Any] = getattr(group, "commands", {})
-    return [(name, cmd) for name, cmd in commands.items() if not getattr(cmd, "hidden", False)]
+    names: list[str] = group.list_commands(group.context_class(group, info_name="zmqrl"))  # type: ignore[attr-defined]
+    return [(name, commands[name]) for name in names if not getattr(commands[name], "hidden", False)]
 
 
 def render_cli_reference() -> str:
