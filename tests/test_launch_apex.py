@@ -81,6 +81,7 @@ def progress_updates(log: Path) -> list[int]:
     return [int(n) for n in re.findall(r"updates (\d+)/\d+ \|", log.read_text())]
 
 
+@pytest.mark.heavy  # liveness under faults, 35+ s each: the heavy run
 def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path) -> None:
     run_dir = run_root / "t"
     launch = Launch(
@@ -129,6 +130,7 @@ def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path)
     assert all(row["restarts"] == 0 for row in stats["actors"]), "paused actors are not replaced"
 
 
+@pytest.mark.heavy  # liveness under faults, 35+ s each: the heavy run
 def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(run_root: Path) -> None:
     """A learner that fails by exception announces it on the weights channel. Hand-started actors
     leave with it, but under the supervisor the learner is restarted, so its actors stay."""
