@@ -70,8 +70,11 @@ def test_breakout_observes_channel_first_uint8_grids_with_the_minimal_actions() 
 @pytest.mark.filterwarnings("ignore:.*is out of date")  # gymnasium on the -v0 id
 @pytest.mark.parametrize(
     ("env_id", "shape", "actions"),
-    [("MinAtar/Breakout-v0", GRID, 6), ("MinAtar/SpaceInvaders-v1", (6, 10, 10), 4),
-     ("MinAtar/Asterix-v1", (4, 10, 10), 5)],
+    [
+        ("MinAtar/Breakout-v0", GRID, 6),
+        ("MinAtar/SpaceInvaders-v1", (6, 10, 10), 4),
+        ("MinAtar/Asterix-v1", (4, 10, 10), 5),
+    ],
 )
 def test_other_ids_and_games_keep_their_channels_and_action_sets(
     env_id: str, shape: tuple[int, ...], actions: int
@@ -282,7 +285,10 @@ def test_minatar_actors_act_in_numpy_without_importing_torch() -> None:
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr

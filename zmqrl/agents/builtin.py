@@ -67,8 +67,10 @@ def _cnn_problem(torso_name: str, obs_shape: tuple[int, ...]) -> str | None:
         )
     height, width = CONV_TORSOS[torso_name].output_hw(obs_shape[1], obs_shape[2])
     if min(height, width) < 1:
-        fix = "raise env.atari.screen_size (84 is the standard)" if torso_name == "nature_cnn" else (
-            "use a torso made for them"
+        fix = (
+            "raise env.atari.screen_size (84 is the standard)"
+            if torso_name == "nature_cnn"
+            else ("use a torso made for them")
         )
         return f"agent.torso '{torso_name}' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: {fix}"
     return None
