@@ -203,6 +203,12 @@ class SnapshotBuilder:
             rises=rising,
         )
 
+    def recent_rate(self, name: str, counter: str) -> float:
+        """``counter`` (one of RATE_FALLBACKS) per second for slot ``name`` as of the latest
+        ``build``; 0 when not measured (the supervisor's scalars sum these)."""
+        track = self._tracks.get(name)
+        return track.rates.get(counter, 0.0) if track is not None else 0.0
+
     # ------------------------------------------------------------------ per process
     def _track(self, name: str, slot: Slot) -> None:
         """Recent rates from this heartbeat and the previous one of the same process; the

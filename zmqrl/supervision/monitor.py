@@ -35,9 +35,6 @@ from zmqrl.transport.keys import Security
 
 log = logging.getLogger("zmqrl.supervisor")
 
-# Per slot and counter: (pid, heartbeat time, value) at the previous progress tick.
-RateMarks = dict[tuple[str, str], tuple[int, float, float]]
-
 
 class RunMonitor:
     """The console view, the status server and record, and the scalars of one supervisor.
@@ -74,7 +71,6 @@ class RunMonitor:
         self.record: StatusRecord | None = None
         self._given_scalars = scalars  # tests pass a recorder; else the run's logger, from open()
         self.scalars: Logger = NullLogger()
-        self._marks: RateMarks = {}
 
     # ------------------------------------------------------------------ lifetime
     def open(
@@ -191,8 +187,10 @@ class RunMonitor:
             for s in self._slots.values()
             if s.role == "actor" and s.live.last_seen is not None and now - s.live.last_seen <= timeout
         ]
-        steps_per_s = sum(self._recent_rate(a, "steps", "steps_per_s") for a in recent)
-        samples_per_s = sum(self._recent_rate(a, "samples", "samples_per_s") for a in recent)
+        builder = self._builder
+        assert builder is not None, "snap was built by it"
+        steps_per_s = sum(builder.recent_rate(a.name, "steps") for a in recent)
+        samples_per_s = sum(builder.recent_rate(a.name, "samples") for a in recent)
         step, out = snap.updates, self.scalars
         out.scalar("actor/steps_per_s", steps_per_s, step)
         out.scalar("actor/samples_per_s", samples_per_s, step)
@@ -203,17 +201,3 @@ class RunMonitor:
         out.scalar("supervisor/restarts", float(restarts), step)
         out.scalar("supervisor/bad_heartbeats", float(bad_heartbeats), step)
         out.flush()
-
-    def _recent_rate(self, slot: Slot, counter: str, fallback: str) -> float:
-        """``counter`` per second since the previous progress tick (the counters' own rates are
-        lifetime averages, which hide a slowdown); the process's own rate for a new process."""
-        hb = slot.last
-        if hb is None:
-            return 0.0
-        now, value = hb.time, float(hb.counters.get(counter, 0.0))
-        key = (slot.name, counter)
-        mark = self._marks.get(key)
-        self._marks[key] = (hb.pid, now, value)
-        if mark is None or mark[0] != hb.pid or now <= mark[1]:
-            return float(hb.counters.get(fallback, 0.0))
-        return max(0.0, (value - mark[2]) / (now - mark[1]))
