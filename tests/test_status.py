@@ -35,11 +35,10 @@ from zmqrl.monitoring.status import (
     StatusRecord,
     StatusServer,
     fetch_status,
-    status_router,
 )
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.keys import Security, SecurityError, create_keys
-from zmqrl.transport.sockets import BindError, SocketLimits
+from zmqrl.transport.sockets import BindError, SocketLimits, status_router
 
 
 def a_snapshot(n: int = 0) -> RunSnapshot:

@@ -41,14 +41,8 @@ from zmqrl.transport.keys import Security
 PROTOCOL = 1
 # The file in the run directory that says where its supervisor answers.
 STATUS_RECORD = "supervisor.json"
-# Largest request accepted (a real one is about 20 bytes); larger ones are dropped by ZeroMQ.
-MAX_REQUEST_BYTES = 4096
-# Largest reply a client accepts (a snapshot of a thousand actors is about 200 KB).
-MAX_REPLY_BYTES = 16 * 2**20
 # Most requests one serve() answers; the rest wait for the next loop, so a flood cannot hold it.
 SERVE_MAX_REQUESTS = 32
-# Queued requests / replies per peer before ZeroMQ drops (status is best-effort).
-STATUS_HWM = 64
 
 
 class StatusError(RuntimeError):
@@ -109,40 +103,6 @@ class StatusRecord:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StatusError(f"{path} is not a supervisor record ({exc})") from None
-
-
-# --------------------------------------------------------------------------------------------
-# Sockets (the heartbeat socket's rules: zmqrl.transport.sockets)
-# --------------------------------------------------------------------------------------------
-
-
-def status_router(
-    ctx: zmq.Context,
-    endpoint: str,
-    limits: sockets.SocketLimits,
-    *,
-    security: Security | None = None,
-    insecure: bool = False,
-) -> tuple[zmq.Socket, str]:
-    """The supervisor's side: bound, with the bind rules and Curve server options of every zmqrl
-    server socket; returns it with the real endpoint."""
-    sock = sockets._server(ctx, zmq.ROUTER, limits, endpoint, "status", security, insecure)
-    sock.setsockopt(zmq.LINGER, 0)  # an unsent reply is worth nothing once the supervisor exits
-    sock.setsockopt(zmq.RCVHWM, STATUS_HWM)
-    sock.setsockopt(zmq.SNDHWM, STATUS_HWM)
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-    try:
-        return sock, sockets.bind(sock, endpoint, "status")
-    except sockets.BindError as exc:  # bind() names transport.<what>; this setting lives elsewhere
-        raise sockets.BindError(str(exc).replace("transport.status", "supervisor.status")) from None
-
-
-def status_dealer(ctx: zmq.Context, endpoint: str, *, security: Security | None = None) -> zmq.Socket:
-    """The asking side (DEALER: one socket asks again and again, matching replies by id)."""
-    sock = sockets._client(ctx, zmq.DEALER, sockets.SocketLimits(linger_ms=0), security)
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
-    sock.connect(endpoint)
-    return sock
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +190,7 @@ class StatusClient:
     ) -> None:
         self.endpoint = endpoint
         self._ctx = ctx or zmq.Context.instance()
-        self._sock = status_dealer(self._ctx, endpoint, security=security)
+        self._sock = sockets.status_dealer(self._ctx, endpoint, security=security)
         self._next_id = 1
 
     def fetch(self, timeout: float) -> RunSnapshot | None:

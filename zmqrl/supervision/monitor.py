@@ -27,7 +27,7 @@ from zmqrl.metrics import Logger, NullLogger, run_logger
 from zmqrl.monitoring.live import REFRESH_SECONDS, ConsoleView
 from zmqrl.monitoring.render import plain_line, render_dashboard
 from zmqrl.monitoring.snapshot import RunSnapshot, SnapshotBuilder
-from zmqrl.monitoring.status import StatusRecord, StatusServer, status_router
+from zmqrl.monitoring.status import StatusRecord, StatusServer
 from zmqrl.supervision.summary import Slot
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
@@ -85,7 +85,7 @@ class RunMonitor:
         Raises BindError / SecurityError as the other sockets do."""
         run_dir = self.cfg.run_dir
         self._builder = SnapshotBuilder(self.cfg, run_dir, launched)
-        self._sock, endpoint = status_router(
+        self._sock, endpoint = sockets.status_router(
             ctx, self.cfg.supervisor.status, limits, security=security, insecure=self.cfg.transport.insecure
         )
         self.status = StatusServer(self._sock, self._status_snapshot, BadMessages("supervisor status", log))

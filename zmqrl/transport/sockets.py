@@ -100,21 +100,25 @@ def _client(ctx: zmq.Context, kind: int, limits: SocketLimits, security: Securit
     return sock
 
 
-def bind(sock: zmq.Socket, endpoint: str, what: str) -> str:
-    """Bind and return the real endpoint (port 0 / ``*`` resolved by the OS)."""
+def bind(sock: zmq.Socket, endpoint: str, what: str, setting: str | None = None) -> str:
+    """Bind and return the real endpoint (port 0 / ``*`` resolved by the OS); errors name
+    ``setting`` (default ``transport.<what>``)."""
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
         sock.close(linger=0)
         if exc.errno == zmq.EADDRINUSE:
-            raise BindError(address_in_use_message(what, endpoint)) from None
-        raise BindError(f"cannot bind {what} on {endpoint} (transport.{what}): {exc}") from None
+            raise BindError(address_in_use_message(what, endpoint, setting)) from None
+        named = setting or f"transport.{what}"
+        raise BindError(f"cannot bind {what} on {endpoint} ({named}): {exc}") from None
     return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
 
 
-def address_in_use_message(what: str, endpoint: str) -> str:
-    """The one line for an endpoint someone else holds: which port, which setting, what to do.
-    Every binding role (learner, ``launch``'s supervisor, ``supervise``) reports it from here."""
+def address_in_use_message(what: str, endpoint: str, setting: str | None = None) -> str:
+    """The one line for an endpoint someone else holds: which port, which setting (default
+    ``transport.<what>``), what to do. Every binding role (learner, ``launch``'s supervisor,
+    ``supervise``) reports it from here."""
+    setting = setting or f"transport.{what}"
     scheme, _, address = endpoint.partition("://")
     if scheme == "tcp" and ":" in address:
         host, port = address.rsplit(":", 1)
@@ -122,8 +126,8 @@ def address_in_use_message(what: str, endpoint: str) -> str:
     else:
         where, other = endpoint, f"{scheme}://OTHER-PATH" if scheme == "ipc" else "ANOTHER-ENDPOINT"
     return (
-        f"cannot bind {what} on {endpoint}: address already in use ({where}, setting transport.{what}): "
-        f"stop what holds it (another zmqrl run?) or choose another with --set transport.{what}={other}"
+        f"cannot bind {what} on {endpoint}: address already in use ({where}, setting {setting}): "
+        f"stop what holds it (another zmqrl run?) or choose another with --set {setting}={other}"
     )
 
 
@@ -252,5 +256,44 @@ def control_sub(
     sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint)
+    return sock
+
+
+# Largest request accepted (a real one is about 20 bytes); larger ones are dropped by ZeroMQ.
+MAX_REQUEST_BYTES = 4096
+# Largest reply a client accepts (a snapshot of a thousand actors is about 200 KB).
+MAX_REPLY_BYTES = 16 * 2**20
+# Queued requests / replies per peer before ZeroMQ drops (status is best-effort).
+STATUS_HWM = 64
+
+
+# --------------------------------------------------------------------------------------------
+# The supervisor's status channel (`zmqrl status`: zmqrl.monitoring.status)
+# --------------------------------------------------------------------------------------------
+
+
+def status_router(
+    ctx: zmq.Context,
+    endpoint: str,
+    limits: SocketLimits,
+    *,
+    security: Security | None = None,
+    insecure: bool = False,
+) -> tuple[zmq.Socket, str]:
+    """The supervisor's side: bound, with the bind rules and Curve server options of every zmqrl
+    server socket; returns it with the real endpoint."""
+    sock = _server(ctx, zmq.ROUTER, limits, endpoint, "status", security, insecure)
+    sock.setsockopt(zmq.LINGER, 0)  # an unsent reply is worth nothing once the supervisor exits
+    sock.setsockopt(zmq.RCVHWM, STATUS_HWM)
+    sock.setsockopt(zmq.SNDHWM, STATUS_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+    return sock, bind(sock, endpoint, "status", "supervisor.status")
+
+
+def status_dealer(ctx: zmq.Context, endpoint: str, *, security: Security | None = None) -> zmq.Socket:
+    """The asking side (DEALER: one socket asks again and again, matching replies by id)."""
+    sock = _client(ctx, zmq.DEALER, SocketLimits(linger_ms=0), security)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
     sock.connect(endpoint)
     return sock
