@@ -121,6 +121,7 @@ class LearnerConfig:
     samples_per_insert: float | None = None  # replay ratio: transitions sampled per transition received
     samples_per_insert_tolerance: int = 1_000  # transitions either side of the ratio before a side waits
     max_policy_lag: int | None = None  # drop batches acted with weights more than this many versions old
+    ingest_max_share: float | None = 0.05  # CPU seconds per second the ingest thread may take (None: no cap)
 
 
 @dataclass
@@ -314,6 +315,10 @@ def _check(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = No
             cfg.learner.samples_per_insert is None or cfg.learner.samples_per_insert > 0,
         ),
         ("learner.samples_per_insert_tolerance must be >= 1", cfg.learner.samples_per_insert_tolerance >= 1),
+        (
+            "learner.ingest_max_share must be in (0, 1] (or null for no cap)",
+            cfg.learner.ingest_max_share is None or 0 < cfg.learner.ingest_max_share <= 1,
+        ),
         (
             "learner.max_policy_lag must be >= 1 (or null)",
             cfg.learner.max_policy_lag is None or cfg.learner.max_policy_lag >= 1,

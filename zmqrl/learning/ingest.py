@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from zmqrl import testhooks
@@ -22,6 +23,9 @@ LIMITER_WAIT_SECONDS = 0.1
 INGEST_POLL_MS = 100
 # Ingest thread: messages drained per wake-up before yielding the replay lock to the trainer.
 INGEST_MAX_DRAIN = 64
+# Ingest budget: the most CPU time the ingest thread may bank while idle, so a burst after a quiet
+# spell holds the GIL for at most this long before the budget makes it pause.
+BUDGET_BURST_SECONDS = 0.005
 
 
 def warn_if_queues_hide_lag(cfg: Config) -> None:
@@ -33,6 +37,60 @@ def warn_if_queues_hide_lag(cfg: Config) -> None:
             "waiting in the OS's TCP buffers will be inserted long after they were acted (see "
             "policy_lag); consider --set transport.samples_buffer_kb=4 --set transport.samples_hwm=1"
         )
+
+
+class IngestBudget:
+    """Caps the ingest thread's share of the process's time, so training keeps the GIL.
+
+    The trainer and the ingest thread share one GIL. Unbounded, a flood of samples (uncapped
+    actors, no replay ratio) has the ingest thread decoding and inserting ~90% of the time, and
+    the trainer, which gives the GIL up at every torch call, waits to get it back after each one:
+    measured, 490 updates/s fell to 47. This is a token bucket on the thread's own CPU time
+    (``time.thread_time``, which does not count time spent waiting for the GIL): it earns
+    ``share`` seconds per second, banks at most ``BUDGET_BURST_SECONDS``, and pauses the thread
+    when it is spent. While it pauses the socket is not read, so actors feel it as backpressure,
+    like the replay-ratio limiter's. ``share`` None: no cap.
+    """
+
+    def __init__(
+        self,
+        share: float | None,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share = share
+        self._cpu_clock = cpu_clock
+        self._clock = clock
+        self._tokens = BUDGET_BURST_SECONDS
+        self._last_wall = clock()
+        self._last_cpu = cpu_clock()
+        self.paused_seconds = 0.0  # time the thread was held back (stats: "ingest_budget_wait_s")
+
+    def restart(self) -> None:
+        """Start earning from now, with a full burst (what ran before is not charged)."""
+        self._tokens = BUDGET_BURST_SECONDS
+        self._last_wall, self._last_cpu = self._clock(), self._cpu_clock()
+
+    def wait_time(self) -> float:
+        """Seconds to pause now (0: go on). Call from the ingest thread only (its CPU clock)."""
+        if self.share is None:
+            return 0.0
+        wall, cpu = self._clock(), self._cpu_clock()
+        earned = (wall - self._last_wall) * self.share
+        self._tokens = min(BUDGET_BURST_SECONDS, self._tokens + earned - (cpu - self._last_cpu))
+        self._last_wall, self._last_cpu = wall, cpu
+        if self._tokens >= 0:
+            return 0.0
+        # Once spent, wait until half a burst is earned back: a few long pauses and bursts of
+        # several messages cost less (wake-ups, cold caches) than one message per wake-up.
+        return (BUDGET_BURST_SECONDS / 2 - self._tokens) / self.share
+
+    def pause(self, stop: threading.Event) -> None:
+        """Wait until the budget allows more work (or ``stop`` is set)."""
+        seconds = self.wait_time()
+        if seconds > 0:
+            self.paused_seconds += seconds
+            stop.wait(seconds)
 
 
 class Ingest:
@@ -52,6 +110,7 @@ class Ingest:
         published_version: Callable[[], int],
         min_replay_size: int,
         max_policy_lag: int | None,
+        max_share: float | None = None,
     ) -> None:
         self.replay = replay
         self.limiter = limiter
@@ -60,6 +119,7 @@ class Ingest:
         self._min_replay_size = min_replay_size
         self._max_policy_lag = max_policy_lag
         self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
+        self.budget = IngestBudget(max_share)  # learner.ingest_max_share
         # Test hook, looked up once: the ingest path must not read the environment per batch.
         self._fault_armed = testhooks.hook(testhooks.INGEST_FAULT_ONCE) is not None
         self.note_replay_size()
@@ -96,13 +156,23 @@ class Ingest:
             self.replay_ready.set()
 
     def drain(self, receiver: SampleReceiver, stop: threading.Event) -> None:
-        """The ingest thread's loop: receive, validate (in the receiver) and accept until ``stop``."""
+        """The ingest thread's loop: receive, validate (in the receiver) and accept until ``stop``,
+        within the thread's share of the process's time (``learner.ingest_max_share``) once
+        training can start: filling replay to ``min_replay_size`` goes as fast as it can."""
+        budget, capped = self.budget, False
         while not stop.is_set():
             if not receiver.wait(INGEST_POLL_MS):
                 continue
+            if not capped and self.replay_ready.is_set():
+                budget.restart()
+                capped = True
             for _ in range(INGEST_MAX_DRAIN):
                 msg = receiver.recv_nowait()
                 if msg is False:
                     break
                 if msg is not None:
                     self.accept(msg, stop)  # type: ignore[arg-type]
+                if capped and budget.wait_time() > 0:
+                    break
+            if capped:
+                budget.pause(stop)

@@ -75,6 +75,7 @@ class LearnerReports:
             "samples_per_insert": limits["ratio"],
             "sample_blocked_seconds": limits["sample_blocked_seconds"],
             "insert_blocked_seconds": limits["insert_blocked_seconds"],
+            "ingest_budget_seconds": t.ingest.budget.paused_seconds,
             "updates": c.updates,
             "samples": samples,
             "batches": batches,
@@ -153,6 +154,7 @@ class LearnerReports:
         tb.scalar("replay/samples_per_insert", limits["ratio"], step)
         tb.scalar("perf/sample_blocked_seconds", limits["sample_blocked_seconds"], step)
         tb.scalar("perf/insert_blocked_seconds", limits["insert_blocked_seconds"], step)
+        tb.scalar("perf/ingest_budget_seconds", t.ingest.budget.paused_seconds, step)
         now = time.monotonic()
         t0, u0, s0 = self._rate_mark
         if now > t0:

@@ -134,6 +134,7 @@ class Trainer:
             published_version=lambda: self.published_version,
             min_replay_size=lcfg.min_replay_size,
             max_policy_lag=lcfg.max_policy_lag,
+            max_share=lcfg.ingest_max_share,
         )
         self.tb: Logger | None = None  # set by the caller before training (reports use it)
         self.on_scalars: Callable[[dict[str, float]], None] = lambda metrics: None
