@@ -45,6 +45,19 @@ ROWS = {
 }
 
 
+def own_ports(runs: Path, name: str) -> list[str]:
+    """Endpoints no other run can hold: the learner's ports from the OS (the supervisor passes
+    them on), the supervisor's as sockets files in the runs directory. So a results run works
+    beside anything else on the machine, another zmqrl run included."""
+    runs.mkdir(parents=True, exist_ok=True)
+    return [
+        "transport.samples=tcp://127.0.0.1:0",
+        "transport.weights=tcp://127.0.0.1:0",
+        f"transport.heartbeat=ipc://{runs.resolve()}/{name}.heartbeat",
+        f"transport.control=ipc://{runs.resolve()}/{name}.control",
+    ]
+
+
 def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] = ()) -> dict[str, Any]:
     """One launch of ``row`` with ``seed`` by the checkout at ``code`` (``sets``: a variant's
     overrides, after the row's own); its figures."""
@@ -62,7 +75,7 @@ def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] 
         f"run.dir={runs}",
         "--set",
         f"run.seed={seed}",
-        *(item for s in (*row.sets, *sets) for item in ("--set", s)),
+        *(item for s in (*own_ports(runs, name), *row.sets, *sets) for item in ("--set", s)),
     ]
     env = {**os.environ, "PYTHONPATH": str(code)}
     started = time.time()

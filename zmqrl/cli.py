@@ -48,7 +48,7 @@ CLOSE_CONFIG_NAMES = 3
 # here, not left to import order.
 COMMAND_ORDER = (
     *("launch", "supervise", "learner", "actor", "evaluator", "health"),
-    *("eval", "keys", "config", "plot", "status"),
+    *("eval", "keys", "config", "plot", "status", "bench"),
 )
 
 
@@ -250,7 +250,7 @@ def main() -> None:
 
 # The commands register themselves on ``app`` when imported, in this order in `zmqrl --help`:
 # launch, supervise (cli_launch), then learner, actor, evaluator, health, eval, keys, config,
-# then plot (cli_plot), then status (cli_status).
+# then plot (cli_plot), then status (cli_status), then bench (zmqrl.bench.cli, a command group).
 from zmqrl import cli_launch, cli_roles  # noqa: F401
 
 # isort: split
@@ -258,6 +258,11 @@ from zmqrl import cli_plot  # noqa: F401
 
 # isort: split
 from zmqrl import cli_status  # noqa: F401
+
+# isort: split
+from zmqrl.bench.cli import app as bench_app
+
+app.add_typer(bench_app, name="bench")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,180 @@
+"""`zmqrl bench solve`: reading when each side first reached the target, the table and ratios built
+from canned runs, the SB3 side's evaluation schedule, and the command's refusals. No speed is
+asserted: the benchmark prints ratios, tests check behaviour."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from zmqrl.bench import solve
+from zmqrl.bench.sb3_run import RunArgs, SolveWatch
+from zmqrl.bench.solve import Reached, SolveRun, markdown_table, summarise
+
+HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
+
+
+def run(side: str, seed: int, seconds: float | None, steps: int | None, status: str = "solved") -> SolveRun:
+    return SolveRun(side, seed, status if seconds is not None else "not reached", seconds, steps, 60.0)
+
+
+def canned() -> list[SolveRun]:
+    return [
+        run("zmqrl", 0, 10.0, 12_000),
+        run("sb3", 0, 40.0, 20_000),
+        run("zmqrl", 1, 20.0, 30_000),
+        run("sb3", 1, None, None),  # never reached 475
+        run("zmqrl", 2, 30.0, 18_000),
+        run("sb3", 2, 60.0, 24_000),
+    ]
+
+
+def test_summary_counts_a_run_that_never_solved_as_slowest_and_ratios_are_sb3_over_zmqrl() -> None:
+    s = summarise(canned())
+    assert (s["zmqrl"]["solved"], s["sb3"]["solved"]) == (3, 2)
+    assert s["zmqrl"]["median_seconds"] == 20.0
+    assert s["sb3"]["median_seconds"] == 60.0  # 40, 60, inf
+    assert (s["sb3"]["min_seconds"], s["sb3"]["max_seconds"]) == (40.0, 60.0)
+    assert s["ratio_seconds"] == pytest.approx(3.0)
+    assert s["ratio_env_steps"] == pytest.approx(24_000 / 18_000)
+
+
+def test_a_side_that_solved_on_too_few_seeds_has_no_median_and_no_ratio() -> None:
+    runs = [run("zmqrl", 0, 5.0, 1), run("sb3", 0, None, None)]
+    runs += [run("zmqrl", 1, 6.0, 1), run("sb3", 1, None, None)]
+    s = summarise(runs)
+    assert math.isinf(s["sb3"]["median_seconds"]) and s["ratio_seconds"] is None
+    assert "not reached" in markdown_table(runs, s).splitlines()[-1]
+
+
+def test_table_has_a_row_per_seed_with_its_ratios_and_a_median_row() -> None:
+    text = markdown_table(canned(), summarise(canned()))
+    lines = text.splitlines()
+    assert len(lines) == 2 + 3 + 1
+    assert lines[2].startswith("| 0 | 10.0 s | 12.0k | 40.0 s | 20.0k | 4.00x | 1.67x |")
+    assert "| 1 | 20.0 s | 30.0k | not reached" in lines[3] and lines[3].endswith("| — | — |")
+    assert lines[-1].startswith("| median (3/3 and 2/3 solved) | 20.0 s (10.0 s–30.0 s)")
+    assert "3.00x" in lines[-1]
+
+
+def test_status_of_a_run_follows_its_records_then_its_exit(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("Traceback: boom\n")
+    never = Reached(None, None, 4, 200.0, 1000.0)
+    now = time.time()
+    solved = solve._result("sb3", 0, Reached(now + 5, 9000, 3, 500.0, 2000.0), now, 0, log)
+    assert (solved.status, solved.env_steps, solved.seconds) == ("solved", 9000, pytest.approx(5.0))
+    assert solve._result("sb3", 0, never, now, None, log).status == "timeout"
+    crashed = solve._result("sb3", 0, never, now, 1, log)
+    assert crashed.status == "crashed" and "boom" in crashed.error
+    assert solve._result("sb3", 0, never, now, 0, log).status == "not reached"
+
+
+def test_zmqrl_target_read_from_stats_json_else_from_metrics_jsonl(tmp_path: Path) -> None:
+    history = [
+        {"updates": 500, "samples": 3000, "time": 100.0, "mean": 150.0},
+        {"updates": 1000, "samples": 7000, "time": 104.0, "mean": 480.0},
+        {"updates": 1500, "samples": 11000, "time": 108.0, "mean": 500.0},
+    ]
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "stats.json").write_text(json.dumps({"launched": 90.0, "learner": {"eval_history": history}}))
+    assert solve.reached_in_run_dir(done, 475.0) == Reached(104.0, 7000, 3, 500.0, 4000.0)
+    killed = tmp_path / "killed"  # stopped before writing stats.json
+    killed.mkdir()
+    rows = [
+        {"source": "learner", "tag": "charts/eval_return", "step": 3000, "value": 150.0, "wall": 100.0},
+        {"source": "learner", "tag": "losses/td_loss", "step": 10, "value": 9999.0, "wall": 101.0},
+        {"source": "learner", "tag": "charts/eval_return", "step": 7000, "value": 480.0, "wall": 104.0},
+    ]
+    (killed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert solve.reached_in_run_dir(killed, 475.0) == Reached(104.0, 7000, 2, 480.0, 4000.0)
+    assert solve.reached_in_run_dir(tmp_path / "missing", 475.0).time is None
+
+
+def test_sb3_schedule_evaluates_every_n_env_steps_and_keeps_the_first_record_at_target() -> None:
+    watch = SolveWatch(every=1000, target=475.0, started=50.0)
+    assert not watch.due(999) and watch.due(1000)
+    assert not watch.add(1000, 200.0, 5.0, now=60.0)
+    assert not watch.due(1999) and watch.due(2000)
+    assert watch.add(2000, 480.0, 3.0, now=70.0)
+    watch.add(3000, 500.0, 0.0, now=80.0)
+    report = watch.report(steps=3000, finished=True)
+    assert (report["reached_time"], report["reached_steps"], report["best"]) == (70.0, 2000, 500.0)
+    assert watch.history[0]["seconds"] == 10.0
+    with pytest.raises(ValueError):
+        SolveWatch(every=0, target=1.0, started=0.0)
+
+
+@pytest.mark.skipif(not HAS_SB3, reason="stable-baselines3 is not installed (pip install 'zmqrl[sb3]')")
+def test_sb3_run_stops_at_the_first_evaluation_at_target_and_reports_it(tmp_path: Path) -> None:
+    from zmqrl.bench import sb3_run
+
+    out = tmp_path / "sb3.json"
+    args = RunArgs(seed=0, out=out, eval_every=100, episodes=2, target=1.0, timesteps=1_000)
+    report = sb3_run.train(args)  # any episode returns >= 1: the first evaluation solves it
+    assert report["reached_steps"] == 100 and report["steps"] == 100
+    assert json.loads(out.read_text())["history"] == report["history"]
+    never = sb3_run.train(RunArgs(seed=0, out=out, eval_every=100, episodes=1, target=1e9, timesteps=256))
+    assert never["reached_time"] is None and [r["steps"] for r in never["history"]] == [100, 200]
+    assert never["finished"] and never["steps"] == 256  # whole train_freq rollouts
+
+
+def test_a_timed_out_run_is_stopped_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    started, code = solve.run_process([sys.executable, "-c", script], tmp_path / "log", timeout=1.5)
+    assert code is None and time.time() - started < 20
+    child = int(pid_file.read_text())
+    deadline = time.time() + 5
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"
+
+
+def bench_app() -> typer.Typer:
+    app = typer.Typer()
+    solve.register(app)
+
+    @app.callback()
+    def group() -> None:  # a group, as `zmqrl bench` is, so `solve` is a subcommand
+        pass
+
+    return app
+
+
+def test_without_sb3_the_command_says_how_to_install_it_and_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(solve, "sb3_version", lambda: None)
+    result = CliRunner().invoke(bench_app(), ["solve", "--seeds", "1"])
+    assert result.exit_code == 1
+    assert "pip install 'zmqrl[sb3]'" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_help_explains_the_comparison_with_an_example() -> None:
+    result = CliRunner().invoke(bench_app(), ["solve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for text in ("475", "SB3/zmqrl", "--seeds", "--timeout", "--json", "Example: zmqrl bench solve"):
+        assert text in result.output

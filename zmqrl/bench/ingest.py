@@ -1,0 +1,194 @@
+"""Learner ingest: samples received, validated and inserted into replay, against raw PUSH/PULL.
+
+Synthetic senders (:mod:`zmqrl.bench.senders`) push valid, pre-encoded samples messages as fast
+as the socket takes them. *Ours* is the learner's ingest thread exactly: ``Ingest.drain`` over a
+``SampleReceiver`` on the learner's own PULL socket (``sockets.samples_pull`` with the config's
+transport limits), inserting into the replay buffer the config builds, and counted by what
+reached replay. The *reference* reads the same socket, the same bytes, with plain pyzmq and
+throws them away. Both sides read the same socket from the same senders, alternately, so they
+share every condition but the work done per message.
+
+The ingest budget (``learner.ingest_max_share``) is not applied: this measures what ingest can
+do, not the share the learner lets it take while training.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import zmq
+
+from zmqrl.bench.actor import CARTPOLE, CONFIGS
+from zmqrl.bench.report import BenchSettings, Comparison, Stat
+from zmqrl.bench.senders import SampleShape, Senders
+from zmqrl.config import Config, load_config
+
+SECONDS = (30, 10)
+# Each window starts this long after its reader does: queued messages (the senders never stop,
+# and TCP buffers hold megabytes) are drained first and not counted.
+WARMUP_SECONDS = 0.25
+# Replay capacity of the Atari-sized case: 4096 rows of two 4x84x84 frames are 230 MB.
+ATARI_CAPACITY = 4096
+# Synthetic senders per case: the configs' actor count.
+SENDERS = 2
+
+log = logging.getLogger("zmqrl.bench")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One message shape and the config whose transport and replay settings receive it."""
+
+    label: str
+    shape: SampleShape
+    config: Config
+
+
+def cases() -> list[Case]:
+    cartpole = load_config(CARTPOLE)
+    atari = load_config(CONFIGS / "pong_dqn.yaml")
+    # Plain uniform replay: synthetic frames do not overlap as stacked frames do (share_frames).
+    atari = replace(atari, replay=replace(atari.replay, capacity=ATARI_CAPACITY, share_frames=False))
+    cartpole = replace(cartpole, replay=replace(cartpole.replay, prioritized=False))
+    atari = replace(atari, replay=replace(atari.replay, prioritized=False))
+    return [
+        Case("CartPole-sized (64 x 4 float32)", SampleShape(), cartpole),
+        Case("Atari-sized (32 x 4x84x84 uint8)", SampleShape.atari(), atari),
+    ]
+
+
+class IngestSide:
+    """The learner's receiving end on one socket: ``ours`` runs its ingest thread for a window,
+    ``raw`` reads and discards for one; each returns transitions per second."""
+
+    def __init__(self, ctx: zmq.Context, case: Case) -> None:
+        from zmqrl.learning.ingest import Ingest
+        from zmqrl.learning.state import LearnerCounters
+        from zmqrl.replay import NoLimit, make_replay
+        from zmqrl.spec import SampleSpec
+        from zmqrl.supervision.link import socket_limits
+        from zmqrl.transport import sockets
+        from zmqrl.transport.channels import BadMessages, SampleReceiver
+
+        shape = case.shape
+        self.batch = shape.batch
+        self.spec = SampleSpec(shape.obs_shape, shape.obs_dtype, (), "int64", num_actions=shape.n_actions)
+        self.sock, self.endpoint = sockets.samples_pull(ctx, "tcp://127.0.0.1:0", socket_limits(case.config))
+        self.receiver = SampleReceiver(self.sock, self.spec, BadMessages("bench samples", log))
+        self.counters = LearnerCounters()
+        self.replay = make_replay(case.config.replay, self.spec, seed=0, log=log)
+        self.ingest = Ingest(
+            self.replay,
+            NoLimit(),
+            self.counters,
+            published_version=lambda: 0,
+            min_replay_size=case.config.learner.min_replay_size,
+            max_policy_lag=None,
+        )
+        self.raw_messages = 0
+
+    def ours(self, seconds: float) -> float:
+        def inserted() -> int:
+            with self.counters.lock:
+                return self.counters.samples
+
+        return _window(lambda stop: self.ingest.drain(self.receiver, stop), inserted, seconds)
+
+    def raw(self, seconds: float) -> float:
+        copy = not self.receiver.zero_copy  # as the receiver reads: the cheaper way for the size
+
+        def drain(stop: threading.Event) -> None:
+            sock = self.sock
+            while not stop.is_set():
+                if not sock.poll(100, zmq.POLLIN):
+                    continue
+                for _ in range(64):
+                    try:
+                        sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+                    except zmq.Again:
+                        break
+                    self.raw_messages += 1
+
+        return _window(drain, lambda: self.raw_messages * self.batch, seconds)
+
+    def check(self) -> None:
+        """Every message the benchmark made is valid: a drop means it measured the wrong thing."""
+        if self.receiver.bad.count:
+            raise RuntimeError(f"ingest benchmark: {self.receiver.bad.count} synthetic messages were dropped")
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def _window(loop: Callable[[threading.Event], None], count: Callable[[], int], seconds: float) -> float:
+    """Run ``loop(stop)`` on a thread (as the learner's ingest thread runs); the rate of ``count``
+    over ``seconds`` after WARMUP_SECONDS."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            loop(stop)
+        except BaseException as exc:  # re-raised below, with its traceback
+            errors.append(exc)
+
+    thread = threading.Thread(target=guarded, name="bench-ingest", daemon=True)
+    thread.start()
+    try:
+        time.sleep(WARMUP_SECONDS)
+        n0, t0 = count(), time.perf_counter()
+        time.sleep(seconds)
+        n1, t1 = count(), time.perf_counter()
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    if errors:
+        raise errors[0]
+    return (n1 - n0) / (t1 - t0)
+
+
+def measure(
+    ctx: zmq.Context, case: Case, senders: int, repeats: int, seconds: float, reference: bool = True
+) -> tuple[list[float], list[float]]:
+    """``repeats`` windows of ours and (with ``reference``) raw, interleaved, from ``senders``."""
+    side = IngestSide(ctx, case)
+    ours: list[float] = []
+    raw: list[float] = []
+    try:
+        with Senders(side.endpoint, senders, case.shape, hwm=case.config.transport.samples_hwm):
+            for _ in range(repeats):
+                ours.append(side.ours(seconds))
+                if reference:
+                    raw.append(side.raw(seconds))
+        side.check()
+    finally:
+        side.close()
+    return ours, raw
+
+
+def run(settings: BenchSettings) -> list[Comparison]:
+    window = settings.seconds / 2
+    ctx = zmq.Context()
+    results = []
+    try:
+        for case in cases():
+            ours, raw = measure(ctx, case, SENDERS, settings.repeats, window)
+            results.append(
+                Comparison(
+                    group="ingest",
+                    name=f"{case.label}, {SENDERS} senders, uniform replay",
+                    unit="transitions/s",
+                    ours=Stat.of(ours),
+                    reference=Stat.of(raw),
+                    target=0.5,
+                    notes="SampleReceiver + Ingest.drain into replay vs raw PULL receive-and-discard",
+                    extra={"message_bytes": float(case.shape.message_bytes)},
+                )
+            )
+    finally:
+        ctx.term()
+    return results
