@@ -26,13 +26,23 @@ from zmqrl.replay import (
     PrioritizedBuffer,
     PrioritizedReplay,
     make_replay,
+    sumtree,
 )
-from zmqrl.replay.sumtree import SumTree
+from zmqrl.replay.sumtree import SumTree, make_sum_tree
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
 # chi-square critical values at p = 0.001 for the degrees of freedom used below.
 CHI2_999 = {7: 24.32, 9: 27.88, 15: 37.70}
+
+# The sum-tree tests run on both implementations (tests/test_sumtree_compiled.py compares them).
+TREES = [
+    "numpy",
+    pytest.param(
+        "compiled",
+        marks=pytest.mark.skipif(sumtree.IMPLEMENTATION != "compiled", reason="compiled sum tree not built"),
+    ),
+]
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -83,10 +93,11 @@ def exact_values(rng: np.random.Generator, n: int, zero_frac: float = 0.3) -> np
 
 
 # ---------------------------------------------------------------------------------------- sum tree
+@pytest.mark.parametrize("impl", TREES)
 @pytest.mark.parametrize("capacity", [1, 2, 7, 8, 31, 32, 33, 64, 1000, 1024, 1025, 40_000])
-def test_sumtree_matches_bruteforce(capacity: int) -> None:
+def test_sumtree_matches_bruteforce(capacity: int, impl: str) -> None:
     rng = np.random.default_rng(capacity)
-    tree = SumTree(capacity)
+    tree = make_sum_tree(capacity, impl)
     ref = np.zeros(capacity)
     for _ in range(20):
         n = int(rng.integers(1, 2 * capacity + 2))
@@ -136,11 +147,12 @@ def test_sumtree_property_last_write_wins(capacity: int, ops: list[list[tuple[in
         np.testing.assert_array_equal(found, reference_find(ref, targets))
 
 
-def test_sumtree_float_drift_never_returns_zero_leaf() -> None:
+@pytest.mark.parametrize("impl", TREES)
+def test_sumtree_float_drift_never_returns_zero_leaf(impl: str) -> None:
     """Arbitrary float values: sums are inexact, yet no target may land on a zero-valued leaf."""
     rng = np.random.default_rng(1)
     cap = 5000
-    tree = SumTree(cap)
+    tree = make_sum_tree(cap, impl)
     vals = rng.random(cap) ** 8  # wide dynamic range
     vals[rng.random(cap) < 0.5] = 0.0
     vals[-100:] = 0.0  # trailing zeros: a target at/above total must not fall into them
@@ -161,11 +173,12 @@ def test_sumtree_float_drift_never_returns_zero_leaf() -> None:
     np.testing.assert_array_equal(found[:2000], reference_find(vals, inner))
 
 
-def test_sumtree_incremental_matches_rebuild() -> None:
+@pytest.mark.parametrize("impl", TREES)
+def test_sumtree_incremental_matches_rebuild(impl: str) -> None:
     """Small updates walk parents; big ones rebuild everything; both must give the same tree."""
     rng = np.random.default_rng(2)
     cap = 300
-    a, b = SumTree(cap), SumTree(cap)
+    a, b = make_sum_tree(cap, impl), make_sum_tree(cap, impl)
     v = exact_values(rng, cap)
     a.update(np.arange(cap), v)  # rebuild path
     for chunk in np.array_split(np.arange(cap), 60):  # incremental path, 5 leaves at a time
@@ -173,8 +186,9 @@ def test_sumtree_incremental_matches_rebuild() -> None:
     np.testing.assert_array_equal(a._nodes, b._nodes)
 
 
-def test_sumtree_rejects_bad_input() -> None:
-    tree = SumTree(5)
+@pytest.mark.parametrize("impl", TREES)
+def test_sumtree_rejects_bad_input(impl: str) -> None:
+    tree = make_sum_tree(5, impl)
     with pytest.raises(ValueError, match="total is zero"):
         tree.find_prefix_sum(np.array([0.0]))
     with pytest.raises(ValueError, match="range"):
