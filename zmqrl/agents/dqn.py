@@ -59,7 +59,9 @@ class DQNAgent:
             generator=init_generator,
             torso=config.torso,
         ).to(self._device)
-        self.target = copy.deepcopy(self.online).requires_grad_(False)
+        self._target = copy.deepcopy(self.online).requires_grad_(False)
+        # True after an import until the target is first used: see the ``target`` property.
+        self._target_behind = False
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
 
         # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
@@ -87,6 +89,17 @@ class DQNAgent:
     def weights_version(self) -> int:
         """Version of the weights the agent acts with now (0: initial, never synced)."""
         return self._sync.version
+
+    @property
+    def target(self) -> QNetwork:
+        """The target Q-network. ``import_weights`` makes it equal to the online network, but the
+        copy is made here, on first use after the import: an actor that only acts never uses it
+        (its ``initial_priorities`` take the target to be the online net), and copying the Nature
+        CNN's 6.7 MB on every import cost an actor more than the import itself."""
+        if self._target_behind:
+            self._target.load_state_dict(self.online.state_dict())
+            self._target_behind = False
+        return self._target
 
     # ----------------------------------------------------------------------------------- acting
 
@@ -281,7 +294,7 @@ class DQNAgent:
         nothing, so a late or duplicated publish cannot roll an actor back."""
         if not self._sync.load(weights):
             return False
-        self.target.load_state_dict(self.online.state_dict())
+        self._target_behind = True  # copied from the online net when first used (see ``target``)
         self._target_is_online = True
         return True
 

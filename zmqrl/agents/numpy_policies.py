@@ -48,19 +48,30 @@ class VersionedArrays:
     def load(self, weights: Weights) -> bool:
         if weights.version <= self.version:
             return False
-        for name, array in self.arrays.items():
-            if name not in weights.arrays:
-                raise ValueError(f"import_weights: missing parameter {name!r}")
-            got = tuple(np.shape(weights.arrays[name]))
-            if got != array.shape:
-                raise ValueError(f"import_weights: {name!r} has shape {got}, expected {array.shape}")
+        sources = {name: imported_array(weights, name, array.shape) for name, array in self.arrays.items()}
         for name in weights.arrays:
             if name not in self.arrays:
                 raise ValueError(f"import_weights: unexpected parameter {name!r}")
-        # Copies: wire buffers are read-only and may be reused by the next receive.
-        self.arrays = {name: np.array(weights.arrays[name], np.float32, order="C") for name in self.arrays}
+        # Copied (wire buffers are read-only and may be reused by the next receive) into the arrays
+        # already held, in place: no allocation per import. Every source was checked above, and a
+        # copy of numbers into float32 cannot fail, so a bad snapshot changes nothing.
+        for name, array in self.arrays.items():
+            np.copyto(array, sources[name], casting="unsafe")
         self.version = int(weights.version)
         return True
+
+
+def imported_array(weights: Weights, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """``weights``' parameter ``name`` as an array, checked to be numbers of ``shape``, so that the
+    in-place copies of an import cannot fail half-way; ValueError names what is wrong."""
+    if name not in weights.arrays:
+        raise ValueError(f"import_weights: missing parameter {name!r}")
+    source = np.asarray(weights.arrays[name])
+    if source.shape != shape:
+        raise ValueError(f"import_weights: {name!r} has shape {source.shape}, expected {shape}")
+    if source.dtype.kind not in "biuf":
+        raise ValueError(f"import_weights: {name!r} is {source.dtype}, not real numbers")
+    return source
 
 
 def mlp_layout(prefix: str, in_dim: int, hidden: Sequence[int]) -> tuple[dict[str, tuple[int, ...]], int]:

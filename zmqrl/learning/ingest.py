@@ -13,6 +13,7 @@ from zmqrl.core import Replay
 from zmqrl.learning.state import LearnerCounters
 from zmqrl.replay import NoLimit, RateLimiter
 from zmqrl.transport.channels import SampleReceiver
+from zmqrl.transport.groups import SampleGroup
 from zmqrl.transport.wire import SamplesMsg
 
 log = logging.getLogger("zmqrl.learner")
@@ -23,6 +24,8 @@ LIMITER_WAIT_SECONDS = 0.1
 INGEST_POLL_MS = 100
 # Ingest thread: messages drained per wake-up before yielding the replay lock to the trainer.
 INGEST_MAX_DRAIN = 64
+# Ingest thread: queued messages merged into one content scan and one replay add (small rows).
+INGEST_GROUP_MESSAGES = 16
 # Ingest budget: the most CPU time the ingest thread may bank while idle, so a burst after a quiet
 # spell holds the GIL for at most this long before the budget makes it pause.
 BUDGET_BURST_SECONDS = 0.005
@@ -126,28 +129,45 @@ class Ingest:
 
     def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
         """Insert (or drop as stale) one message; False if ``stop`` was set while it waited."""
-        n = msg.batch.size
+        return self.accept_group(SampleGroup.of([msg]), stop)
+
+    def accept_group(self, group: SampleGroup, stop: threading.Event | None = None) -> bool:
+        """Insert a group's messages as one replay add (dropping, and counting, any too stale);
+        False if ``stop`` was set while it waited for the replay ratio.
+
+        Under a replay ratio, give it groups of one message: a group waits for room for all of
+        its rows at once, and room is at most the limiter's tolerance.
+        """
+        n = group.size
         counters = self.counters
-        if self._fault_armed and counters.samples > 0 and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
+        second_batch = counters.samples > 0 or len(group.messages) > 1  # the hook's moment
+        if self._fault_armed and second_batch and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
             raise RuntimeError("test hook: replay add failed")
         while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
             if stop is None or stop.is_set():
                 return False
-        lag = self._published_version() - msg.weights_version  # measured when it would enter replay
-        stale = self._max_policy_lag is not None and lag > self._max_policy_lag
+        published = self._published_version()  # lag is measured when a batch would enter replay
+        lags = [published - msg.weights_version for msg in group.messages]
+        fresh: SampleGroup | None = group
+        stale: list[SamplesMsg] = []
+        if self._max_policy_lag is not None and max(lags) > self._max_policy_lag:
+            keep = [msg for msg, lag in zip(group.messages, lags, strict=True) if lag <= self._max_policy_lag]
+            stale = [msg for msg, lag in zip(group.messages, lags, strict=True) if lag > self._max_policy_lag]
+            fresh = SampleGroup.of(keep) if keep else None
         with counters.lock:  # replay and counters change together, so a checkpoint sees them agree
-            if stale:
+            for msg in stale:
                 counters.stale_batches += 1
-                counters.stale_samples += n
-            else:
-                self.replay.add(msg.batch, msg.priorities)
-                self.limiter.inserted(n)
-                counters.samples += n
-                counters.batches += 1
-            counters.episodes += len(msg.episodes)
-            counters.episode_queue.extend(msg.episodes)
-            counters.lags.append(lag)
-            counters.recent_lags.append(lag)
+                counters.stale_samples += msg.batch.size
+            if fresh is not None:
+                self.replay.add(fresh.batch, fresh.priorities)
+                self.limiter.inserted(fresh.size)
+                counters.samples += fresh.size
+                counters.batches += len(fresh.messages)
+            for msg in group.messages:
+                counters.episodes += len(msg.episodes)
+                counters.episode_queue.extend(msg.episodes)
+            counters.lags.extend(lags)
+            counters.recent_lags.extend(lags)
         self.note_replay_size()
         return True
 
@@ -160,18 +180,23 @@ class Ingest:
         within the thread's share of the process's time (``learner.ingest_max_share``) once
         training can start: filling replay to ``min_replay_size`` goes as fast as it can."""
         budget, capped = self.budget, False
+        # Merge messages only where it pays and is safe: small rows (large ones arrive zero-copy,
+        # and merging would copy them), and no replay ratio (see accept_group).
+        merge = not receiver.zero_copy and isinstance(self.limiter, NoLimit)
+        limit = INGEST_GROUP_MESSAGES if merge else 1
         while not stop.is_set():
             if not receiver.wait(INGEST_POLL_MS):
                 continue
             if not capped and self.replay_ready.is_set():
                 budget.restart()
                 capped = True
-            for _ in range(INGEST_MAX_DRAIN):
-                msg = receiver.recv_nowait()
-                if msg is False:
+            drained = 0
+            while drained < INGEST_MAX_DRAIN:
+                group = receiver.recv_group(limit)
+                if group is None:
                     break
-                if msg is not None:
-                    self.accept(msg, stop)  # type: ignore[arg-type]
+                self.accept_group(group, stop)
+                drained += len(group.messages)
                 if capped and budget.wait_time() > 0:
                     break
             if capped:

@@ -23,6 +23,7 @@ import zmq
 from zmqrl.fingerprint import check_fingerprint
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
+from zmqrl.transport.groups import SampleGroup
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import Fingerprint, SamplesMsg, StopMsg, WeightsMsg, WireError
 from zmqrl.types import Weights
@@ -215,6 +216,7 @@ class SampleReceiver:
         self.seqs = seqs or SequenceTracker()
         obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
         self.zero_copy = obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
+        self._held: SamplesMsg | None = None  # received, validated in layout, for the next group
 
     def wait(self, timeout_ms: int) -> bool:
         """Whether a message is ready within ``timeout_ms`` (so the ingest thread never spins)."""
@@ -234,6 +236,53 @@ class SampleReceiver:
             return None
         self.seqs.observe(msg.actor_id, msg.seq, msg.batch.size)
         return msg
+
+    def recv_group(self, limit: int) -> SampleGroup | None:
+        """Up to ``limit`` queued messages as one group, their contents scanned once over the
+        merged rows; ``None`` when no valid message was queued.
+
+        Malformed messages are counted and dropped one by one, as by ``recv_nowait``: when the
+        merged scan fails, each message is scanned alone to find the bad ones, and only the
+        good ones stay. A message whose priorities (present or absent) differ from the group's
+        so far waits for the next group.
+        """
+        messages: list[SamplesMsg] = []
+        if self._held is not None:
+            messages.append(self._held)
+            self._held = None
+        while len(messages) < limit:
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=not self.zero_copy)
+            except zmq.Again:
+                break
+            try:
+                msg = wire.load_samples(frames, self.spec, contents=False)
+            except WireError as exc:
+                self.bad.record(exc)
+                continue
+            if messages and (msg.priorities is None) != (messages[0].priorities is None):
+                self._held = msg
+                break
+            messages.append(msg)
+        if not messages:
+            return None
+        group = SampleGroup.of(messages)
+        try:
+            wire.validate_content(group.batch, group.priorities, self.spec)
+        except WireError:
+            good = []
+            for msg in messages:
+                try:
+                    wire.validate_content(msg.batch, msg.priorities, self.spec)
+                    good.append(msg)
+                except WireError as exc:
+                    self.bad.record(exc)
+            if not good:
+                return None
+            group = SampleGroup.of(good)
+        for msg in group.messages:
+            self.seqs.observe(msg.actor_id, msg.seq, msg.batch.size)
+        return group
 
 
 class WeightsPublisher:
@@ -322,11 +371,17 @@ class WeightsSubscriber:
     def latest(self) -> WeightsMsg | None:
         """The newest valid weights message queued since the last call, or None. A ``stop`` from
         the learner is kept in ``self.stop``; anything else that is not valid weights is counted.
-        Raises ``FingerprintMismatch`` (see the class doc)."""
-        queued: list[list[bytes]] = []
-        while True:
+        Raises ``FingerprintMismatch`` (see the class doc).
+
+        Received without a copy: the decoded arrays are views of ZeroMQ's own buffers, validated
+        and then copied once, by ``import_weights``, into the policy's parameters (for a Nature
+        CNN a copy of 6.7 MB less; measured no slower for a small MLP either)."""
+        queued: list[list[zmq.Frame]] = []
+        # Asking the socket whether a message waits is cheaper than the zmq.Again raised by a
+        # receive that finds none (~50 us of a cold actor's ~0.5 ms per small message).
+        while int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
             try:
-                queued.append(self._sock.recv_multipart(flags=zmq.NOBLOCK))
+                queued.append(self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 break
         # Newest first: older valid snapshots are superseded and never need decoding.

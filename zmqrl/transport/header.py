@@ -210,8 +210,59 @@ def reject_ext(code: int, data: bytes) -> NoReturn:
 # --------------------------------------------------------------------------------------------
 
 
+# Validated descriptor lists by their (name, dtype, shape) contents. A peer sends the same few
+# layouts over and over (one per batch size), and checking one from scratch cost ~45 µs of the
+# learner's ~130 µs per CartPole message. Bounded: a hostile peer varying shapes only fills it,
+# after which its layouts are checked from scratch as before.
+_LAYOUTS: dict[tuple[tuple[str, str, tuple[int, ...]], ...], list[ArrayDesc]] = {}
+_MAX_LAYOUTS = 512
+# ids of the cached lists (never freed, so an id is never reused), and of those that passed
+# _check_sample_columns. Cached lists are shared: callers only read them.
+_CACHED: set[int] = set()
+_SAMPLE_LAYOUTS: set[int] = set()
+
+
+def _layout_key(arrays: list[Any]) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
+    """The cache key of a descriptor list, or None when it is not plainly well-typed (then the
+    full check runs, and reports what is wrong). Exact types only: ``True`` or ``64.0`` equal 1
+    and 64 as keys, but are not valid dimensions."""
+    key = []
+    for d in arrays:
+        if type(d) is not dict or len(d) != 3:
+            return None
+        name, dtype, shape = d.get("name"), d.get("dtype"), d.get("shape")
+        if type(name) is not str or type(dtype) is not str or type(shape) is not list:
+            return None
+        for dim in shape:
+            if type(dim) is not int:
+                return None
+        key.append((name, dtype, tuple(shape)))
+    return tuple(key)
+
+
+def is_known_layout(descs: list[ArrayDesc]) -> bool:
+    """Whether ``descs`` is a cached layout (the same object for every message of that layout)."""
+    return id(descs) in _CACHED
+
+
 def _descriptors(arrays: Any) -> list[ArrayDesc]:
-    """Validate the "arrays" list and compute each array's exact byte length."""
+    """Validate the "arrays" list and compute each array's exact byte length (a layout seen
+    before is looked up, not checked again: same contents, same result)."""
+    if type(arrays) is not list:
+        fail(f"'arrays' must be a list, got {short(arrays)}")
+    key = _layout_key(arrays) if len(arrays) <= MAX_ARRAYS else None
+    if key is not None:
+        known = _LAYOUTS.get(key)
+        if known is not None:
+            return known
+    out = _check_descriptors(arrays)
+    if key is not None and len(_LAYOUTS) < _MAX_LAYOUTS:
+        _LAYOUTS[key] = out
+        _CACHED.add(id(out))
+    return out
+
+
+def _check_descriptors(arrays: Any) -> list[ArrayDesc]:
     if type(arrays) is not list:
         fail(f"'arrays' must be a list, got {short(arrays)}")
     if len(arrays) > MAX_ARRAYS:
@@ -295,7 +346,10 @@ def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
         _int(header["actor_id"], "actor_id")
         _int(header["seq"], "seq")
         _int(header["weights_version"], "weights_version")
-        _check_sample_columns(descs)
+        if id(descs) not in _SAMPLE_LAYOUTS:
+            _check_sample_columns(descs)
+            if id(descs) in _CACHED:
+                _SAMPLE_LAYOUTS.add(id(descs))
     elif kind == KIND_WEIGHTS:
         _int(header["version"], "version")
         _str(header["agent"], "agent")

@@ -156,6 +156,17 @@ def tcp_port_taken(endpoint: str) -> bool:
     return False
 
 
+# With CurveZMQ and a ZAP authenticator, a samples pipe whose high-water mark is 1 delivers
+# nothing at all (measured with libzmq 4.3: every message queued, none received; 2 works), so
+# the encrypted samples channel queues at least this many messages whatever transport.samples_hwm
+# says.
+CURVE_MIN_SAMPLES_HWM = 2
+
+
+def _samples_hwm(limits: SocketLimits, security: Security | None) -> int:
+    return max(limits.samples_hwm, CURVE_MIN_SAMPLES_HWM) if security is not None else limits.samples_hwm
+
+
 def samples_pull(
     ctx: zmq.Context,
     endpoint: str,
@@ -165,7 +176,7 @@ def samples_pull(
     insecure: bool = False,
 ) -> tuple[zmq.Socket, str]:
     sock = _server(ctx, zmq.PULL, limits, endpoint, "samples", security, insecure)
-    sock.setsockopt(zmq.RCVHWM, limits.samples_hwm)
+    sock.setsockopt(zmq.RCVHWM, _samples_hwm(limits, security))
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_message_bytes)
     if limits.samples_buffer_bytes:
         sock.setsockopt(zmq.RCVBUF, limits.samples_buffer_bytes)
@@ -176,7 +187,7 @@ def samples_push(
     ctx: zmq.Context, endpoint: str, limits: SocketLimits, *, security: Security | None = None
 ) -> zmq.Socket:
     sock = _client(ctx, zmq.PUSH, limits, security)
-    sock.setsockopt(zmq.SNDHWM, limits.samples_hwm)
+    sock.setsockopt(zmq.SNDHWM, _samples_hwm(limits, security))
     if limits.samples_buffer_bytes:
         # The OS otherwise grows loopback TCP buffers to megabytes: thousands of queued transitions
         # that a rate-limited learner would insert long after they were acted (policy lag).

@@ -18,7 +18,7 @@ import numpy as np
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.header import MAX_EPISODES, fail, py_int, short
 from zmqrl.transport.messages import SamplesMsg, WeightsMsg, WireError
-from zmqrl.types import BATCH_FIELDS
+from zmqrl.types import BATCH_FIELDS, TransitionBatch
 
 # Continuous actions may exceed the spec's bounds by this much, relative to the bound's magnitude
 # (at least 1): float32 rounding in an actor's rescaling of a squashed policy output (low + (y + 1)
@@ -67,7 +67,7 @@ def _check_content(arr: np.ndarray, what: str) -> None:
         _check_bool_bytes(arr, what)
 
 
-def _validate_samples(msg: Any, spec: SampleSpec) -> None:
+def _validate_structure(msg: Any, spec: SampleSpec) -> None:
     if not isinstance(msg, SamplesMsg):
         fail(f"expected a samples message, got {type(msg).__name__}")
     for what in ("actor_id", "seq", "weights_version"):
@@ -94,26 +94,11 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
     for name, col, shape, dtype in want:
         if col.shape != shape or not _is_dtype(col, dtype):
             fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
-    _check_finite(reward, "reward")
-    # min/max propagate NaN and a NaN comparison is False, so this also rejects NaN and inf.
-    if not (discount.min() >= 0.0 and discount.max() <= 1.0):
-        fail("discount outside [0, 1]")
     priorities = getattr(msg, "priorities", None)
     if priorities is not None:
         shaped = isinstance(priorities, np.ndarray) and priorities.shape == (n,)
         if not shaped or not _is_dtype(priorities, "float32"):
             fail(f"priority must be float32 of shape ({n},)")
-        if not (priorities.min() >= 0.0 and priorities.max() < math.inf):
-            fail("priority must be finite and >= 0")
-    _check_content(obs, "obs")
-    _check_content(next_obs, "next_obs")
-    if action.dtype.kind in "iu" and spec.num_actions is not None:
-        if not (action.min() >= 0 and action.max() < spec.num_actions):
-            fail(f"action outside [0, {spec.num_actions})")
-    else:
-        _check_content(action, "action")
-        if spec.action_low is not None and spec.action_high is not None:
-            _check_action_bounds(action, spec)
     if len(msg.episodes) > MAX_EPISODES:
         fail(f"too many episodes: {len(msg.episodes)} > {MAX_EPISODES}")
     for ep in msg.episodes:
@@ -124,6 +109,30 @@ def _validate_samples(msg: Any, spec: SampleSpec) -> None:
             fail("episode return must be finite")
         if py_int(length, "episode length") < 0:
             fail("episode length must be >= 0")
+
+
+def _validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spec: SampleSpec) -> None:
+    """The scans of array contents, for a batch whose layout ``_validate_structure`` accepted.
+
+    A vectorised pass over whole columns, so it costs the same few reductions whether the batch
+    is one message or many messages' rows merged (the learner checks groups of messages at once).
+    """
+    obs, action, reward, next_obs, discount = batch
+    _check_finite(reward, "reward")
+    # min/max propagate NaN and a NaN comparison is False, so this also rejects NaN and inf.
+    if not (discount.min() >= 0.0 and discount.max() <= 1.0):
+        fail("discount outside [0, 1]")
+    if priorities is not None and not (priorities.min() >= 0.0 and priorities.max() < math.inf):
+        fail("priority must be finite and >= 0")
+    _check_content(obs, "obs")
+    _check_content(next_obs, "next_obs")
+    if action.dtype.kind in "iu" and spec.num_actions is not None:
+        if not (action.min() >= 0 and action.max() < spec.num_actions):
+            fail(f"action outside [0, {spec.num_actions})")
+    else:
+        _check_content(action, "action")
+        if spec.action_low is not None and spec.action_high is not None:
+            _check_action_bounds(action, spec)
 
 
 def _check_action_bounds(action: np.ndarray, spec: SampleSpec) -> None:
@@ -146,8 +155,26 @@ def validate_samples(msg: SamplesMsg, spec: SampleSpec) -> None:
     Works on locally built messages too (the actor may self-check before its first send). Float
     checks are vectorised: this runs once per received batch on the learner.
     """
+    validate_structure(msg, spec)
+    validate_content(msg.batch, msg.priorities, spec)
+
+
+def validate_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
+    """The layout half of :func:`validate_samples`: types, shapes and dtypes against the spec,
+    batch size, episode records; no scan of array contents. Raises WireError if bad."""
     try:
-        _validate_samples(msg, spec)
+        _validate_structure(msg, spec)
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"invalid samples message ({type(exc).__name__})") from exc
+
+
+def validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spec: SampleSpec) -> None:
+    """The contents half of :func:`validate_samples`, for a batch (one message's, or several
+    messages' rows merged) whose layout passed :func:`validate_structure`. Raises WireError."""
+    try:
+        _validate_content(batch, priorities, spec)
     except WireError:
         raise
     except Exception as exc:
@@ -155,20 +182,38 @@ def validate_samples(msg: SamplesMsg, spec: SampleSpec) -> None:
 
 
 def _check_weights(msg: WeightsMsg, reference: Mapping[str, tuple[tuple[int, ...], str]] | None) -> None:
+    # Runs on every actor for every new version, so the passing path does no per-array string
+    # work (dtype names, f-strings): those are built only for the message of a failure.
     arrays = msg.weights.arrays
     if reference is not None:
-        missing = [k for k in reference if k not in arrays]
-        extra = [k for k in arrays if k not in reference]
-        if missing or extra:
+        if arrays.keys() != reference.keys():
+            missing = [k for k in reference if k not in arrays]
+            extra = [k for k in arrays if k not in reference]
             fail(f"weights names differ from reference: missing {missing[:8]}, unexpected {extra[:8]}")
         for name, (shape, dtype) in reference.items():
-            want_shape = tuple(int(d) for d in shape)
-            want_dtype = np.dtype(dtype).name
             arr = arrays[name]
-            if arr.shape != want_shape or arr.dtype.name != want_dtype:
-                fail(f"weights {name!r} is {arr.dtype.name} {arr.shape}, expected {want_dtype} {want_shape}")
+            if not _weights_fit(arr, shape, dtype):
+                want_shape = tuple(int(d) for d in shape)
+                want = f"{np.dtype(dtype).name} {want_shape}"
+                fail(f"weights {name!r} is {arr.dtype.name} {arr.shape}, expected {want}")
     for name, arr in arrays.items():
-        _check_content(arr, f"weights {name!r}")
+        kind = arr.dtype.kind
+        if kind == "f":
+            # isfinite's temporary is the fastest full scan at parameter sizes: on a Nature CNN
+            # layer (1.6M float32) 210 us, against 646 us for one float64 sum (whose cast runs
+            # buffered) and 407 us for min + max; on a bias of a few values all cost the same.
+            if not np.isfinite(arr).all():
+                fail(f"weights {name!r} contains NaN or infinity")
+        elif kind == "b":
+            _check_bool_bytes(arr, f"weights {name!r}")
+
+
+def _weights_fit(arr: np.ndarray, shape: tuple[int, ...], dtype: str) -> bool:
+    """Whether ``arr`` has the reference's shape and dtype (a spec lists shapes as tuples of ints and
+    dtypes by name; anything else a caller passes is normalised first)."""
+    if arr.shape != shape and arr.shape != tuple(int(d) for d in shape):
+        return False
+    return _is_dtype(arr, dtype if isinstance(dtype, str) else np.dtype(dtype).name)
 
 
 def validate_weights(

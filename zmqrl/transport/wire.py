@@ -48,9 +48,10 @@ from zmqrl.transport.header import (
     MAX_MESSAGE_BYTES,
     MAX_STRING,
     UNPACK_LIMITS,
+    ArrayDesc,
     fail,
+    is_known_layout,
     parse_episodes,
-    parse_fingerprint,
     parse_header,
     py_int,
     py_number,
@@ -73,7 +74,13 @@ from zmqrl.transport.messages import (
     WeightsMsg,
     WireError,
 )
-from zmqrl.transport.validation import ACTION_BOUND_TOLERANCE, validate_samples, validate_weights
+from zmqrl.transport.validation import (
+    ACTION_BOUND_TOLERANCE,
+    validate_content,
+    validate_samples,
+    validate_structure,
+    validate_weights,
+)
 from zmqrl.types import BATCH_FIELDS, TransitionBatch, Weights
 
 # The public names of the wire format, wherever they are defined.
@@ -106,7 +113,9 @@ __all__ = [
     "load",
     "load_samples",
     "load_weights",
+    "validate_content",
     "validate_samples",
+    "validate_structure",
     "validate_weights",
 ]
 
@@ -116,18 +125,28 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
+# Fingerprint values of these exact types go to msgpack as they are.
+_BUILTIN_SCALARS = frozenset((str, int, float, bool))
+
+
 def _dump_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
-    """Builtin scalars (numpy scalars converted, tuples as lists) for msgpack; validated by dump."""
+    """Builtin scalars (numpy scalars converted, tuples as lists) for msgpack; validated by dump.
 
-    def scalar(v: Any) -> Any:
-        if isinstance(v, (np.bool_, np.integer, np.floating)):
-            return v.item()
-        return v
+    Runs on every publish: values that are builtin scalars already (all of ``run_fingerprint``'s)
+    are passed on after one type test."""
+    return {k: v if type(v) in _BUILTIN_SCALARS else _dump_value(v) for k, v in fingerprint.items()}
 
-    return {
-        k: [scalar(x) for x in v] if isinstance(v, (list, tuple)) else scalar(v)
-        for k, v in fingerprint.items()
-    }
+
+def _dump_value(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_dump_scalar(x) for x in v]
+    return _dump_scalar(v)
+
+
+def _dump_scalar(v: Any) -> Any:
+    if type(v) not in _BUILTIN_SCALARS and isinstance(v, (np.bool_, np.integer, np.floating)):
+        return v.item()
+    return v
 
 
 def _array_frame(name: str, value: Any) -> tuple[dict[str, Any], memoryview]:
@@ -222,6 +241,11 @@ def _as_bytes_view(frame: Any) -> memoryview:
 
 
 def _load(frames: Sequence[Any]) -> Message:
+    return _decode(frames)[0]
+
+
+def _decode(frames: Sequence[Any]) -> tuple[Message, list[ArrayDesc]]:
+    """The message and its array descriptors (the very list object parse_header returned)."""
     if isinstance(frames, (bytes, bytearray, memoryview, str)):
         fail("expected a sequence of frames, got a single buffer")
     views = [_as_bytes_view(f) for f in frames]
@@ -251,16 +275,18 @@ def _load(frames: Sequence[Any]) -> Message:
             batch=TransitionBatch(*arrays[:5]),
             episodes=parse_episodes(header["episodes"]),
             priorities=arrays[5] if len(arrays) > 5 else None,
-        )
+        ), descs
     if kind == KIND_WEIGHTS:
         named = {d.name: a for d, a in zip(descs, arrays, strict=True)}
-        fingerprint = parse_fingerprint(header["fingerprint"]) if "fingerprint" in header else None
+        # parse_header has checked the map with parse_fingerprint, whose result holds the very
+        # same keys and values: parsing it a second time per message bought nothing.
+        fingerprint = header.get("fingerprint")
         return WeightsMsg(
             weights=Weights(header["version"], named),
             agent=header["agent"],
             fingerprint=fingerprint,
             env_steps=header.get("env_steps"),
-        )
+        ), descs
     if kind == KIND_HEARTBEAT:
         return HeartbeatMsg(
             role=header["role"],
@@ -270,8 +296,8 @@ def _load(frames: Sequence[Any]) -> Message:
             state=header["state"],
             counters=header["counters"],
             info=header["info"],
-        )
-    return StopMsg(reason=header["reason"])
+        ), descs
+    return StopMsg(reason=header["reason"]), descs
 
 
 def load(frames: Sequence[Any]) -> Message:
@@ -289,13 +315,35 @@ def load(frames: Sequence[Any]) -> Message:
         raise WireError(f"malformed message ({type(exc).__name__})") from exc
 
 
-def load_samples(frames: Sequence[Any], spec: SampleSpec) -> SamplesMsg:
-    """Decode a message that must be samples and must fit ``spec``; raise WireError otherwise."""
-    msg = load(frames)
+def load_samples(frames: Sequence[Any], spec: SampleSpec, contents: bool = True) -> SamplesMsg:
+    """Decode a message that must be samples and must fit ``spec``; raise WireError otherwise.
+
+    ``contents=False`` leaves out the scans of array contents (finite floats, ranges): for a
+    caller that runs :func:`~zmqrl.transport.validation.validate_content` itself, over several
+    messages at once, before anything of them is used.
+    """
+    try:
+        msg, descs = _decode(frames)
+    except WireError:
+        raise
+    except Exception as exc:  # as in load()
+        raise WireError(f"malformed message ({type(exc).__name__})") from exc
     if not isinstance(msg, SamplesMsg):
         fail(f"expected a samples message, got {_kind_of(msg)}")
-    validate_samples(msg, spec)
+    if contents:
+        validate_samples(msg, spec)
+    elif (id(descs), id(spec)) not in _FITTING:
+        validate_structure(msg, spec)
+        if is_known_layout(descs) and len(_FITTING) < MAX_FITTING:
+            _FITTING[id(descs), id(spec)] = spec  # the value keeps the spec (and its id) alive
     return msg
+
+
+# (layout, spec) pairs whose structure check passed. A decoded message's layout (shapes, dtypes,
+# batch size) is its descriptor list, and everything else validate_structure checks (ids,
+# episodes) parse_header has already checked; so a known layout that fit a spec once always does.
+_FITTING: dict[tuple[int, int], SampleSpec] = {}
+MAX_FITTING = 1024
 
 
 def _kind_of(msg: Message) -> str:
