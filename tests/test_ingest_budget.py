@@ -106,7 +106,12 @@ def test_a_flooding_sender_is_held_back_while_training_runs(tmp_path: Path) -> N
     the thread pauses on its budget, and what it lets in still reaches replay."""
     cfg = load_config(
         CONFIG,
-        ["learner.eval_interval=0", "learner.checkpoint_interval=0", "learner.ingest_max_share=0.05"],
+        [
+            "learner.eval_interval=0",
+            "learner.checkpoint_interval=0",
+            "learner.ingest_max_share=0.05",
+            "learner.samples_per_insert=null",  # a flood no replay ratio holds back
+        ],
     )
     trainer = Trainer(cfg, tmp_path, lambda weights, samples: None, background_checkpoints=False)
     ctx = zmq.Context()

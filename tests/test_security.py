@@ -322,6 +322,22 @@ def test_authenticator_is_shared_per_context_and_stops_with_its_last_user(
 # --------------------------------------------------------------------------------------------
 
 
+def test_encrypted_samples_arrive_with_a_high_water_mark_of_one(
+    ctx: zmq.Context, security: Security, auth: AuthenticatorHandle
+) -> None:
+    """libzmq delivers nothing over CURVE + ZAP at HWM 1 (the shipped CartPole and Pendulum
+    configs queue one message): the samples sockets queue at least 2 when encrypted."""
+    one = dataclasses.replace(LIMITS, samples_hwm=1)
+    pull, endpoint = sockets.samples_pull(ctx, ANY_PORT, one, security=security)
+    push = sockets.samples_push(ctx, endpoint, one, security=security)
+    for tag in (1, 2, 3):
+        assert send_within(push, samples_frames(tag))
+    assert actor_ids(receive_expected(pull, 3, quiet=0)) == [1, 2, 3]
+    assert pull.getsockopt(zmq.RCVHWM) == push.getsockopt(zmq.SNDHWM) == sockets.CURVE_MIN_SAMPLES_HWM
+    for sock in (pull, push):
+        sock.close(linger=0)
+
+
 def test_samples_from_a_listed_client_arrive_and_from_others_never(
     ctx: zmq.Context, security: Security, auth: AuthenticatorHandle, caplog: pytest.LogCaptureFixture
 ) -> None:

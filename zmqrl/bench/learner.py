@@ -41,6 +41,7 @@ class _Rig:
                 "learner.eval_interval=0",
                 "learner.checkpoint_interval=0",
                 "learner.log_interval=1000000",
+                "learner.samples_per_insert=null",  # the flood at full rate: no ratio holds it back
                 *overrides,
             ],
         )
