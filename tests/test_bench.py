@@ -94,7 +94,7 @@ def test_steady_state_starts_after_every_actor_is_up_and_training() -> None:
     assert scaling.steady_rates(points[:1], actors=2) == {"updates": [], "samples": []}
 
 
-@pytest.mark.slow  # a real launch: about 15 s
+@pytest.mark.heavy  # a real launch: about 10-15 s, in the heavy run with the other long launches
 def test_scaling_part_runs_real_launches_and_synthetic_senders(run_root: Path) -> None:
     rows = scaling.run(TINY, actor_counts=(1,), senders=2, run_root=run_root)
     assert [r.unit for r in rows] == ["transitions/s", "updates/s", "transitions/s"]

@@ -24,6 +24,7 @@ COMMANDS = [
     "config",
     "plot",
     "status",
+    "bench",
 ]
 
 

@@ -45,6 +45,10 @@ def actor_config(envs_per_actor: int, **endpoints: str) -> Config:
     """The CartPole DQN config, uncapped, without epsilon annealing, on ``endpoints``."""
     overrides = [
         "actor.max_steps_per_s=null",
+        # The default queues: the shipped config keeps one message queued for its replay ratio,
+        # which paces an actor by the receiver's round trips, not by what acting costs.
+        "transport.samples_hwm=64",
+        "transport.samples_buffer_kb=0",
         "actor.epsilon_decay_steps=0",
         f"actor.envs_per_actor={envs_per_actor}",
         *(f"transport.{name}={endpoint}" for name, endpoint in endpoints.items()),

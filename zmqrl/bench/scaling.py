@@ -51,6 +51,8 @@ def run_overrides(run_dir: Path, actors: int, seconds: float) -> dict[str, objec
         "actor.num_actors": actors,
         "actor.max_steps_per_s": None,
         "learner.samples_per_insert": None,  # throughput as such: no replay ratio holding actors back
+        "transport.samples_hwm": 64,  # and the default queues (the shipped config keeps one message)
+        "transport.samples_buffer_kb": 0,
         "learner.max_seconds": seconds,
         "learner.max_updates": 10**9,
         "learner.eval_interval": 0,  # only the one at the end, after what is measured
