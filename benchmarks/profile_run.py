@@ -133,7 +133,7 @@ def summary(prof: Profile, top: int) -> str:
     lines += [f"   {c['busy'] * pct:6.1f}%  {func}" for func, c in busy if c["busy"]]
     lines.append("   waiting in (GIL-wait: ready but without the GIL; idle: blocked):")
     waits = [(c[k], k, func) for func, c in prof.functions.items() for k in ("gil", "idle") if c[k]]
-    lines += [f"   {n * pct:6.1f}%  {func}  [{k}]" for n, k, func in sorted(waits, reverse=True)[:top // 2]]
+    lines += [f"   {n * pct:6.1f}%  {func}  [{k}]" for n, k, func in sorted(waits, reverse=True)[: top // 2]]
     return "\n".join(lines)
 
 

@@ -145,11 +145,21 @@ def code_label(code: Path) -> str:
 
 
 def parse_variant(text: str) -> tuple[str, tuple[str, ...]]:
-    """'LABEL=KEY=VALUE,KEY=VALUE' -> (LABEL, overrides)."""
+    """'LABEL=KEY=VALUE,KEY=VALUE' -> (LABEL, overrides). Commas inside brackets belong to the
+    value, so lists pass whole: 'small=agent.hidden_sizes=[128,128],learner.torch_threads=2'."""
     name, sep, rest = text.partition("=")
     if not sep or not name:
         raise SystemExit(f"--variant {text!r}: expected LABEL=KEY=VALUE[,KEY=VALUE...] or LABEL=")
-    return name, tuple(item for item in rest.split(",") if item)
+    items, current, depth = [], "", 0
+    for char in rest:
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        current += char
+    items.append(current)
+    return name, tuple(item for item in items if item)
 
 
 def main() -> None:

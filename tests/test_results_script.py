@@ -30,6 +30,10 @@ def test_a_variant_is_a_label_and_its_overrides() -> None:
         ("learner.samples_per_insert=8", "actor.max_steps_per_s=null"),
     )
     assert results.parse_variant("shipped=") == ("shipped", ())
+    assert results.parse_variant("small=agent.hidden_sizes=[128,128],learner.torch_threads=2") == (
+        "small",
+        ("agent.hidden_sizes=[128,128]", "learner.torch_threads=2"),
+    )
     with pytest.raises(SystemExit, match="LABEL=KEY=VALUE"):
         results.parse_variant("learner.samples_per_insert")
 
