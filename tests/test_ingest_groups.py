@@ -4,6 +4,7 @@ of them, while each message still counts (and fails) on its own."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -163,9 +164,10 @@ def test_the_ingest_thread_merges_only_without_a_replay_ratio(
     thread = threading.Thread(target=target.drain, args=(receiver, stop), daemon=True)
     thread.start()
     try:
+        deadline = time.monotonic() + 30
         while sum(sizes) < 6:
-            assert thread.is_alive()
-            threading.Event().wait(0.01)
+            assert thread.is_alive() and time.monotonic() < deadline, f"ingested {sum(sizes)} of 6"
+            stop.wait(0.01)
     finally:
         stop.set()
         target.limiter.close()
