@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"),
 ]
 WIDTH, HEIGHT = 110, 40
+ROLES = ("learner-0", "actor-0", "actor-1")
 
 
 class Tmux:
@@ -69,13 +70,15 @@ def test_the_dashboard_draws_in_a_real_terminal_and_ctrl_c_leaves_it_clean(
 
         def training() -> bool:
             screen = tmux.screen()
-            running = all(
-                re.search(rf"{name} .* running", screen) for name in ("learner-0", "actor-0", "actor-1")
-            )
-            return running and re.search(r"updates [1-9]\d*/100000", screen) is not None
+            # An actor held back by the replay ratio shows "blocked": alive, as "running" is.
+            alive = all(re.search(rf"{name} .* (running|blocked)", screen) for name in ROLES)
+            return alive and re.search(r"updates [1-9]\d*/100000", screen) is not None
 
         wait_until(dashboard_up, 40, "the dashboard in the pane")
-        wait_until(training, 30, "the learner training and both actors running")
+        try:
+            wait_until(training, 30, "the learner training and both actors alive")
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}; the pane shows:\n{tmux.screen()}") from None
         live = tmux.screen()
         (tmp_path / "dashboard.txt").write_text(live)
         print(f"\n--- tmux capture-pane ({WIDTH}x{HEIGHT}) while the run goes ---\n{live}")
