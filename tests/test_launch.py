@@ -101,6 +101,7 @@ def launch_until_actor_runs(run_root: Path, **extra: object) -> tuple[Launch, in
     return launch, wait_for_process(f"{run_root / 't'}/config.yaml --id 0", 30)
 
 
+@pytest.mark.heavy  # runs for its 25 s budget by design: with the heavy runs
 def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_root: Path) -> None:
     run_dir = run_root / "t"
     overrides = tiny_overrides(

@@ -487,6 +487,7 @@ def _greedy_return(agent: SACAgent, env: Any, episodes: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # ~30 s of training on a loaded 2-core machine: with the heavy runs
 def test_sac_learns_pendulum_in_a_few_thousand_steps() -> None:
     """Synchronous SAC (no networking, plain replay) on Pendulum-v1: 5000 env steps, the first 500
     random, then one update of 128 per step; the greedy return must rise clearly from ~-1300.
