@@ -89,6 +89,12 @@ def test_zmqrl_target_read_from_stats_json_else_from_metrics_jsonl(tmp_path: Pat
     done.mkdir()
     (done / "stats.json").write_text(json.dumps({"launched": 90.0, "learner": {"eval_history": history}}))
     assert solve.reached_in_run_dir(done, 475.0) == Reached(104.0, 7000, 3, 500.0, 4000.0)
+    evaluated = tmp_path / "evaluated"  # an evaluator's records count env steps
+    evaluated.mkdir()
+    by_evaluator = [{"env_steps": r["samples"] + 100, "time": r["time"], "mean": r["mean"]} for r in history]
+    stats = {"launched": 90.0, "learner": {"eval_history": []}, "evaluator": {"eval_history": by_evaluator}}
+    (evaluated / "stats.json").write_text(json.dumps(stats))
+    assert solve.reached_in_run_dir(evaluated, 475.0) == Reached(104.0, 7100, 3, 500.0, 4000.0)
     killed = tmp_path / "killed"  # stopped before writing stats.json
     killed.mkdir()
     rows = [

@@ -106,8 +106,11 @@ def reached_in_run_dir(run_dir: Path, target: float) -> Reached:
     except (OSError, ValueError):
         stats = None
     if isinstance(stats, dict):
-        source = stats.get("evaluator") or stats.get("learner") or {}
-        return reached_in_history(source.get("eval_history") or [], target, "samples")
+        evaluator = stats.get("evaluator")  # its records count env steps; the learner's, samples
+        source = evaluator or stats.get("learner") or {}
+        return reached_in_history(
+            source.get("eval_history") or [], target, "env_steps" if evaluator else "samples"
+        )
     from zmqrl.metrics import METRICS_FILE, read_metrics
 
     path = run_dir / METRICS_FILE
