@@ -1,19 +1,26 @@
 """Re-run README's Results rows over their seeds and write the table (markdown + JSON).
 
 Each row is a shipped config launched through the supervisor, once per seed, one run at a time
-(so runs never share the machine's cores). "Time" is the learner's (or, with the evaluator on,
-the evaluator's) first evaluation at the row's target, counted from the launch command's start,
-start-up included. With ``--code DIR`` (repeatable) the same runs are made by other checkouts
-too, alternating seed by seed, so two versions of the code are measured side by side on one
-machine under the same conditions.
+(so runs never share the machine's cores). "Time" is the first evaluation at the row's target
+(the evaluator's when the config runs one, else the learner's), counted from the launch command's
+start, start-up included; "env steps" are the transitions the learner had received by then.
 
-    python benchmarks/results.py                         # every row, its seeds
+Measuring the shipped configs with this checkout stores every seed's figures in
+docs/results/ROW.json (a seed measured again replaces its old entry) and rewrites README's Results
+table from those files, so the README's numbers come from this command, never from typing.
+With ``--code DIR`` (repeatable) or ``--variant`` the same runs are made by other checkouts or
+config variants too, alternating seed by seed, so versions are compared side by side on one
+machine under the same conditions; such comparisons print their table and store nothing.
+
+    python benchmarks/results.py                         # every row, its seeds; README rewritten
     python benchmarks/results.py --rows cartpole --seeds 3 --code /path/to/old/checkout
+    python benchmarks/results.py --render                # README's table from docs/results/ only
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -28,6 +35,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from zmqrl.bench.solve import reached_in_history, run_process  # noqa: E402
+
+STORE = REPO / "docs" / "results"
+README = REPO / "README.md"
+BEGIN = "<!-- results table: written by `python benchmarks/results.py`, do not edit by hand -->"
+END = "<!-- end of results table -->"
 
 
 @dataclass(frozen=True)
@@ -35,13 +50,58 @@ class Row:
     name: str
     config: str
     seeds: int
-    target: float
+    target: float | None  # None: a row that reports its returns, with no target to reach
+    algorithm: str
     sets: tuple[str, ...] = ()
+    timeout: float = 1800.0  # seconds; a run past it is stopped and counted as not reaching
+
+    def command(self) -> str:
+        sets = "".join(f" --set {s}" for s in self.sets)
+        return f"zmqrl launch {self.config}{sets} --set run.seed=S"
 
 
+MINATAR = "DQN, MinAtar CNN (3×3×16 conv, 128 units), 2 actors, replay ratio 8"
 ROWS = {
-    "cartpole": Row("cartpole", "configs/cartpole_dqn.yaml", 5, 475.0),
-    "pendulum": Row("pendulum", "configs/pendulum_sac.yaml", 3, -200.0),
+    "cartpole": Row(
+        "cartpole", "configs/cartpole_dqn.yaml", 20, 475.0, "DQN, 2 actors, replay ratio 8, 20-episode evals"
+    ),
+    "pendulum": Row(
+        "pendulum", "configs/pendulum_sac.yaml", 3, -200.0, "SAC, 2 actors, evaluator, replay ratio 128"
+    ),
+    "minatar-breakout": Row("minatar-breakout", "configs/minatar_breakout_dqn.yaml", 3, 10.0, MINATAR),
+    "minatar-asterix": Row(
+        "minatar-asterix",
+        "configs/minatar_breakout_dqn.yaml",
+        1,
+        None,
+        MINATAR,
+        ("env.id=MinAtar/Asterix-v1",),
+    ),
+    "minatar-spaceinvaders": Row(
+        "minatar-spaceinvaders",
+        "configs/minatar_breakout_dqn.yaml",
+        1,
+        None,
+        MINATAR,
+        ("env.id=MinAtar/SpaceInvaders-v1",),
+    ),
+    "halfcheetah": Row(
+        "halfcheetah",
+        "configs/halfcheetah_sac.yaml",
+        1,
+        None,
+        "SAC, 4 actors, evaluator, replay ratio 256",
+        ("learner.max_seconds=420",),
+    ),
+    "pong": Row(
+        "pong",
+        "configs/pong_dqn.yaml",
+        1,
+        None,
+        "Ape-X DQN (Nature CNN, PER, shared-frame replay, 4×4 vector actors, evaluator); "
+        "not learned on a CPU",
+        ("learner.max_seconds=240",),
+    ),
 }
 
 
@@ -58,70 +118,95 @@ def own_ports(runs: Path, name: str) -> list[str]:
     ]
 
 
-def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One launch of ``row`` with ``seed`` by the checkout at ``code`` (``sets``: a variant's
-    overrides, after the row's own); its figures."""
-    name = f"{row.name}-s{seed}"
-    run_dir = runs / name
-    cmd = [
-        sys.executable,
-        "-m",
-        "zmqrl",
-        "launch",
-        str(code / row.config),
-        "--name",
-        name,
-        "--set",
-        f"run.dir={runs}",
-        "--set",
-        f"run.seed={seed}",
-        *(item for s in (*own_ports(runs, name), *row.sets, *sets) for item in ("--set", s)),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    started = time.time()
-    proc = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True, timeout=3600)
-    wall = time.time() - started
-    if proc.returncode != 0:
-        return {"seed": seed, "ok": False, "error": proc.stdout[-2000:] + proc.stderr[-2000:]}
-    stats = json.loads((run_dir / "stats.json").read_text())
+def figures(stats: dict[str, Any], target: float | None, started: float) -> dict[str, Any]:
+    """One finished run's figures from its stats.json. The evaluator's evaluations count when it
+    ran (its history counts ``env_steps``), else the learner's (``samples``)."""
     learner = stats.get("learner", {})
-    source = stats.get("evaluator") or learner  # with the evaluator on, its evaluations count
+    evaluator = stats.get("evaluator")
+    source = evaluator or learner
     history = source.get("eval_history") or []
     launched = float(stats.get("launched", started))
-    reached = source.get("target_time")
+    hit = (
+        reached_in_history(history, target, "env_steps" if evaluator else "samples")
+        if target is not None
+        else None
+    )
+    means = [float(r["mean"]) for r in history if isinstance(r.get("mean"), (int, float))]
     return {
-        "seed": seed,
-        "ok": True,
-        "time_to_target": reached - launched if isinstance(reached, (int, float)) else None,
-        "final_eval": history[-1]["mean"] if history else None,
-        "best_eval": source.get("eval_best"),
+        "time_to_target": None if hit is None or hit.time is None else hit.time - launched,
+        "steps_at_target": None if hit is None else hit.steps,
+        "final_eval": means[-1] if means else None,
+        "best_eval": max(means) if means else None,
         "evaluations": len(history),
         "updates": learner.get("updates"),
         "samples": learner.get("samples"),
         "updates_per_s": learner.get("updates_per_s"),
-        "wall_seconds": wall,
     }
+
+
+def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One launch of ``row`` with ``seed`` by the checkout at ``code`` (``sets``: a variant's
+    overrides, after the row's own); its figures. A run past the row's timeout is stopped, and
+    every process it started is gone before this returns."""
+    name = f"{row.name}-s{seed}"
+    run_dir = runs / name
+    overrides = (f"run.dir={runs}", f"run.seed={seed}", *own_ports(runs, name), *row.sets, *sets)
+    cmd = ["env", f"PYTHONPATH={code}", sys.executable, "-m", "zmqrl", "launch", str(code / row.config)]
+    cmd += ["--name", name, *(item for s in overrides for item in ("--set", s))]
+    log = runs / f"{name}.log"
+    started, code_ = run_process(cmd, log, row.timeout, cwd=code)
+    wall = time.time() - started
+    try:
+        stats = json.loads((run_dir / "stats.json").read_text())
+    except (OSError, ValueError):
+        stats = None
+    if code_ != 0 or not isinstance(stats, dict):
+        why = "timed out" if code_ is None else f"exit code {code_}"
+        return {"seed": seed, "ok": False, "error": f"{why}\n{log.read_text(errors='replace')[-4000:]}"}
+    return {"seed": seed, "ok": True, **figures(stats, row.target, started), "wall_seconds": wall}
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def summarise(row: Row, results: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in results if r["ok"]]
-    times = [r["time_to_target"] for r in ok if r["time_to_target"] is not None]
-    finals = [r["final_eval"] for r in ok if r["final_eval"] is not None]
+    times = [r["time_to_target"] for r in ok if r.get("time_to_target") is not None]
+    steps = [r["steps_at_target"] for r in ok if r.get("steps_at_target") is not None]
+    finals = [r["final_eval"] for r in ok if r.get("final_eval") is not None]
     return {
         "runs": len(results),
         "failed": len(results) - len(ok),
         "reached": len(times),
-        "median_time_to_target": statistics.median(times) if times else math.nan,
+        "median_time_to_target": _median(times),
         "min_time_to_target": min(times) if times else math.nan,
         "max_time_to_target": max(times) if times else math.nan,
-        "ended_at_target": sum(1 for f in finals if f >= row.target),
+        "median_steps_at_target": _median(steps),
+        "ended_at_target": sum(1 for f in finals if row.target is not None and f >= row.target),
         "final_evals": finals,
-        "median_updates_per_s": statistics.median([r["updates_per_s"] for r in ok]) if ok else math.nan,
-        "median_wall_seconds": statistics.median([r["wall_seconds"] for r in ok]) if ok else math.nan,
+        "best_evals": [r["best_eval"] for r in ok if r.get("best_eval") is not None],
+        "median_updates_per_s": _median([r["updates_per_s"] for r in ok if r.get("updates_per_s")]),
+        "median_wall_seconds": _median([r["wall_seconds"] for r in ok]),
     }
 
 
+def _time(s: dict[str, Any]) -> str:
+    if not s["reached"]:
+        return "—"
+    return f"{s['median_time_to_target']:.1f} s ({s['min_time_to_target']:.1f}–{s['max_time_to_target']:.1f})"
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
 def markdown(table: dict[str, dict[str, dict[str, Any]]], rows: list[Row]) -> str:
+    """A comparison: one line per row and code/variant."""
     lines = [
         "| row | code | reached target | time to target (median, min–max) | ended at target | "
         "final evals | upd/s | whole run |",
@@ -130,14 +215,95 @@ def markdown(table: dict[str, dict[str, dict[str, Any]]], rows: list[Row]) -> st
     for row in rows:
         for code, s in table[row.name].items():
             finals = ", ".join(f"{f:.0f}" for f in s["final_evals"])
+            target = "" if row.target is None else f" ≥ {row.target:g}"
             lines.append(
-                f"| {row.name} ≥ {row.target:g} | {code} | {s['reached']}/{s['runs']} | "
-                f"{s['median_time_to_target']:.1f} s "
-                f"({s['min_time_to_target']:.1f}–{s['max_time_to_target']:.1f}) | "
+                f"| {row.name}{target} | {code} | {s['reached']}/{s['runs']} | {_time(s)} | "
                 f"{s['ended_at_target']}/{s['runs']} | {finals} | {s['median_updates_per_s']:.0f} | "
                 f"{s['median_wall_seconds']:.0f} s |"
             )
     return "\n".join(lines)
+
+
+def readme_table(stored: dict[str, dict[str, Any]]) -> str:
+    """README's Results table: one line per stored row, in ROWS order."""
+    lines = [
+        "| config | algorithm | seeds | reached target | time to target: median (min–max) | env steps at "
+        "target (median) | final eval: median (min–max) | best eval | learner upd/s | whole run | measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in ROWS.items():
+        if name not in stored:
+            continue
+        entry = stored[name]
+        s = summarise(row, entry["runs"])
+        sets = "".join(f" `{x}`" for x in row.sets)
+        if row.target is None:
+            reached = "no target"
+            final = _spread(s["final_evals"])
+        else:
+            reached = f"≥ {row.target:g} on **{s['reached']}/{s['runs']}**"
+            ended = f"**{s['ended_at_target']}/{s['runs']}**"
+            final = f"{_spread(s['final_evals'])}; ≥ {row.target:g} at the end on {ended}"
+        steps = (
+            "—" if math.isnan(s["median_steps_at_target"]) else f"{s['median_steps_at_target'] / 1000:.1f}k"
+        )
+        seeds = ", ".join(str(r["seed"]) for r in entry["runs"])
+        wall = (
+            f"{s['median_wall_seconds']:.0f} s"
+            if s["median_wall_seconds"] < 120
+            else f"{s['median_wall_seconds'] / 60:.1f} min"
+        )
+        lines.append(
+            f"| `{Path(row.config).name}`{sets} | {row.algorithm} | {seeds} | {reached} | {_time(s)} | "
+            f"{steps} | "
+            f"{final} | {_spread(s['best_evals'])} | {s['median_updates_per_s']:.0f} | {wall} | "
+            f"{', '.join(entry['measured'])} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration):  # Linux names the model; elsewhere, the arch
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    return f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu})"
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def store(row: Row, results: list[dict[str, Any]], where: Path = STORE) -> None:
+    """Merge ``results`` into the row's stored seeds: a seed measured again replaces its entry."""
+    path = where / f"{row.name}.json"
+    old = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    stamp = f"{machine()}, commit {commit()}"
+    fresh = [{**r, "measured": stamp} for r in results]
+    seeds = {r["seed"] for r in fresh}
+    runs = sorted([r for r in old["runs"] if r["seed"] not in seeds] + fresh, key=lambda r: r["seed"])
+    measured = sorted({r.get("measured", "unknown") for r in runs})
+    where.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"row": row.name, "command": row.command(), "measured": measured, "runs": runs}, indent=2)
+        + "\n"
+    )
+
+
+def load_stored(where: Path = STORE) -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(where.glob("*.json")) if p.stem in ROWS}
+
+
+def rewrite_readme(text: str, table: str) -> str:
+    """``text`` with the part between the markers replaced by ``table``."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{README}: the markers of the results table are missing ({BEGIN!r} ... {END!r})")
+    return f"{text[: start + len(BEGIN)]}\n{table}\n{text[end:]}"
 
 
 def code_label(code: Path) -> str:
@@ -179,7 +345,18 @@ def main() -> None:
         "'LABEL=' alone is the config as shipped); variants alternate seed by seed like --code",
     )
     parser.add_argument("--out", type=Path, default=Path("results"), help="writes OUT.md and OUT.json")
+    parser.add_argument("--no-store", action="store_true", help="leave docs/results/ and README as they are")
+    parser.add_argument(
+        "--render", action="store_true", help="run nothing: rewrite README from docs/results/"
+    )
     args = parser.parse_args()
+    if args.render:
+        README.write_text(rewrite_readme(README.read_text(), readme_table(load_stored())))
+        print(f"{README}: results table rewritten from {STORE}")
+        return
+    unknown = [name for name in args.rows.split(",") if name not in ROWS]
+    if unknown:
+        raise SystemExit(f"--rows: no row {', '.join(unknown)}; the rows are {', '.join(ROWS)}")
     rows = [ROWS[name] for name in args.rows.split(",")]
     codes = [REPO, *(c.resolve() for c in args.code)]
     variants = [parse_variant(v) for v in args.variant] or [("", ())]
@@ -188,6 +365,9 @@ def main() -> None:
         for code in codes
         for name, sets in variants
     ]
+    storing = not args.code and not args.variant and not args.no_store  # the shipped configs, measured
+    if storing:
+        rewrite_readme(README.read_text(), "")  # missing markers: say so before hours of runs
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {r.name: {lb: [] for lb, _, _ in runs_of} for r in rows}
     with tempfile.TemporaryDirectory(prefix="zmqrl-results-") as tmp:
         for row in rows:
@@ -196,18 +376,22 @@ def main() -> None:
                     runs = Path(tmp) / f"{len(raw[row.name][lb])}-{i}"
                     result = run_once(code, row, seed, runs, sets)
                     raw[row.name][lb].append(result)
+                    if storing:  # at once: an interrupted sweep keeps the seeds it measured
+                        store(row, [result])
+                        README.write_text(rewrite_readme(README.read_text(), readme_table(load_stored())))
                     shown = {k: v for k, v in result.items() if k != "error"}
                     print(f"{row.name} {lb}: {json.dumps(shown)}", flush=True)
                     if not result["ok"]:
                         print(result["error"], file=sys.stderr)
     table = {row.name: {code: summarise(row, res) for code, res in raw[row.name].items()} for row in rows}
     text = markdown(table, rows)
-    machine = f"{platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
-    print(f"\n{machine}\n{text}")
-    args.out.with_suffix(".md").write_text(f"{machine}\n\n{text}\n")
+    print(f"\n{machine()}\n{text}")
+    args.out.with_suffix(".md").write_text(f"{machine()}\n\n{text}\n")
     args.out.with_suffix(".json").write_text(
-        json.dumps({"machine": machine, "summary": table, "runs": raw}, indent=2)
+        json.dumps({"machine": machine(), "summary": table, "runs": raw}, indent=2)
     )
+    if storing:
+        print(f"stored in {STORE}; {README}'s results table rewritten")
 
 
 if __name__ == "__main__":

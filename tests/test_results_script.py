@@ -76,3 +76,74 @@ def test_a_row_nobody_reached_reads_as_not_measured() -> None:
     results = load_script()
     s = results.summarise(results.ROWS["cartpole"], [{"ok": False, "error": "x"}])
     assert s["reached"] == 0 and math.isnan(s["median_time_to_target"])
+
+
+def stats_of(source: str, history: list[dict[str, float]], launched: float = 100.0) -> dict[str, object]:
+    learner = {"updates": 900, "samples": 7000, "updates_per_s": 300.0}
+    if source == "learner":
+        return {"launched": launched, "learner": {**learner, "eval_history": history}}
+    return {"launched": launched, "learner": learner, "evaluator": {"eval_history": history}}
+
+
+def test_a_runs_figures_come_from_the_evaluator_when_it_ran_and_count_from_the_launch() -> None:
+    results = load_script()
+    learner_history = [
+        {"time": 110.0, "mean": 300.0, "samples": 4000},
+        {"time": 112.5, "mean": 480.0, "samples": 6000},
+        {"time": 115.0, "mean": 470.0, "samples": 7000},
+    ]
+    got = results.figures(stats_of("learner", learner_history), 475.0, started=99.0)
+    assert (got["time_to_target"], got["steps_at_target"]) == (12.5, 6000)
+    assert (got["final_eval"], got["best_eval"], got["evaluations"]) == (470.0, 480.0, 3)
+    evaluator_history = [{"time": 130.0, "mean": -150.0, "env_steps": 8000}]
+    got = results.figures(stats_of("evaluator", evaluator_history), -200.0, started=99.0)
+    assert (got["time_to_target"], got["steps_at_target"], got["updates"]) == (30.0, 8000, 900)
+    untargeted = results.figures(stats_of("learner", learner_history), None, started=99.0)
+    assert untargeted["time_to_target"] is None and untargeted["final_eval"] == 470.0
+
+
+def run(seed: int, time_to_target: float | None, final: float) -> dict[str, object]:
+    return {
+        "seed": seed,
+        "ok": True,
+        "time_to_target": time_to_target,
+        "steps_at_target": 40_000 if time_to_target else None,
+        "final_eval": final,
+        "best_eval": 500.0,
+        "updates_per_s": 300.0,
+        "wall_seconds": 45.0,
+    }
+
+
+def test_a_seed_measured_again_replaces_its_stored_entry_and_the_table_shows_every_seed(
+    tmp_path: Path,
+) -> None:
+    results = load_script()
+    row = results.ROWS["cartpole"]
+    results.store(row, [run(0, 20.0, 500.0), run(1, 30.0, 131.0)], tmp_path)
+    results.store(row, [run(1, 25.0, 500.0), run(2, None, 90.0)], tmp_path)
+    stored = results.load_stored(tmp_path)
+    assert [r["seed"] for r in stored["cartpole"]["runs"]] == [0, 1, 2]
+    assert stored["cartpole"]["runs"][1]["time_to_target"] == 25.0
+    assert stored["cartpole"]["command"] == "zmqrl launch configs/cartpole_dqn.yaml --set run.seed=S"
+    table = results.readme_table(stored)
+    line = next(line for line in table.splitlines() if "cartpole_dqn.yaml" in line)
+    assert "| 0, 1, 2 | ≥ 475 on **2/3** | 22.5 s (20.0–25.0) | 40.0k |" in line
+    assert "≥ 475 at the end on **2/3**" in line
+
+
+def test_readme_is_rewritten_between_its_markers_only() -> None:
+    results = load_script()
+    text = f"intro\n{results.BEGIN}\nold table\n{results.END}\nafter\n"
+    assert (
+        results.rewrite_readme(text, "| new |") == f"intro\n{results.BEGIN}\n| new |\n{results.END}\nafter\n"
+    )
+    with pytest.raises(SystemExit, match="markers"):
+        results.rewrite_readme("no markers here", "| new |")
+
+
+def test_readmes_results_table_is_what_the_stored_results_render() -> None:
+    """Nobody edits the numbers by hand: README holds exactly the table docs/results/ renders."""
+    results = load_script()
+    readme = results.README.read_text()
+    assert results.rewrite_readme(readme, results.readme_table(results.load_stored())) == readme
