@@ -197,12 +197,24 @@ def _time(s: dict[str, Any]) -> str:
     return f"{s['median_time_to_target']:.1f} s ({s['min_time_to_target']:.1f}–{s['max_time_to_target']:.1f})"
 
 
+def _num(value: float) -> str:
+    return f"{value:.1f}".replace("-", "−")
+
+
 def _spread(values: list[float]) -> str:
+    """'median (min to max)', with true minus signs: a dash between negatives reads as one."""
     if not values:
         return "—"
     if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+        return _num(values[0])
+    return f"{_num(statistics.median(values))} ({_num(min(values))} to {_num(max(values))})"
+
+
+def _seeds(seeds: list[int]) -> str:
+    """'0–19' for a run of consecutive seeds, else the list."""
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}–{seeds[-1]}"
+    return ", ".join(str(seed) for seed in seeds)
 
 
 def markdown(table: dict[str, dict[str, dict[str, Any]]], rows: list[Row]) -> str:
@@ -241,13 +253,15 @@ def readme_table(stored: dict[str, dict[str, Any]]) -> str:
             reached = "no target"
             final = _spread(s["final_evals"])
         else:
-            reached = f"≥ {row.target:g} on **{s['reached']}/{s['runs']}**"
+            reached = f"≥ {_num(row.target).removesuffix('.0')} on **{s['reached']}/{s['runs']}**"
             ended = f"**{s['ended_at_target']}/{s['runs']}**"
-            final = f"{_spread(s['final_evals'])}; ≥ {row.target:g} at the end on {ended}"
+            final = (
+                f"{_spread(s['final_evals'])}; ≥ {_num(row.target).removesuffix('.0')} at the end on {ended}"
+            )
         steps = (
             "—" if math.isnan(s["median_steps_at_target"]) else f"{s['median_steps_at_target'] / 1000:.1f}k"
         )
-        seeds = ", ".join(str(r["seed"]) for r in entry["runs"])
+        seeds = _seeds([int(r["seed"]) for r in entry["runs"]])
         wall = (
             f"{s['median_wall_seconds']:.0f} s"
             if s["median_wall_seconds"] < 120
@@ -347,6 +361,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results"), help="writes OUT.md and OUT.json")
     parser.add_argument("--no-store", action="store_true", help="leave docs/results/ and README as they are")
     parser.add_argument(
+        "--keep", type=Path, default=None, help="keep every run's directory under KEEP (for zmqrl plot)"
+    )
+    parser.add_argument(
         "--render", action="store_true", help="run nothing: rewrite README from docs/results/"
     )
     args = parser.parse_args()
@@ -369,7 +386,8 @@ def main() -> None:
     if storing:
         rewrite_readme(README.read_text(), "")  # missing markers: say so before hours of runs
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {r.name: {lb: [] for lb, _, _ in runs_of} for r in rows}
-    with tempfile.TemporaryDirectory(prefix="zmqrl-results-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="zmqrl-results-") as scratch:
+        tmp = args.keep or scratch
         for row in rows:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or row.seeds)):
                 for i, (lb, code, sets) in enumerate(runs_of):  # alternate: same machine conditions

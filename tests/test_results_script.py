@@ -128,8 +128,8 @@ def test_a_seed_measured_again_replaces_its_stored_entry_and_the_table_shows_eve
     assert stored["cartpole"]["command"] == "zmqrl launch configs/cartpole_dqn.yaml --set run.seed=S"
     table = results.readme_table(stored)
     line = next(line for line in table.splitlines() if "cartpole_dqn.yaml" in line)
-    assert "| 0, 1, 2 | ≥ 475 on **2/3** | 22.5 s (20.0–25.0) | 40.0k |" in line
-    assert "≥ 475 at the end on **2/3**" in line
+    assert "| 0–2 | ≥ 475 on **2/3** | 22.5 s (20.0–25.0) | 40.0k |" in line
+    assert "| 500.0 (90.0 to 500.0); ≥ 475 at the end on **2/3** |" in line
 
 
 def test_readme_is_rewritten_between_its_markers_only() -> None:
@@ -147,3 +147,10 @@ def test_readmes_results_table_is_what_the_stored_results_render() -> None:
     results = load_script()
     readme = results.README.read_text()
     assert results.rewrite_readme(readme, results.readme_table(results.load_stored())) == readme
+
+
+def test_spreads_use_true_minus_signs_and_seed_runs_read_as_ranges() -> None:
+    results = load_script()
+    assert results._spread([-144.2, -154.6, -135.4]) == "−144.2 (−154.6 to −135.4)"
+    assert results._spread([7.0]) == "7.0" and results._spread([]) == "—"
+    assert results._seeds([0, 1, 2, 3]) == "0–3" and results._seeds([0, 2]) == "0, 2"
