@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from zmqrl.bench.solve import reached_in_history, run_process  # noqa: E402
+from zmqrl.bench.runs import reached_in_history, run_process  # noqa: E402
 
 STORE = REPO / "docs" / "results"
 README = REPO / "README.md"
@@ -123,21 +123,19 @@ def figures(stats: dict[str, Any], target: float | None, started: float) -> dict
     ran (its history counts ``env_steps``), else the learner's (``samples``)."""
     learner = stats.get("learner", {})
     evaluator = stats.get("evaluator")
-    source = evaluator or learner
-    history = source.get("eval_history") or []
+    history = (evaluator or learner).get("eval_history") or []
     launched = float(stats.get("launched", started))
-    hit = (
-        reached_in_history(history, target, "env_steps" if evaluator else "samples")
-        if target is not None
-        else None
+    # An untargeted row asks for an unreachable target: the same reading, never a time.
+    hit = reached_in_history(
+        history, math.inf if target is None else target, "env_steps" if evaluator else "samples"
     )
     means = [float(r["mean"]) for r in history if isinstance(r.get("mean"), (int, float))]
     return {
-        "time_to_target": None if hit is None or hit.time is None else hit.time - launched,
-        "steps_at_target": None if hit is None else hit.steps,
+        "time_to_target": None if hit.time is None else hit.time - launched,
+        "steps_at_target": hit.steps,
         "final_eval": means[-1] if means else None,
-        "best_eval": max(means) if means else None,
-        "evaluations": len(history),
+        "best_eval": hit.best,
+        "evaluations": hit.evaluations,
         "updates": learner.get("updates"),
         "samples": learner.get("samples"),
         "updates_per_s": learner.get("updates_per_s"),
@@ -154,14 +152,14 @@ def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] 
     cmd = ["env", f"PYTHONPATH={code}", sys.executable, "-m", "zmqrl", "launch", str(code / row.config)]
     cmd += ["--name", name, *(item for s in overrides for item in ("--set", s))]
     log = runs / f"{name}.log"
-    started, code_ = run_process(cmd, log, row.timeout, cwd=code)
+    started, exit_code = run_process(cmd, log, row.timeout, cwd=code)
     wall = time.time() - started
     try:
         stats = json.loads((run_dir / "stats.json").read_text())
     except (OSError, ValueError):
         stats = None
-    if code_ != 0 or not isinstance(stats, dict):
-        why = "timed out" if code_ is None else f"exit code {code_}"
+    if exit_code != 0 or not isinstance(stats, dict):
+        why = "timed out" if exit_code is None else f"exit code {exit_code}"
         return {"seed": seed, "ok": False, "error": f"{why}\n{log.read_text(errors='replace')[-4000:]}"}
     return {"seed": seed, "ok": True, **figures(stats, row.target, started), "wall_seconds": wall}
 
@@ -312,6 +310,11 @@ def load_stored(where: Path = STORE) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(where.glob("*.json")) if p.stem in ROWS}
 
 
+def render_readme() -> None:
+    """README's table redrawn from everything stored."""
+    README.write_text(rewrite_readme(README.read_text(), readme_table(load_stored())))
+
+
 def rewrite_readme(text: str, table: str) -> str:
     """``text`` with the part between the markers replaced by ``table``."""
     start, end = text.find(BEGIN), text.find(END)
@@ -368,7 +371,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.render:
-        README.write_text(rewrite_readme(README.read_text(), readme_table(load_stored())))
+        render_readme()
         print(f"{README}: results table rewritten from {STORE}")
         return
     unknown = [name for name in args.rows.split(",") if name not in ROWS]
@@ -396,7 +399,7 @@ def main() -> None:
                     raw[row.name][lb].append(result)
                     if storing:  # at once: an interrupted sweep keeps the seeds it measured
                         store(row, [result])
-                        README.write_text(rewrite_readme(README.read_text(), readme_table(load_stored())))
+                        render_readme()
                     shown = {k: v for k, v in result.items() if k != "error"}
                     print(f"{row.name} {lb}: {json.dumps(shown)}", flush=True)
                     if not result["ok"]:
