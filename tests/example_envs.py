@@ -62,3 +62,26 @@ class Corridor(gym.Env[int, int]):
 def make_env(length: int = LENGTH, max_steps: int = MAX_STEPS) -> Corridor:
     """The factory ``env.id`` names; ``env.kwargs`` arrive here as keyword arguments."""
     return Corridor(length=length, max_steps=max_steps)
+
+
+class Frames(gym.Env[np.ndarray, int]):
+    """Random uint8 frames just large enough for the Nature CNN (36x36: its kernels leave 1x1), for
+    runs that need a torch-acting policy without the Atari extra. Nothing here is learnable."""
+
+    observation_space = gym.spaces.Box(0, 255, shape=(4, 36, 36), dtype=np.uint8)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return self.observation_space.sample(), 0.0, self.t >= 20, False, {}
+
+
+def make_frames_env() -> Frames:
+    return Frames()
