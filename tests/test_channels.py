@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from zmqrl.spec import SampleSpec
 from zmqrl.supervision.link import SupervisorLink
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import (
+    JOIN_RESEND_SECONDS,
     BadMessages,
     LearnerUnreachable,
     SampleReceiver,
@@ -534,3 +536,68 @@ def test_a_sender_that_cannot_deliver_says_so_then_gives_up(
     assert "tcp://127.0.0.1:1" in warnings[0] and "key_name" in warnings[0]
     assert 30 <= polls <= 33
     push.close(linger=0)
+
+
+def test_a_subscriber_that_joins_gets_the_latest_weights_without_waiting_for_the_republish(
+    ctx: zmq.Context,
+) -> None:
+    pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    publisher = WeightsPublisher(pub_sock, "dqn")
+    publisher.publish(Weights(7, {"w": np.full(2, 7, np.float32)}))  # nobody listens yet: lost
+    sub = WeightsSubscriber(sockets.weights_sub(ctx, endpoint, LIMITS), None, BadMessages("w"))
+    deadline = time.monotonic() + 10
+    while not publisher.republish_if_due(interval=3600.0):  # the timed republish never comes due
+        assert time.monotonic() < deadline, "the subscription was never reported"
+        pub_sock.poll(20)
+    assert publisher.joins == 1
+    assert sub._sock.poll(5000), "the joiner got nothing"
+    got = sub.latest()
+    assert got is not None and got.weights.version == 7
+
+
+def test_joiners_in_a_burst_get_one_send_per_resend_gap(ctx: zmq.Context) -> None:
+    now = [100.0]
+    pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    publisher = WeightsPublisher(pub_sock, "dqn", clock=lambda: now[0])
+    publisher.publish(Weights(1, {"w": np.zeros(2, np.float32)}))
+    sent_before = publisher.publishes
+    subs = [sockets.weights_sub(ctx, endpoint, LIMITS) for _ in range(5)]
+    deadline = time.monotonic() + 10
+    while publisher.joins < len(subs):  # the clock stands still: one join-send at most
+        assert time.monotonic() < deadline, f"only {publisher.joins} of {len(subs)} joins reported"
+        publisher.republish_if_due(interval=3600.0)
+        pub_sock.poll(20)
+    assert publisher.publishes == sent_before + 1
+    late = sockets.weights_sub(ctx, endpoint, LIMITS)  # within the gap: it waits for the gap's end
+    while publisher.joins < len(subs) + 1:
+        assert time.monotonic() < deadline, "the late joiner was never reported"
+        assert not publisher.republish_if_due(interval=3600.0)
+        pub_sock.poll(20)
+    now[0] += 2 * JOIN_RESEND_SECONDS
+    assert publisher.republish_if_due(interval=3600.0)
+    assert publisher.publishes == sent_before + 2
+    assert not publisher.republish_if_due(interval=3600.0), "one send answers every waiting joiner"
+    for sock in (*subs, late):
+        sock.close(linger=0)
+
+
+def test_an_actor_started_seconds_before_the_learner_binds_joins_within_a_quarter_second(
+    ctx: zmq.Context,
+) -> None:
+    # launch starts actors while the learner imports torch. libzmq doubles the reconnect interval
+    # while the peer is away; capped at 2 s, an actor could join up to ~2 s after the bind.
+    with socket.socket() as probe:  # a free port, held by nobody while the actor retries
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    sub = sockets.weights_sub(ctx, endpoint, LIMITS)
+    away_until = time.monotonic() + 3.2  # long enough for the old backoff to reach 2 s
+    while time.monotonic() < away_until:  # the scenario: the learner is away this long
+        time.sleep(0.05)
+    pub_sock, _ = sockets.weights_pub(ctx, endpoint, LIMITS)
+    bound = time.monotonic()
+    publisher = WeightsPublisher(pub_sock, "dqn")
+    while publisher.joins == 0:
+        assert time.monotonic() - bound < 1.0, "the subscriber was still backing off a second after the bind"
+        publisher.republish_if_due(interval=3600.0)
+        pub_sock.poll(10)
+    sub.close(linger=0)

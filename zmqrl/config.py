@@ -108,7 +108,7 @@ class LearnerConfig:
     max_seconds: float | None = None  # optional wall-time limit for the learner's training loop
     min_replay_size: int = 1_000  # transitions in replay before the first update
     sync_interval: int = 50  # publish new weights every this many updates
-    republish_seconds: float = 1.0  # re-send the latest weights this often (late joiners catch up)
+    republish_seconds: float = 1.0  # re-send the latest weights this often (joiners also get them at once)
     eval_interval: int = 1_000  # evaluate greedily every this many updates (0 = only at the end)
     eval_episodes: int = 10  # episodes per evaluation (played in lockstep, batched)
     target_return: float | None = None  # report when the mean eval return first reaches this
@@ -140,7 +140,7 @@ class ActorConfig:
 @dataclass
 class TransportConfig:
     samples: str = "tcp://127.0.0.1:5555"  # learner binds PULL here; actors connect PUSH
-    weights: str = "tcp://127.0.0.1:5556"  # learner binds PUB here; actors connect SUB
+    weights: str = "tcp://127.0.0.1:5556"  # learner binds XPUB here; actors connect SUB
     heartbeat: str = "tcp://127.0.0.1:5557"  # supervisor binds PULL here; roles connect PUSH
     control: str = "tcp://127.0.0.1:5558"  # supervisor binds PUB here; roles connect SUB
     samples_hwm: int = 64  # queued sample messages per peer before the actor blocks (backpressure)

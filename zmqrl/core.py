@@ -75,16 +75,18 @@ class LearningAgent(Policy, Protocol):
         """Where updates run (e.g. ``cpu``, ``cuda:0``), for the learner's log."""
         ...
 
-    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
+    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> Mapping[str, float]:
         """One gradient step on ``batch``; returns scalar metrics (e.g. ``loss``, ``q_mean``).
 
-        ``importance``: per-row loss weights ``(B,)`` from prioritized replay (None: all 1)."""
+        ``importance``: per-row loss weights ``(B,)`` from prioritized replay (None: all 1). The
+        learner reads the metrics only every ``learner.log_interval`` updates, so a mapping that
+        computes them on first read (``zmqrl.agents.deferred``) saves their cost on the others."""
         ...
 
     @property
     def last_td_errors(self) -> np.ndarray:
         """``|TD error|`` per row ``(B,)`` float32 of the batch of the last ``update``: the new
-        priorities of the rows it was sampled from."""
+        priorities of the rows it was sampled from (read only with prioritized replay)."""
         ...
 
     def export_weights(self) -> Weights:

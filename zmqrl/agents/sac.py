@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from zmqrl.agents.configs import SACConfig
+from zmqrl.agents.deferred import DeferredUpdate
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN, SquashedActions, linear, relu_torso
 from zmqrl.agents.numpy_policies import squashed_action_bounds as _action_bounds
@@ -93,7 +94,7 @@ class SACAgent:
         self.epsilon: float | np.ndarray = epsilon
         self.updates = 0
         self._sync = PublishedModule(self.policy)  # version and dirty flag of what actors get
-        self._td_errors = np.zeros(0, dtype=np.float32)
+        self._last = DeferredUpdate()  # the latest update's metrics and TD errors
         # actor_loss, alpha_loss, entropy of the latest policy step (NaN until the first one): the
         # metrics of an update that skips the policy step (policy_update_interval > 1) repeat them.
         self._policy_stats = torch.full((3,), float("nan"), device=self._device)
@@ -149,9 +150,10 @@ class SACAgent:
 
     # --------------------------------------------------------------------------------- learning
 
-    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
+    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> DeferredUpdate:
         """One critic step, then (every ``policy_update_interval`` updates, as many) policy and alpha
-        steps; returns metrics as python floats, gathered with one device->host transfer.
+        steps; returns the metrics as a mapping to floats, computed when first read (with
+        ``last_td_errors``, in one device->host transfer).
 
         ``batch.discount`` already holds ``gamma**k`` (0 on termination). ``importance`` weights the
         critic loss per row (prioritized replay); ``last_td_errors`` is then the mean over the two
@@ -190,16 +192,17 @@ class SACAgent:
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(self.critic_target, self.critic, cfg.tau)
 
-        with torch.no_grad():
+        q1, q2, q1_error, q2_error = q1.detach(), q2.detach(), q1_error.detach(), q2_error.detach()
+        critic_loss, policy_stats = critic_loss.detach(), self._policy_stats
+
+        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
             td_abs = 0.5 * (q1_error.abs() + q2_error.abs())
-            actor_loss, alpha_loss, entropy = self._policy_stats
+            actor_loss, alpha_loss, entropy = policy_stats
             q_mean = 0.5 * (q1.mean() + q2.mean())
-            stats = torch.stack(
-                [critic_loss, actor_loss, used_alpha, alpha_loss, q_mean, entropy, td_abs.mean()]
-            )
-            host = torch.cat([stats, td_abs]).cpu().numpy()
-        self._td_errors = host[len(_METRICS) :]
-        return dict(zip(_METRICS, host[: len(_METRICS)].tolist(), strict=True))
+            return [critic_loss, actor_loss, used_alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
+
+        self._last = DeferredUpdate(_METRICS, metrics)
+        return self._last
 
     def _policy_and_alpha_step(self, obs: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         """One policy step, then one alpha step (if autotuned); returns the alpha to use next."""
@@ -241,7 +244,7 @@ class SACAgent:
     def last_td_errors(self) -> np.ndarray:
         """Mean over the two critics of ``|Q_i - target|`` per row ``(B,)`` float32 of the last
         ``update``'s batch, before its step (empty before the first update)."""
-        return self._td_errors
+        return self._last.td_errors
 
     def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
         """None: actors hold the policy only, not the critics a TD error needs."""

@@ -173,15 +173,15 @@ class Trainer:
         batch_size = self.cfg.agent.batch_size
         drawn = self.replay.sample(batch_size, self.counters.updates)
         metrics = self.agent.update(drawn.batch, drawn.importance)
-        self.replay.update_priorities(drawn.ids, self.agent.last_td_errors)
-        metrics.update(drawn.metrics)
+        if drawn.ids is not None:  # prioritized: the rows' new priorities (agents may defer them)
+            self.replay.update_priorities(drawn.ids, self.agent.last_td_errors)
         self.limiter.sampled(batch_size)
         self.counters.updates += 1
         updates = self.counters.updates
         if updates % lcfg.sync_interval == 0:
             self.publish()
-        if updates % lcfg.log_interval == 0:
-            self.on_scalars(metrics)
+        if updates % lcfg.log_interval == 0:  # only now are the update's metrics read
+            self.on_scalars({**metrics, **drawn.metrics})
         if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
             self.evaluate()
         if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:

@@ -34,6 +34,9 @@ from zmqrl.types import Weights
 HOUSEKEEPING_EVERY = 8
 # How long the closing weights socket may take to deliver the learner's stop announcement.
 STOP_LINGER_MS = 500
+# While waiting for the first transitions, the learner answers joining actors this often: the
+# run's start waits on each actor's first weights.
+WAIT_TICK_SECONDS = 0.02
 # Longest single wait for the replay ratio to admit an update, so the loop still heartbeats.
 TRAIN_WAIT_SECONDS = 0.1
 
@@ -247,7 +250,7 @@ class Learner:
         if ready.is_set():
             return
         log.info("waiting for %d transitions before the first update", self.cfg.learner.min_replay_size)
-        while not ready.wait(timeout=min(0.25, self.cfg.learner.republish_seconds)):
+        while not ready.wait(timeout=min(WAIT_TICK_SECONDS, self.cfg.learner.republish_seconds)):
             self._housekeeping()
             if self.stop_event.is_set() or self.trainer.ended is not None:
                 return

@@ -32,6 +32,11 @@ from zmqrl.types import Weights
 BAD_MESSAGE_LOG_SECONDS = 5.0
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
+# Subscription messages a weights publisher reads per call (a flood waits for later calls).
+JOINS_PER_CALL = 64
+# Least time between two sends of the same weights for joining subscribers: a peer that connects
+# and leaves in a loop cannot make the learner publish more often than this.
+JOIN_RESEND_SECONDS = 0.05
 # Observation rows at least this large (an 84x84 frame is 7 KB) are received without a copy.
 ZERO_COPY_MIN_OBS_BYTES = 1024
 
@@ -305,8 +310,12 @@ class WeightsPublisher:
         self.fingerprint = fingerprint
         self._frames: list[bytes | memoryview] | None = None
         self._last_sent = -float("inf")
+        self._last_join_send = -float("inf")
+        self._xpub = sock.type == zmq.XPUB
+        self._joiner_waiting = False  # a subscriber joined after the last send
         self.version = 0
         self.publishes = 0
+        self.joins = 0  # subscribers that joined, as the XPUB socket reported them
 
     def publish(self, weights: Weights, env_steps: int | None = None) -> None:
         """Send ``weights`` (encoded once per version); ``env_steps`` is the learner's count of
@@ -322,11 +331,38 @@ class WeightsPublisher:
         self._send()
 
     def republish_if_due(self, interval: float) -> bool:
-        """Re-send the latest weights if ``interval`` seconds passed since the last send."""
-        if self._frames is None or self._clock() - self._last_sent < interval:
+        """Re-send the latest weights if a subscriber joined since the last call (XPUB sockets
+        tell), or if ``interval`` seconds passed since the last send; returns whether it sent.
+
+        PUB/SUB drops what was sent before a subscriber's connection was up, so without this a
+        new actor (and every actor at the start of a run) waited up to ``interval`` for weights.
+        """
+        self._joiner_waiting |= self._read_joins() > 0
+        if self._frames is None:
+            return False
+        now = self._clock()
+        if self._joiner_waiting and now - self._last_join_send >= JOIN_RESEND_SECONDS:
+            self._last_join_send = now
+        elif now - self._last_sent < interval:
             return False
         self._send()
+        self._joiner_waiting = False
         return True
+
+    def _read_joins(self) -> int:
+        """Subscriptions received since the last call (at most ``JOINS_PER_CALL`` read now)."""
+        if not self._xpub:
+            return 0
+        joins = 0
+        for _ in range(JOINS_PER_CALL):
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":  # 1 + topic: a subscription (0 + topic: one ended)
+                joins += 1
+        self.joins += joins
+        return joins
 
     def announce_stop(self, reason: str) -> None:
         """Tell subscribers the learner is gone, so actors started by hand leave with it."""

@@ -1,7 +1,7 @@
 """Every ZeroMQ socket zmqrl opens is made here, so each option is set in exactly one place.
 
 Who binds and who connects (see docs/architecture.md "Sockets and ports"):
-  learner    binds PULL samples, PUB weights;   connects PUSH heartbeat, SUB control
+  learner    binds PULL samples, XPUB weights;   connects PUSH heartbeat, SUB control
   supervisor binds PULL heartbeat, PUB control
   actor      connects PUSH samples, SUB weights, PUSH heartbeat, SUB control
 
@@ -24,6 +24,8 @@ from zmqrl.transport.security import authenticator_running, check_bind_allowed, 
 # A weights subscriber only ever wants the newest snapshot; keep few queued (ZMQ_CONFLATE does
 # not work with multipart messages, so the subscriber drains to the latest instead).
 WEIGHTS_RCVHWM = 4
+# Connecting sockets retry a missing peer after this long, doubling up to the max (milliseconds).
+RECONNECT_MS, RECONNECT_MAX_MS = 100, 250
 # Publishers drop for slow subscribers at this many queued messages instead of growing memory.
 PUB_SNDHWM = 16
 # Heartbeats are small and periodic; stale ones are worthless, so queue few and drop the rest.
@@ -49,9 +51,11 @@ class SocketLimits:
 def _base(ctx: zmq.Context, kind: int, limits: SocketLimits) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, limits.linger_ms)
-    # Reconnect quickly when a peer restarts, but back off to a few seconds when it stays away.
-    sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2_000)
+    # Retry a missing peer every 100 ms, backing off to at most 250 ms. Actors start while the
+    # learner is still importing torch (~3 s); a backoff to 2 s left them connecting up to 1 s
+    # after it bound, and the whole run waited on that. A refused connect costs next to nothing.
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
     return sock
 
 
@@ -207,7 +211,11 @@ def weights_pub(
     security: Security | None = None,
     insecure: bool = False,
 ) -> tuple[zmq.Socket, str]:
-    sock = _server(ctx, zmq.PUB, limits, endpoint, "weights", security, insecure)
+    # XPUB rather than PUB: it also hands the learner one message per subscriber that joins
+    # (XPUB_VERBOSE: every subscriber, although all subscribe to the same empty topic), so a new
+    # actor gets the current weights at once instead of at the next timed republish.
+    sock = _server(ctx, zmq.XPUB, limits, endpoint, "weights", security, insecure)
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)
     sock.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
     sock.setsockopt(zmq.LINGER, 0)  # weights are republished; never hold a closing learner up
     return sock, bind(sock, endpoint, "weights")
