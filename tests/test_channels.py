@@ -601,3 +601,25 @@ def test_an_actor_started_seconds_before_the_learner_binds_joins_within_a_quarte
         publisher.republish_if_due(interval=3600.0)
         pub_sock.poll(10)
     sub.close(linger=0)
+
+
+def test_what_a_peer_sends_the_weights_socket_besides_subscribing_is_no_join_and_no_harm(
+    ctx: zmq.Context,
+) -> None:
+    pub_sock, endpoint = sockets.weights_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    publisher = WeightsPublisher(pub_sock, "dqn")
+    publisher.publish(Weights(3, {"w": np.zeros(2, np.float32)}))
+    hostile = ctx.socket(zmq.XSUB)  # may send anything upstream, unlike a SUB
+    hostile.setsockopt(zmq.LINGER, 0)
+    hostile.connect(endpoint)
+    hostile.send(b"\x02not a subscription")
+    hostile.send(b"\x01" + b"x" * (sockets.SUBSCRIPTION_MAX_BYTES * 40))  # over the limit: cut off
+    honest = sockets.weights_sub(ctx, endpoint, LIMITS)
+    sub = WeightsSubscriber(honest, None, BadMessages("w"))
+    deadline = time.monotonic() + 10
+    while sub.latest() is None:  # the honest subscriber's join is answered
+        assert time.monotonic() < deadline, "the honest subscriber got no weights"
+        publisher.republish_if_due(interval=3600.0)
+        honest.poll(20)
+    assert publisher.joins == 1, "only the honest subscription counts as a join"
+    hostile.close()

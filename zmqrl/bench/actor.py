@@ -1,13 +1,17 @@
 """Actor throughput: the real actor (zmqrl/roles/actor.py) against the bare env-and-policy loop.
 
-*Ours* is an :class:`~zmqrl.roles.actor.Actor` built from configs/cartpole_dqn.yaml, uncapped,
-run on a thread of this process as the role tests run it, pushing to a learner-side PULL socket
-that a second thread reads and discards (with the supervisor's two sockets bound here too, so
-heartbeats go somewhere). Its rate is the actor's own count of env transitions over a window
-after its first batch went out. The *reference* steps the same env with the same numpy policy's
-forward pass at the same epsilon and the same vectorization, and does nothing else: no n-step
-windows, no batches, no encoding, no socket. What the ratio leaves out is exactly what zmqrl
-adds to acting.
+*Ours* is ``python -m zmqrl actor`` as ``zmqrl launch`` starts it (its own process, one BLAS
+thread), configured from configs/cartpole_dqn.yaml, uncapped, pushing to a learner-side PULL
+socket in this process that a thread reads and discards (with the supervisor's two sockets bound
+here too). Its rate is the actor's own count of env transitions, read from two of its heartbeats
+a window apart, after its first batch went out. The *reference* steps the same env with the same
+numpy policy's forward pass at the same epsilon and the same vectorization, in this process, and
+does nothing else: no n-step windows, no batches, no encoding, no socket. What the ratio leaves
+out is exactly what zmqrl adds to acting.
+
+The actor ran on a thread of this process until 2026-12-02: there it shared one GIL with the
+thread draining its messages, which a real actor never does (the learner is another process),
+and the bench charged that to the actor (0.52x then).
 
 Epsilon annealing is switched off on both sides: fully random steps skip the forward pass, and
 the point is to compare equal work.
@@ -15,7 +19,10 @@ the point is to compare equal work.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +33,9 @@ import numpy as np
 import zmq
 
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
-from zmqrl.config import Config, load_config
+from zmqrl.config import Config, load_config, save_config
+from zmqrl.supervision.link import PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.supervision.processes import BLAS_THREADS_ENV
 
 # Repository configs the benchmarks measure (the bench runs from a checkout).
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -39,11 +48,14 @@ CLOCK_EVERY = 64
 WARMUP_SECONDS = 0.2
 # Longest wait for an actor's first batch (it waits for the greeting on the weights channel).
 FIRST_BATCH_TIMEOUT = 30.0
+# The measured actor's heartbeats (its step counts) come this often, in seconds.
+HEARTBEAT_SECONDS = 0.1
 
 
-def actor_config(envs_per_actor: int, **endpoints: str) -> Config:
+def actor_config(envs_per_actor: int, *extra: str, **endpoints: str) -> Config:
     """The CartPole DQN config, uncapped, without epsilon annealing, on ``endpoints``."""
     overrides = [
+        *extra,
         "actor.max_steps_per_s=null",
         # The default queues: the shipped config keeps one message queued for its replay ratio,
         # which paces an actor by the receiver's round trips, not by what acting costs.
@@ -59,7 +71,8 @@ def actor_config(envs_per_actor: int, **endpoints: str) -> Config:
 class FakeLearnerSide:
     """What an actor talks to, bound on loopback in this process: the samples PULL (drained and
     discarded by a thread, as fast as it can), the weights PUB (one greeting: the run's
-    fingerprint, so the actor starts sending), and the supervisor's heartbeat PULL and control PUB."""
+    fingerprint, so the actor starts sending), and the supervisor's heartbeat PULL (the newest
+    heartbeat's time and step count kept) and control PUB."""
 
     def __init__(self, ctx: zmq.Context) -> None:
         self.samples = ctx.socket(zmq.PULL)
@@ -71,6 +84,7 @@ class FakeLearnerSide:
             sock.bind("tcp://127.0.0.1:0")
         self.messages = 0
         self.bytes = 0
+        self.beat: tuple[float, float] | None = None  # (sender's time, its steps) of the newest heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="bench-pull", daemon=True)
         self._thread.start()
@@ -93,6 +107,25 @@ class FakeLearnerSide:
                     if sock is self.samples:
                         self.messages += 1
                         self.bytes += sum(len(f) for f in frames)
+                    else:
+                        self._note_heartbeat(frames)
+
+    def _note_heartbeat(self, frames: list[Any]) -> None:
+        from zmqrl.transport import wire
+        from zmqrl.transport.wire import HeartbeatMsg
+
+        msg = wire.load(frames)
+        if isinstance(msg, HeartbeatMsg) and "steps" in msg.counters:
+            self.beat = (msg.time, float(msg.counters["steps"]))
+
+    def beat_after(self, moment: float, timeout: float = 10.0) -> tuple[float, float]:
+        """The first heartbeat sent after wall-clock time ``moment``: (its time, the actor's steps)."""
+        deadline = time.monotonic() + timeout
+        while (beat := self.beat) is None or beat[0] <= moment:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the benchmark actor sent no heartbeat within {timeout:g} s")
+            time.sleep(HEARTBEAT_SECONDS / 4)
+        return beat
 
     def close(self) -> None:
         self._stop.set()
@@ -121,47 +154,65 @@ def greeting(cfg: Config) -> list[bytes]:
 
 
 def measure_actor(ctx: zmq.Context, envs: int, seconds: float) -> tuple[float, dict[str, float]]:
-    """Env transitions per second of one real actor over ``seconds`` (after its first batch)."""
-    from zmqrl.roles.actor import Actor
-
+    """Env transitions per second of one real actor process over ``seconds`` (after its first batch)."""
     side = FakeLearnerSide(ctx)
-    cfg = actor_config(envs, **side.endpoints())
-    actor = Actor(cfg, 0, ctx=ctx)
-    errors: list[BaseException] = []
-
-    def run() -> None:
+    proc: subprocess.Popen[bytes] | None = None
+    with tempfile.TemporaryDirectory(prefix="zmqrl-bench-actor-") as tmp:
+        cfg = actor_config(
+            envs, f"run.dir={tmp}", f"supervisor.heartbeat_interval={HEARTBEAT_SECONDS}", **side.endpoints()
+        )
+        config_path = Path(tmp) / "actor.yaml"
+        save_config(cfg, config_path)
+        log_path = Path(tmp) / "actor.log"
+        command = [sys.executable, "-m", "zmqrl", "actor", str(config_path), "--id", "0"]
         try:
-            actor.run()
-        except BaseException as exc:  # reported by the caller, with its traceback
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="bench-actor", daemon=True)
-    threads = _torch_threads()
-    thread.start()
-    try:
-        hello = greeting(cfg)
-        deadline = time.monotonic() + FIRST_BATCH_TIMEOUT
-        while side.messages == 0:  # PUB drops what is sent before the actor subscribed: repeat
-            if errors:
-                raise errors[0]
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the benchmark actor sent nothing within {FIRST_BATCH_TIMEOUT:g} s")
-            side.weights.send_multipart(hello)
-            time.sleep(0.02)
-        time.sleep(WARMUP_SECONDS)
-        steps0, bytes0, t0 = actor.steps, side.bytes, time.perf_counter()
-        time.sleep(seconds)
-        steps1, bytes1, t1 = actor.steps, side.bytes, time.perf_counter()
-    finally:
-        actor.request_stop()
-        thread.join(timeout=30)
-        side.close()
-        _restore_torch_threads(threads)
-    if errors:
-        raise errors[0]
-    if thread.is_alive():
-        raise RuntimeError("the benchmark actor did not stop within 30 s")
+            proc = start_actor(command, log_path)
+            hello = greeting(cfg)
+            deadline = time.monotonic() + FIRST_BATCH_TIMEOUT
+            while side.messages == 0:  # PUB drops what is sent before the actor subscribed: repeat
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the benchmark actor sent nothing (exit code {proc.poll()}):\n{_tail(log_path)}"
+                    )
+                side.weights.send_multipart(hello)
+                time.sleep(0.02)
+            t0, steps0 = side.beat_after(time.time() + WARMUP_SECONDS)
+            bytes0 = side.bytes
+            t1, steps1 = side.beat_after(t0 + seconds)
+            bytes1 = side.bytes
+        finally:
+            if proc is not None:
+                _stop(proc)
+            side.close()
     return (steps1 - steps0) / (t1 - t0), {"bytes_per_s": (bytes1 - bytes0) / (t1 - t0)}
+
+
+def start_actor(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The actor as ``zmqrl launch`` starts it (one BLAS thread, dies with this process), except
+    that it does not watch for a supervisor's heartbeats: this bench sends none."""
+    env = {**os.environ, BLAS_THREADS_ENV: "1", PARENT_PID_ENV: str(os.getpid())}
+    env.pop(SUPERVISED_ENV, None)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the actor stops cleanly), SIGKILL if it has not within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def measure_bare(envs: int, seconds: float) -> float:
@@ -221,16 +272,6 @@ def _vector_loop(policy: Any, env: Any, envs: int, seed: int) -> Callable[[], in
         return real
 
     return step
-
-
-def _torch_threads() -> int | None:
-    """The actor sets torch to one thread when torch is loaded: remember this process's setting."""
-    return sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
-
-
-def _restore_torch_threads(threads: int | None) -> None:
-    if threads is not None:
-        sys.modules["torch"].set_num_threads(threads)
 
 
 def run(settings: BenchSettings) -> list[Comparison]:

@@ -140,7 +140,13 @@ def run(settings: BenchSettings) -> list[Comparison]:
     torch.set_num_threads(1)  # as the learner does (learner.torch_threads)
     uncapped_repeats = max(1, min(settings.repeats, 2))
     return [
-        compare("CartPole DQN, uniform, 2 senders flooding", [], settings, settings.repeats, TARGET),
+        compare(
+            "CartPole DQN, uniform, 2 senders flooding",
+            ["replay.prioritized=false"],
+            settings,
+            settings.repeats,
+            TARGET,
+        ),
         compare(
             "CartPole DQN, prioritized, 2 senders flooding",
             ["replay.prioritized=true"],
@@ -150,7 +156,7 @@ def run(settings: BenchSettings) -> list[Comparison]:
         ),
         compare(
             "same, uniform, ingest budget off (ingest_max_share null)",
-            ["learner.ingest_max_share=null"],
+            ["replay.prioritized=false", "learner.ingest_max_share=null"],
             settings,
             uncapped_repeats,
             None,

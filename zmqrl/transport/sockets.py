@@ -26,6 +26,8 @@ from zmqrl.transport.security import authenticator_running, check_bind_allowed, 
 WEIGHTS_RCVHWM = 4
 # Connecting sockets retry a missing peer after this long, doubling up to the max (milliseconds).
 RECONNECT_MS, RECONNECT_MAX_MS = 100, 250
+# Largest message a weights subscriber may send the learner (its subscription: flag byte + topic).
+SUBSCRIPTION_MAX_BYTES = 256
 # Publishers drop for slow subscribers at this many queued messages instead of growing memory.
 PUB_SNDHWM = 16
 # Heartbeats are small and periodic; stale ones are worthless, so queue few and drop the rest.
@@ -216,6 +218,8 @@ def weights_pub(
     # actor gets the current weights at once instead of at the next timed republish.
     sock = _server(ctx, zmq.XPUB, limits, endpoint, "weights", security, insecure)
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+    # Subscribers send only subscriptions (a flag byte and a topic): a peer sending more is cut off.
+    sock.setsockopt(zmq.MAXMSGSIZE, SUBSCRIPTION_MAX_BYTES)
     sock.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
     sock.setsockopt(zmq.LINGER, 0)  # weights are republished; never hold a closing learner up
     return sock, bind(sock, endpoint, "weights")
