@@ -63,7 +63,11 @@ class Row:
 MINATAR = "DQN, MinAtar CNN (3×3×16 conv, 128 units), 2 actors, replay ratio 8"
 ROWS = {
     "cartpole": Row(
-        "cartpole", "configs/cartpole_dqn.yaml", 20, 475.0, "DQN, 2 actors, replay ratio 8, 20-episode evals"
+        "cartpole",
+        "configs/cartpole_dqn.yaml",
+        20,
+        475.0,
+        "DQN, prioritized replay, 2 actors, replay ratio 8, 20-episode evals",
     ),
     "pendulum": Row(
         "pendulum", "configs/pendulum_sac.yaml", 3, -200.0, "SAC, 2 actors, evaluator, replay ratio 128"

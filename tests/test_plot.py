@@ -94,6 +94,17 @@ def test_seeds_of_one_setting_form_one_group_and_other_settings_are_labelled(tmp
     assert group_runs(runs[:2])[0].name == "CartPole-v1, dqn (2 runs)"  # one setting: what it is
 
 
+def test_seeds_launched_on_different_ports_are_still_one_setting(tmp_path: Path) -> None:
+    runs = []
+    for seed, port in ((0, 40111), (1, 40222)):
+        run = write_run(tmp_path / f"s{seed}", seed=seed)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["transport"] = {"samples": f"tcp://127.0.0.1:{port}", "control": f"ipc://{run}.control"}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        runs.append(load_run(run))
+    assert [len(g.runs) for g in group_runs(runs)] == [2]
+
+
 def test_a_setting_an_older_run_does_not_record_does_not_split_the_seeds(tmp_path: Path) -> None:
     old = write_run(tmp_path / "old", seed=0)
     new = write_run(tmp_path / "new", seed=1)

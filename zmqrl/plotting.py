@@ -31,6 +31,9 @@ GRID_POINTS = 200
 DEFAULT_SMOOTH = 20
 # Config keys that differ between seeds of one setting: ignored when grouping runs.
 RUN_KEYS_PREFIX = "run."
+# Values that say where processes meet (transport.*, supervisor.status): launches on free ports
+# (benchmarks/results.py, tests) differ there, and it changes nothing about what is learned.
+ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://", "pgm://", "epgm://")
 # Most config differences named in a group's label, and the ones named first when they differ.
 LABEL_KEYS = 3
 LABEL_FIRST = ("env.id", "agent.kind")
@@ -153,7 +156,7 @@ def load_run(path: Path) -> Run:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs whose configs agree outside ``run.*`` form one group, in the order first given; each
+    """Runs whose configs agree outside ``run.*`` and endpoints form one group, in the order first given; each
     group's label names (up to LABEL_KEYS of) the settings that tell the groups apart: env and agent
     first, and settings every group has before those only some do (another agent's options)."""
     groups: dict[str, Group] = {}
@@ -161,13 +164,17 @@ def group_runs(runs: list[Run]) -> list[Group]:
     # cannot tell runs apart: only the keys every run records are compared.
     recorded = [set(r.config) for r in runs if r.config]
     shared = set.intersection(*recorded) if recorded else set()
+    shared = {k for k in shared if not k.startswith(RUN_KEYS_PREFIX)}
+    shared -= {
+        k for r in runs for k, v in r.config.items() if isinstance(v, str) and v.startswith(ENDPOINT_SCHEMES)
+    }
     for run in runs:
-        setting = {k: v for k, v in run.config.items() if k in shared and not k.startswith(RUN_KEYS_PREFIX)}
+        setting = {k: v for k, v in run.config.items() if k in shared}
         key = repr(sorted(setting.items())) if run.config else f"dir:{run.path}"
         groups.setdefault(key, Group([])).runs.append(run)
     found = list(groups.values())
     configs = [g.runs[0].config for g in found]
-    keys = {k for k in shared if not k.startswith(RUN_KEYS_PREFIX)}
+    keys = shared
     differing = [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
     differing.sort(key=lambda k: (k not in LABEL_FIRST, sum(c.get(k) is None for c in configs), k))
     for group, config in zip(found, configs, strict=True):
