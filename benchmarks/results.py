@@ -365,7 +365,12 @@ def main() -> None:
         help="a config variant to run too, e.g. 'ratio8=learner.samples_per_insert=8' (repeatable; "
         "'LABEL=' alone is the config as shipped); variants alternate seed by seed like --code",
     )
-    parser.add_argument("--out", type=Path, default=Path("results"), help="writes OUT.md and OUT.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/results"),
+        help="writes OUT.md and OUT.json (default: runs/results)",
+    )
     parser.add_argument("--no-store", action="store_true", help="leave docs/results/ and README as they are")
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep every run's directory under KEEP (for zmqrl plot)"
@@ -411,6 +416,7 @@ def main() -> None:
     table = {row.name: {code: summarise(row, res) for code, res in raw[row.name].items()} for row in rows}
     text = markdown(table, rows)
     print(f"\n{machine()}\n{text}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(f"{machine()}\n\n{text}\n")
     args.out.with_suffix(".json").write_text(
         json.dumps({"machine": machine(), "summary": table, "runs": raw}, indent=2)
