@@ -26,8 +26,10 @@ from zmqrl.transport.security import authenticator_running, check_bind_allowed, 
 WEIGHTS_RCVHWM = 4
 # Connecting sockets retry a missing peer after this long, doubling up to the max (milliseconds).
 RECONNECT_MS, RECONNECT_MAX_MS = 100, 250
-# Largest message a weights subscriber may send the learner (its subscription: flag byte + topic).
-SUBSCRIPTION_MAX_BYTES = 256
+# Largest message a weights subscriber may send the learner. A subscription is a flag byte and a
+# topic, but the limit also applies to the handshake: CurveZMQ's INITIATE carries ~300 bytes of
+# keys and metadata (at 256, encrypted runs delivered nothing), so leave it room.
+SUBSCRIPTION_MAX_BYTES = 4096
 # Publishers drop for slow subscribers at this many queued messages instead of growing memory.
 PUB_SNDHWM = 16
 # Heartbeats are small and periodic; stale ones are worthless, so queue few and drop the rest.
