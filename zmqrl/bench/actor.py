@@ -41,7 +41,7 @@ from zmqrl.supervision.processes import BLAS_THREADS_ENV
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CARTPOLE = CONFIGS / "cartpole_dqn.yaml"
 # About how long the part takes (full, quick), for the progress line.
-SECONDS = (30, 6)
+SECONDS = (45, 9)
 # Steps of the bare loop between clock reads.
 CLOCK_EVERY = 64
 # Each measured window starts this long after its side is running (first batch out, caches warm).
@@ -242,6 +242,43 @@ def measure_bare(envs: int, seconds: float) -> float:
         env.close()
 
 
+def measure_sampler(envs: int, seconds: float) -> float:
+    """Env transitions per second of the actor's sampling code alone: ``Sampler`` (n-step windows,
+    batches, epsilon schedule) with each ready batch encoded as a samples message, in this
+    process, sent nowhere. Between the bare loop and the real actor, it splits what zmqrl's
+    acting costs from what its process, socket and threads cost."""
+    from zmqrl.acting import Sampler, actor_seed
+    from zmqrl.agents import make_policy
+    from zmqrl.envs import make_env, make_vector_env, sample_spec
+    from zmqrl.transport import wire
+
+    cfg = actor_config(envs)
+    env: Any = make_env(cfg.env) if envs == 1 else make_vector_env(cfg.env, envs, training=True)
+    spec = sample_spec(env)
+    policy = make_policy(cfg.agent, spec, seed=actor_seed(cfg, 0))
+    sampler = Sampler(cfg, 0, policy, env, spec, sync_weights=lambda: None)
+    encoded = 0
+
+    def step() -> None:
+        nonlocal encoded
+        if sampler.collect(CLOCK_EVERY):
+            encoded += len(wire.dump(sampler.message()))
+
+    try:
+        end = time.perf_counter() + WARMUP_SECONDS
+        while time.perf_counter() < end:
+            step()
+        steps0, t0 = sampler.steps, time.perf_counter()
+        end = t0 + seconds
+        while (now := time.perf_counter()) < end:
+            step()
+        if not encoded:
+            raise RuntimeError("the sampler benchmark encoded no message")
+        return (sampler.steps - steps0) / (now - t0)
+    finally:
+        sampler.close()
+
+
 def _single_loop(policy: Any, env: Any, seed: int) -> Callable[[], int]:
     obs = env.reset(seed=seed)[0]
 
@@ -275,7 +312,8 @@ def _vector_loop(policy: Any, env: Any, envs: int, seed: int) -> Callable[[], in
 
 
 def run(settings: BenchSettings) -> list[Comparison]:
-    """One row per vectorization: the config's one env, and (full run) four sub-envs."""
+    """Two rows per vectorization (the config's one env, and in a full run four sub-envs): the
+    real actor process against the bare loop, and the sampling code alone against it."""
     window = settings.seconds * 0.6 if not settings.quick else settings.seconds
     variants = (1,) if settings.quick else (1, 4)
     ctx = zmq.Context()
@@ -283,22 +321,35 @@ def run(settings: BenchSettings) -> list[Comparison]:
     try:
         for envs in variants:
             ours: list[float] = []
+            alone: list[float] = []
             bare: list[float] = []
             extra: dict[str, float] = {}
-            for _ in range(settings.repeats):  # interleaved: both sides see the same machine
+            plural = f"{envs} env{'s' if envs > 1 else ''}"
+            for _ in range(settings.repeats):  # interleaved: every side sees the same machine
                 rate, extra = measure_actor(ctx, envs, window)
                 ours.append(rate)
+                alone.append(measure_sampler(envs, window))
                 bare.append(measure_bare(envs, window))
             results.append(
                 Comparison(
                     group="actor",
-                    name=f"CartPole DQN, {envs} env{'s' if envs > 1 else ''} per actor, uncapped",
+                    name=f"CartPole DQN, {plural} per actor, uncapped",
                     unit="transitions/s",
                     ours=Stat.of(ours),
                     reference=Stat.of(bare),
                     target=0.9,
                     notes="real Actor pushing to a PULL socket vs the bare env + numpy policy loop",
                     extra=extra,
+                )
+            )
+            results.append(
+                Comparison(
+                    group="actor",
+                    name=f"same, {plural}: sampling and encoding alone, no process or socket",
+                    unit="transitions/s",
+                    ours=Stat.of(alone),
+                    reference=Stat.of(bare),
+                    notes="Sampler + wire.dump in this process vs the bare loop: zmqrl's acting code alone",
                 )
             )
     finally:
