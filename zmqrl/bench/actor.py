@@ -41,7 +41,7 @@ from zmqrl.supervision.processes import BLAS_THREADS_ENV
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CARTPOLE = CONFIGS / "cartpole_dqn.yaml"
 # About how long the part takes (full, quick), for the progress line.
-SECONDS = (45, 9)
+SECONDS = (55, 12)
 # Steps of the bare loop between clock reads.
 CLOCK_EVERY = 64
 # Each measured window starts this long after its side is running (first batch out, caches warm).
@@ -242,11 +242,12 @@ def measure_bare(envs: int, seconds: float) -> float:
         env.close()
 
 
-def measure_sampler(envs: int, seconds: float) -> float:
-    """Env transitions per second of the actor's sampling code alone: ``Sampler`` (n-step windows,
-    batches, epsilon schedule) with each ready batch encoded as a samples message, in this
-    process, sent nowhere. Between the bare loop and the real actor, it splits what zmqrl's
-    acting costs from what its process, socket and threads cost."""
+def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float:
+    """Env transitions per second of the actor's acting code alone: ``Sampler`` (n-step windows,
+    batches, epsilon schedule, and with ``priorities`` the Ape-X initial priorities the actor of a
+    prioritized-replay config computes per batch) with each ready batch encoded as a samples
+    message, in this process, sent nowhere. Between the bare loop and the real actor, it splits
+    what zmqrl's acting costs from what its process, socket and threads cost."""
     from zmqrl.acting import Sampler, actor_seed
     from zmqrl.agents import make_policy
     from zmqrl.envs import make_env, make_vector_env, sample_spec
@@ -256,7 +257,15 @@ def measure_sampler(envs: int, seconds: float) -> float:
     env: Any = make_env(cfg.env) if envs == 1 else make_vector_env(cfg.env, envs, training=True)
     spec = sample_spec(env)
     policy = make_policy(cfg.agent, spec, seed=actor_seed(cfg, 0))
-    sampler = Sampler(cfg, 0, policy, env, spec, sync_weights=lambda: None)
+    sampler = Sampler(
+        cfg,
+        0,
+        policy,
+        env,
+        spec,
+        sync_weights=lambda: None,
+        initial_priorities=priorities and cfg.replay.prioritized,
+    )
     encoded = 0
 
     def step() -> None:
@@ -312,8 +321,9 @@ def _vector_loop(policy: Any, env: Any, envs: int, seed: int) -> Callable[[], in
 
 
 def run(settings: BenchSettings) -> list[Comparison]:
-    """Two rows per vectorization (the config's one env, and in a full run four sub-envs): the
-    real actor process against the bare loop, and the sampling code alone against it."""
+    """Per vectorization (the config's one env, and in a full run four sub-envs): the real actor
+    process against the bare loop, and the acting code alone against it (for one env also without
+    the initial priorities of prioritized replay)."""
     window = settings.seconds * 0.6 if not settings.quick else settings.seconds
     variants = (1,) if settings.quick else (1, 4)
     ctx = zmq.Context()
@@ -322,6 +332,7 @@ def run(settings: BenchSettings) -> list[Comparison]:
         for envs in variants:
             ours: list[float] = []
             alone: list[float] = []
+            unprioritized: list[float] = []
             bare: list[float] = []
             extra: dict[str, float] = {}
             plural = f"{envs} env{'s' if envs > 1 else ''}"
@@ -329,6 +340,8 @@ def run(settings: BenchSettings) -> list[Comparison]:
                 rate, extra = measure_actor(ctx, envs, window)
                 ours.append(rate)
                 alone.append(measure_sampler(envs, window))
+                if envs == 1:
+                    unprioritized.append(measure_sampler(envs, window, priorities=False))
                 bare.append(measure_bare(envs, window))
             results.append(
                 Comparison(
@@ -345,13 +358,24 @@ def run(settings: BenchSettings) -> list[Comparison]:
             results.append(
                 Comparison(
                     group="actor",
-                    name=f"same, {plural}: sampling and encoding alone, no process or socket",
+                    name=f"same, {plural}: acting code alone (as the actor: PER priorities too), no socket",
                     unit="transitions/s",
                     ours=Stat.of(alone),
                     reference=Stat.of(bare),
                     notes="Sampler + wire.dump in this process vs the bare loop: zmqrl's acting code alone",
                 )
             )
+            if unprioritized:
+                results.append(
+                    Comparison(
+                        group="actor",
+                        name=f"same, {plural}: acting code alone, without PER's initial priorities",
+                        unit="transitions/s",
+                        ours=Stat.of(unprioritized),
+                        reference=Stat.of(bare),
+                        notes="as above, without the per-batch priority pass a prioritized config adds",
+                    )
+                )
     finally:
         ctx.term()
     return results

@@ -112,11 +112,21 @@ def _spread(stat: Stat) -> str:
     return f"{_number(stat.median)} ({_number(stat.min)}-{_number(stat.max)})"
 
 
+def _ratio(c: Comparison) -> str:
+    """The ratio to 2 decimals, or 3 where 2 would round a miss onto its target (0.896 is not 0.90)."""
+    ratio = c.ratio
+    if ratio is None:
+        return ""
+    shown = f"{ratio:.2f}x"
+    if c.passed is False and c.target is not None and round(ratio, 2) == round(c.target, 2):
+        shown = f"{ratio:.3f}x"
+    return shown
+
+
 def table_rows(comparisons: Sequence[Comparison]) -> list[list[str]]:
     """Rows of the printed table: group, name, ours, reference, unit, ratio, target, verdict."""
     rows = []
     for c in comparisons:
-        ratio = c.ratio
         target = "" if c.target is None else ("≥ " if c.higher_is_better else "≤ ") + f"{c.target:g}x"
         verdict = {True: "ok", False: "MISSED", None: ""}[c.passed]
         rows.append(
@@ -126,7 +136,7 @@ def table_rows(comparisons: Sequence[Comparison]) -> list[list[str]]:
                 _spread(c.ours),
                 "" if c.reference is None else _spread(c.reference),
                 c.unit,
-                "" if ratio is None else f"{ratio:.2f}x",
+                _ratio(c),
                 target,
                 verdict,
             ]
