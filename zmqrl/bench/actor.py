@@ -215,29 +215,43 @@ def _tail(log: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def measure_bare(envs: int, seconds: float) -> float:
-    """Env transitions per second of the bare loop: the actor's env and policy, nothing else."""
-    from zmqrl.acting import actor_seed, ladder
+def _acting_parts(envs: int) -> tuple[Config, Any, Any, Any]:
+    """What both in-process sides act with: the config, its env (vectorized for ``envs`` > 1),
+    the sample spec and the policy, seeded as actor 0."""
+    from zmqrl.acting import actor_seed
     from zmqrl.agents import make_policy
     from zmqrl.envs import make_env, make_vector_env, sample_spec
 
     cfg = actor_config(envs)
     env: Any = make_env(cfg.env) if envs == 1 else make_vector_env(cfg.env, envs, training=True)
     spec = sample_spec(env)
-    policy = make_policy(cfg.agent, spec, seed=actor_seed(cfg, 0))
+    return cfg, env, spec, make_policy(cfg.agent, spec, seed=actor_seed(cfg, 0))
+
+
+def _steps_per_second(step: Callable[[], int], seconds: float) -> float:
+    """The rate of ``step()`` (which returns the env transitions it took) over ``seconds``, after
+    WARMUP_SECONDS of it unmeasured."""
+    end = time.perf_counter() + WARMUP_SECONDS
+    while time.perf_counter() < end:
+        step()
+    steps, t0 = 0, time.perf_counter()
+    end = t0 + seconds
+    while (now := time.perf_counter()) < end:
+        steps += step()
+    return steps / (now - t0)
+
+
+def measure_bare(envs: int, seconds: float) -> float:
+    """Env transitions per second of the bare loop: the actor's env and policy, nothing else."""
+    from zmqrl.acting import actor_seed, ladder
+
+    cfg, env, _, policy = _acting_parts(envs)
     epsilons = ladder(cfg, 0)
     policy.epsilon = float(epsilons[0]) if envs == 1 else epsilons
     seed = actor_seed(cfg, 0)
     step = _single_loop(policy, env, seed) if envs == 1 else _vector_loop(policy, env, envs, seed)
     try:
-        end = time.perf_counter() + WARMUP_SECONDS
-        while time.perf_counter() < end:
-            step()
-        steps, t0 = 0, time.perf_counter()
-        end = t0 + seconds
-        while (now := time.perf_counter()) < end:
-            steps += step()
-        return steps / (now - t0)
+        return _steps_per_second(step, seconds)
     finally:
         env.close()
 
@@ -248,42 +262,26 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
     prioritized-replay config computes per batch) with each ready batch encoded as a samples
     message, in this process, sent nowhere. Between the bare loop and the real actor, it splits
     what zmqrl's acting costs from what its process, socket and threads cost."""
-    from zmqrl.acting import Sampler, actor_seed
-    from zmqrl.agents import make_policy
-    from zmqrl.envs import make_env, make_vector_env, sample_spec
+    from zmqrl.acting import Sampler
     from zmqrl.transport import wire
 
-    cfg = actor_config(envs)
-    env: Any = make_env(cfg.env) if envs == 1 else make_vector_env(cfg.env, envs, training=True)
-    spec = sample_spec(env)
-    policy = make_policy(cfg.agent, spec, seed=actor_seed(cfg, 0))
-    sampler = Sampler(
-        cfg,
-        0,
-        policy,
-        env,
-        spec,
-        sync_weights=lambda: None,
-        initial_priorities=priorities and cfg.replay.prioritized,
-    )
+    cfg, env, spec, policy = _acting_parts(envs)
+    prioritized = priorities and cfg.replay.prioritized
+    sampler = Sampler(cfg, 0, policy, env, spec, sync_weights=lambda: None, initial_priorities=prioritized)
     encoded = 0
 
-    def step() -> None:
+    def step() -> int:
         nonlocal encoded
+        before = sampler.steps
         if sampler.collect(CLOCK_EVERY):
             encoded += len(wire.dump(sampler.message()))
+        return sampler.steps - before
 
     try:
-        end = time.perf_counter() + WARMUP_SECONDS
-        while time.perf_counter() < end:
-            step()
-        steps0, t0 = sampler.steps, time.perf_counter()
-        end = t0 + seconds
-        while (now := time.perf_counter()) < end:
-            step()
+        rate = _steps_per_second(step, seconds)
         if not encoded:
             raise RuntimeError("the sampler benchmark encoded no message")
-        return (sampler.steps - steps0) / (now - t0)
+        return rate
     finally:
         sampler.close()
 
@@ -320,6 +318,10 @@ def _vector_loop(policy: Any, env: Any, envs: int, seed: int) -> Callable[[], in
     return step
 
 
+def _versus_bare(name: str, measured: list[float], bare: list[float], notes: str, **more: Any) -> Comparison:
+    return Comparison("actor", name, "transitions/s", Stat.of(measured), Stat.of(bare), notes=notes, **more)
+
+
 def run(settings: BenchSettings) -> list[Comparison]:
     """Per vectorization (the config's one env, and in a full run four sub-envs): the real actor
     process against the bare loop, and the acting code alone against it (for one env also without
@@ -344,36 +346,30 @@ def run(settings: BenchSettings) -> list[Comparison]:
                     unprioritized.append(measure_sampler(envs, window, priorities=False))
                 bare.append(measure_bare(envs, window))
             results.append(
-                Comparison(
-                    group="actor",
-                    name=f"CartPole DQN, {plural} per actor, uncapped",
-                    unit="transitions/s",
-                    ours=Stat.of(ours),
-                    reference=Stat.of(bare),
+                _versus_bare(
+                    f"CartPole DQN, {plural} per actor, uncapped",
+                    ours,
+                    bare,
+                    "real Actor pushing to a PULL socket vs the bare env + numpy policy loop",
                     target=0.9,
-                    notes="real Actor pushing to a PULL socket vs the bare env + numpy policy loop",
                     extra=extra,
                 )
             )
             results.append(
-                Comparison(
-                    group="actor",
-                    name=f"same, {plural}: acting code alone (as the actor: PER priorities too), no socket",
-                    unit="transitions/s",
-                    ours=Stat.of(alone),
-                    reference=Stat.of(bare),
-                    notes="Sampler + wire.dump in this process vs the bare loop: zmqrl's acting code alone",
+                _versus_bare(
+                    f"same, {plural}: acting code alone (as the actor: PER priorities too), no socket",
+                    alone,
+                    bare,
+                    "Sampler + wire.dump in this process vs the bare loop: zmqrl's acting code alone",
                 )
             )
             if unprioritized:
                 results.append(
-                    Comparison(
-                        group="actor",
-                        name=f"same, {plural}: acting code alone, without PER's initial priorities",
-                        unit="transitions/s",
-                        ours=Stat.of(unprioritized),
-                        reference=Stat.of(bare),
-                        notes="as above, without the per-batch priority pass a prioritized config adds",
+                    _versus_bare(
+                        f"same, {plural}: acting code alone, without PER's initial priorities",
+                        unprioritized,
+                        bare,
+                        "as above, without the per-batch priority pass a prioritized config adds",
                     )
                 )
     finally:

@@ -117,10 +117,8 @@ def _ratio(c: Comparison) -> str:
     ratio = c.ratio
     if ratio is None:
         return ""
-    shown = f"{ratio:.2f}x"
-    if c.passed is False and c.target is not None and round(ratio, 2) == round(c.target, 2):
-        shown = f"{ratio:.3f}x"
-    return shown
+    rounds_onto_target = c.passed is False and round(ratio, 2) == round(c.target or 0.0, 2)
+    return f"{ratio:.3f}x" if rounds_onto_target else f"{ratio:.2f}x"
 
 
 def table_rows(comparisons: Sequence[Comparison]) -> list[list[str]]:
