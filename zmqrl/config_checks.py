@@ -1,0 +1,162 @@
+"""Range checks of a whole config that types alone cannot express.
+
+Kept apart from :mod:`zmqrl.config` (the sections) so that each new setting's check sits in one
+list, and an error can be blamed on the variable or ``--set`` that really gave the value.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from zmqrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zmqrl.config import Config
+
+
+def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = None) -> None:
+    """Range checks that types alone cannot express.
+
+    A failed check is blamed on the last variable or --set in ``assigned`` (dotted key, label) whose
+    key the message names, else on ``source``: the user is sent to the value they actually gave.
+    """
+
+    def fail(message: str) -> ConfigError:
+        for key, label in reversed(assigned or []):
+            if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message):
+                return ConfigError(f"{label}: {message}")
+        return ConfigError(f"{source}: {message}")
+
+    problems: list[tuple[str, bool]] = [
+        ("replay.capacity must be >= 1", cfg.replay.capacity >= 1),
+        ("learner.max_updates must be >= 1", cfg.learner.max_updates >= 1),
+        ("learner.min_replay_size must be >= 1", cfg.learner.min_replay_size >= 1),
+        (
+            "learner.min_replay_size must not exceed replay.capacity",
+            cfg.learner.min_replay_size <= cfg.replay.capacity,
+        ),
+        ("learner.sync_interval must be >= 1", cfg.learner.sync_interval >= 1),
+        ("learner.republish_seconds must be > 0", cfg.learner.republish_seconds > 0),
+        (
+            "learner.max_seconds must be > 0 (or null for no limit)",
+            cfg.learner.max_seconds is None or cfg.learner.max_seconds > 0,
+        ),
+        ("learner.progress_seconds must be > 0", cfg.learner.progress_seconds > 0),
+        (
+            "env.max_episode_steps must be >= 1 (or null)",
+            cfg.env.max_episode_steps is None or cfg.env.max_episode_steps >= 1,
+        ),
+        ("actor.max_steps must be >= 1 (or null)", cfg.actor.max_steps is None or cfg.actor.max_steps >= 1),
+        ("supervisor.startup_timeout must be > 0", cfg.supervisor.startup_timeout > 0),
+        (
+            "supervisor.progress_timeout must exceed supervisor.heartbeat_timeout",
+            cfg.supervisor.progress_timeout > cfg.supervisor.heartbeat_timeout,
+        ),
+        ("supervisor.join_timeout must be >= 0", cfg.supervisor.join_timeout >= 0),
+        ("supervisor.healthy_seconds must be >= 0", cfg.supervisor.healthy_seconds >= 0),
+        ("supervisor.progress_seconds must be > 0", cfg.supervisor.progress_seconds > 0),
+        ("learner.eval_interval must be >= 0", cfg.learner.eval_interval >= 0),
+        ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
+        ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
+        ("learner.log_interval must be >= 1", cfg.learner.log_interval >= 1),
+        ("learner.target_hold must be >= 1", cfg.learner.target_hold >= 1),
+        (
+            "learner.stop_at_target needs learner.target_return (the return to hold)",
+            not cfg.learner.stop_at_target or cfg.learner.target_return is not None,
+        ),
+        ("checkpoint.keep must be >= 1", cfg.checkpoint.keep >= 1),
+        ("checkpoint.replay_max_mb must be >= 1", cfg.checkpoint.replay_max_mb >= 1),
+        ("learner.torch_threads must be >= 1", cfg.learner.torch_threads >= 1),
+        (
+            "learner.samples_per_insert must be > 0 (or null for no limit)",
+            cfg.learner.samples_per_insert is None or cfg.learner.samples_per_insert > 0,
+        ),
+        ("learner.samples_per_insert_tolerance must be >= 1", cfg.learner.samples_per_insert_tolerance >= 1),
+        (
+            "learner.ingest_max_share must be in (0, 1] (or null for no cap)",
+            cfg.learner.ingest_max_share is None or 0 < cfg.learner.ingest_max_share <= 1,
+        ),
+        (
+            "learner.max_policy_lag must be >= 1 (or null)",
+            cfg.learner.max_policy_lag is None or cfg.learner.max_policy_lag >= 1,
+        ),
+        ("replay.alpha must be >= 0", cfg.replay.alpha >= 0),
+        ("replay.beta must be in [0, 1]", 0.0 <= cfg.replay.beta <= 1.0),
+        ("replay.beta_updates must be >= 1", cfg.replay.beta_updates >= 1),
+        ("replay.priority_eps must be > 0", cfg.replay.priority_eps > 0),
+        (
+            "replay.max_initial_priority_ratio must be >= 1 (and finite)",
+            1.0 <= cfg.replay.max_initial_priority_ratio < float("inf"),
+        ),
+        ("actor.envs_per_actor must be >= 1", cfg.actor.envs_per_actor >= 1),
+        ("evaluator.episodes must be >= 1", cfg.evaluator.episodes >= 1),
+        ("evaluator.interval_seconds must be >= 0", cfg.evaluator.interval_seconds >= 0),
+        ("evaluator.torch_threads must be >= 1", cfg.evaluator.torch_threads >= 1),
+        ("env.preprocess must be none or atari", cfg.env.preprocess in ("none", "atari")),
+        ("env.atari.noop_max must be >= 0", cfg.env.atari.noop_max >= 0),
+        ("env.atari.frame_skip must be >= 1", cfg.env.atari.frame_skip >= 1),
+        ("env.atari.screen_size must be >= 1", cfg.env.atari.screen_size >= 1),
+        ("env.atari.frame_stack must be >= 1", cfg.env.atari.frame_stack >= 1),
+        ("actor.num_actors must be >= 1", cfg.actor.num_actors >= 1),
+        ("actor.send_batch must be >= 1", cfg.actor.send_batch >= 1),
+        ("actor.epsilon must be in [0, 1]", 0.0 <= cfg.actor.epsilon <= 1.0),
+        ("actor.epsilon_alpha must be >= 0", cfg.actor.epsilon_alpha >= 0),
+        ("actor.epsilon_decay_steps must be >= 0", cfg.actor.epsilon_decay_steps >= 0),
+        (
+            "actor.max_steps_per_s must be > 0 (or null)",
+            cfg.actor.max_steps_per_s is None or cfg.actor.max_steps_per_s > 0,
+        ),
+        ("actor.weights_poll_steps must be >= 1", cfg.actor.weights_poll_steps >= 1),
+        ("transport.samples_hwm must be >= 1", cfg.transport.samples_hwm >= 1),
+        ("transport.samples_buffer_kb must be >= 0", cfg.transport.samples_buffer_kb >= 0),
+        ("transport.max_message_mb must be >= 1", cfg.transport.max_message_mb >= 1),
+        (
+            "transport.connect_timeout must be > 0 (or null: wait forever)",
+            cfg.transport.connect_timeout is None or cfg.transport.connect_timeout > 0,
+        ),
+        ("supervisor.heartbeat_interval must be > 0", cfg.supervisor.heartbeat_interval > 0),
+        (
+            "supervisor.heartbeat_timeout must exceed supervisor.heartbeat_interval",
+            cfg.supervisor.heartbeat_timeout > cfg.supervisor.heartbeat_interval,
+        ),
+        ("supervisor.max_restarts must be >= 0", cfg.supervisor.max_restarts >= 0),
+        ("supervisor.restart_window must be > 0", cfg.supervisor.restart_window > 0),
+        ("supervisor.restart_backoff must be >= 0", cfg.supervisor.restart_backoff >= 0),
+        (
+            "supervisor.restart_backoff_max must be >= supervisor.restart_backoff",
+            cfg.supervisor.restart_backoff_max >= cfg.supervisor.restart_backoff,
+        ),
+        ("supervisor.stop_grace must be > 0", cfg.supervisor.stop_grace > 0),
+        (
+            "run.log_level must be debug, info, warning or error",
+            cfg.run.log_level in ("debug", "info", "warning", "error"),
+        ),
+    ]
+    for message, ok in problems:
+        if not ok:
+            raise fail(message)
+    endpoints = [getattr(cfg.transport, name) for name in ("samples", "weights", "heartbeat", "control")]
+    fixed = [e for e in endpoints if not e.endswith(":0")]  # port 0: the OS picks a free port for each
+    if len(set(fixed)) != len(fixed):
+        raise fail(
+            "transport.samples, transport.weights, transport.heartbeat and transport.control must all differ"
+        )
+    if not cfg.supervisor.status.endswith(":0") and cfg.supervisor.status in endpoints:
+        raise fail("supervisor.status must differ from the transport endpoints")
+    for name in ("samples", "weights", "heartbeat", "control"):
+        endpoint = getattr(cfg.transport, name)
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise fail(f"transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555")
+    if not cfg.supervisor.status.startswith(("tcp://", "ipc://", "inproc://")):
+        raise fail("supervisor.status must be a ZeroMQ endpoint like tcp://127.0.0.1:5559 (or port 0)")
+    from zmqrl.transport.keys import client_name_problem  # zmq: only once the rest passed
+
+    if problem := client_name_problem(cfg.transport.key_name):
+        raise fail(f"transport.key_name: {problem}")
+    check = getattr(cfg.agent, "check", None)  # optional for a plugin's config class
+    try:
+        if check is not None:
+            check()
+    except ValueError as exc:
+        raise fail(str(exc)) from None
