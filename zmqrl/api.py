@@ -88,7 +88,8 @@ def load_config(path: str | Path | None = None, overrides: Overrides = None) -> 
 def validate(config: Config, overrides: Overrides = None) -> Config:
     """A config built or edited in code, checked as a file would be (the same coercions and
     errors) with ``overrides`` applied; returns the checked copy."""
-    return config_from_dict(config.to_dict(), "<config built in code>", _as_set_items(overrides))
+    items = _as_set_items(overrides)
+    return config_from_dict(config.to_dict(), "<config built in code>", items, trusted=True)
 
 
 def train(

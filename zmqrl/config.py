@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from zmqrl.agents.configs import AgentConfigBase, DQNConfig
+from zmqrl.code_trust import CodeGate
 from zmqrl.config_checks import check_config
 from zmqrl.config_parse import (  # re-exported: callers import them from zmqrl.config
     ENV_PREFIX,
@@ -158,17 +159,19 @@ class TransportConfig:
 class SupervisorConfig:
     heartbeat_interval: float = 0.5  # seconds between heartbeats (each role beats from a thread of its own)
     heartbeat_timeout: float = 3.0  # no heartbeat this long: dead or stopped (killed and replaced)
-    progress_timeout: float = 60.0  # heartbeats but no main-loop progress this long: hung (killed, replaced)
+    progress_timeout: float = 60.0  # a learner's or evaluator's main loop stuck this long: hung (exit 3)
+    actor_progress_timeout: float = 6.0  # the same for an actor (its loop turns every few env steps)
     startup_timeout: float = 10.0  # seconds from a process's start to its first heartbeat
     join_timeout: float = 60.0  # a supervised role waits this long for a supervisor it has not heard yet
-    max_restarts: int = 5  # a slot dying this often in a row, never healthy (a crash loop), stays down
-    restart_window: float = 300.0  # ... counted over this many seconds
-    healthy_seconds: float = 2.0  # progress this long makes a process healthy: backoff and count reset
-    restart_backoff: float = 0.5  # delay before a restart, doubled for each unhealthy death in a row
+    max_restarts: int = 5  # a slot failing more often than this within restart_window is given up
+    restart_window: float = 3600.0  # ... counting failures since its last healthy run, over this many seconds
+    healthy_seconds: float = 300.0  # useful work this long makes a process healthy: backoff and count reset
+    restart_backoff: float = 0.5  # delay before a restart, doubled for each failure since a healthy run
     restart_backoff_max: float = 30.0  # the longest delay before a restart
     stop_grace: float = 10.0  # seconds from the stop broadcast to SIGTERM, and again to SIGKILL
     progress_seconds: float = 5.0  # seconds between progress lines on the console
     status: str = "tcp://127.0.0.1:0"  # supervisor answers `zmqrl status` here (port 0: any free port)
+    extra_slots: int = 8  # `supervise`: senders tracked beyond the config's roles (more are dropped)
 
 
 @dataclass
@@ -181,9 +184,10 @@ class EvaluatorConfig:
 
 @dataclass
 class CheckpointConfig:
-    keep: int = 3  # periodic checkpoints kept (ckpt-<updates>); older ones are deleted
-    replay: bool = False  # also save the replay buffer, so a resumed learner does not start empty
-    replay_max_mb: int = 1024  # at most this much replay is saved (the newest transitions)
+    keep: int = 3  # checkpoints kept (ckpt-<updates>, each with its replay-<updates>.npz); older ones deleted
+    replay: bool = True  # save replay with each checkpoint, so a resumed learner does not start empty
+    replay_max_mb: int = 1024  # at most this much replay per checkpoint (the newest rows; disk: keep x this)
+    force_resume: bool = False  # resume although env, network, n_step or gamma changed (--force)
 
 
 @dataclass
@@ -217,7 +221,8 @@ def load_config(
     ``section.key=value`` overrides: file < environment < --set."""
     source = str(path) if path is not None else "<defaults>"
     raw = read_yaml(path) if path is not None else {}
-    return config_from_dict(raw, source, overrides, environ=os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    return config_from_dict(raw, source, overrides, environ=environ, trusted=True)
 
 
 def config_from_dict(
@@ -225,27 +230,35 @@ def config_from_dict(
     source: str,
     overrides: list[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    trusted: bool = False,
 ) -> Config:
     """A config from an already-parsed mapping (e.g. the copy stored in a checkpoint).
 
     Unlike :func:`load_config`, the environment applies only when ``environ`` is given: a stored
     config is a record of what ran, and reading it back must not silently change it.
+
+    Untrusted unless ``trusted`` (the operator's own file, a config built in code, the run
+    directory): ``data`` may then not name code to import (``env.id`` or ``agent.kind`` as
+    ``module:...``, see :mod:`zmqrl.code_trust`) unless ``overrides`` or ``environ`` set that key.
     """
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    gate = None if trusted else CodeGate(source)
     assigned: list[tuple[str, str]] = []  # (dotted key, who set it), to blame range errors on
     for name, key, text in environment_overrides(environ or {}):
         label = f"environment {name}"
-        assign(Config, raw, key, parse_value(text), label, source)
+        assign(Config, raw, key, parse_value(text), label, source, gate)
         assigned.append((key, label))
-    for item in overrides or []:
+    # agent.kind first, as for the variables: it decides which agent.* keys exist.
+    for item in sorted(overrides or [], key=lambda item: item.partition("=")[0].strip() != "agent.kind"):
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or "." not in key:
             raise ConfigError(f"--set {item!r}: expected section.key=value (e.g. learner.max_updates=5000)")
         label = f"--set {item!r}"
-        assign(Config, raw, key, parse_value(text), label, source)
+        assign(Config, raw, key, parse_value(text), label, source, gate)
         assigned.append((key, label))
-    cfg: Config = build(Config, raw, source, prefix="")
+    cfg: Config = build(Config, raw, source, "", gate)
     check_config(cfg, source, assigned)
     return cfg
 

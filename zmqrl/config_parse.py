@@ -4,7 +4,9 @@ The section dataclasses live in :mod:`zmqrl.config`; this module knows nothing o
 what their type hints say, and takes the root class as an argument. What it enforces: unknown keys
 are errors naming the key (with a close match) and who gave it (the file, the variable, the
 ``--set``); values are coerced to the field's type or refused; the ``agent`` section is built as
-the config class of the plugin its ``kind`` selects (:mod:`zmqrl.agents.registry`).
+the config class of the plugin its ``kind`` selects (:mod:`zmqrl.agents.registry`); and, for data
+stored elsewhere (a checkpoint's config), no value that names code to import unless the caller
+supplied it: ``gate``, a :class:`~zmqrl.code_trust.CodeGate`, checks every key as it is read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import yaml
 
 from zmqrl.agents.configs import AgentConfigBase
 from zmqrl.agents.registry import DEFAULT_KIND, config_class_for
+from zmqrl.code_trust import CodeGate
 from zmqrl.errors import ConfigError
 
 # A decimal number, exponent allowed: what YAML 1.2 would read as a float where PyYAML gives a string.
@@ -105,14 +108,25 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def assign(root: type, raw: dict[str, Any], key: str, value: Any, label: str, source: str) -> None:
+def assign(
+    root: type,
+    raw: dict[str, Any],
+    key: str,
+    value: Any,
+    label: str,
+    source: str,
+    gate: CodeGate | None = None,
+) -> None:
     """Set the dotted ``key`` (``learner.max_updates``, ``env.atari.frame_stack``) in ``raw``, the
     not-yet-built data of the ``root`` config class.
 
     Key and value are checked here, so that a mistake is blamed on ``label`` (the --set or the
     variable) and not on the file. Nested mappings are copied before they are changed, so the
-    caller's data (e.g. a checkpoint's stored config) is never modified.
+    caller's data (e.g. a checkpoint's stored config) is never modified. ``value`` is the caller's,
+    so the ``gate`` lets ``key`` name code from now on; an agent kind still read from ``raw`` is not.
     """
+    if gate is not None:
+        gate.supply(key)
     path = key.split(".")
     sections = typing.get_type_hints(root)
     if path[0] not in sections:
@@ -121,7 +135,7 @@ def assign(root: type, raw: dict[str, Any], key: str, value: Any, label: str, so
     if _is_agent_section(cls):  # which keys exist depends on the kind, set or already there
         current = raw.get(path[0]) if isinstance(raw.get(path[0]), dict) else {}
         kind = value if path[1:] == ["kind"] else (current or {}).get("kind", DEFAULT_KIND)
-        cls = _agent_class(kind, label)
+        cls = _agent_class(kind, label, gate, f"{path[0]}.kind")
     prefix = f"{path[0]}."
     for part in path[1:-1]:
         names = [f.name for f in dataclasses.fields(cls)]
@@ -147,8 +161,10 @@ def assign(root: type, raw: dict[str, Any], key: str, value: Any, label: str, so
     target[path[-1]] = value
 
 
-def build(cls: type, data: Any, source: str, prefix: str) -> Any:
-    """An instance of the dataclass ``cls`` from a mapping: every key known, every value coerced."""
+def build(cls: type, data: Any, source: str, prefix: str, gate: CodeGate | None = None) -> Any:
+    """An instance of the dataclass ``cls`` from a mapping: every key known, every value coerced;
+    with a ``gate``, no value that names code unless the caller supplied it (checked before the
+    value is used, so a refused one is never imported)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: '{prefix.rstrip('.') or 'top level'}' must be a mapping")
     hints = typing.get_type_hints(cls)
@@ -159,7 +175,9 @@ def build(cls: type, data: Any, source: str, prefix: str) -> Any:
             hint = difflib.get_close_matches(str(key), names, n=1)
             also = f" (did you mean '{prefix}{hint[0]}'?)" if hint else f" (known: {', '.join(names)})"
             raise ConfigError(f"{source}: unknown key '{prefix}{key}'{also}")
-        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
+        if gate is not None:
+            gate.check(f"{prefix}{key}", value)
+        kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}", gate)
     return cls(**kwargs)
 
 
@@ -168,28 +186,33 @@ def _is_agent_section(tp: Any) -> bool:
     return tp is AgentConfigBase
 
 
-def _agent_class(kind: Any, source: str) -> type:
+def _agent_class(kind: Any, source: str, gate: CodeGate | None, key: str) -> type:
+    """The config class of the agent ``kind`` names, once the ``gate`` has let ``kind`` through
+    (an import-path kind is imported here)."""
+    if gate is not None:
+        gate.check(key, kind)
     try:
         return config_class_for(kind)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+def _coerce(tp: Any, value: Any, source: str, key: str, gate: CodeGate | None = None) -> Any:
     if _is_agent_section(tp):
         data = value if value is not None else {}
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: '{key}' must be a mapping")
-        return build(_agent_class(data.get("kind", DEFAULT_KIND), source), data, source, prefix=f"{key}.")
+        cls = _agent_class(data.get("kind", DEFAULT_KIND), source, gate, f"{key}.kind")
+        return build(cls, data, source, f"{key}.", gate)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return build(tp, value if value is not None else {}, source, prefix=f"{key}.")
+        return build(tp, value if value is not None else {}, source, f"{key}.", gate)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, source, key)
+        return _coerce(inner[0], value, source, key, gate)
     if tp is Any:
         return value
     if tp is bool:

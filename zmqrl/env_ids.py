@@ -11,6 +11,10 @@ The two forms are told apart by what follows the last colon: a Python attribute 
 (``make_env``, ``factories.corridor``) is a factory; anything else (``Env-v0`` in gymnasium's own
 ``module:Env-v0`` form, which imports a module that registers ids) goes to ``gymnasium.make``.
 Every failure is an :class:`EnvError` naming ``env.id`` and what to change.
+
+Both colon forms import code, so neither may come from data: the config parser refuses them in a
+config stored in a checkpoint unless the operator gave ``env.id`` or trusts that file
+(:mod:`zmqrl.code_trust`); a registered id (no colon) is made from anywhere.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from typing import Any
 
 import gymnasium as gym
 
+from zmqrl.code_trust import MODULE_SEPARATOR
 from zmqrl.errors import ConfigError
 
-# Separates the module from the factory's name in an import path, as in entry points.
-FACTORY_SEPARATOR = ":"
+# Separates the module from the factory's name in an import path, as in entry points; the same
+# colon by which the config parser tells an id that imports code (zmqrl.code_trust).
+FACTORY_SEPARATOR = MODULE_SEPARATOR
 # The form an error message shows when it points at the import-path alternative.
 FACTORY_EXAMPLE = "mypackage.envs:make_env"
 # Registered ids offered as "did you mean" for an unknown one (difflib's ratio, 0..1).

@@ -10,6 +10,9 @@ actors' :class:`~zmqrl.core.Policy`). Plugins come from three places, looked up 
    third-party package cannot stop a DQN run;
 3. an import path as the kind, ``agent.kind: "mypkg.agents:PLUGIN"``: processes that
    ``zmqrl launch`` starts read the same config, so they find an agent that is not installed.
+   Such a kind is imported only when the operator gave it (their config file, ``--set``): the
+   config parser refuses it in a config stored in a checkpoint (:mod:`zmqrl.code_trust`), while
+   1 and 2 name code already installed and are found from anywhere.
 
 This module imports neither torch nor the algorithms: the supervisor and ``zmqrl config``
 validate configs with it in a fraction of a second.
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from zmqrl.agents.configs import BASE_FIELDS
+from zmqrl.code_trust import MODULE_SEPARATOR
 from zmqrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,8 +42,9 @@ if TYPE_CHECKING:
 # The entry-point group installed packages declare their agents in (pyproject.toml:
 # [project.entry-points."zmqrl.agents"] linear_q = "mypkg.agents:PLUGIN").
 ENTRY_POINT_GROUP = "zmqrl.agents"
-# Separates module and attribute in an import-path kind ("mypkg.agents:PLUGIN").
-IMPORT_PATH_SEPARATOR = ":"
+# Separates module and attribute in an import-path kind ("mypkg.agents:PLUGIN"); the same colon
+# by which the config parser tells a kind to import from a registered name (zmqrl.code_trust).
+IMPORT_PATH_SEPARATOR = MODULE_SEPARATOR
 # The agent a config without `agent.kind` gets.
 DEFAULT_KIND = "dqn"
 # Fingerprinted fields of a plugin that names none (those its config has): the fields that

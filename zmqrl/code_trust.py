@@ -1,0 +1,75 @@
+"""Which config values name code to import, and the gate that keeps stored data from choosing any.
+
+Why: a checkpoint carries the config it was trained with, and ``zmqrl eval`` and
+``zmqrl.load_policy`` rebuild that config to make the env and the agent. Two of its values can name
+code that rebuilding would import and then call: ``env.id`` (a factory ``module:function``, called
+with ``env.kwargs``, or gymnasium's own ``module:Env-v0``, which imports ``module`` first) and
+``agent.kind`` (a plugin ``module:ATTRIBUTE``). A checkpoint may come from anywhere (the threat
+model in docs/deployment.md), so its data must not choose what runs: a config rebuilt from stored
+data is parsed behind a :class:`CodeGate`, which refuses such a value before anything is imported,
+unless the caller supplied it (``--set``, their own config file) or said they trust the stored
+config (``--trust-config``, ``trust_config=True``).
+
+Names that select code already installed stay allowed from any source: gymnasium's registered ids,
+the built-in agents, plugins installed under the ``zmqrl.agents`` entry points. Only a colon makes
+a module to import: gymnasium, the env factory lookup (:mod:`zmqrl.env_ids`) and the agent
+registry (:mod:`zmqrl.agents.registry`) all split on it, so the test here is exactly theirs.
+
+No imports beyond the error type: the config parser, which the supervisor and ``zmqrl config``
+run in a fraction of a second, checks every key through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zmqrl.errors import ConfigError
+
+# Separates the module to import from what is taken out of it, in every form that imports one:
+# an env factory "pkg.envs:make_env", gymnasium's "pkg.envs:Corridor-v0", an agent "pkg.agents:PLUGIN".
+MODULE_SEPARATOR = ":"
+# The config keys whose value can name a module to import.
+CODE_KEYS = ("env.id", "agent.kind")
+# How a caller says "I trust the config stored in this file", on the command line and in Python.
+TRUST_FLAG = "--trust-config"
+TRUST_ARGUMENT = "trust_config=True"
+
+
+class UntrustedCode(ConfigError):
+    """A stored config names code to import that nobody who runs zmqrl chose.
+
+    A ConfigError: the CLI exits 2 with this one line, which names the file, the key, the value
+    and the two ways to go on."""
+
+    def __init__(self, source: str, key: str, value: str) -> None:
+        self.source, self.key, self.value = source, key, value
+        module = value.partition(MODULE_SEPARATOR)[0]
+        super().__init__(
+            f"{source}: {key} {value!r} names code to import (module {module!r}), and a stored config "
+            f"may not choose code to run, so nothing was imported. If you trust this file, pass "
+            f"{TRUST_FLAG} (Python: {TRUST_ARGUMENT}); or give {key} yourself: --set {key}=... or "
+            f"--config YOUR_CONFIG.yaml (Python: config=...)"
+        )
+
+
+def names_code(key: str, value: object) -> bool:
+    """Whether ``value`` for the dotted ``key`` makes zmqrl import a module."""
+    return key in CODE_KEYS and isinstance(value, str) and MODULE_SEPARATOR in value
+
+
+@dataclass
+class CodeGate:
+    """Refuses the code-naming values of a config parsed from stored data (``source``), except
+    for the keys the caller supplied over it. ``None`` in place of a gate: the data is trusted."""
+
+    source: str  # the stored data, named in the refusal (e.g. "runs/x/checkpoints/best (stored config)")
+    supplied: set[str] = field(default_factory=set)  # dotted keys set by the caller: theirs to choose
+
+    def supply(self, key: str) -> None:
+        """``key`` now holds the caller's value (a --set, an environment variable, their file)."""
+        self.supplied.add(key)
+
+    def check(self, key: str, value: object) -> None:
+        """Raise :class:`UntrustedCode` if ``value`` names code and the stored data chose it."""
+        if key not in self.supplied and names_code(key, value):
+            raise UntrustedCode(self.source, key, str(value))
