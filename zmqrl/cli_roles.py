@@ -27,6 +27,8 @@ from zmqrl.cli import (
     _setup_logging,
     _start_link,
     app,
+    config_path_problem,
+    role_exit_code,
 )
 
 
@@ -41,12 +43,22 @@ def learner(
             "in the run directory (network, optimizer, counters, replay).",
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="With --resume: resume even if the env, network, n_step or gamma differ from the "
+            "checkpoint's (otherwise refused; sets checkpoint.force_resume).",
+        ),
+    ] = False,
     insecure: InsecureOpt = False,
     log_level: LogLevelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
-    cfg = _load(config, [*(set_ or []), *(["transport.insecure=true"] if insecure else [])], log_level)
+    flags = ["transport.insecure=true"] if insecure else []
+    flags += ["checkpoint.force_resume=true"] if force else []
+    cfg = _load(config, [*(set_ or []), *flags], log_level)
     _setup_logging(cfg.run.log_level, "learner-0")
     from zmqrl.config import save_config
     from zmqrl.supervision.link import SUPERVISED_ENV
@@ -56,11 +68,11 @@ def learner(
     link = _start_link(cfg, "learner", 0)
     from zmqrl.roles.learner import Learner
 
-    stats = _run_role(lambda: Learner(cfg, resume=resume, link=link))
+    received: list[int] = []
+    stats = _run_role(lambda: Learner(cfg, resume=resume, link=link), received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"learner": stats}))
-    if stats.get("state") == "failed":
-        raise typer.Exit(EXIT_RUNTIME)
+    raise typer.Exit(role_exit_code(stats, received))
 
 
 @app.command(epilog="Example: zmqrl actor configs/cartpole_dqn.yaml --id 3")
@@ -104,8 +116,10 @@ def actor(
     link = _start_link(cfg, "actor", actor_id)
     from zmqrl.roles.actor import Actor
 
-    stats = _run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link))
+    received: list[int] = []
+    stats = _run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link), received)
     typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
+    raise typer.Exit(role_exit_code(stats, received))
 
 
 @app.command(epilog="Example: zmqrl evaluator configs/cartpole_dqn.yaml --set evaluator.episodes=20")
@@ -128,9 +142,11 @@ def evaluator(
     link = _start_link(cfg, "evaluator", 0)
     from zmqrl.roles.evaluator import Evaluator
 
-    stats = _run_role(lambda: Evaluator(cfg, resume=resume, link=link))
+    received: list[int] = []
+    stats = _run_role(lambda: Evaluator(cfg, resume=resume, link=link), received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"evaluator": stats}))
+    raise typer.Exit(role_exit_code(stats, received))
 
 
 @app.command(epilog="Example: ZMQRL_HEALTH_FILE=/tmp/zmqrl-health.json zmqrl health")
@@ -178,10 +194,33 @@ def eval_checkpoint(
             metavar="DIR",
         ),
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            metavar="FILE",
+            help="Play with this config (yours, e.g. the run's runs/NAME/config.yaml) instead of the "
+            "one stored in the checkpoint.",
+        ),
+    ] = None,
+    trust_config: Annotated[
+        bool,
+        typer.Option(
+            "--trust-config",
+            help="Let the checkpoint's stored config import the code it names (an env factory or "
+            "agent plugin 'module:...' as env.id or agent.kind). Only for checkpoints you trust: "
+            "without it such a config is refused before anything is imported.",
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Play a saved policy greedily and print its mean ± std return (uses the config stored in the
-    checkpoint; --set can change it, e.g. --set env.max_episode_steps=1000)."""
+    checkpoint, or --config FILE; --set can change it, e.g. --set env.max_episode_steps=1000).
+
+    A checkpoint is data: if its stored config names code to import (env.id or agent.kind as
+    'module:...'), it is refused (exit 2) unless you give that value yourself (--set, --config) or
+    pass --trust-config. Registered gymnasium ids, built-in and installed agents play as they are."""
     from zmqrl.config import ConfigError
     from zmqrl.envs import EnvError
     from zmqrl.evaluation import evaluate_checkpoint
@@ -190,10 +229,20 @@ def eval_checkpoint(
         _fail("--episodes must be >= 1", EXIT_CONFIG)
     if not checkpoint.is_file():
         _fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+    if config is not None and (problem := config_path_problem(config)) is not None:
+        _fail(problem, EXIT_CONFIG)
     try:
-        result = evaluate_checkpoint(checkpoint, episodes, seed, list(set_ or []), video_dir=video)
+        result = evaluate_checkpoint(
+            checkpoint,
+            episodes,
+            seed,
+            list(set_ or []),
+            video_dir=video,
+            config=config,
+            trust_config=trust_config,
+        )
     except (ConfigError, EnvError) as exc:
-        _fail(str(exc), EXIT_CONFIG)
+        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
     except (ValueError, KeyError, RuntimeError, OSError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     typer.echo(

@@ -51,17 +51,29 @@ def checkpoint_path(checkpoint: str | Path, which: str = "latest") -> Path:
     return path
 
 
-def load_policy(checkpoint: str | Path, *, which: str = "latest") -> DeployedPolicy:
+def load_policy(
+    checkpoint: str | Path,
+    *,
+    which: str = "latest",
+    config: Config | str | Path | None = None,
+    trust_config: bool = False,
+) -> DeployedPolicy:
     """The policy stored in ``checkpoint``: a checkpoint file (``latest``, ``best``, ``ckpt-*``) or
-    a run directory, whose ``which`` checkpoint is read ("latest": the run's final weights)."""
+    a run directory, whose ``which`` checkpoint is read ("latest": the run's final weights).
+
+    Its env and agent are built from the config stored in the checkpoint, or from ``config`` (a
+    ``Config``, or a YAML file such as the run's own ``config.yaml``) when given. A stored config
+    is data from wherever the file came from: if its ``env.id`` or ``agent.kind`` names code to
+    import (``module:...``), loading raises :class:`~zmqrl.code_trust.UntrustedCode` (a
+    ConfigError) before importing anything, unless ``trust_config=True`` or ``config`` is given.
+    Registered gymnasium ids, built-in agents and installed plugins load without either."""
     from zmqrl.checkpoint import load_checkpoint
-    from zmqrl.config import config_from_dict
     from zmqrl.envs import make_env
-    from zmqrl.evaluation import load_checkpoint_weights, make_eval_agent
+    from zmqrl.evaluation import checkpoint_config, load_checkpoint_weights, make_eval_agent
 
     path = checkpoint_path(checkpoint, which)
     payload = load_checkpoint(path)
-    cfg = config_from_dict(payload["config"], f"{path} (stored config)")
+    cfg = checkpoint_config(payload, path, config, trust_config=trust_config)
     env = make_env(cfg.env, training=False)
     try:
         agent = make_eval_agent(cfg, env)

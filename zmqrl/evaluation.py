@@ -1,7 +1,9 @@
 """Greedy evaluation: several episodes played in lockstep so the policy runs once per step, batched.
 
 Also how a saved policy is played again: ``evaluate_checkpoint`` reads both checkpoint kinds (the
-learner's full training state, and the evaluator's weights-only ``best``), optionally on video.
+learner's full training state, and the evaluator's weights-only ``best``), optionally on video,
+with the config stored in it or the caller's own (:func:`checkpoint_config`: a stored config is
+data from elsewhere and may not choose code to import, see :mod:`zmqrl.code_trust`).
 """
 
 from __future__ import annotations
@@ -189,7 +191,14 @@ def load_checkpoint_weights(agent: Policy, payload: dict[str, Any], path: Path) 
     elif "agent" in payload:
         if not isinstance(agent, LearningAgent):
             raise ValueError(f"{path}: a full training state needs the learning agent (make_eval_agent)")
-        agent.load_state_dict(payload["agent"])
+        try:
+            agent.load_state_dict(payload["agent"])
+        except RuntimeError as exc:  # torch: a header line, then one line per missing key or size
+            first = (str(exc).splitlines()[1:] or [str(exc)])[0].strip()
+            raise ValueError(
+                f"{path}: the stored network does not fit the one this config builds ({first}); "
+                "play it with the config it was trained with (its run's config.yaml)"
+            ) from None
     else:
         raise ValueError(f"{path}: holds neither an agent state nor weights")
 
@@ -204,27 +213,59 @@ def require_video_support() -> None:
         ) from None
 
 
+def checkpoint_config(
+    payload: dict[str, Any],
+    path: Path,
+    config: Config | str | Path | None = None,
+    overrides: list[str] | None = None,
+    trust_config: bool = False,
+) -> Config:
+    """The config to play the checkpoint at ``path`` with, ``overrides`` applied last.
+
+    ``config`` is the caller's, trusted like any config they pass: a ``Config`` built in code, or a
+    YAML file read as ``zmqrl launch`` reads one (environment variables too). Without it the config
+    stored in the checkpoint is used, which may name code to import (``env.id`` or ``agent.kind``
+    as ``module:...``) only with ``trust_config`` or where ``overrides`` give that key: anything
+    else raises :class:`~zmqrl.code_trust.UntrustedCode` before any module is imported.
+    Registered names (gymnasium ids, built-in and installed agents) need neither.
+    """
+    from zmqrl.config import Config, config_from_dict, load_config
+
+    if isinstance(config, Config):
+        return config_from_dict(config.to_dict(), "<config built in code>", overrides, trusted=True)
+    if config is not None:
+        return load_config(config, overrides)
+    stored = payload.get("config")
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path}: holds no config to play it with; give one (--config FILE, config=...)")
+    return config_from_dict(stored, f"{path} (stored config)", overrides, trusted=trust_config)
+
+
 def evaluate_checkpoint(
     path: Path,
     episodes: int,
     seed: int = 0,
     overrides: list[str] | None = None,
     video_dir: Path | None = None,
+    *,
+    config: Config | str | Path | None = None,
+    trust_config: bool = False,
 ) -> EvalResult:
-    """Greedy episodes of a saved policy, on envs built from the config stored in the checkpoint
-    (``overrides`` may change e.g. ``env.kwargs``). Episode i resets with ``seed + i``.
+    """Greedy episodes of a saved policy, on envs built from the config stored in the checkpoint,
+    or from ``config`` (see :func:`checkpoint_config`: a stored ``env.id`` / ``agent.kind`` that
+    names code to import needs ``trust_config``), with ``overrides`` (e.g. ``env.kwargs``) applied
+    last. Episode i resets with ``seed + i``.
 
     With ``video_dir`` every episode is recorded to ``video_dir/eval-episode-<i>.mp4``
     (``result.videos``); the episodes are then played one after another in a single rendering env
     rather than in lockstep, same seeds."""
     from zmqrl.checkpoint import load_checkpoint
-    from zmqrl.config import config_from_dict
     from zmqrl.envs import make_env
 
     if video_dir is not None:
         require_video_support()
     payload = load_checkpoint(path)
-    cfg = config_from_dict(payload["config"], f"{path} (stored config)", overrides)
+    cfg = checkpoint_config(payload, path, config, overrides, trust_config)
     kind = payload.get("agent_kind", cfg.agent.kind)
     if kind != cfg.agent.kind:
         raise ValueError(f"{path}: weights of a '{kind}' agent, but the config asks for '{cfg.agent.kind}'")
