@@ -21,6 +21,12 @@ HOOKS_ENV = "ZMQRL_TEST_HOOKS"
 INGEST_FAULT_ONCE = "ingest_fault_once"  # the learner's ingest thread raises (marker file)
 SLOW_CHECKPOINT = "slow_checkpoint"  # each learner checkpoint write first sleeps this many seconds
 DEADLOCK_ONCE = "deadlock_once"  # the learner's main loop blocks forever after its first update
+ACTOR_HANG_ONCE = "actor_hang_once"  # the first actor process to start hangs after ACTOR_HANG_STEPS
+CRASH_AFTER_UPDATES = "crash_after_updates"  # every learner process raises after this many updates
+
+# Env steps an actor takes (so it has done useful work) before ACTOR_HANG_ONCE hangs its main loop.
+ACTOR_HANG_STEPS = 200
+TORN_PAIR_ONCE = "torn_pair_once"  # the checkpoint writer stops between a snapshot and its ckpt (marker)
 
 
 def hook(name: str) -> str | None:
@@ -46,6 +52,17 @@ def fire_once(name: str) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def hang_after_steps(name: str) -> int | None:
+    """The env steps after which this actor's main loop hangs, if hook ``name`` fires here."""
+    return ACTOR_HANG_STEPS if fire_once(name) else None
+
+
+def crash_after_updates() -> int | None:
+    """The updates of its own after which this learner process raises, when the hook is on."""
+    value = hook(CRASH_AFTER_UPDATES)
+    return int(value) if value else None
 
 
 def block_forever() -> None:

@@ -156,9 +156,9 @@ class Trainer:
 
     def publish(self) -> None:
         weights = self.agent.export_weights()
+        self.versions.reserve(weights.version)  # on disk before any actor can hold it
         self.published_version = weights.version
         self._publish_to(weights, self.counters.samples)
-        self.versions.record(weights.version)
 
     def can_train(self, timeout: float = 0.0) -> bool:
         """Whether the replay ratio (and min_replay_size) admits the next update."""
