@@ -30,8 +30,12 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
-# Exit codes (documented in README): 0 ok, 1 runtime failure, 2 bad config or usage.
+# Exit codes (docs/fault-tolerance.md "Exit codes"): 0 ok, 1 runtime failure, 2 bad config or usage;
+# a role stopped by signal N exits 128 + N (zmqrl/supervision/restarts.py has the whole table).
 EXIT_RUNTIME, EXIT_CONFIG = 1, 2
+SIGNAL_EXIT_BASE = 128
+# How often the thread that passes a stop signal on to the role looks for one (seconds).
+SIGNAL_POLL_SECONDS = 0.1
 
 # One log record, one line: when (to the millisecond), how bad, which process (the same name as its
 # log file, runs/NAME/logs/ROLE-ID.log), which module, what. Tracebacks follow on their own lines.
@@ -188,20 +192,38 @@ def _setup_logging(level: str, label: str) -> None:
 
 def _on_stop_signals(request_stop: Callable[[], None], received: list[int] | None = None) -> None:
     """First SIGINT/SIGTERM asks the role to stop cleanly; a second SIGINT interrupts at once.
-    Each signal's number is appended to ``received``, for an exit code that says which it was."""
+    Each signal's number is appended to ``received``, for an exit code that says which it was.
+
+    The handler only records the signal: one that logs, or sets an Event (which takes a lock),
+    deadlocks when the signal lands while the main thread holds that lock. A daemon thread passes
+    the first signal on to the role (``request_stop``) and logs it, within SIGNAL_POLL_SECONDS."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    got: list[int] = received if received is not None else []
 
     def handler(signum: int, _frame: Any) -> None:
-        if signum == signal.SIGINT and getattr(handler, "seen", False):
+        if signum == signal.SIGINT and got:
             raise KeyboardInterrupt
-        handler.seen = True  # type: ignore[attr-defined]
-        if received is not None:
-            received.append(signum)
-        logging.getLogger("zmqrl").info("%s: stopping cleanly", signal.Signals(signum).name)
+        got.append(signum)
+
+    def relay() -> None:
+        while not got:
+            time.sleep(SIGNAL_POLL_SECONDS)
+        logging.getLogger("zmqrl").info("%s: stopping cleanly", signal.Signals(got[0]).name)
         request_stop()
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    threading.Thread(target=relay, name="stop-signal", daemon=True).start()
+
+
+def role_exit_code(stats: dict[str, Any], received: list[int]) -> int:
+    """A role command's exit code: 128 + N when signal N stopped it (a stop nobody in the run
+    asked for: a supervisor restarts it), 1 when it ended failed, else 0 (finished, or stopped
+    because the supervisor or the learner asked)."""
+    if received:
+        return SIGNAL_EXIT_BASE + received[0]
+    return EXIT_RUNTIME if stats.get("state") == "failed" else 0
 
 
 def _run_role(make: Callable[[], Any], received: list[int] | None = None) -> dict[str, Any]:
@@ -228,8 +250,9 @@ def _run_role(make: Callable[[], Any], received: list[int] | None = None) -> dic
 
 def _start_link(cfg: Any, role: str, role_id: int) -> Any:
     """First thing in a role's process, before torch is imported: its heartbeat thread (so the
-    supervisor hears it within a second of its start), the guard that turns any thread's death
-    into the process's, and the parent-death signal when a supervisor started it."""
+    supervisor hears it within a second of its start) with the watchdog that ends a hung process
+    (exit 3), the guard that turns any thread's death into the process's, and the parent-death
+    signal when a supervisor started it."""
     from zmqrl.guard import install_process_guard
     from zmqrl.supervision.link import SupervisorLink, die_with_parent
     from zmqrl.transport.keys import SecurityError
@@ -239,7 +262,7 @@ def _start_link(cfg: Any, role: str, role_id: int) -> Any:
     import zmq
 
     try:
-        return SupervisorLink(zmq.Context.instance(), cfg, role, role_id)
+        return SupervisorLink(zmq.Context.instance(), cfg, role, role_id, watchdog=True)
     except SecurityError as exc:
         _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
 

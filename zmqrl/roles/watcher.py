@@ -9,7 +9,10 @@ broadcast when the learner finishes or on Ctrl-C / SIGTERM, and the final summar
 learner in its control heartbeats, as ``launch`` does (``Reporter.end_request``).
 
 Processes announce themselves by heartbeat; a slot (role, id) whose heartbeats come from a new pid
-is a restarted process rejoining, and counts as a restart.
+is a restarted process rejoining, and counts as a restart. The slots the config expects (the
+learner, ``actor.num_actors`` actors, the evaluator if enabled) are always kept; beyond them at
+most ``supervisor.extra_slots`` more (scaled replicas with ids past ``num_actors``), so heartbeats
+under random ids cannot grow the table without bound: the rest are dropped and counted.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 from zmqrl.supervision.liveness import FINAL_STATES
 from zmqrl.supervision.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
 from zmqrl.supervision.summary import Slot
-from zmqrl.transport.wire import HeartbeatMsg
+from zmqrl.transport.channels import BadMessages
+from zmqrl.transport.wire import HeartbeatMsg, WireError
 
 # Seconds between "still waiting for the learner" lines.
 WAITING_LINE_SECONDS = 10.0
@@ -37,6 +41,11 @@ class Watcher(Oversight):
     def __init__(self, cfg: Any, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self._reported: dict[str, str] = {}  # slot name -> the verdict last reported for it
+        self._expected = {"learner-0", *(f"actor-{i}" for i in range(cfg.actor.num_actors))}
+        if cfg.evaluator.enabled:
+            self._expected.add("evaluator-0")
+        # Heartbeats from senders past the slot bound: counted, logged at a limited rate, dropped.
+        self.unknown_senders = BadMessages("supervisor slots", log)
 
     def _run(self) -> int:
         t = self.cfg.transport
@@ -50,7 +59,7 @@ class Watcher(Oversight):
         while self._signal is None:
             self._pump(100)
             if self.reporter.end_request is not None:  # learner.stop_at_target, the evaluator held it
-                self.control.request_end(self.reporter.end_request)
+                self.beacon.request_end(self.reporter.end_request)
             now = self._clock()
             learner = self.slots.get("learner-0")
             if learner is not None:
@@ -75,6 +84,15 @@ class Watcher(Oversight):
         name = f"{hb.role}-{hb.id}"
         slot = self.slots.get(name)
         if slot is None:
+            extra = sum(1 for n in self.slots if n not in self._expected)
+            if name not in self._expected and extra >= self.cfg.supervisor.extra_slots:
+                self.unknown_senders.record(
+                    WireError(
+                        f"heartbeat from {name} (pid {hb.pid}) dropped: {extra} processes beyond the "
+                        "config's roles are tracked already (supervisor.extra_slots)"
+                    )
+                )
+                return None
             slot = self._new_slot(hb.role, hb.id, now, pid=hb.pid)
             self._say(f"{name} joined (pid {hb.pid}, state {hb.state})")
         elif slot.live.pid != hb.pid:
@@ -104,6 +122,9 @@ class Watcher(Oversight):
                 f"warning: {slot.name} (pid {slot.live.pid}) {verdict}; this supervisor did not start it "
                 "and cannot restart it: its orchestrator's health check (`zmqrl health`) should"
             )
+
+    def _own_counts(self) -> dict[str, int]:
+        return {"dropped_heartbeats": self.unknown_senders.count}
 
     def _actors_alive(self, now: float) -> int:
         return sum(1 for s in self._live_slots(now) if s.role == "actor")
@@ -136,7 +157,7 @@ class Watcher(Oversight):
         while self._live_slots(self._clock()) and self._clock() < deadline:
             now = self._clock()
             if now >= next_stop:
-                self.control.stop(reason)
+                self.beacon.stop(reason)
                 next_stop = now + STOP_REPEAT_SECONDS
             self._pump(50)
         left = self._live_slots(self._clock())
@@ -145,5 +166,6 @@ class Watcher(Oversight):
             self._say(
                 f"warning: {names} did not confirm the stop within {self.cfg.supervisor.stop_grace:.0f} s"
             )
-        self.control.stop(reason)
+        self.beacon.stop(reason)
+        self.unknown_senders.flush()
         self.shutdown_seconds = self._clock() - started

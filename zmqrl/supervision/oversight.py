@@ -1,7 +1,13 @@
 """What every supervisor does, whether it started the processes (``launch``) or only watches them
 (``supervise``): bind the heartbeat, control and status sockets, hear heartbeats into slots,
-heartbeat on the control channel, handle Ctrl-C / SIGTERM, show the run (a live dashboard on a
-terminal, progress lines elsewhere: ``supervision/monitor.py``) and print the final summary.
+heartbeat on the control channel (from a thread of its own: ``supervision/beacon.py``), handle
+Ctrl-C / SIGTERM, show the run (a live dashboard on a terminal, progress lines elsewhere:
+``supervision/monitor.py``) and print the final summary.
+
+The signal handlers only record the signal; the loop says what happened and acts (a handler
+that printed deadlocked on the console's lock when the signal landed mid-redraw). A loop that
+was blocked (a paused terminal, a full stdout pipe) did not hear the roles meanwhile: that time
+is nobody's silence, and every slot's clocks move on by it before anyone is judged.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import Any, TextIO
 import zmq
 
 from zmqrl.config import Config
+from zmqrl.guard import ThreadDied
 from zmqrl.health import HealthRecord, health_path, write_health
 from zmqrl.monitoring.live import ConsoleView
+from zmqrl.supervision.beacon import ControlBeacon
 from zmqrl.supervision.link import socket_limits, transport_security
 from zmqrl.supervision.liveness import Liveness
 from zmqrl.supervision.monitor import RunMonitor
@@ -33,8 +41,11 @@ from zmqrl.transport.wire import HeartbeatMsg
 
 # Seconds between repeated stop broadcasts while processes are still alive.
 STOP_REPEAT_SECONDS = 0.5
-# Exit codes of `zmqrl launch` and `zmqrl supervise`.
-EXIT_OK, EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 130, 143
+# A gap this long between two turns of the loop means it was blocked (a paused terminal).
+STALL_SECONDS = 1.0
+# Exit codes of `zmqrl launch` and `zmqrl supervise` (docs/fault-tolerance.md "Exit codes"):
+# finished; failed; a setting or state only the operator can fix; stopped on request.
+EXIT_OK, EXIT_FAILED, EXIT_OPERATOR, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 130, 143
 
 log = logging.getLogger("zmqrl.supervisor")
 
@@ -67,13 +78,19 @@ class Oversight:
         self._ctx = ctx or zmq.Context.instance()
         self._clock = clock
         self.slots: dict[str, Slot] = {}
-        self._signal: int | None = None
+        # Written by the signal handler only (plain assignments: the handler sets flags, nothing
+        # else); the loop reads them in _pump.
+        self._signal: int | None = None  # the first stop signal
+        self._signals = 0  # how many arrived: a second one kills every child at once
+        self._signal_said = False
+        self._second_signal_done = False
         self.shutdown_seconds = float("nan")
-        self._next_control_beat = 0.0
+        self._last_pump: float | None = None  # clock() at the end of the last heartbeat drain
         self.summary: dict[str, Any] = {}
+        self.failure: str | None = None  # why the run failed, in a few words, for the summary
         self._health = health_path()
-        self._loops = 0
-        self._last_loop_change = time.time()
+        self._loops = 0  # turns of the loop: its progress (read by the beacon thread)
+        self._health_progress = (0, time.time())  # (loops, wall time they last changed), beacon's own
         self.reporter = Reporter(cfg, self.run_dir, self._out, self._say)
         self.phase = "starting"  # "running" once the roles run; "stopping" from the shutdown on
         self.monitor = RunMonitor(
@@ -108,6 +125,9 @@ class Oversight:
             opened = opening.pop_all()
         self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
         self.control = ControlPublisher(ctl_sock)
+        # From here on the control socket is the beacon thread's (stop and end go through it).
+        self.beacon = ControlBeacon(self.control, self.cfg.supervisor.heartbeat_interval, self._beat_health)
+        opened.callback(self.beacon.close)  # before the socket closes
         self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
         previous = self._install_signals()
         code = EXIT_FAILED
@@ -117,21 +137,34 @@ class Oversight:
         finally:
             self.phase = "stopping"
             try:
+                self._heed_signals()
                 self._shutdown()
             finally:
                 opened.close()  # the dashboard goes down first: the summary is printed below it
-        self._report()
+        if self._signal == signal.SIGINT:
+            code = EXIT_SIGINT
+        elif self._signal == signal.SIGTERM:
+            code = EXIT_SIGTERM
+        self._report(self._outcome(code))
         self.monitor.finished()
         for signum, handler in previous.items():  # a library caller gets its own handlers back
             signal.signal(signum, handler)
-        if self._signal == signal.SIGINT:
-            return EXIT_SIGINT
-        if self._signal == signal.SIGTERM:
-            return EXIT_SIGTERM
         return code
+
+    def _outcome(self, code: int) -> str:
+        """The run's end in the summary's words: finished, stopped on request, or failed."""
+        if self._signal is not None:
+            return f"stopped on request ({signal.Signals(self._signal).name}, exit code {code})"
+        if code == EXIT_OK:
+            return "finished"
+        return f"failed (exit code {code})" + (f": {self.failure}" if self.failure else "")
 
     def _run(self) -> int:
         raise NotImplementedError
+
+    def _own_counts(self) -> dict[str, int]:
+        """What a subclass adds to the summary's ``supervisor`` figures."""
+        return {}
 
     def _phase(self) -> str:
         return "stopping" if self._signal is not None else self.phase
@@ -141,12 +174,15 @@ class Oversight:
 
     # ------------------------------------------------------------------ heartbeats
     def _pump(self, timeout_ms: int) -> list[HeartbeatMsg]:
-        """Heartbeat the roles (time-gated), then receive theirs; returns those received."""
+        """Act on signals, receive the roles' heartbeats; returns those received. (The control
+        heartbeat is the beacon thread's.)"""
+        self._heed_signals()
+        if self.beacon.error is not None:
+            raise ThreadDied("the supervisor's control heartbeat thread died") from self.beacon.error
         now = self._clock()
-        if now >= self._next_control_beat:
-            self._next_control_beat = now + self.cfg.supervisor.heartbeat_interval
-            self.control.heartbeat()
-            self._beat_health()
+        if self._last_pump is not None and now - self._last_pump > STALL_SECONDS:
+            for stalled in self.slots.values():
+                stalled.live.unheard(now - self._last_pump)
         self._loops += 1
         beats = self.heartbeats.recv_all(timeout_ms)
         now = self._clock()
@@ -156,8 +192,18 @@ class Oversight:
                 continue  # a stranger, or a previous incarnation's last words
             slot.live.heard(hb, now)
             self.reporter.heard(self.slots, hb)
+        self._last_pump = now  # before the view draws: a draw that blocks is a stall too
         self.monitor.refresh()
         return beats
+
+    def _heed_signals(self) -> None:
+        """Say which signal arrived (once), and kill every child at a second one."""
+        if self._signal is not None and not self._signal_said:
+            self._signal_said = True
+            self._say(f"{signal.Signals(self._signal).name} received: {self._stopping_what()}")
+        if self._signals > 1 and not self._second_signal_done:
+            self._second_signal_done = True
+            self._second_signal()
 
     def _progress(self, actors_alive: int) -> None:
         """A progress tick: the plain line off a terminal, and the supervisor's scalars."""
@@ -167,15 +213,19 @@ class Oversight:
         raise NotImplementedError
 
     def _new_slot(self, role: str, index: int, now: float, pid: int | None = None) -> Slot:
-        slot = Slot(role, index, Liveness(started=now, pid=pid))
+        slot = Slot(role, index, Liveness(started=now, pid=pid, role=role))
         self.slots[slot.name] = slot
         return slot
 
     def _beat_health(self) -> None:
-        """The supervisor's own health file: its loop is its progress."""
+        """The supervisor's own health file, from the beacon thread: its loop is its progress (a
+        loop blocked on a paused terminal shows as hung in ``zmqrl health``, while the run goes on)."""
         if self._health is None:
             return
         wall = time.time()
+        loops = self._loops
+        if loops != self._health_progress[0]:
+            self._health_progress = (loops, wall)
         write_health(
             self._health,
             HealthRecord(
@@ -184,8 +234,8 @@ class Oversight:
                 pid=os.getpid(),
                 state="running" if self._signal is None else "stopping",
                 time=wall,
-                progress=self._loops,
-                progress_time=wall,
+                progress=loops,
+                progress_time=self._health_progress[1],
                 heartbeat_timeout=self.cfg.supervisor.heartbeat_timeout,
                 progress_timeout=self.cfg.supervisor.progress_timeout,
             ),
@@ -198,11 +248,11 @@ class Oversight:
             return {}
 
         def handler(signum: int, _frame: Any) -> None:
+            # Flags only: printing here deadlocks when the signal lands while the main thread
+            # holds the console's lock (mid-redraw). _pump acts on them within a turn.
             if self._signal is None:
                 self._signal = signum
-                self._say(f"{signal.Signals(signum).name} received: {self._stopping_what()}")
-            else:
-                self._second_signal()
+            self._signals += 1
 
         previous: dict[int, Any] = {int(n): signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
         signal.signal(signal.SIGINT, handler)
@@ -220,7 +270,7 @@ class Oversight:
         elapsed = self._clock() - self._t0
         print(f"[{elapsed:7.1f}s] {text}", file=self._out, flush=True)
 
-    def _report(self) -> None:
+    def _report(self, outcome: str) -> None:
         bad = self.heartbeats.bad
         flush = getattr(bad, "flush", None)  # log what the rate limit held back
         if flush is not None:
@@ -230,6 +280,11 @@ class Oversight:
             "wall_seconds": self._clock() - self._t0,
             "shutdown_seconds": self.shutdown_seconds,
             "bad_messages": bad.count,
-            "supervisor": {"bad_heartbeats": bad.count, "bad_status_requests": self.monitor.bad_requests},
+            "supervisor": {
+                "bad_heartbeats": bad.count,
+                "bad_status_requests": self.monitor.bad_requests,
+                **self._own_counts(),
+            },
+            "outcome": outcome,
         }
         self.summary = self.reporter.final(self.slots, extra)
