@@ -31,18 +31,25 @@ SCFG = SupervisorConfig(
 )
 
 
-def beat(progress: int, state: str = "running") -> HeartbeatMsg:
-    return HeartbeatMsg("actor", 0, 123, 0.0, state, {"progress": progress}, {})
+def beat(progress: int, state: str = "running", work: int = 0) -> HeartbeatMsg:
+    return HeartbeatMsg("actor", 0, 123, 0.0, state, {"progress": progress, "work": work}, {})
 
 
 def beating(
-    live: Liveness, start: float, end: float, progress: int | None = None, every: float = 0.5
+    live: Liveness,
+    start: float,
+    end: float,
+    progress: int | None = None,
+    every: float = 0.5,
+    working: bool = True,
 ) -> None:
-    """Heartbeats from ``start`` to ``end``; progress grows each beat unless fixed by ``progress``."""
-    t, n = start, int(live.progress) if live.progress > 0 else 0
+    """Heartbeats from ``start`` to ``end``; progress grows each beat unless fixed by ``progress``,
+    and work with it while ``working`` (a role that only waits ticks without working)."""
+    t, n, w = start, int(live.progress) if live.progress > 0 else 0, int(live.work)
     while t <= end:
         n = progress if progress is not None else n + 1
-        live.heard(beat(n), t)
+        w = w + 1 if working and progress is None else w
+        live.heard(beat(n, work=w), t)
         t += every
 
 
@@ -120,14 +127,32 @@ def test_default_settings_notice_a_dead_or_stopped_process_in_time(
 
 # ---------------------------------------------------------------------- hung vs busy
 def test_a_busy_process_that_beats_without_progress_is_neither_dead_nor_hung_until_progress_timeout() -> None:
-    """Item 3: a learner 40 s inside a checkpoint keeps beating (its heartbeat thread) and is kept."""
-    live = Liveness(started=0.0)
+    """Item 3: a learner 40 s inside a checkpoint keeps beating (its heartbeat thread) and is kept.
+    Its own watchdog ends it at progress_timeout; the supervisor kills a heartbeat timeout later."""
+    live = Liveness(started=0.0, role="learner")
     beating(live, 1.0, 5.0)
     beating(live, 5.5, 45.0, progress=int(live.progress))  # busy: beats, no ticks
     assert live.verdict(45.2, SCFG) is None
-    beating(live, 45.5, 66.0, progress=int(live.progress))
-    reason = live.verdict(66.0, SCFG)
+    beating(live, 45.5, 67.5, progress=int(live.progress))
+    assert live.verdict(67.5, SCFG) is None
+    beating(live, 68.0, 69.0, progress=int(live.progress))
+    reason = live.verdict(69.0, SCFG)
     assert reason is not None and "no progress for" in reason and "hung" in reason
+
+
+def test_an_actor_is_hung_much_sooner_than_a_learner() -> None:
+    """Item 9: an actor's loop turns every few env steps, so its hung timeout is seconds."""
+    scfg = SupervisorConfig()
+    for role, limit in (("actor", scfg.actor_progress_timeout), ("learner", scfg.progress_timeout)):
+        live = Liveness(started=0.0, role=role)
+        beating(live, 1.0, 2.0)
+        last_tick = live.progress_seen
+        beating(live, 2.5, 2.5 + limit + scfg.heartbeat_timeout + 1.0, progress=int(live.progress))
+        noticed = next(
+            t / 10 for t in range(25, 2000) if live.verdict(t / 10, scfg) is not None and t / 10 > last_tick
+        )
+        assert noticed - last_tick == pytest.approx(limit + scfg.heartbeat_timeout, abs=0.11), role
+    assert scfg.actor_progress_timeout + scfg.heartbeat_timeout < 10.0
 
 
 def test_start_up_after_the_first_heartbeat_gets_startup_timeout_however_short_progress_timeout() -> None:
@@ -139,10 +164,10 @@ def test_start_up_after_the_first_heartbeat_gets_startup_timeout_however_short_p
     assert live.verdict(9.6, scfg) is None
     beating(live, 10.0, 11.0, progress=0, every=0.5)
     assert "no progress" in str(live.verdict(11.0, scfg))
-    ticking = Liveness(started=0.0)
-    beating(ticking, 0.5, 1.0)  # once it has ticked, progress_timeout applies
-    beating(ticking, 1.5, 6.0, progress=int(ticking.progress))
-    assert "hung" in str(ticking.verdict(6.0, scfg))
+    ticking = Liveness(started=0.0, role="learner")
+    beating(ticking, 0.5, 1.0)  # once it has ticked, progress_timeout applies (+ the watchdog's margin)
+    beating(ticking, 1.5, 8.0, progress=int(ticking.progress))
+    assert "hung" in str(ticking.verdict(8.0, scfg))
 
 
 def test_progress_resumed_in_time_clears_a_long_pause() -> None:
@@ -153,41 +178,55 @@ def test_progress_resumed_in_time_clears_a_long_pause() -> None:
     assert live.verdict(120.1, SCFG) is None
 
 
-# ---------------------------------------------------------------------- healthy and the crash history
-def test_a_process_is_healthy_after_healthy_seconds_of_progress_not_before() -> None:
+# ---------------------------------------------------------------------- useful work and healthy runs
+HEALTHY = SupervisorConfig(heartbeat_timeout=3.0, healthy_seconds=120.0)
+
+
+def test_a_process_is_healthy_after_healthy_seconds_of_useful_work_not_before() -> None:
     live = Liveness(started=0.0)
     beating(live, 1.0, 1.0, progress=0)  # heartbeating, main loop not started
-    assert not live.healthy(1.5, SCFG)
-    beating(live, 1.5, 3.0)
-    assert live.ready_at == 1.5
-    assert not live.healthy(3.0, SCFG)
-    beating(live, 3.5, 4.0)
-    assert live.healthy(4.0, SCFG)
+    assert not live.useful and not live.healthy(HEALTHY)
+    beating(live, 1.5, 60.0)
+    assert live.useful and live.useful_at == 1.5
+    assert not live.healthy(HEALTHY)
+    beating(live, 60.5, 122.0)
+    assert live.healthy(HEALTHY)
 
 
-def test_a_healthy_death_clears_the_crash_history_and_an_unhealthy_one_adds_to_it() -> None:
+def test_waiting_is_progress_but_not_useful_work() -> None:
+    """Item 3: a learner waiting for replay ticks (it is not hung) but does no work: minutes of
+    waiting never make it healthy, so the restart policy still counts its crashes."""
+    live = Liveness(started=0.0, role="learner")
+    beating(live, 1.0, 600.0, working=False)
+    assert live.verdict(600.1, HEALTHY) is None, "waiting is not a hang"
+    assert not live.useful and not live.healthy(HEALTHY)
+
+
+def test_a_process_that_works_then_only_waits_is_healthy_only_for_the_time_it_worked() -> None:
     live = Liveness(started=0.0)
-    assert live.died(1.0, SCFG) is False  # never ran: a crash at start
-    live = live.renew(2.0, pid=2)
-    assert live.died(2.5, SCFG) is False
-    assert live.unhealthy_deaths == [1.0, 2.5], "the history is carried to the replacement"
-    live = live.renew(3.0, pid=3)
-    beating(live, 3.5, 8.0)  # ran healthily for seconds, then was killed
-    assert live.died(8.2, SCFG) is True
-    assert live.unhealthy_deaths == []
-    fresh = live.renew(9.0, pid=4)
-    assert fresh.pid == 4 and fresh.last_seen is None and fresh.ready_at is None and fresh.progress == -1
+    beating(live, 1.0, 30.0)  # 29 s of work
+    beating(live, 30.5, 900.0, working=False)  # then 15 minutes held back by a full queue
+    assert live.useful and not live.healthy(HEALTHY)
 
 
-def test_a_process_that_hangs_right_after_starting_is_a_crash_loop_not_a_healthy_death() -> None:
-    """Ticking once and then hanging until progress_timeout is no healthy run, however long it beat:
-    otherwise a hang loop would be restarted forever with the base backoff."""
+def test_a_blocked_supervisor_loop_is_nobodys_silence() -> None:
+    """Item 5: the supervisor's own loop blocked 20 s (a paused terminal): the roles kept beating,
+    it did not listen; once it listens again, silence counts from where it stopped listening."""
     live = Liveness(started=0.0)
-    beating(live, 1.0, 1.0)  # one tick
-    beating(live, 1.5, 62.0, progress=int(live.progress))  # then beats without progress
-    assert live.verdict(62.0, SCFG) is not None
-    assert live.died(62.1, SCFG) is False
-    assert live.unhealthy_deaths == [62.1]
+    beating(live, 1.0, 10.0)
+    live.observe_os_state(False, 10.0)
+    assert live.verdict(30.5, SCFG) is not None  # judged as if it had listened: "dead"
+    live.unheard(20.0)  # the loop was blocked from just after the last beat (10.0) to 30.0
+    assert live.verdict(30.5, SCFG) is None
+    assert live.verdict(33.1, SCFG) == "no heartbeat for 3.1 s"
+
+
+def test_a_replacement_starts_with_fresh_liveness_and_keeps_the_last_counters() -> None:
+    live = Liveness(started=0.0, role="actor", pid=1)
+    beating(live, 1.0, 10.0)
+    fresh = live.renew(11.0, pid=2)
+    assert fresh.pid == 2 and fresh.role == "actor" and fresh.last is live.last
+    assert fresh.last_seen is None and fresh.ready_at is None and fresh.progress == -1 and not fresh.useful
 
 
 def test_os_stopped_reads_the_process_state() -> None:

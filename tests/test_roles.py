@@ -284,6 +284,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
     ("supervised", "reason", "stays"),
     [
         (True, "learner failed", True),  # the supervisor restarts the learner: keep feeding it
+        (True, "learner stopped", True),  # SIGTERMed from outside: restarted too (issue 23, item 6)
         (True, "learner finished", False),
         (False, "learner failed", False),  # started by hand: nobody will restart it
     ],

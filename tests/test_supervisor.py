@@ -1,7 +1,7 @@
-"""The launch supervisor's restart rules and how it starts children, without real roles: the
-restart policy as a pure function of a slot's unhealthy deaths, the supervisor's judgement driven
-by a fake clock and fake processes, and the parent-death signal a child asks for itself (issue 9,
-items 9 and 17)."""
+"""The launch supervisor without real roles: its judgement and its restart decisions driven by a
+fake clock and fake processes (the policy alone: tests/test_restarts.py), how it starts children,
+and the parent-death signal a child asks for itself (issue 9, items 9 and 17; issue 23, items 3,
+6 and 11)."""
 
 from __future__ import annotations
 
@@ -18,91 +18,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.config import SupervisorConfig
 from zmqrl.roles import supervisor as supervisor_module
 from zmqrl.roles.supervisor import Supervisor
-from zmqrl.supervision.link import PARENT_PID_ENV, SUPERVISED_ENV
-from zmqrl.supervision.liveness import Liveness, RestartPolicy
+from zmqrl.supervision.link import END_ACTORS_DONE, PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.supervision.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR
 from zmqrl.transport.wire import HeartbeatMsg
-
-
-# ---------------------------------------------------------------------- RestartPolicy
-def test_a_healthy_death_is_restarted_after_the_base_backoff() -> None:
-    policy = RestartPolicy(max_restarts=5, window=300.0, backoff=0.5, backoff_max=30.0)
-    assert policy.delay([], now=1000.0) == 0.5  # no unhealthy deaths in a row: the last run was healthy
-
-
-def test_backoff_doubles_with_each_unhealthy_death_in_a_row_up_to_the_maximum() -> None:
-    policy = RestartPolicy(max_restarts=10, window=300.0, backoff=1.0, backoff_max=5.0)
-    deaths: list[float] = []
-    delays = []
-    for now in range(1, 7):
-        deaths.append(float(now))
-        delay = policy.delay(deaths, float(now))
-        assert delay is not None
-        delays.append(delay)
-    assert delays == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
-
-
-def test_a_crash_loop_stops_once_its_unhealthy_deaths_exceed_the_cap() -> None:
-    policy = RestartPolicy(max_restarts=3, window=60.0, backoff=0.5, backoff_max=30.0)
-    assert policy.delay([10.0, 20.0, 30.0], now=30.0) is not None  # three restarts are allowed
-    assert policy.delay([10.0, 20.0, 30.0, 40.0], now=40.0) is None
-
-
-def test_unhealthy_deaths_older_than_the_window_are_forgiven() -> None:
-    policy = RestartPolicy(max_restarts=3, window=60.0, backoff=0.5, backoff_max=30.0)
-    assert policy.delay([10.0, 20.0, 30.0, 85.0], now=85.0) == pytest.approx(1.0)  # 30 and 85 are recent
-
-
-def test_zero_restarts_allowed_means_a_crash_at_start_is_never_restarted() -> None:
-    assert RestartPolicy(0, 60.0, 1.0, 1.0).delay([5.0], now=5.0) is None
-
-
-# ---------------------------------------------------------------------- Liveness and RestartPolicy together
-def beats_for(live: Liveness, start: float, seconds: float, every: float = 0.5) -> float:
-    """Heartbeats with growing progress for ``seconds``; returns the clock after them."""
-    t, n = start, 0
-    while t <= start + seconds:
-        n += 1
-        live.heard(HeartbeatMsg("actor", 0, 1, 0.0, "running", {"progress": n}, {}), t)
-        t += every
-    return t
-
-
-def test_a_healthy_process_killed_ten_times_is_replaced_ten_times_with_the_base_backoff() -> None:
-    """Item 17: the old policy counted every restart, so this actor was given up after five."""
-    scfg = SupervisorConfig()
-    policy = RestartPolicy(
-        scfg.max_restarts, scfg.restart_window, scfg.restart_backoff, scfg.restart_backoff_max
-    )
-    live, now = Liveness(started=0.0), 0.0
-    for _ in range(10):
-        now = beats_for(live, now + 1.0, seconds=3.0)  # start-up, then 3 s of progress
-        assert live.died(now, scfg) is True
-        assert policy.delay(live.unhealthy_deaths, now) == scfg.restart_backoff
-        live = live.renew(now + scfg.restart_backoff, pid=None)
-
-
-def test_a_crash_loop_backs_off_and_stops_at_the_cap_even_after_a_healthy_start() -> None:
-    scfg = SupervisorConfig()
-    policy = RestartPolicy(
-        scfg.max_restarts, scfg.restart_window, scfg.restart_backoff, scfg.restart_backoff_max
-    )
-    live = Liveness(started=0.0)
-    now = beats_for(live, 1.0, seconds=10.0)
-    live.died(now, scfg)  # healthy: it ran; then every replacement crashes at start
-    delays: list[float | None] = []
-    while True:
-        live = live.renew(now, pid=None)
-        now += 0.7
-        assert live.died(now, scfg) is False
-        delay = policy.delay(live.unhealthy_deaths, now)
-        delays.append(delay)
-        if delay is None:
-            break
-        now += delay
-    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, None]  # max_restarts (5) restarts, then stays down
 
 
 # ---------------------------------------------------------------------- the supervisor with fake processes
@@ -138,14 +58,36 @@ class Clock:
         return self.now
 
 
+class FakeBeacon:
+    """Records what the supervisor hands the control thread."""
+
+    def __init__(self) -> None:
+        self.ends: list[str] = []
+        self.stops: list[str] = []
+
+    def request_end(self, reason: str) -> None:
+        self.ends.append(reason)
+
+    def stop(self, reason: str) -> None:
+        self.stops.append(reason)
+
+
+STOPPED_PIDS: set[int] = set()  # fakes the test has "SIGSTOPped"
+
+
 @pytest.fixture
 def supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Supervisor, Clock, io.StringIO]:
     monkeypatch.setattr(supervisor_module.subprocess, "Popen", FakeProc)
-    monkeypatch.setattr(supervisor_module, "os_stopped", lambda pid: False)
+    monkeypatch.setattr(supervisor_module, "os_stopped", lambda pid: pid in STOPPED_PIDS)
+    # Never signal a real process group with a fake's pid.
+    monkeypatch.setattr(supervisor_module, "signal_tree", lambda proc, signum=9: proc.kill())
+    monkeypatch.setattr(supervisor_module, "reap", lambda proc: proc.poll())
     FakeProc.started = []
+    STOPPED_PIDS.clear()
     clock, out = Clock(), io.StringIO()
     sup = Supervisor(tiny_config(tmp_path), out=out, clock=clock)
     sup.launched, sup._t0 = time.time(), clock.now
+    sup.beacon = FakeBeacon()  # type: ignore[assignment]
     (sup.run_dir / "logs").mkdir(parents=True)
     return sup, clock, out
 
@@ -166,12 +108,21 @@ def test_children_are_started_without_preexec_fn_and_told_their_parent(
         assert env[PARENT_PID_ENV] == str(os.getpid()) and env[SUPERVISED_ENV] == "1"
 
 
-def run_healthily(sup: Supervisor, clock: Clock, name: str, seconds: float) -> None:
+def run_working(sup: Supervisor, clock: Clock, name: str, seconds: float, working: bool = True) -> None:
+    """The process in slot ``name`` beats for ``seconds``, ticking, and working while ``working``."""
     slot, proc = sup.slots[name], sup.procs[name]
     for n in range(1, int(seconds / 0.5) + 1):
         clock.now += 0.5
-        slot.live.heard(HeartbeatMsg("actor", 0, proc.pid, 0.0, "running", {"progress": n}, {}), clock.now)
+        counters = {"progress": n, "work": n if working else 0}
+        slot.live.heard(HeartbeatMsg(slot.role, slot.id, proc.pid, 0.0, "running", counters, {}), clock.now)
         assert sup._check(slot, clock.now)
+
+
+def ends(sup: Supervisor, clock: Clock, name: str, code: int) -> bool:
+    """The process in slot ``name`` exits with ``code``; returns what the supervisor's check says."""
+    sup.procs[name].returncode = code
+    clock.now += 0.1
+    return sup._check(sup.slots[name], clock.now)
 
 
 def restart_after_backoff(sup: Supervisor, clock: Clock, name: str) -> float:
@@ -185,43 +136,247 @@ def restart_after_backoff(sup: Supervisor, clock: Clock, name: str) -> float:
     return delay
 
 
-def test_the_supervisor_replaces_a_healthy_actor_every_time_it_is_killed(
+def test_an_actor_killed_from_outside_while_working_is_replaced_every_time_at_the_base_delay(
     supervisor: tuple[Supervisor, Clock, io.StringIO],
 ) -> None:
+    """The chaos behaviour at the shipped defaults: 12 kills of a working actor (each far from
+    healthy_seconds, which is minutes) are 12 replacements, none delayed, none counted."""
     sup, clock, out = supervisor
     sup._spawn("actor", 0)
     delays = []
     for _ in range(12):
-        run_healthily(sup, clock, "actor-0", seconds=4.0)
-        sup.procs["actor-0"].returncode = -9  # SIGKILLed from outside
-        assert sup._check(sup.slots["actor-0"], clock.now)
+        run_working(sup, clock, "actor-0", seconds=3.0)
+        assert ends(sup, clock, "actor-0", -9)  # SIGKILLed from outside
         delays.append(restart_after_backoff(sup, clock, "actor-0"))
-    assert delays == [sup.cfg.supervisor.restart_backoff] * 12
-    assert sup.slots["actor-0"].restarts == 12
+    assert delays == pytest.approx([sup.cfg.supervisor.restart_backoff] * 12)
+    assert sup.slots["actor-0"].restarts == 12 and sup.slots["actor-0"].crashes.counted == []
     assert "degraded" not in out.getvalue()
-    assert out.getvalue().count("after running healthily; restarting it in 0.5 s") == 12
+    assert (
+        out.getvalue().count("killed by SIGKILL from outside (after useful work); restarting it in 0.5 s")
+        == 12
+    )
 
 
-def test_the_supervisor_gives_up_a_crash_loop_with_one_clear_line(
+def test_an_actor_stopped_from_outside_is_killed_and_replaced_at_the_base_delay(
     supervisor: tuple[Supervisor, Clock, io.StringIO],
 ) -> None:
     sup, clock, out = supervisor
-    scfg = sup.cfg.supervisor
     sup._spawn("actor", 0)
-    run_healthily(sup, clock, "actor-0", seconds=4.0)
-    for _ in range(50):
+    for _ in range(8):
+        run_working(sup, clock, "actor-0", seconds=3.0)
+        STOPPED_PIDS.add(sup.procs["actor-0"].pid)  # SIGSTOP: its beats stop, the OS says "stopped"
         slot = sup.slots["actor-0"]
-        sup.procs["actor-0"].returncode = 2  # e.g. a config it cannot use: exits at start
-        clock.now += 0.3
-        if not sup._check(slot, clock.now):  # given up
-            break
+        while slot.restart_at is None:
+            clock.now += 0.1
+            assert sup._check(slot, clock.now)
+        assert slot.restart_at - clock.now == pytest.approx(sup.cfg.supervisor.restart_backoff)
         restart_after_backoff(sup, clock, "actor-0")
+    assert "stopped from outside" in out.getvalue() and "degraded" not in out.getvalue()
+    assert sup.slots["actor-0"].crashes.counted == []
+
+
+def test_an_actor_that_crashes_after_three_seconds_every_time_is_given_up_with_a_growing_backoff(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """Item 3, as found: an env that raises 3 s after every start. Each run does useful work for
+    3 s, far from a healthy run, so the backoff doubles and the cap gives the slot up."""
+    sup, clock, out = supervisor
+    scfg = sup.cfg.supervisor
+    (sup.run_dir / "logs" / "actor-0.log").write_text(
+        "Traceback (most recent call last):\n  File x\nRuntimeError: env exploded 3 s after start\n"
+    )
+    sup._spawn("actor", 0)
+    delays = []
+    for _ in range(50):
+        run_working(sup, clock, "actor-0", seconds=3.0)
+        if not ends(sup, clock, "actor-0", 1):
+            break
+        delays.append(restart_after_backoff(sup, clock, "actor-0"))
+    assert delays == pytest.approx([0.5, 1.0, 2.0, 4.0, 8.0][: scfg.max_restarts])
     slot = sup.slots["actor-0"]
-    assert slot.retired and slot.restarts == scfg.max_restarts + 1  # the healthy death's, then the cap
+    assert slot.retired and slot.end == "given up" and slot.restarts == scfg.max_restarts
     lines = [line for line in out.getvalue().splitlines() if "crash loop" in line]
     assert len(lines) == 1, out.getvalue()
-    assert f"exited with code 2, {scfg.max_restarts + 1} times in a row without running healthily" in lines[0]
+    assert f"actor-0 failed {scfg.max_restarts + 1} times in" in lines[0]
+    assert "RuntimeError: env exploded 3 s after start" in lines[0]
     assert "the run goes on without it (degraded)" in lines[0]
+
+
+def test_a_crash_loop_of_minute_long_runs_is_capped_too(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """Whatever each run's length, short of a healthy run (healthy_seconds of work)."""
+    sup, clock, _ = supervisor
+    sup._spawn("actor", 0)
+    for _ in range(50):
+        run_working(sup, clock, "actor-0", seconds=60.0)
+        if not ends(sup, clock, "actor-0", 1):
+            break
+        restart_after_backoff(sup, clock, "actor-0")
+    assert sup.slots["actor-0"].retired
+    assert sup.slots["actor-0"].restarts == sup.cfg.supervisor.max_restarts
+
+
+def test_a_healthy_run_resets_the_backoff_and_the_count(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    sup, clock, _ = supervisor
+    scfg = sup.cfg.supervisor
+    sup._spawn("actor", 0)
+    for _ in range(3):  # three quick crashes: the backoff grows
+        run_working(sup, clock, "actor-0", seconds=1.0)
+        assert ends(sup, clock, "actor-0", 1)
+        restart_after_backoff(sup, clock, "actor-0")
+    assert len(sup.slots["actor-0"].crashes.counted) == 3
+    run_working(sup, clock, "actor-0", seconds=scfg.healthy_seconds + 1.0)
+    assert ends(sup, clock, "actor-0", 1)
+    assert restart_after_backoff(sup, clock, "actor-0") == pytest.approx(scfg.restart_backoff)
+    assert sup.slots["actor-0"].crashes.counted == []
+
+
+def test_an_actor_killed_at_every_start_before_it_did_any_work_is_a_crash_loop(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """An OOM kill at every start is SIGKILL from outside too; before any useful work it counts."""
+    sup, clock, out = supervisor
+    sup._spawn("actor", 0)
+    for _ in range(50):
+        run_working(sup, clock, "actor-0", seconds=1.0, working=False)  # starting, waiting for weights
+        if not ends(sup, clock, "actor-0", -9):
+            break
+        restart_after_backoff(sup, clock, "actor-0")
+    assert sup.slots["actor-0"].retired
+    assert "killed by SIGKILL from outside (before doing useful work" in out.getvalue()
+
+
+def test_a_role_that_needs_the_operator_is_given_up_at_once_with_its_reason(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """Exit 2 (a refused resume, a full disk, a setting that cannot work): no restart can help."""
+    sup, clock, out = supervisor
+    (sup.run_dir / "logs" / "actor-0.log").write_text(
+        "some output\nerror: no space left on device in runs/t\n"
+    )
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=3.0)
+    assert not ends(sup, clock, "actor-0", 2)
+    slot = sup.slots["actor-0"]
+    assert slot.retired and slot.restarts == 0 and len(FakeProc.started) == 1
+    lines = [line for line in out.getvalue().splitlines() if "restarting it" in line or "degraded" in line]
+    assert len(lines) == 1, out.getvalue()
+    assert "actor-0 exited with code 2, which restarting cannot fix" in lines[0]
+    assert "error: no space left on device in runs/t" in lines[0]
+
+
+def test_a_learner_that_needs_the_operator_ends_the_run_with_exit_2(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    sup, clock, out = supervisor
+    sup._spawn("learner", 0)
+    run_working(sup, clock, "learner-0", seconds=3.0)
+    assert not ends(sup, clock, "learner-0", 2)
+    assert "zmqrl launch --resume" in out.getvalue()
+    assert sup.slots["learner-0"].exit_code == 2  # _monitor turns this into EXIT_OPERATOR
+    assert EXIT_OPERATOR == 2
+
+
+def test_a_learner_sigtermed_from_outside_is_restarted_not_taken_for_finished(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """Item 6: it stops cleanly on the signal and exits 128 + 15; that is no finished run."""
+    sup, clock, out = supervisor
+    sup._spawn("learner", 0)
+    run_working(sup, clock, "learner-0", seconds=3.0)
+    assert ends(sup, clock, "learner-0", 143)
+    assert "learner-0 killed by SIGTERM from outside" in out.getvalue()
+    assert "restarting it from its latest checkpoint in 0.5 s" in out.getvalue()
+    restart_after_backoff(sup, clock, "learner-0")
+    assert len(FakeProc.started) == 2 and "finished" not in out.getvalue()
+
+
+def test_an_actor_sigtermed_from_outside_is_replaced_not_retired(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    sup, clock, _out = supervisor
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=3.0)
+    assert ends(sup, clock, "actor-0", 143)
+    assert not sup.slots["actor-0"].retired
+    restart_after_backoff(sup, clock, "actor-0")
+    assert len(FakeProc.started) == 2
+
+
+def test_only_its_own_end_or_a_requested_stop_retires_an_actor(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    sup, clock, out = supervisor
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=3.0)
+    slot = sup.slots["actor-0"]
+    slot.live.heard(HeartbeatMsg("actor", 0, sup.procs["actor-0"].pid, 0.0, "finished", {}, {}), clock.now)
+    assert ends(sup, clock, "actor-0", 0)
+    assert slot.retired and slot.end == "finished" and "actor-0 finished" in out.getvalue()
+
+
+def test_a_hung_actor_that_its_watchdog_ended_counts_towards_the_cap(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    sup, clock, out = supervisor
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=3.0)
+    assert ends(sup, clock, "actor-0", 3)
+    assert "exited with code 3 (hung: its watchdog ended it)" in out.getvalue()
+    assert len(sup.slots["actor-0"].crashes.counted) == 1
+
+
+def test_when_every_actor_is_given_up_the_run_ends_with_one_line_naming_them(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    sup, clock, out = supervisor
+    (sup.run_dir / "logs" / "actor-0.log").write_text(
+        "error: unknown key 'actor.typo' in runs/t/config.yaml\n"
+    )
+    sup._spawn("learner", 0)
+    sup._spawn("actor", 0)
+    assert not ends(sup, clock, "actor-0", 2)
+    assert sup._every_actor_retired() == EXIT_OPERATOR
+    line = [x for x in out.getvalue().splitlines() if "every actor was given up" in x]
+    assert len(line) == 1
+    assert "actor-0: given up after 0 restart(s), exit code 2" in line[0]
+    assert "last error: error: unknown key 'actor.typo'" in line[0]
+    assert sup.failure == "every actor was given up"
+
+
+def test_once_every_actor_reached_max_steps_the_learner_is_asked_to_end_the_run(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """Item 11: with a replay ratio the learner would wait forever for data no actor will send."""
+    sup, clock, out = supervisor
+    sup._spawn("learner", 0)
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=1.0)
+    sup.slots["actor-0"].live.heard(
+        HeartbeatMsg("actor", 0, sup.procs["actor-0"].pid, 0.0, "finished", {}, {}), clock.now
+    )
+    assert sup._every_actor_retired() is None
+    assert sup.beacon.ends == []  # type: ignore[attr-defined]
+    assert ends(sup, clock, "actor-0", 0)
+    assert sup._every_actor_retired() is None and sup._every_actor_retired() is None
+    assert sup.beacon.ends == [END_ACTORS_DONE]  # type: ignore[attr-defined]
+    assert "every actor is done (actor.max_steps)" in out.getvalue()
+
+
+@pytest.mark.parametrize(("state", "code"), [("finished", EXIT_OK), ("stopped", EXIT_FAILED)])
+def test_a_learner_that_exits_0_finished_the_run_only_if_it_says_so(
+    supervisor: tuple[Supervisor, Clock, io.StringIO], state: str, code: int
+) -> None:
+    sup, clock, out = supervisor
+    sup._spawn("learner", 0)
+    learner = sup.slots["learner-0"]
+    learner.live.heard(HeartbeatMsg("learner", 0, sup.procs["learner-0"].pid, 0.0, state, {}, {}), clock.now)
+    assert sup._learner_ended(learner) == code
+    assert learner.end == state
+    assert ("learner finished; stopping actors" in out.getvalue()) is (state == "finished")
 
 
 def test_a_learner_that_exits_0_is_never_restarted_even_if_it_was_being_killed(
@@ -231,7 +386,7 @@ def test_a_learner_that_exits_0_is_never_restarted_even_if_it_was_being_killed(
     and restarting it resumed a finished run (the launch then never ended)."""
     sup, clock, out = supervisor
     sup._spawn("learner", 0)
-    run_healthily(sup, clock, "learner-0", seconds=4.0)
+    run_working(sup, clock, "learner-0", seconds=4.0)
     sup.procs["learner-0"].returncode = 0
     assert sup._check(sup.slots["learner-0"], clock.now)
     assert sup.slots["learner-0"].restart_at is None and len(FakeProc.started) == 1
@@ -244,7 +399,8 @@ def test_an_actor_that_beats_but_never_progresses_is_killed_as_hung(
     sup, clock, out = supervisor
     sup._spawn("actor", 0)
     slot, proc = sup.slots["actor-0"], sup.procs["actor-0"]
-    limit = sup.cfg.supervisor.progress_timeout
+    # The actor's own watchdog would end it at actor_progress_timeout; this is the backstop.
+    limit = sup.cfg.supervisor.actor_progress_timeout + sup.cfg.supervisor.heartbeat_timeout
     t0 = clock.now
     while clock.now - t0 < limit + 1.0 and not proc.returncode:
         clock.now += 0.5
@@ -340,3 +496,56 @@ def test_actors_and_the_evaluator_get_one_blas_thread_unless_the_environment_set
     assert [blas_threads(r) for r in ("actor", "evaluator", "learner")] == ["1", "1", "None"]
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
     assert blas_threads("actor") == "4"  # the user's own setting wins
+
+
+def test_children_do_not_inherit_the_supervisors_health_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 11: with ZMQRL_HEALTH_FILE inherited, every child rewrote the supervisor's file."""
+    from zmqrl.health import HEALTH_FILE_ENV
+    from zmqrl.supervision.processes import start_child
+
+    monkeypatch.setenv(HEALTH_FILE_ENV, str(tmp_path / "supervisor-health.json"))
+    show = [sys.executable, "-c", f"import os; print(os.environ.get({HEALTH_FILE_ENV!r}))"]
+    proc = start_child(show, tmp_path / "child.log", 0.0, "actor")
+    assert proc.wait(timeout=30) == 0
+    assert (tmp_path / "child.log").read_text().strip() == "None"
+
+
+SPAWNS_A_HELPER = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])
+    print("helper started", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["killed", "exits"])
+def test_nothing_a_child_started_outlives_it(tmp_path: Path, how: str) -> None:
+    """Item 11: the supervisor killed only the child's pid, and an env's subprocess lived on. A
+    child killed (a verdict, a stop) takes its process group with it; one that exits by itself
+    leaves nothing either."""
+    from tests.conftest import processes_mentioning
+    from zmqrl.supervision.processes import reap, signal_tree, start_child
+
+    tag = f"{tmp_path}/helper-of-the-child"
+    log_path = tmp_path / "child.log"
+    proc = start_child([sys.executable, "-c", SPAWNS_A_HELPER, tag], log_path, 0.0, "actor")
+    try:
+        wait_until(lambda: "helper started" in log_path.read_text(), 30, "the child's helper")
+        wait_until(lambda: processes_mentioning(tag), 30, "the helper process")
+        if how == "killed":
+            signal_tree(proc)
+        else:
+            os.kill(proc.pid, signal.SIGKILL)  # as if it crashed: only the supervisor can clean up
+            wait_until(lambda: reap(proc) is not None, 30, "the child's exit")
+        proc.wait(timeout=30)
+        wait_until(lambda: not processes_mentioning(tag), 10, "the helper to be gone with the child")
+    finally:
+        for pid, _ in processes_mentioning(tag):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

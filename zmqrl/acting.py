@@ -34,6 +34,9 @@ ACTOR_SEED_STRIDE = 1000
 HOUSEKEEPING_EVERY = 16
 # Pacing never banks more than this many seconds of unused step budget.
 PACE_MAX_DEBT = 0.05
+# Longest single sleep of the pacer: a low cap still reports progress (the actor's watchdog) and
+# notices a stop this often.
+PACE_SLICE_SECONDS = 0.5
 
 log = logging.getLogger("zmqrl.actor")
 
@@ -93,8 +96,9 @@ class Pacer:
         self._due = time.monotonic()
         self.paced_seconds = 0.0
 
-    def pace(self, steps: int) -> None:
-        """Account for ``steps`` env transitions taken since the last call."""
+    def pace(self, steps: int, tick: Callable[[], bool] = lambda: False) -> None:
+        """Account for ``steps`` env transitions taken since the last call. A long sleep is cut
+        into slices with a ``tick()`` after each; it ends early when ``tick`` returns True."""
         if not self._period:
             return
         now = time.monotonic()
@@ -102,7 +106,10 @@ class Pacer:
         ahead = self._due - now
         if ahead > 0:
             self.paced_seconds += ahead
-            time.sleep(ahead)
+            while (left := self._due - time.monotonic()) > 0:
+                time.sleep(min(left, PACE_SLICE_SECONDS))
+                if left > PACE_SLICE_SECONDS and tick():
+                    return
 
 
 class Sampler:

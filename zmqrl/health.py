@@ -28,7 +28,7 @@ class HealthRecord:
     role: str
     id: int
     pid: int
-    state: str  # starting | running | waiting | blocked | evaluating | ... | finished | failed
+    state: str  # starting | running | waiting | blocked | evaluating | ... | finished | failed | hung
     time: float  # wall time of this beat
     progress: int  # main-loop ticks so far
     progress_time: float  # wall time at which `progress` last changed (the process start before any)
@@ -70,6 +70,8 @@ def judge(record: HealthRecord, now: float | None = None) -> tuple[bool, str]:
         return False, f"{who} has {record.state}"
     if record.state == "failed":
         return False, f"{who} failed"
+    if record.state == "hung":
+        return False, f"{who} hung: its watchdog ended it (exit 3; the stacks are in its log)"
     silent = now - record.time
     if silent > record.heartbeat_timeout:
         return False, f"{who}: no heartbeat for {silent:.1f} s (dead or stopped)"

@@ -11,6 +11,7 @@ from typing import Any
 
 import zmq
 
+from zmqrl import testhooks
 from zmqrl.acting import HOUSEKEEPING_EVERY, Pacer, Sampler, actor_seed
 from zmqrl.agents import make_policy
 from zmqrl.config import Config
@@ -138,11 +139,13 @@ class Actor:
         )
         self.started = time.monotonic()
         self.pacer = Pacer(cfg.actor.max_steps_per_s)
+        # Test hook: this one process's main loop hangs once it has taken that many env steps.
+        self._hang_hook = testhooks.hang_after_steps(testhooks.ACTOR_HANG_ONCE)
         state = "failed"
         try:
-            if not self.replacement or self._await_weights():
-                self._loop()
-            state = "stopped"
+            reached_max_steps = (not self.replacement or self._await_weights()) and self._loop()
+            # Its own end (actor.max_steps) is "finished"; a stop it was asked for, "stopped".
+            state = "finished" if reached_max_steps else "stopped"
         finally:
             self.weights.bad.flush()
             self.stats = {**self._counters(), "state": state, "stop_reason": self.link.stop_reason}
@@ -153,25 +156,30 @@ class Actor:
             self.link.close()
         return self.stats
 
-    def _loop(self) -> None:
-        """Heartbeat and pace every HOUSEKEEPING_EVERY env steps; collect and ship in between."""
+    def _loop(self) -> bool:
+        """Heartbeat and pace every HOUSEKEEPING_EVERY env steps; collect and ship in between.
+        Returns True at ``actor.max_steps``, False when told to stop."""
         max_steps = self.cfg.actor.max_steps
         sampler = self.sampler
-        next_housekeeping = paced_steps = 0
+        next_housekeeping = paced_steps = ticked_steps = 0
         while True:
             if sampler.steps >= next_housekeeping:
-                if self.link.tick(self._counters):
-                    break
-                self.pacer.pace(sampler.steps - paced_steps)
+                if self.link.tick(self._counters, useful=sampler.steps > ticked_steps):
+                    return False
+                ticked_steps = sampler.steps
+                self.pacer.pace(sampler.steps - paced_steps, tick=lambda: self.link.tick(self._counters))
                 paced_steps = sampler.steps
                 next_housekeeping = sampler.steps + HOUSEKEEPING_EVERY
+                if self._hang_hook is not None and sampler.steps >= self._hang_hook:
+                    log.warning("test hook: the main loop hangs now")
+                    testhooks.block_forever()
             if max_steps is not None and sampler.steps >= max_steps:
-                break
+                return True
             budget = next_housekeeping - sampler.steps
             if max_steps is not None:
                 budget = min(budget, max_steps - sampler.steps)
             if sampler.collect(budget) and not self._ship():
-                break
+                return False
 
     def _ship(self) -> bool:
         """Send the ready batch; returns False if told to stop while the learner's queue was

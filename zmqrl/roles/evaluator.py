@@ -167,7 +167,7 @@ class Evaluator:
             return
         log.info("the learner finished before any weights arrived: evaluating %s", latest)
         scorer.offer(final_weights(self.cfg, latest))
-        scorer.evaluate_pending(lambda: False)
+        scorer.evaluate_pending(self._progress_only)
 
     def _follow(self, scorer: Scorer) -> None:
         while not self.link.tick(self._counters, state=self._idle_state()):
@@ -196,7 +196,13 @@ class Evaluator:
         if now >= self._next_drain and self.scorer is not None:
             self._next_drain = now + DRAIN_SECONDS
             self.scorer.offer(self.weights.latest())
-        return self.link.tick(self._counters, state="evaluating")
+        return self.link.tick(self._counters, state="evaluating", useful=True)
+
+    def _progress_only(self) -> bool:
+        """Called every step of the final evaluation, after the stop: progress (so the watchdog
+        does not take minutes of Atari episodes for a hang); never abandons it."""
+        self.link.progress()
+        return False
 
     def _counters(self) -> dict[str, float | int]:
         scorer = self.scorer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -13,19 +14,27 @@ import torch
 import zmq
 
 from zmqrl import testhooks
+from zmqrl.checkpoint import CheckpointWriteError
 from zmqrl.config import Config
 from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.learning.ingest import warn_if_queues_hide_lag
 from zmqrl.learning.reporting import LearnerReports, write_stats
 from zmqrl.learning.trainer import (
     ENDED_MAX_SECONDS,
+    ENDED_MAX_STEPS,
     ENDED_MAX_UPDATES,
     ENDED_TARGET_HELD,
     Trainer,
     stops_at_target,
 )
 from zmqrl.metrics import Logger, run_logger
-from zmqrl.supervision.link import SupervisorLink, launch_time, socket_limits, transport_security
+from zmqrl.supervision.link import (
+    END_ACTORS_DONE,
+    SupervisorLink,
+    launch_time,
+    socket_limits,
+    transport_security,
+)
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
 from zmqrl.types import Weights
@@ -76,6 +85,9 @@ class Learner:
         self._thread_error: tuple[str, BaseException] | None = None  # a background thread that died
         self._ignored_end: str | None = None  # a supervisor's end request this learner does not act on
         self.trainer: Trainer | None = None
+        self.reports: LearnerReports | None = None  # built by run() once the sockets are bound
+        self._auth: Any = None  # the Curve authenticator, when the run uses keys
+        self._state = "failed"  # what the final heartbeat reports; run() sets it when it gets there
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -99,41 +111,47 @@ class Learner:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         torch.set_num_threads(cfg.learner.torch_threads)
-        self.trainer = trainer = Trainer(
-            cfg,
-            self.run_dir,
-            self._send_weights,
-            resume=self.resume,
-            on_thread_death=self._background_died,
-            progress=lambda: self.link.progress(),
-        )
-        self.agent = trainer.agent
-        warn_if_queues_hide_lag(cfg)
+        # The link first: whatever fails after it, the supervisor hears this learner's final state.
         self.link = self._link or SupervisorLink(self._ctx, cfg, "learner", 0)
         self.link.attach(self.stop_event)
-        limits = socket_limits(cfg)
-        security = transport_security(cfg)
-        # Authentication must be running before a Curve server socket binds.
-        self._auth = security.start_authenticator(self._ctx) if security else None
-        insecure = cfg.transport.insecure
-        samples_sock = weights_sock = None
-        ingest: threading.Thread | None = None
-        tb: Logger | None = None
-        reports: LearnerReports | None = None
-        state = "failed"
-        try:
+        # Everything built is closed again in reverse order, each step even if one before it
+        # failed; the final stats and heartbeat come last before the link itself.
+        with contextlib.ExitStack() as built:
+            built.callback(self.link.close)
+            built.callback(self._report_end)
+            self.trainer = trainer = Trainer(
+                cfg,
+                self.run_dir,
+                self._send_weights,
+                resume=self.resume,
+                on_thread_death=self._background_died,
+                progress=lambda: self.link.progress(),
+            )
+            built.callback(trainer.close)
+            self.agent = trainer.agent
+            warn_if_queues_hide_lag(cfg)
+            limits = socket_limits(cfg)
+            security = transport_security(cfg)
+            if security is not None:  # authentication must be running before a Curve server socket binds
+                self._auth = security.start_authenticator(self._ctx)
+                built.callback(self._auth.stop)
+            insecure = cfg.transport.insecure
             samples_sock, samples_ep = sockets.samples_pull(
                 self._ctx, cfg.transport.samples, limits, security=security, insecure=insecure
             )
+            built.callback(samples_sock.close, linger=0)
             weights_sock, weights_ep = sockets.weights_pub(
                 self._ctx, cfg.transport.weights, limits, security=security, insecure=insecure
             )
+            built.callback(weights_sock.close, linger=STOP_LINGER_MS)
             self.endpoints = {"samples": samples_ep, "weights": weights_ep}
             self.receiver = SampleReceiver(samples_sock, trainer.spec, BadMessages("learner samples", log))
             self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
+            built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
             launched = launch_time(log)
             trainer.tb = tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
-            reports = self.reports = LearnerReports(
+            built.callback(tb.close)
+            self.reports = reports = LearnerReports(
                 trainer,
                 tb,
                 bad_messages=lambda: self.receiver.bad.count,
@@ -148,6 +166,7 @@ class Learner:
                 "ingest",
                 self._background_died,
             )
+            built.callback(self._stop_ingest, ingest)
             self.ready.set()
             log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
             trainer.publish()  # first publish: actors adopt the learner's weights
@@ -157,36 +176,29 @@ class Learner:
             self._raise_if_thread_died()
             finished = not self.stop_event.is_set()  # max_updates, max_seconds or the target held
             trainer.finish(finished)
-            state = "finished" if finished else "stopped"
-        finally:
-            self._ingest_stop.set()
-            trainer.limiter.close()  # an ingest thread waiting for room must not outlive the run
-            if ingest is not None:
-                ingest.join(timeout=5)
-            if reports is not None:
+            self._state = "finished" if finished else "stopped"
+        return self.stats
+
+    def _stop_ingest(self, ingest: threading.Thread) -> None:
+        self._ingest_stop.set()
+        self.parts.limiter.close()  # an ingest thread waiting for room must not outlive the run
+        ingest.join(timeout=5)
+
+    def _report_end(self) -> None:
+        """The final stats file, then the final heartbeat (a supervisor that hears it reads the
+        file): with the learner's counters once it got that far, else its state alone."""
+        state = self._state
+        try:
+            if self.reports is not None and self.trainer is not None:
                 self.receiver.bad.flush()  # drops still waiting for their rate-limited log line
-                self.stats = {**reports.final_stats(state, self.endpoints), **trainer.end_stats(state)}
-                write_stats(
-                    self.run_dir, self.stats
-                )  # before the goodbye: a supervisor that hears it reads the file
-                self.link.final(state, self._counters(), self.endpoints)
+                final = self.reports.final_stats(state, self.endpoints)
+                self.stats = {**final, **self.trainer.end_stats(state)}
             else:
                 self.stats = {"state": state}
-                write_stats(self.run_dir, self.stats)
-                self.link.final(state, {}, {})
-            if tb is not None:
-                tb.close()
-            if hasattr(self, "publisher"):
-                self.publisher.announce_stop(f"learner {state}")
-            if samples_sock is not None:
-                samples_sock.close(linger=0)
-            if weights_sock is not None:
-                weights_sock.close(linger=STOP_LINGER_MS)
-            trainer.close()
-            if self._auth is not None:
-                self._auth.stop()
-            self.link.close()
-        return self.stats
+            write_stats(self.run_dir, self.stats)
+        finally:
+            counters = self._counters() if self.reports is not None else {}
+            self.link.final(state, counters, self.endpoints)
 
     def _send_weights(self, weights: Weights, env_steps: int) -> None:
         self.publisher.publish(weights, env_steps=env_steps)
@@ -196,6 +208,7 @@ class Learner:
         return {"auth_denied": self._auth.denied} if self._auth is not None else {}
 
     def _counters(self) -> dict[str, float | int]:
+        assert self.reports is not None, "counters are read once run() built its reports"
         return self.reports.counters()
 
     def _background_died(self, exc: BaseException) -> None:
@@ -210,13 +223,17 @@ class Learner:
     def _raise_if_thread_died(self) -> None:
         if self._thread_error is not None:
             name, exc = self._thread_error
+            if isinstance(exc, CheckpointWriteError):  # a full disk: the operator's (exit 2), not a bug
+                raise exc
             raise ThreadDied(f"the learner's {name} thread died: {type(exc).__name__}: {exc}") from exc
 
-    def _housekeeping(self) -> None:
+    def _housekeeping(self, useful: bool = False) -> None:
+        """``useful``: updates were made since the last call (waiting for data is not work)."""
         self._raise_if_thread_died()
         self.publisher.republish_if_due(self.cfg.learner.republish_seconds)
         self.receiver.bad.maybe_flush()  # a burst of drops that stopped is still reported
-        self.link.tick(self._counters, self.endpoints)
+        self.link.tick(self._counters, self.endpoints, useful=useful)
+        assert self.reports is not None
         self.reports.progress_line_if_due()
         self._heed_end_request()
 
@@ -225,10 +242,17 @@ class Learner:
         by the evaluator's heartbeats that the target is held, says so in its own heartbeats on
         the control channel (zmqrl/transport/control.py), and the run ends here as at its end.
         Acted on only with this learner's own ``learner.stop_at_target``, so a learner whose config
-        does not ask for it never ends early; an unknown request is logged once and ignored."""
+        does not ask for it never ends early; an unknown request is logged once and ignored.
+        The supervisor also asks once every actor has reached ``actor.max_steps``: no data will
+        come any more (a replay ratio would wait for it forever), so the run ends as serial
+        mode's does there."""
         assert self.trainer is not None
         request = self.link.control.end_request
         if request is None or self.trainer.ended is not None or request == self._ignored_end:
+            return
+        if request == END_ACTORS_DONE:
+            log.info("every actor reached actor.max_steps: ending the run")
+            self.trainer.end(ENDED_MAX_STEPS)
             return
         if request == ENDED_TARGET_HELD and stops_at_target(self.cfg):
             log.info("the supervisor reports the evaluator held the target return")
@@ -260,6 +284,9 @@ class Learner:
         trainer, lcfg = self.trainer, self.cfg.learner
         deadline = self.started + lcfg.max_seconds if lcfg.max_seconds else math.inf
         log.info("training: %d updates of batch %d", lcfg.max_updates, self.cfg.agent.batch_size)
+        crash_after = testhooks.crash_after_updates()
+        if crash_after is not None:  # this process's own updates, whatever it resumed from
+            crash_after += trainer.counters.updates
         while trainer.counters.updates < lcfg.max_updates:
             if not trainer.can_train(TRAIN_WAIT_SECONDS):
                 self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
@@ -273,8 +300,10 @@ class Learner:
             if updates == 1 and testhooks.fire_once(testhooks.DEADLOCK_ONCE):
                 log.warning("test hook: the main loop deadlocks now")
                 testhooks.block_forever()
+            if updates == crash_after:
+                raise RuntimeError(f"test hook: the learner fails at update {updates}")
             if updates % HOUSEKEEPING_EVERY == 0:
-                self._housekeeping()
+                self._housekeeping(useful=True)
                 if self._leaving(deadline):
                     return
         trainer.end(ENDED_MAX_UPDATES)

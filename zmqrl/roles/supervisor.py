@@ -17,9 +17,20 @@ from dataclasses import replace
 from typing import Any
 
 from zmqrl.config import save_config
-from zmqrl.supervision.liveness import RestartPolicy, os_stopped
-from zmqrl.supervision.oversight import EXIT_FAILED, EXIT_OK, Oversight
-from zmqrl.supervision.processes import log_tail, role_command, start_child, stop_in_order
+from zmqrl.supervision import restarts
+from zmqrl.supervision.link import END_ACTORS_DONE
+from zmqrl.supervision.liveness import os_stopped
+from zmqrl.supervision.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR, Oversight
+from zmqrl.supervision.processes import (
+    last_error_line,
+    log_tail,
+    reap,
+    role_command,
+    signal_tree,
+    start_child,
+    stop_in_order,
+)
+from zmqrl.supervision.restarts import ENDED, KILLED, RestartPolicy, classify, ended_by_signal
 from zmqrl.supervision.summary import Slot, given_up_line, restart_line
 from zmqrl.transport.wire import HeartbeatMsg
 
@@ -34,10 +45,8 @@ class Supervisor(Oversight):
         super().__init__(cfg, **kwargs)
         self.resume = resume  # the learner continues from the run directory's checkpoints
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        scfg = cfg.supervisor
-        self.restart_policy = RestartPolicy(
-            scfg.max_restarts, scfg.restart_window, scfg.restart_backoff, scfg.restart_backoff_max
-        )
+        self.restart_policy = RestartPolicy.from_config(cfg.supervisor)
+        self._actors_done_asked = False  # END_ACTORS_DONE sent to the learner
 
     @property
     def children(self) -> dict[str, Slot]:
@@ -58,7 +67,7 @@ class Supervisor(Oversight):
             self._spawn_actors()
         endpoints = self._await_learner(learner)
         if endpoints is None:
-            return EXIT_FAILED
+            return EXIT_OPERATOR if learner.exit_code == restarts.EXIT_OPERATOR else EXIT_FAILED
         if not early:
             self.cfg = replace(
                 self.cfg, transport=replace(t, samples=endpoints["samples"], weights=endpoints["weights"])
@@ -92,6 +101,7 @@ class Supervisor(Oversight):
         if previous is not None:
             slot.live = previous.live.renew(now, proc.pid)
             slot.restart_times = [*previous.restart_times, now]
+            slot.crashes = previous.crashes
         self.procs[slot.name] = proc
         log.debug("started %s pid %d", slot.name, proc.pid)
         return slot
@@ -112,19 +122,24 @@ class Supervisor(Oversight):
             self._pump(100)
             if learner.last is not None and {"samples", "weights"} <= learner.last.info.keys():
                 return dict(learner.last.info)
-            if proc.poll() is not None:
+            if reap(proc) is not None:
                 learner.exit_code = proc.returncode
-                self._say(f"error: the learner exited with code {learner.exit_code} before it was ready")
+                learner.end = "failed"
+                error = last_error_line(learner.log_path)
+                self.failure = f"the learner exited with code {learner.exit_code} before it was ready"
+                self._say(f"error: {self.failure}" + (f": {error}" if error else ""))
                 self._show_tail(learner)
                 return None
             now = self._clock()
             learner.live.observe_os_state(os_stopped(proc.pid), now)
             reason = learner.live.verdict(now, scfg)
             if reason is not None:
-                self._say(f"error: the learner is not starting ({reason}); see {learner.log_path}")
-                proc.kill()
+                self.failure = f"the learner is not starting ({reason})"
+                self._say(f"error: {self.failure}; see {learner.log_path}")
+                signal_tree(proc)
                 proc.wait()
                 learner.exit_code = proc.returncode
+                learner.end = "killed"
                 return None
         return None
 
@@ -134,38 +149,69 @@ class Supervisor(Oversight):
         while self._signal is None:
             self._pump(100)
             if self.reporter.end_request is not None:  # learner.stop_at_target, the evaluator held it
-                self.control.request_end(self.reporter.end_request)
+                self.beacon.request_end(self.reporter.end_request)
             now = self._clock()
             learner = self.slots["learner-0"]
-            if learner.restart_at is None and self.procs["learner-0"].poll() == 0:
-                learner.exit_code = 0
-                self._say("learner finished; stopping actors")
-                self._let_evaluator_finish()
-                return EXIT_OK
+            if learner.restart_at is None and reap(self.procs["learner-0"]) == 0:
+                return self._learner_ended(learner)
             for slot in list(self.slots.values()):
                 if slot.retired:
                     continue
                 if not self._check(slot, now) and slot.role == "learner":
-                    return EXIT_FAILED
-            if self._every_actor_failed():
-                self._say(
-                    "error: every actor has stopped for good (crash loops, see their logs): nothing can "
-                    "feed the learner any more; stopping the run"
-                )
-                return EXIT_FAILED
+                    self.failure = "the learner was given up"
+                    return EXIT_OPERATOR if slot.exit_code == restarts.EXIT_OPERATOR else EXIT_FAILED
+            code = self._every_actor_retired()
+            if code is not None:
+                return code
             if now >= next_progress:
                 next_progress = now + scfg.progress_seconds
                 alive = sum(1 for s in self.slots.values() if s.role == "actor" and self._alive_proc(s))
                 self._progress(alive)
         return EXIT_FAILED
 
-    def _every_actor_failed(self) -> bool:
-        """Every actor slot given up after a crash loop (not finished: ``actor.max_steps``)."""
+    def _learner_ended(self, learner: Slot) -> int:
+        """The learner exited 0: it finished the run (its budget, its target, every actor done),
+        or it stopped though nobody in the run asked it to (it lost this supervisor)."""
+        learner.exit_code = 0
+        state = learner.last.state if learner.last is not None else "finished"
+        if state == "stopped":
+            learner.end = "stopped"
+            error = last_error_line(learner.log_path)
+            self.failure = "the learner stopped without being asked"
+            self._say(f"error: {self.failure} ({error or f'see {learner.log_path}'}); stopping the run")
+            return EXIT_FAILED
+        learner.end = "finished"
+        self._say("learner finished; stopping actors")
+        self._let_evaluator_finish()
+        return EXIT_OK
+
+    def _every_actor_retired(self) -> int | None:
+        """Once no actor slot is left running: the learner is asked to end the run when some of
+        them reached actor.max_steps (no data will come any more); when every one was given up,
+        the run ends here, non-zero, with one line. None while actors run."""
         actors = [s for s in self.slots.values() if s.role == "actor"]
-        return bool(actors) and all(s.retired and s.exit_code not in (None, 0) for s in actors)
+        if not actors or not all(s.retired for s in actors):
+            return None
+        if any(s.end == "finished" for s in actors):
+            if not self._actors_done_asked:
+                self._actors_done_asked = True
+                self._say("every actor is done (actor.max_steps): asking the learner to end the run")
+                self.beacon.request_end(END_ACTORS_DONE)
+            return None
+        reasons = "; ".join(
+            f"{s.name}: {s.end} after {s.restarts} restart(s), exit code {s.exit_code}"
+            + (f", last error: {last_error_line(s.log_path)}" if last_error_line(s.log_path) else "")
+            for s in sorted(actors, key=lambda s: s.id)
+        )
+        self.failure = "every actor was given up"
+        self._say(
+            f"error: every actor was given up, nothing can feed the learner ({reasons}); stopping the run"
+        )
+        operator = all(s.exit_code == restarts.EXIT_OPERATOR for s in actors)
+        return EXIT_OPERATOR if operator else EXIT_FAILED
 
     def _alive_proc(self, slot: Slot) -> bool:
-        return self.procs[slot.name].poll() is None
+        return reap(self.procs[slot.name]) is None
 
     def _let_evaluator_finish(self) -> None:
         """The evaluator saw the learner's end on the weights channel and is scoring the final
@@ -176,56 +222,73 @@ class Supervisor(Oversight):
         self._say("waiting for the evaluator's final evaluation")
         deadline = self._clock() + self.cfg.supervisor.stop_grace
         proc = self.procs[evaluator.name]
-        while proc.poll() is None and self._clock() < deadline and self._signal is None:
+        while reap(proc) is None and self._clock() < deadline and self._signal is None:
             self._pump(100)
 
     def _check(self, slot: Slot, now: float) -> bool:
-        """Judge one slot: replace its process if it died, is dead or hung; False when the slot is
-        given up (for the learner that ends the run)."""
+        """Judge one slot: replace its process if it died, is dead or hung (zmqrl/supervision/
+        restarts.py decides when); False when the slot is given up (for the learner that ends
+        the run)."""
         scfg = self.cfg.supervisor
         proc = self.procs[slot.name]
         if slot.restart_at is not None:  # failed: waiting out the backoff
             if now >= slot.restart_at:
                 self._spawn(slot.role, slot.id, previous=slot)
             return True
-        rc = proc.poll()
+        rc = reap(proc)
+        killed_for: str | None = None
+        stopped = False
         if rc is None:
             slot.live.observe_os_state(os_stopped(proc.pid), now)
             reason = slot.live.verdict(now, scfg)
             if reason is None:
                 return True
+            stopped = slot.live.stopped_since is not None
             self._say(f"warning: {slot.name} (pid {proc.pid}) {reason}; killing it")
-            proc.kill()
+            signal_tree(proc)
             rc = proc.wait()
+            killed_for = reason if rc != 0 else None
         slot.exit_code = rc
-        if rc == 0:  # it finished on its own (e.g. actor.max_steps), perhaps just as it was killed
-            if slot.role != "learner":
-                slot.retired = True
-                learner = self.slots.get("learner-0")
-                ended = (
-                    learner is not None
-                    and learner.last is not None
-                    and learner.last.state in ("finished", "stopped")
-                )
-                if not ended:  # when the learner ended first, its own line comes first, then the summary
-                    self._say(f"{slot.name} finished")
-            return True  # a learner that exited 0 has ended the run: _monitor stops the rest
-        healthy = slot.live.died(now, scfg)
-        delay = self.restart_policy.delay(slot.live.unhealthy_deaths, now)
-        self._show_tail(slot)
-        if delay is None:
+        death = classify(
+            rc,
+            killed_for=killed_for,
+            stopped=stopped,
+            useful=slot.live.useful,
+            healthy=slot.live.healthy(scfg),
+        )
+        if death.kind == ENDED:  # it ended on its own (actor.max_steps, a stop), perhaps as it was killed
+            if slot.role != "learner":  # a learner that exited 0 has ended the run: _monitor stops the rest
+                self._retire_ended(slot)
+            return True
+        decision = self.restart_policy.decide(slot.crashes, death, now)
+        slot.end = death.kind
+        if death.kind != KILLED:  # somebody else's kill says nothing its log could explain
+            self._show_tail(slot)
+        if decision.delay is None:
             slot.retired = True
-            self._say(given_up_line(slot, rc, self.run_dir))
+            slot.end = "given up"
+            self._say(given_up_line(slot, death, decision, self.run_dir, last_error_line(slot.log_path)))
             return False
-        self._say(restart_line(slot, rc, healthy, delay))
-        slot.restart_at = now + delay
+        self._say(restart_line(slot, death, decision))
+        slot.restart_at = now + decision.delay
         return True
+
+    def _retire_ended(self, slot: Slot) -> None:
+        """An actor or the evaluator exited 0: finished (actor.max_steps), or stopped as the
+        learner's end or a stop asked it to. Retired either way: only a requested stop or its own
+        end retires a role (a signal from outside exits 128 + N, and it is restarted)."""
+        slot.retired = True
+        slot.end = "finished" if slot.last is not None and slot.last.state == "finished" else "stopped"
+        learner = self.slots.get("learner-0")
+        last = learner.last if learner is not None else None
+        # When the learner ended first, its own line comes first, then the summary.
+        if last is None or last.state not in ("finished", "stopped"):
+            self._say(f"{slot.name} {slot.end}")
 
     # ------------------------------------------------------------------ shutdown
     def _second_signal(self) -> None:
         for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
+            signal_tree(proc)
 
     def _shutdown(self) -> None:
         reason = "interrupted" if self._signal is not None else "run finished"
@@ -233,7 +296,7 @@ class Supervisor(Oversight):
         stop_in_order(
             self.procs,
             self.cfg.supervisor.stop_grace,
-            broadcast_stop=lambda: self.control.stop(reason),
+            broadcast_stop=lambda: self.beacon.stop(reason),
             pump=self._pump,
             say=self._say,
             clock=self._clock,
@@ -241,8 +304,11 @@ class Supervisor(Oversight):
         for slot in self.slots.values():
             proc = self.procs[slot.name]
             proc.wait()
+            reap(proc)  # what is left of its process group
             if slot.exit_code is None:
                 slot.exit_code = proc.returncode
+            if slot.end is None or (slot.restart_at is None and not slot.retired):
+                slot.end = _end_at_shutdown(slot, proc.returncode)
         self._pump(200)  # final heartbeats that arrived while we reaped
         self.shutdown_seconds = self._clock() - started
 
@@ -253,6 +319,17 @@ class Supervisor(Oversight):
         self._say(f"last lines of {slot.log_path}:")
         for line in lines:
             print(f"    {line}", file=self._out)
+
+
+def _end_at_shutdown(slot: Slot, code: int) -> str:
+    """How a process still running when the run stopped ended: stopped (it obeyed the stop),
+    finished (its own end came first), or killed (it had to be signalled), in the summary's words."""
+    if code == 0:
+        return "finished" if slot.last is not None and slot.last.state == "finished" else "stopped"
+    signum = ended_by_signal(code)
+    if signum is not None:
+        return "killed at shutdown"
+    return f"failed (exit code {code})"
 
 
 def _asks_os_for_port(endpoint: str) -> bool:

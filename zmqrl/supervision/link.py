@@ -4,10 +4,13 @@ its own.
 Alive is not the same as making progress. The heartbeat thread beats every
 ``supervisor.heartbeat_interval`` whatever the main loop is doing (a long checkpoint, an
 evaluation, torch still importing), so silence means the process is dead or stopped. Each beat
-carries ``progress``: how many times the main loop called ``tick()``. The supervisor (and
-``zmqrl health``) call a process whose beats go on but whose progress does not *hung*, after
-``supervisor.progress_timeout``. Process mains create the link first thing, before heavy imports,
-and hand it to the role, so even start-up is covered.
+carries ``progress``: how many times the main loop called ``tick()``, and ``work``: how many of
+those rounds did useful work (an update, env steps; not waiting for replay or for a full queue),
+which is what the supervisor's restart policy calls a healthy run. A process whose beats go on but
+whose progress does not is *hung* after its role's hung timeout (zmqrl/supervision/liveness.py):
+in a process main the link's watchdog (zmqrl/supervision/watchdog.py) then ends the process with
+exit 3, so any orchestrator replaces it. Process mains create the link first thing, before heavy
+imports, and hand it to the role, so even start-up is covered.
 
 The sockets belong to the heartbeat thread alone (ZeroMQ sockets are not thread-safe); the main
 thread only bumps counters and reads the stop flag.
@@ -31,6 +34,8 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.guard import ThreadDied, start_guarded
 from zmqrl.health import HealthRecord, health_path, write_health
+from zmqrl.supervision.liveness import PROGRESS_COUNTER, WORK_COUNTER, hung_timeout, startup_timeout
+from zmqrl.supervision.watchdog import Watchdog, end_hung_process
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.control import ControlSubscriber, HeartbeatSender
@@ -45,6 +50,12 @@ PARENT_PID_ENV = "ZMQRL_PARENT_PID"
 LAUNCHED_ENV = "ZMQRL_LAUNCHED"
 # What a learner that crashed announces on the weights channel before it exits.
 LEARNER_FAILED = "learner failed"
+# What a learner that reached its end announces: the only announcement a supervised role leaves on
+# (a learner stopped or failed for any other reason is restarted, or the supervisor stops the run).
+LEARNER_FINISHED = "learner finished"
+# The supervisor's request to the learner (control.END_REQUEST_KEY) once every actor has reached
+# actor.max_steps: no more data will come, so the run ends as finished.
+END_ACTORS_DONE = "every actor done"
 # Seconds between polls of the control socket; bounds how late a stop broadcast is noticed.
 CONTROL_POLL_SECONDS = 0.1
 # How long close() waits for the heartbeat thread to finish its current beat.
@@ -107,9 +118,10 @@ def die_with_parent() -> None:
 class SupervisorLink:
     """Heartbeats (with counters and progress) and stop broadcasts, serviced by a thread.
 
-    The main loop calls ``tick(counters)`` regularly: that is its progress, and returns whether to
-    stop. ``final()`` sends the last heartbeat with the final counters; ``close()`` ends it all.
-    Tests drive it without the thread (``start=False``) by calling ``service()``.
+    The main loop calls ``tick(counters)`` regularly: that is its progress (``useful=True`` when
+    the round did useful work), and returns whether to stop. ``final()`` sends the last heartbeat
+    with the final counters; ``close()`` ends it all. ``watchdog=True`` (process mains only) arms
+    the watchdog. Tests drive it without the thread (``start=False``) by calling ``service()``.
     """
 
     def __init__(
@@ -123,6 +135,7 @@ class SupervisorLink:
         watch_supervisor: bool | None = None,
         start: bool = True,
         health_file: Path | None = None,
+        watchdog: bool = False,
     ) -> None:
         limits = socket_limits(cfg)
         security = transport_security(cfg)
@@ -151,7 +164,12 @@ class SupervisorLink:
         self._created = clock()
         self._joined_logged = False
         self._health = health_file if health_file is not None else health_path()
-        self._health_limits = (scfg.heartbeat_timeout, scfg.progress_timeout)
+        self._health_limits = (scfg.heartbeat_timeout, hung_timeout(scfg, role))
+        self._watchdog = (
+            Watchdog(f"{role}-{role_id}", hung_timeout(scfg, role), startup_timeout(scfg), clock)
+            if watchdog
+            else None
+        )
         # Shared with the main thread (plain attribute writes; the GIL makes each one atomic).
         self._counters: Callable[[], Mapping[str, float | int]] | None = None
         self._info: dict[str, str] = {}
@@ -160,6 +178,7 @@ class SupervisorLink:
         self._host = socket.gethostname()[:64]
         self._state = "starting"
         self._progress = 0
+        self._work = 0
         self._progress_sent = -1
         self._progress_wall = time.time()
         self._closing = threading.Event()
@@ -177,19 +196,23 @@ class SupervisorLink:
         self.stop_event = stop_event
 
     def outlives(self, learner_stop_reason: str) -> bool:
-        """Whether to stay up through the learner's announced end: under a supervisor a failed
-        learner is restarted, and the actors (and evaluator) it had are needed again; started by
-        hand, a role leaves with its learner whatever the reason."""
-        return self.supervised and learner_stop_reason == LEARNER_FAILED
+        """Whether to stay up through the learner's announced end. Under a supervisor only a
+        learner that finished ends the run: one that failed, or was stopped from outside (SIGTERM),
+        is restarted and its actors (and evaluator) are needed again, and a stop the supervisor
+        asked for reaches every role from the supervisor itself. Started by hand, a role leaves
+        with its learner whatever the reason."""
+        return self.supervised and learner_stop_reason != LEARNER_FINISHED
 
     def tick(
         self,
         counters: Callable[[], Mapping[str, float | int]],
         info: Mapping[str, str] | None = None,
         state: str = "running",
+        useful: bool = False,
     ) -> bool:
-        """Record progress (and what the next heartbeats report); returns whether to stop. Raises
-        ``ThreadDied`` if the heartbeat thread died, so the role cannot go on unobserved."""
+        """Record progress (and what the next heartbeats report); ``useful``: this round did the
+        role's work (not only waited). Returns whether to stop. Raises ``ThreadDied`` if the
+        heartbeat thread died, so the role cannot go on unobserved."""
         if self._error is not None:
             raise ThreadDied(f"the heartbeat thread of {self.role}-{self.role_id} died") from self._error
         self._counters = counters
@@ -197,6 +220,8 @@ class SupervisorLink:
             self._info = dict(info)
         self._state = state
         self._progress += 1
+        if useful:
+            self._work += 1
         if self._thread is None:
             self.service()
         return self.stop_event.is_set()
@@ -212,7 +237,7 @@ class SupervisorLink:
         self._stop_thread()
         self._state = state
         with self._beat_lock:
-            self.heartbeat.beat(state, {**counters, "progress": self._progress}, self._with_host(info))
+            self.heartbeat.beat(state, {**counters, **self._liveness_counters()}, self._with_host(info))
             self._write_health()
 
     def close(self) -> None:
@@ -237,6 +262,12 @@ class SupervisorLink:
             with self._beat_lock:
                 if not self._closing.is_set():
                     self._beat()
+        if self._watchdog is not None and not self._closing.is_set():
+            reason = self._watchdog.check(self._progress)
+            if reason is not None:
+                self._state = "hung"
+                self._write_health()
+                end_hung_process(reason)
 
     def _watch(self, now: float) -> None:
         seen = self.control.supervisor_seen
@@ -266,9 +297,12 @@ class SupervisorLink:
         if progress != self._progress_sent:
             self._progress_sent = progress
             self._progress_wall = time.time()
-        counters["progress"] = progress
+        counters.update(self._liveness_counters())
         self.heartbeat.beat(self._state, counters, self._with_host(None))
         self._write_health()
+
+    def _liveness_counters(self) -> dict[str, int]:
+        return {PROGRESS_COUNTER: self._progress, WORK_COUNTER: self._work}
 
     def _with_host(self, info: Mapping[str, str] | None) -> dict[str, str]:
         return {**(info or self._info), "host": self._host}

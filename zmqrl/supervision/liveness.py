@@ -1,5 +1,4 @@
-"""How a supervisor judges one process from its heartbeats: dead, hung, healthy; and when to
-restart it.
+"""How a supervisor judges one process from its heartbeats: dead, hung, useful; pure bookkeeping.
 
 Three verdicts, kept apart on purpose (a busy learner must not look dead, a stopped actor must
 not take a minute to notice):
@@ -7,47 +6,46 @@ not take a minute to notice):
   start, or the OS says the process is stopped, for ``heartbeat_timeout``; after its final
   heartbeat, ``stop_grace`` to exit);
 - **hung**: heartbeats arrive (the heartbeat thread lives) but ``progress`` (main-loop ticks)
-  has not moved for ``progress_timeout`` (before the first tick, for at least ``startup_timeout``);
-- **healthy**: it has made progress for ``healthy_seconds``. A healthy process's death is an
-  occasional death, not a crash loop: its restart gets the base backoff and does not count
-  towards ``max_restarts`` (as Kubernetes' CrashLoopBackOff and systemd reset theirs).
+  has not moved for the role's hung timeout plus ``heartbeat_timeout`` (the role's own watchdog,
+  zmqrl/supervision/watchdog.py, ends it at the hung timeout itself with its stack in the log:
+  this verdict is the backstop). Before the first tick, the start-up limit applies;
+- **useful**: its ``work`` counter moved (an update, env steps, an evaluation: not a round spent
+  waiting for replay or held back by a full queue). A process that kept working for
+  ``healthy_seconds`` is *healthy*, which is what resets the restart policy
+  (zmqrl/supervision/restarts.py).
 Pure bookkeeping with an injected clock; the supervisor owns the processes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from zmqrl.config import SupervisorConfig
 from zmqrl.transport.wire import HeartbeatMsg
 
-# A process that has made no progress yet (still starting) is hung only after this many times
-# supervisor.progress_timeout.
+# A process that has made no progress yet (still starting: imports, allocating replay, restoring
+# a snapshot) is hung only after this many times supervisor.progress_timeout, and at least
+# supervisor.startup_timeout (on an overloaded machine torch's import alone has taken a minute).
 STARTING_GRACE = 2.0
-
+# Heartbeat counters: main-loop rounds (any: waiting counts), and rounds that did useful work.
+PROGRESS_COUNTER = "progress"
+WORK_COUNTER = "work"
 
 # States a role's last heartbeat (SupervisorLink.final) reports; it exits right after.
 FINAL_STATES = ("finished", "stopped", "failed")
 
 
-class RestartPolicy:
-    """Exponential backoff over a slot's *unhealthy* deaths in a row, and a cap on them: a crash
-    loop ends in one clear line, while a healthy process killed ten times is replaced ten times."""
+def hung_timeout(scfg: SupervisorConfig, role: str) -> float:
+    """Seconds without main-loop progress after which a running ``role`` is hung: an actor's loop
+    turns every few env steps, so it gets its own short limit; the learner and the evaluator may
+    spend longer in one step (a big batch, a checkpoint's copy, an evaluation episode)."""
+    return scfg.actor_progress_timeout if role == "actor" else scfg.progress_timeout
 
-    def __init__(self, max_restarts: int, window: float, backoff: float, backoff_max: float) -> None:
-        self.max_restarts = max_restarts
-        self.window = window
-        self.backoff = backoff
-        self.backoff_max = backoff_max
 
-    def delay(self, unhealthy_deaths: list[float], now: float) -> float | None:
-        """Seconds to wait before the next restart, given the clock times of the slot's unhealthy
-        deaths in a row (the latest included, if it was one); None once they exceed the cap."""
-        recent = sum(1 for t in unhealthy_deaths if now - t < self.window)
-        if recent > self.max_restarts:
-            return None
-        return min(self.backoff_max, self.backoff * 2.0 ** max(0, recent - 1))
+def startup_timeout(scfg: SupervisorConfig) -> float:
+    """Seconds a process may take from its start to its main loop's first tick."""
+    return max(scfg.progress_timeout * STARTING_GRACE, scfg.startup_timeout)
 
 
 @dataclass
@@ -56,22 +54,31 @@ class Liveness:
 
     started: float  # clock() when the process was started (or first heard, if not ours)
     pid: int | None = None
+    role: str = ""  # which hung timeout applies (hung_timeout)
     last_seen: float | None = None  # clock() of its latest heartbeat
     last: HeartbeatMsg | None = None
     progress: float = -1.0
     progress_seen: float = 0.0  # clock() at which `progress` last changed (or the first heartbeat)
     ready_at: float | None = None  # clock() of its first progress (its main loop runs)
+    work: float = 0.0
+    useful_at: float | None = None  # clock() at which its work counter first moved
+    work_seen: float | None = None  # clock() at which its work counter last moved
     stopped_since: float | None = None  # clock() since which the OS reports it stopped
-    unhealthy_deaths: list[float] = field(default_factory=list)  # carried over between processes
 
     def heard(self, hb: HeartbeatMsg, now: float) -> None:
         """A heartbeat from this process. The first one starts the progress clock."""
-        progress = float(hb.counters.get("progress", 0.0))
+        progress = float(hb.counters.get(PROGRESS_COUNTER, 0.0))
         if self.last_seen is None or progress != self.progress:
             self.progress_seen = now
         if progress > 0 and self.ready_at is None:
             self.ready_at = now
         self.progress = progress
+        work = float(hb.counters.get(WORK_COUNTER, 0.0))
+        if work > self.work:
+            self.work_seen = now
+            if self.useful_at is None:
+                self.useful_at = now
+        self.work = work
         self.last = hb
         self.last_seen = now
 
@@ -81,14 +88,28 @@ class Liveness:
         elif self.stopped_since is None:
             self.stopped_since = now
 
-    def healthy(self, now: float, scfg: SupervisorConfig) -> bool:
-        return self._progressed_for(scfg) and self.verdict(now, scfg) is None
+    def unheard(self, seconds: float) -> None:
+        """The supervisor could not listen for ``seconds`` (its own loop was blocked, e.g. writing
+        to a paused terminal): that time is nobody's silence, so every clock moves on by it."""
+        self.started += seconds
+        self.progress_seen += seconds
+        if self.last_seen is not None:
+            self.last_seen += seconds
+        if self.stopped_since is not None:
+            self.stopped_since += seconds
 
-    def _progressed_for(self, scfg: SupervisorConfig) -> bool:
-        """Whether its main loop kept ticking for ``healthy_seconds``: measured up to its latest
-        progress, not up to now, so a process that ticks once and then hangs (or is stopped) until
-        it is killed is a crash loop, not a healthy run, however long it went on beating."""
-        return self.ready_at is not None and self.progress_seen - self.ready_at >= scfg.healthy_seconds
+    @property
+    def useful(self) -> bool:
+        """Whether it has done useful work at all (not only started, waited or been held back)."""
+        return self.useful_at is not None
+
+    def healthy(self, scfg: SupervisorConfig) -> bool:
+        """Whether it kept doing useful work for ``healthy_seconds``: measured up to its latest
+        work, not up to now, so a process that works once and then hangs, waits or is stopped
+        until it dies is no healthy run, however long it went on beating."""
+        if self.useful_at is None or self.work_seen is None:
+            return False
+        return self.work_seen - self.useful_at >= scfg.healthy_seconds
 
     def verdict(self, now: float, scfg: SupervisorConfig) -> str | None:
         """Why this live process must be killed and replaced, or None while it is fine."""
@@ -106,33 +127,22 @@ class Liveness:
         if silent > (max(scfg.heartbeat_timeout, scfg.stop_grace) if final else scfg.heartbeat_timeout):
             return f"no heartbeat for {silent:.1f} s" + (f" after it {final}" if final else "")
         stuck = now - self.progress_seen
-        # Before its first progress a process is still starting (imports, allocating replay,
-        # restoring a snapshot): that gets STARTING_GRACE times progress_timeout (on an overloaded
-        # machine torch's import alone has taken a minute), and at least startup_timeout.
+        # The role's own watchdog ends it at its hung timeout; this is the backstop, a heartbeat
+        # timeout later, for a watchdog that could not act.
         limit = (
-            scfg.progress_timeout
+            hung_timeout(scfg, self.role) + scfg.heartbeat_timeout
             if self.ready_at is not None
-            else max(scfg.progress_timeout * STARTING_GRACE, scfg.startup_timeout)
+            else startup_timeout(scfg)
         )
         if stuck > limit:
             state = self.last.state if self.last is not None else "?"
             return f"alive but no progress for {stuck:.1f} s (hung, state {state})"
         return None
 
-    def died(self, now: float, scfg: SupervisorConfig) -> bool:
-        """Record the process's death; returns whether it had been healthy (an occasional death)."""
-        was_healthy = self._progressed_for(scfg)
-        if was_healthy:
-            self.unhealthy_deaths = []
-        else:
-            self.unhealthy_deaths = [*self.unhealthy_deaths, now]
-        return was_healthy
-
     def renew(self, started: float, pid: int | None) -> Liveness:
-        """The record for the replacement process: fresh liveness, the slot's crash history."""
-        return Liveness(
-            started=started, pid=pid, last=self.last, unhealthy_deaths=list(self.unhealthy_deaths)
-        )
+        """The record for the replacement process: fresh liveness, the last heartbeat kept (the
+        summary shows the slot's last known counters until the replacement reports)."""
+        return Liveness(started=started, pid=pid, role=self.role, last=self.last)
 
 
 def os_stopped(pid: int) -> bool:

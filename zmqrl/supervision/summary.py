@@ -17,6 +17,7 @@ from zmqrl.config import Config
 from zmqrl.deploy_choice import choose_deployment, deploy_line, stopped_at_target_line
 from zmqrl.metrics import fmt_value
 from zmqrl.supervision.liveness import Liveness
+from zmqrl.supervision.restarts import NEEDS_OPERATOR, CrashRecord, Death, Decision
 from zmqrl.transport.control import TARGET_HELD
 from zmqrl.transport.wire import HeartbeatMsg
 
@@ -34,6 +35,9 @@ class Slot:
     retired: bool = False  # no longer watched: finished on its own, out of restarts, or gone
     restart_at: float | None = None  # clock() at which a failed slot is started again
     restart_times: list[float] = field(default_factory=list)  # clock() of this slot's restarts
+    crashes: CrashRecord = field(default_factory=CrashRecord)  # carried to each replacement
+    # How its last process ended, in the summary's words: finished, stopped, given up, killed, ...
+    end: str | None = None
 
     @property
     def last(self) -> HeartbeatMsg | None:
@@ -114,7 +118,12 @@ class Reporter:
         rows = [self._actor_row(a) for a in actors]
         summary: dict[str, Any] = {
             **extra,
-            "learner": {**learner_stats, "restarts": learner_slot.restarts}
+            "learner": {
+                **learner_stats,
+                "restarts": learner_slot.restarts,
+                "exit_code": learner_slot.exit_code,
+                "end": learner_slot.end or "unknown",
+            }
             if learner_slot
             else learner_stats,
             "actors": rows,
@@ -122,7 +131,12 @@ class Reporter:
         evaluator = slots.get("evaluator-0")
         if evaluator is not None:
             ev = read_stats_file(self.run_dir / "evaluator-stats.json", evaluator.last)
-            summary["evaluator"] = {**ev, "restarts": evaluator.restarts, "exit_code": evaluator.exit_code}
+            summary["evaluator"] = {
+                **ev,
+                "restarts": evaluator.restarts,
+                "exit_code": evaluator.exit_code,
+                "end": evaluator.end or "unknown",
+            }
         scorer = summary.get("evaluator", {}) if self.cfg.evaluator.enabled else None
         summary["deploy"] = choose_deployment(self.run_dir, learner_stats, scorer).to_dict()
         self._print(summary, learner_stats, rows, extra, summary.get("evaluator", {}))
@@ -145,6 +159,7 @@ class Reporter:
             "restarts": a.restarts,
             "exit_code": a.exit_code,
             "state": a.last.state if a.last else "unknown",
+            "end": a.end or "unknown",
         }
 
     def _print(
@@ -158,6 +173,9 @@ class Reporter:
         out = self._out
         launched = float(extra.get("launched", 0.0))
         print("\n== learner ==", file=out)
+        learner_end = summary["learner"].get("end") if isinstance(summary.get("learner"), dict) else None
+        if learner_end not in (None, "unknown"):
+            print(f"learner {learner_end}", file=out)
         if ls:
             print(
                 f"updates {int(ls.get('updates', 0))} | samples received {int(ls.get('samples', 0))} | "
@@ -203,18 +221,21 @@ class Reporter:
         print("\n== actors ==", file=out)
         print(
             f"{'actor_id':>8} {'samples':>10} {'samples/sec':>12} {'duration':>9} {'episodes':>9} "
-            f"{'weights_v':>9} {'restarts':>8}",
+            f"{'weights_v':>9} {'restarts':>8}  end",
             file=out,
         )
         for r in rows:
             print(
                 f"{r['actor_id']:>8} {r['samples']:>10} {r['samples_per_s']:>12.1f} {r['duration']:>8.1f}s "
-                f"{r['episodes']:>9} {r['weights_version']:>9} {r['restarts']:>8}",
+                f"{r['episodes']:>9} {r['weights_version']:>9} {r['restarts']:>8}  {r['end']}",
                 file=out,
             )
         bad = int(extra.get("bad_messages", 0))
         if bad:
             print(f"\nsupervisor: {bad} malformed heartbeat/control message(s) dropped", file=out)
+        outcome = extra.get("outcome")
+        if outcome:
+            print(f"\nrun {outcome}", file=out)
         print(
             f"\nshutdown took {float(extra.get('shutdown_seconds', math.nan)):.2f} s; "
             f"stats in {self.run_dir / 'stats.json'}",
@@ -286,23 +307,29 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def given_up_line(slot: Slot, exit_code: int, run_dir: Path) -> str:
-    """What the console says when a slot's crash loop reaches ``supervisor.max_restarts``."""
-    deaths = len(slot.live.unhealthy_deaths)
+def given_up_line(slot: Slot, death: Death, decision: Decision, run_dir: Path, last_error: str | None) -> str:
+    """What the console says when a slot is given up: which role, why and how often, the last
+    error line of its log, and what the run does now."""
+    where = f"see {slot.log_path}" if last_error is None else f"last error in {slot.log_path}: {last_error}"
+    if death.kind == NEEDS_OPERATOR:
+        what = f"{slot.name} {death.why}, which restarting cannot fix ({where})"
+    else:
+        counted = slot.crashes.counted
+        span = counted[-1] - counted[0] if counted else 0.0
+        what = (
+            f"{slot.name} failed {len(counted)} times in {span:.0f} s without a healthy run, "
+            f"a crash loop (the last one: {death.why}; {where})"
+        )
     if slot.role == "learner":
         return (
-            f"error: the learner failed (exit code {exit_code}) {deaths} times in a row without running "
-            f"healthily; stopping the run. Its latest checkpoint is in {run_dir / 'checkpoints'}: fix the "
-            f"cause (see {slot.log_path}), then `zmqrl launch --resume {run_dir}`"
+            f"error: {what}; stopping the run. Its latest checkpoint is in {run_dir / 'checkpoints'}: "
+            f"fix the cause, then `zmqrl launch --resume {run_dir}`"
         )
-    return (
-        f"warning: {slot.name} exited with code {exit_code}, {deaths} times in a row without running "
-        f"healthily (a crash loop: see {slot.log_path}); the run goes on without it (degraded)"
-    )
+    return f"warning: {what}; the run goes on without it (degraded)"
 
 
-def restart_line(slot: Slot, exit_code: int, healthy: bool, delay: float) -> str:
-    """What the console says when a failed process is about to be restarted."""
+def restart_line(slot: Slot, death: Death, decision: Decision) -> str:
+    """What the console says when a process that ended is about to be started again."""
+    assert decision.delay is not None
     what = "from its latest checkpoint " if slot.role == "learner" else ""
-    why = "after running healthily" if healthy else "before running healthily"
-    return f"warning: {slot.name} exited with code {exit_code} {why}; restarting it {what}in {delay:.1f} s"
+    return f"warning: {slot.name} {death.why} ({decision.why}); restarting it {what}in {decision.delay:.1f} s"
