@@ -1,9 +1,9 @@
-"""The learner's checkpoints: what goes in one, writing `latest` and `best`, the version file, resuming."""
+"""The learner's checkpoints: what goes in one, writing `latest` and `best`, resuming (the version
+file is zmqrl.learning.versions)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,11 +21,12 @@ from zmqrl.checkpoint import (
     remove_stale_temps,
     replay_name,
     save_checkpoint,
-    sync_directory,
     write_failure,
 )
 from zmqrl.errors import ConfigError
 from zmqrl.fingerprint import FingerprintMismatch, fingerprint_mismatch
+from zmqrl.learning.versions import VERSION_FILE as VERSION_FILE  # re-exported for the trainer
+from zmqrl.learning.versions import PublishedVersions as PublishedVersions
 from zmqrl.memory import format_bytes
 from zmqrl.replay import replay_footprint
 from zmqrl.snapshots import CheckpointWriter, detached, read_replay_snapshot
@@ -34,10 +35,6 @@ from zmqrl.types import TransitionBatch
 if TYPE_CHECKING:
     from zmqrl.learning.trainer import Trainer
 
-# File in the run directory: a ceiling on the weights versions this run has published.
-VERSION_FILE = "weights-version"
-# Versions reserved per fsync of VERSION_FILE: a restart skips at most this many version numbers.
-VERSION_BLOCK = 1_000
 # Payload key: the paired replay snapshot's row count and total_added, or None when none was saved.
 REPLAY_ENTRY = "replay_snapshot"
 # Fingerprint keys that are config settings (the others, obs.* and action.*, follow from env.*):
@@ -45,47 +42,6 @@ REPLAY_ENTRY = "replay_snapshot"
 SETTING_SECTIONS = ("env", "agent")
 
 log = logging.getLogger("zmqrl.learner")
-
-
-class PublishedVersions:
-    """A ceiling above every weights version this run may have published, kept in a small file.
-
-    A restarted learner numbers above it, so actors (which never adopt an older version) follow
-    it, even after a machine crash that lost the file's unsynced writes: ``reserve`` is called
-    before a version is published, and a version above the ceiling raises it by ``VERSION_BLOCK``
-    with one fsync, so a block of publishes costs one fsync and nothing published is ever above
-    what the disk holds. A restart therefore skips up to a block of version numbers."""
-
-    def __init__(self, path: Path, block: int = VERSION_BLOCK) -> None:
-        self.path = path
-        self.block = block
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            created = not path.exists()
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if created:
-                sync_directory(path.parent)  # the file itself must survive a machine crash
-        except OSError as exc:
-            raise write_failure(path, exc, path.parent) from exc
-        try:
-            self.highest = max(0, int(os.pread(self._fd, 32, 0).decode().strip() or 0))
-        except (ValueError, UnicodeDecodeError):
-            self.highest = 0
-
-    def reserve(self, version: int) -> None:
-        """Call before publishing ``version``: the file holds a ceiling at or above it on disk."""
-        if version <= self.highest:
-            return
-        ceiling = version + self.block - 1
-        try:
-            os.pwrite(self._fd, f"{ceiling:<20d}\n".encode(), 0)
-            os.fsync(self._fd)
-        except OSError as exc:
-            raise write_failure(self.path, exc, self.path.parent) from exc
-        self.highest = ceiling
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 class Checkpoints:
