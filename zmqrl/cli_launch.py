@@ -56,6 +56,14 @@ def launch(
             "with the config saved there (--set still applies).",
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="When resuming: continue even if the env, network, n_step or gamma differ from the "
+            "checkpoint's (otherwise the learner refuses; sets checkpoint.force_resume).",
+        ),
+    ] = False,
     actors: Annotated[
         int | None,
         typer.Option("--actors", "-n", help="Number of actor processes (overrides actor.num_actors)."),
@@ -104,6 +112,10 @@ def launch(
         overrides.append(f"run.name={name}")
     if insecure:
         overrides.append("transport.insecure=true")
+    if force:
+        overrides.append("checkpoint.force_resume=true")
+    elif resume is not None:  # a force saved in RUN_DIR/config.yaml by a forced resume does not carry over
+        overrides.insert(0, "checkpoint.force_resume=false")
     cfg = _load(config, overrides, log_level)
     _setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
     if not serial:  # --serial builds all of it at once, and says the same in one line
