@@ -623,3 +623,60 @@ def test_what_a_peer_sends_the_weights_socket_besides_subscribing_is_no_join_and
         honest.poll(20)
     assert publisher.joins == 1, "only the honest subscription counts as a join"
     hostile.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Backpressure is not an unreachable learner; a role reports its control drops (issue 23 item 11)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_sender_waits_out_a_connected_learner_that_is_not_reading_and_gives_up_once_it_is_gone(
+    ctx: zmq.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The learner is connected but reads nothing (training, or held back by its replay ratio):
+    that is backpressure, and an actor must wait as long as it takes, not give up after
+    give_up_after of blocked time. Once nothing is connected any more, it gives up as before."""
+    small = sockets.SocketLimits(samples_hwm=2, linger_ms=0, samples_buffer_bytes=4096)
+    pull, endpoint = sockets.samples_pull(ctx, "tcp://127.0.0.1:0", small)
+    sender = SampleSender(sockets.samples_push(ctx, endpoint, small), endpoint, give_up_after=0.3)
+    msg = SamplesMsg(actor_id=0, seq=0, weights_version=0, batch=one_row_batch(), episodes=[])
+    big = SamplesMsg(0, 0, 0, TransitionBatch(*(np.repeat(a, 4096, axis=0) for a in one_row_batch())), [])
+    blocked_since: list[float] = []
+
+    def idle() -> bool:  # the actor's housekeeping while blocked; stops after 2 s of backpressure
+        blocked_since.append(blocked_since[0] if blocked_since else time.monotonic())
+        return time.monotonic() - blocked_since[0] > 2.0
+
+    with caplog.at_level(logging.WARNING):
+        while sender.send(big, idle):  # fills the queue and the socket buffers, then blocks
+            assert time.monotonic() - (blocked_since[0] if blocked_since else time.monotonic()) < 10
+    assert sender.messages_sent > 0
+    assert sender.backpressure_seconds > 1.5, "it was blocked by a connected learner"
+    pull.close(linger=0)  # the learner is gone: nothing connected from now on
+    started = time.monotonic()
+    with pytest.raises(LearnerUnreachable, match="no learner to deliver samples to"):
+        sender.send(msg, idle=lambda: time.monotonic() - started > 20)
+    assert time.monotonic() - started < 5
+    sender.close()
+
+
+def test_a_role_reports_the_control_messages_it_dropped_in_its_heartbeats(ctx: zmq.Context) -> None:
+    pull, heartbeat = sockets.heartbeat_pull(ctx, "tcp://127.0.0.1:0", LIMITS)
+    pub, control = sockets.control_pub(ctx, "tcp://127.0.0.1:0", LIMITS)
+    clock = FakeClock()
+    link = SupervisorLink(
+        ctx, link_config(control, heartbeat), "actor", 1, clock=clock, watch_supervisor=False, start=False
+    )
+    deadline = time.monotonic() + 10
+    while link.control.bad.count < 3:  # PUB drops until the subscription is through
+        assert time.monotonic() < deadline, "no junk reached the role's control socket"
+        pub.send(b"not a control message")
+        link._ctl_sock.poll(20)
+        clock.now += 1.0  # past CONTROL_POLL_SECONDS and the heartbeat interval: each tick polls, beats
+        link.tick(dict)
+    link.final("stopped", {})
+    beats = received_heartbeats(pull, 2, 10)
+    while pull.poll(200):
+        beats.append(received_heartbeats(pull, 1, 1)[0])
+    link.close()
+    assert beats[-1].state == "stopped" and beats[-1].counters["bad_control"] == link.control.bad.count >= 3

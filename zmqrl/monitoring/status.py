@@ -14,6 +14,8 @@ The protocol, msgpack maps in one frame after an empty delimiter (a REQ or DEALE
 
 A malformed request is counted and logged (rate-limited, :class:`BadMessages`) and answered with
 an error when it came with an envelope to answer to; it never reaches the snapshot or the loop.
+Requests are read frame by frame within :data:`REQUEST_LIMIT`, so a peer cannot make the
+supervisor copy more than a request's worth of one message.
 Security is the heartbeat socket's: plaintext on loopback only unless ``--insecure``; with
 ``transport.keys_dir`` a CurveZMQ server that admits the run's authorized client keys.
 """
@@ -36,6 +38,8 @@ from zmqrl.monitoring.snapshot import RunSnapshot
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.keys import Security
+from zmqrl.transport.receiving import FrameLimit, recv_bounded
+from zmqrl.transport.wire import WireError
 
 # Version of the request/reply maps above.
 PROTOCOL = 1
@@ -43,6 +47,9 @@ PROTOCOL = 1
 STATUS_RECORD = "supervisor.json"
 # Most requests one serve() answers; the rest wait for the next loop, so a flood cannot hold it.
 SERVE_MAX_REQUESTS = 32
+# The most one request may hold, read frame by frame (ZeroMQ's MAXMSGSIZE bounds each frame only):
+# the peer's routing id (at most 255 bytes), the empty delimiter and the request map.
+REQUEST_LIMIT = FrameLimit(max_frames=3, max_bytes=255 + sockets.MAX_REQUEST_BYTES)
 
 
 class StatusError(RuntimeError):
@@ -129,14 +136,18 @@ class StatusServer:
         handled = 0
         for _ in range(max_requests):
             try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = recv_bounded(self._sock, REQUEST_LIMIT, copy=True)
             except zmq.Again:
                 break
+            except WireError as exc:  # more frames or bytes than a request has: dropped, no reply
+                handled += 1
+                self.bad.record(exc)
+                continue
             handled += 1
             self._handle(frames)
         return handled
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle(self, frames: list[Any]) -> None:
         identity, envelope = frames[0], frames[1:]
         if len(envelope) != 2 or envelope[0] != b"":
             self.bad.record(ValueError(f"status request of {len(envelope)} frame(s) without a delimiter"))
