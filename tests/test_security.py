@@ -20,6 +20,7 @@ from tests.conftest import wait_until
 from zmqrl.config import ConfigError, load_config
 from zmqrl.supervision.link import transport_security
 from zmqrl.transport import sockets, wire
+from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.keys import Security, SecurityError, create_keys
 from zmqrl.transport.security import (
     AuthenticatorHandle,
@@ -142,12 +143,11 @@ def actor_ids(messages: list[list[bytes]]) -> list[int]:
 def test_create_keys_writes_the_documented_layout_with_private_secrets(tmp_path: Path) -> None:
     keys_dir = tmp_path / "k"
     written = create_keys(keys_dir)
-    expected = {
-        "server.key",
-        "server.key_secret",
-        "client.key",
-        "client.key_secret",
-        "authorized/client.key",
+    # The server pair, the tools' `client` pair and one pair per role, each authorized.
+    expected = {"server.key", "server.key_secret"} | {
+        path
+        for name in ("client", "learner", "actor", "evaluator")
+        for path in (f"{name}.key", f"{name}.key_secret", f"authorized/{name}.key")
     }
     assert {str(p.relative_to(keys_dir)) for p in written} == expected
     for path in written:
@@ -519,3 +519,100 @@ def test_denial_reports_say_how_many_were_left_out_since_the_last(
     assert denials.count == 6 and len(lines) == 2
     assert "from 10.0.0.0" in lines[0] and "KEY0" in lines[0] and "0 more refused" in lines[0]
     assert "from 10.0.0.9" in lines[1] and "4 more refused since the last report, 6 in all" in lines[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals before the authenticator, and heartbeats bound to their key's role (issue 23 items 7, 11)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_plaintext_client_refused_by_a_curve_server_is_counted_and_logged(
+    ctx: zmq.Context, security: Security, auth: AuthenticatorHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """libzmq stops a client without keys at the greeting, before any ZAP request: the
+    authenticator never hears of it, so only the server socket's monitor can count it."""
+    caplog.set_level(logging.WARNING, logger="zmqrl.security")
+    pull, endpoint = sockets.samples_pull(ctx, ANY_PORT, LIMITS, security=security)
+    plaintext = sockets.samples_push(ctx, endpoint, LIMITS)
+    assert not send_within(plaintext, samples_frames(77), timeout=0.2)
+    wait_until(lambda: auth.denied >= 1, DEADLINE_S, "the plaintext client to be counted")
+    lines = [r.getMessage() for r in caplog.records if "refused a plaintext handshake" in r.getMessage()]
+    assert len(lines) == 1 and "samples socket" in lines[0] and "transport.keys_dir" in lines[0]
+    assert receive_for(pull, 0.2) == []
+    for sock in (pull, plaintext):
+        sock.close(linger=0)
+
+
+def role_keys(tmp_path: Path) -> dict[str, Security]:
+    """The default `zmqrl keys` layout, loaded once per client pair."""
+    keys_dir = tmp_path / "roles"
+    create_keys(keys_dir)
+    return {name: Security.load(keys_dir, name) for name in ("client", "learner", "actor", "evaluator")}
+
+
+def test_the_supervisor_takes_a_heartbeat_only_from_a_key_bound_to_the_role_it_claims(
+    tmp_path: Path, ctx: zmq.Context
+) -> None:
+    """An actor's key (every actor pod holds it) can no longer end the run as `learner-0 finished`."""
+    from zmqrl.transport.control import HeartbeatReceiver, HeartbeatSender
+    from zmqrl.transport.control_auth import ControlAuth
+
+    keys = role_keys(tmp_path)
+    handle = keys["client"].start_authenticator(ctx)
+    pull, endpoint = sockets.heartbeat_pull(ctx, ANY_PORT, LIMITS, security=keys["client"])
+    receiver = HeartbeatReceiver(pull, BadMessages("heartbeats"), ControlAuth(curve_identities=True))
+    # (key, role claimed, id claimed): only the last two keys may say what they claim.
+    claims = [("actor", "learner", 0), ("client", "learner", 0), ("evaluator", "actor", 2)]
+    claims += [("actor", "actor", 2), ("learner", "learner", 0)]
+    pushes = []
+    for key, role, role_id in claims:
+        push = sockets.heartbeat_push(ctx, endpoint, LIMITS, security=keys[key])
+        pushes.append(push)
+        HeartbeatSender(push, role, role_id, interval=1.0).beat("finished", {})
+    got: list[tuple[str, int]] = []
+
+    def all_heard() -> bool:
+        got.extend((hb.role, hb.id) for hb in receiver.recv_all(50))
+        return len(got) + receiver.bad.count >= len(claims)
+
+    wait_until(all_heard, DEADLINE_S, "every heartbeat to arrive or be refused")
+    assert sorted(got) == [("actor", 2), ("learner", 0)]
+    assert receiver.unauthenticated == receiver.bad.count == 3
+    handle.stop()
+    for sock in (pull, *pushes):
+        sock.close(linger=0)
+
+
+@pytest.mark.parametrize(
+    ("key", "role", "role_id", "allowed"),
+    [
+        ("learner", "learner", 0, True),
+        ("actor", "actor", 7, True),
+        ("actor-3", "actor", 3, True),
+        ("actor-3", "actor", 4, False),
+        ("actor.host-a", "actor", 9, True),
+        ("actor", "learner", 0, False),
+        ("client", "learner", 0, False),
+        ("host-a", "actor", 0, False),
+        ("learners", "learner", 0, False),
+        ("evaluator", "evaluator", 0, True),
+    ],
+)
+def test_a_key_may_speak_as_the_role_its_name_says(key: str, role: str, role_id: int, allowed: bool) -> None:
+    from zmqrl.transport.identity import may_speak_as
+
+    assert may_speak_as(key, role, role_id) is allowed
+
+
+def test_a_role_whose_key_may_not_speak_as_it_refuses_to_start_and_says_how_to_fix_it(tmp_path: Path) -> None:
+    from zmqrl.transport.control_trust import role_control_auth, with_role_key
+
+    keys = role_keys(tmp_path)
+    cfg = load_config(None, [f"transport.keys_dir={tmp_path / 'roles'}"])
+    assert with_role_key(cfg, "actor", 3).transport.key_name == "actor"  # the default picks the role's pair
+    assert with_role_key(cfg, "learner", 0).transport.key_name == "learner"
+    with pytest.raises(SecurityError, match=r"zmqrl keys KEYS_DIR --client learner"):
+        role_control_auth(cfg, keys["actor"], "learner", 0)
+    with pytest.raises(SecurityError, match="may not speak as actor-0"):
+        role_control_auth(cfg, keys["client"], "actor", 0)
+    role_control_auth(cfg, keys["actor"], "actor", 0)

@@ -137,3 +137,42 @@ def test_supervise_stops_on_sigterm_with_the_documented_code(run_root: Path, pro
     supervisor.proc.send_signal(signal.SIGTERM)
     assert supervisor.wait(30) == 143, supervisor.output
     assert "SIGTERM received" in supervisor.output
+
+
+def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_ids(
+    run_root: Path, procs: list[Proc], tmp_path: Path
+) -> None:
+    """One forged heartbeat used to end a watch-only run, and random ids made new slots. With the
+    compose setup (a token file the supervisor makes on the shared volume), a peer without the token
+    reaches nothing: every message is counted and dropped, and the run goes on."""
+    import zmq
+
+    from zmqrl.transport import wire
+    from zmqrl.transport.wire import HeartbeatMsg
+
+    token = tmp_path / "shared" / "control.token"
+    overrides = [*fixed_ports(run_root), f"transport.control_token_file={token}"]
+    supervisor = Proc(["supervise"], overrides, supervised=False)
+    procs.append(supervisor)
+    wait_until(lambda: "watching run" in supervisor.output, 60, "the supervisor to bind")
+    assert token.is_file() and (token.stat().st_mode & 0o077) == 0, "made private for the roles"
+    heartbeat = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.heartbeat="))
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 1000)
+    push.connect(heartbeat)
+    forged = [HeartbeatMsg("learner", 0, 4242, 0.0, "finished", {"progress": 1}, {})]
+    forged += [HeartbeatMsg("actor", 1000 + i, 5000 + i, 0.0, "running", {}, {}) for i in range(200)]
+    for msg in forged:
+        push.send_multipart(wire.dump(msg))
+    push.close()
+    ctx.term()
+    wait_until(lambda: "dropped" in supervisor.output, 30, "the forged heartbeats to be reported")
+    supervisor.proc.send_signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 143, supervisor.output
+    out = supervisor.output
+    assert "learner finished" not in out and "joined" not in out, out
+    assert "requires the run's control token" in out
+    stats = json.loads((run_root / "t" / "stats.json").read_text())
+    assert stats["supervisor"]["unauthenticated_heartbeats"] == len(forged)
+    assert stats["actors"] == []

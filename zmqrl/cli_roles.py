@@ -30,6 +30,7 @@ from zmqrl.cli import (
     config_path_problem,
     role_exit_code,
 )
+from zmqrl.transport.control_trust import with_role_key
 
 
 @app.command(epilog="Example: zmqrl learner configs/cartpole_dqn.yaml --resume")
@@ -65,6 +66,7 @@ def learner(
 
     if not os.environ.get(SUPERVISED_ENV):
         save_config(cfg, cfg.run_dir / "config.yaml")
+    cfg = with_role_key(cfg, "learner", 0)  # with keys: the client pair bound to this role
     link = _start_link(cfg, "learner", 0)
     from zmqrl.roles.learner import Learner
 
@@ -113,6 +115,7 @@ def actor(
     actor_id = claim.actor_id
     _setup_logging(cfg.run.log_level, f"actor-{actor_id}")
     logging.getLogger("zmqrl").info("%s", claim.describe())
+    cfg = with_role_key(cfg, "actor", actor_id)  # with keys: the client pair bound to this role
     link = _start_link(cfg, "actor", actor_id)
     from zmqrl.roles.actor import Actor
 
@@ -139,6 +142,7 @@ def evaluator(
     weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
     cfg = _load(config, set_, log_level)
     _setup_logging(cfg.run.log_level, "evaluator-0")
+    cfg = with_role_key(cfg, "evaluator", 0)  # with keys: the client pair bound to this role
     link = _start_link(cfg, "evaluator", 0)
     from zmqrl.roles.evaluator import Evaluator
 
@@ -254,29 +258,56 @@ def eval_checkpoint(
         typer.echo(f"video: {path}")
 
 
-@app.command(epilog="Example: zmqrl keys keys/ --client actor --client evaluator")
+@app.command(epilog="Example: zmqrl keys keys/ --client actor.host-a --token keys/control.token")
 def keys(
-    keys_dir: Annotated[Path, typer.Argument(help="Directory for the keys (created if missing).")],
+    keys_dir: Annotated[
+        Path | None, typer.Argument(help="Directory for the keys (created if missing).")
+    ] = None,
     client: Annotated[
         list[str] | None,
         typer.Option(
             "--client",
             "-c",
-            help="Name of a client key pair to add and authorize (repeatable); "
-            "default: a server pair plus one client pair named 'client'. A process uses the pair "
-            "NAME with --set transport.key_name=NAME (or ZMQRL_TRANSPORT__KEY_NAME=NAME); revoke it "
-            "by deleting KEYS_DIR/authorized/NAME.key.",
+            help="Name of a client key pair to add and authorize (repeatable); default: a server pair, "
+            "one pair per role (learner, actor, evaluator: the supervisor lets each speak only as its "
+            "role) and one named 'client' (tools, `zmqrl status`). Roles pick the pair named for them; "
+            "NAME is used with --set transport.key_name=NAME (per-host actor keys: actor.HOST). Revoke "
+            "one by deleting KEYS_DIR/authorized/NAME.key.",
+        ),
+    ] = None,
+    token: Annotated[
+        Path | None,
+        typer.Option(
+            "--token",
+            metavar="FILE",
+            help="Write a fresh control token to FILE (mode 0600; an existing file is kept): the run's "
+            "secret that authenticates heartbeats and control messages without keys "
+            "(transport.control_token_file=FILE for the supervisor and every role).",
         ),
     ] = None,
 ) -> None:
     """Make CurveZMQ keys: a server pair (learner, supervisor), client pairs (every process that
     connects), and KEYS_DIR/authorized/ listing the clients the servers accept. Then run with
-    --set transport.keys_dir=KEYS_DIR (README 'Security')."""
+    --set transport.keys_dir=KEYS_DIR (docs/deployment.md 'Security'). With --token, (also) a
+    control token file."""
+    from zmqrl.transport.control_auth import write_token_file
     from zmqrl.transport.keys import SecurityError, create_keys
 
+    if keys_dir is None and token is None:
+        _fail("give a KEYS_DIR to make keys in, or --token FILE for a control token (or both)", EXIT_CONFIG)
+    written: list[Path] = []
     try:
-        written = create_keys(keys_dir, list(client) if client else None)
-    except (SecurityError, FileExistsError, ValueError) as exc:
+        if keys_dir is not None:
+            written = create_keys(keys_dir, list(client) if client else None)
+        if token is not None:
+            if token.exists():
+                _fail(
+                    f"{token} already exists; refusing to replace a run's token (delete it first)",
+                    EXIT_RUNTIME,
+                )
+            write_token_file(token)
+            written.append(token)
+    except (SecurityError, FileExistsError, ValueError, OSError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     for path in written:
         typer.echo(str(path))

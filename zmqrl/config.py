@@ -102,6 +102,8 @@ class ReplayConfig:
     priority_eps: float = 1e-6  # added to |TD error| so no transition's priority is ever 0
     share_frames: bool = False  # store each image plane once (stacked Atari frames: ~8x less memory)
     max_initial_priority_ratio: float = 10.0  # actor-sent priorities are clipped to this x the learner's max
+    max_priority: float = 1000.0  # cap on any stored priority (|TD error|), actor-sent or the learner's own
+    max_draw_ratio: float = 10.0  # no row is stored with a weight above this x the buffer's mean weight
 
 
 @dataclass
@@ -124,6 +126,7 @@ class LearnerConfig:
     samples_per_insert_tolerance: int = 1_000  # transitions either side of the ratio before a side waits
     max_policy_lag: int | None = None  # drop batches acted with weights more than this many versions old
     ingest_max_share: float | None = 0.05  # CPU seconds per second the ingest thread may take (None: no cap)
+    max_nonfinite_updates: int = 100  # updates in a row skipped for a NaN/inf loss or gradient: then exit 1
 
 
 @dataclass
@@ -147,12 +150,15 @@ class TransportConfig:
     control: str = "tcp://127.0.0.1:5558"  # supervisor binds PUB here; roles connect SUB
     samples_hwm: int = 64  # queued sample messages per peer before the actor blocks (backpressure)
     samples_buffer_kb: int = 0  # kernel TCP buffer per samples connection in KiB (0: the OS default)
-    max_message_mb: int = 64  # larger incoming messages are dropped by ZeroMQ before decoding
+    max_message_mb: int = 64  # a larger incoming samples or weights message (all frames) is dropped unread
     linger_ms: int = 1_000  # how long a closing socket may keep flushing queued messages
     keys_dir: str | None = None  # CurveZMQ keys made by `zmqrl keys DIR` (None: no encryption)
-    key_name: str = "client"  # this process's client key pair in keys_dir (`zmqrl keys --client NAME`)
+    key_name: str = "client"  # client pair in keys_dir ("client": the role's own pair, e.g. actor, if there)
     insecure: bool = False  # allow binding a non-loopback address without keys (prints a warning)
-    connect_timeout: float | None = 300.0  # an actor that delivers nothing this long exits 1 (None: never)
+    connect_timeout: float | None = 300.0  # an actor with no learner connected this long exits 1 (None: no)
+    control_token_file: str | None = None  # run secret for heartbeats/control without keys (supervise writes)
+    max_abs_reward: float = 1e6  # a reward beyond this per env step makes a samples message bad (dropped)
+    max_abs_obs: float = 1e6  # observation limit where the env's space declares no finite bound
 
 
 @dataclass

@@ -38,7 +38,8 @@ from zmqrl.supervision.liveness import PROGRESS_COUNTER, WORK_COUNTER, hung_time
 from zmqrl.supervision.watchdog import Watchdog, end_hung_process
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
-from zmqrl.transport.control import ControlSubscriber, HeartbeatSender
+from zmqrl.transport.control import CONTROL_DROPS_COUNTER, ControlSubscriber, HeartbeatSender
+from zmqrl.transport.control_trust import role_control_auth
 from zmqrl.transport.keys import Security
 
 # Set by a supervisor in its children's environment (`launch`), or by an orchestrator for roles
@@ -139,11 +140,16 @@ class SupervisorLink:
     ) -> None:
         limits = socket_limits(cfg)
         security = transport_security(cfg)
+        control_auth = role_control_auth(cfg, security, role, role_id)  # before any socket opens
         scfg = cfg.supervisor
         self._hb_sock = sockets.heartbeat_push(ctx, cfg.transport.heartbeat, limits, security=security)
         self._ctl_sock = sockets.control_sub(ctx, cfg.transport.control, limits, security=security)
-        self.heartbeat = HeartbeatSender(self._hb_sock, role, role_id, scfg.heartbeat_interval, clock)
-        self.control = ControlSubscriber(self._ctl_sock, BadMessages(f"{role}-{role_id} control", log), clock)
+        self.heartbeat = HeartbeatSender(
+            self._hb_sock, role, role_id, scfg.heartbeat_interval, clock, auth=control_auth
+        )
+        self.control = ControlSubscriber(
+            self._ctl_sock, BadMessages(f"{role}-{role_id} control", log), clock, auth=control_auth
+        )
         self.role, self.role_id = role, role_id
         self.stop_event = stop_event or threading.Event()
         self.stop_reason = ""
@@ -302,7 +308,11 @@ class SupervisorLink:
         self._write_health()
 
     def _liveness_counters(self) -> dict[str, int]:
-        return {PROGRESS_COUNTER: self._progress, WORK_COUNTER: self._work}
+        return {
+            PROGRESS_COUNTER: self._progress,
+            WORK_COUNTER: self._work,
+            CONTROL_DROPS_COUNTER: self.control.bad.count,  # forged or malformed control messages
+        }
 
     def _with_host(self, info: Mapping[str, str] | None) -> dict[str, str]:
         return {**(info or self._info), "host": self._host}

@@ -36,7 +36,8 @@ from zmqrl.supervision.monitor import RunMonitor
 from zmqrl.supervision.summary import Reporter, Slot
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
-from zmqrl.transport.control import ControlPublisher, HeartbeatReceiver
+from zmqrl.transport.control import CONTROL_DROPS_COUNTER, ControlPublisher, HeartbeatReceiver
+from zmqrl.transport.control_trust import supervisor_control_auth
 from zmqrl.transport.wire import HeartbeatMsg
 
 # Seconds between repeated stop broadcasts while processes are still alive.
@@ -107,6 +108,10 @@ class Oversight:
         self._t0 = self._clock()
         limits = socket_limits(self.cfg)
         security = transport_security(self.cfg)
+        # How heartbeats are authenticated (keys bound to roles, or the run's token; launch makes
+        # a fresh token per run, named in the config its children read).
+        launching = self.command == "launch"
+        control_auth, self.cfg = supervisor_control_auth(self.cfg, security, launching=launching)
         auth = security.start_authenticator(self._ctx) if security else None
         insecure = self.cfg.transport.insecure
         with contextlib.ExitStack() as opening:  # what is open so far is closed again if one fails
@@ -123,8 +128,8 @@ class Oversight:
             opening.callback(self.monitor.close)  # also when open() fails halfway
             self.monitor.open(self._ctx, self.launched, limits, security)
             opened = opening.pop_all()
-        self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log))
-        self.control = ControlPublisher(ctl_sock)
+        self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log), control_auth)
+        self.control = ControlPublisher(ctl_sock, control_auth)
         # From here on the control socket is the beacon thread's (stop and end go through it).
         self.beacon = ControlBeacon(self.control, self.cfg.supervisor.heartbeat_interval, self._beat_health)
         opened.callback(self.beacon.close)  # before the socket closes
@@ -282,8 +287,15 @@ class Oversight:
             "bad_messages": bad.count,
             "supervisor": {
                 "bad_heartbeats": bad.count,
+                "unauthenticated_heartbeats": self.heartbeats.unauthenticated,  # in bad_heartbeats too
                 "bad_status_requests": self.monitor.bad_requests,
                 **self._own_counts(),
+            },
+            # Control messages each role dropped (forged or malformed), from its last heartbeat.
+            "bad_control": {
+                slot.name: int(slot.last.counters.get(CONTROL_DROPS_COUNTER, 0))
+                for slot in self.slots.values()
+                if slot.last is not None and slot.last.counters.get(CONTROL_DROPS_COUNTER)
             },
             "outcome": outcome,
         }

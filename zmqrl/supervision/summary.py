@@ -233,6 +233,9 @@ class Reporter:
         bad = int(extra.get("bad_messages", 0))
         if bad:
             print(f"\nsupervisor: {bad} malformed heartbeat/control message(s) dropped", file=out)
+        if dropped := extra.get("bad_control"):  # by the roles, on the control channel
+            each = ", ".join(f"{name} {n}" for name, n in sorted(dropped.items()))
+            print(f"control messages dropped by roles (malformed or forged): {each}", file=out)
         outcome = extra.get("outcome")
         if outcome:
             print(f"\nrun {outcome}", file=out)

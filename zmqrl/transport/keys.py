@@ -40,6 +40,9 @@ log = logging.getLogger("zmqrl.security")
 # and czmq use, so their tools (zmq.auth.load_certificate, zcert) read zmqrl's keys as they are.
 SERVER_NAME = "server"
 DEFAULT_CLIENT = "client"
+# The roles that heartbeat to a supervisor: with keys, each has a client pair named for it, which is
+# the only kind of key the supervisor lets speak as that role (zmqrl/transport/identity.py).
+ROLE_CLIENTS = ("learner", "actor", "evaluator")
 AUTHORIZED_DIR = "authorized"
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
@@ -120,6 +123,10 @@ def _check_client_names(names: Iterable[str]) -> list[str]:
 def create_keys(keys_dir: Path, clients: list[str] | None = None) -> list[Path]:
     """Make the server pair (when absent) and one pair per client, and authorize every client.
 
+    The default clients are ``client`` (tools such as ``zmqrl status``, and the supervisor's own
+    pair) and one pair per role (``learner``, ``actor``, ``evaluator``), each of which the
+    supervisor lets speak only as its role.
+
     Run once per deployment on the host of the binding roles; run again with new names to add
     clients (each gets its own pair, so one can later be revoked by deleting its authorized file).
     Nothing is ever overwritten: replacing the server key would lock out every deployed client,
@@ -128,7 +135,7 @@ def create_keys(keys_dir: Path, clients: list[str] | None = None) -> list[Path]:
     """
     keys_dir = Path(keys_dir)
     explicit = clients is not None
-    names = _check_client_names(clients if clients is not None else [DEFAULT_CLIENT])
+    names = _check_client_names(clients if clients is not None else [DEFAULT_CLIENT, *ROLE_CLIENTS])
     server_files = [keys_dir / f"{SERVER_NAME}{PUBLIC_SUFFIX}", keys_dir / f"{SERVER_NAME}{SECRET_SUFFIX}"]
     have_server = any(p.exists() for p in server_files)
     if have_server and not explicit:
@@ -214,6 +221,7 @@ class Security:
     client_public: bytes
     client_secret: bytes
     authorized_dir: Path
+    client_name: str = DEFAULT_CLIENT  # the pair's name: the role its heartbeats may speak as
 
     @property
     def can_serve(self) -> bool:
@@ -263,6 +271,7 @@ class Security:
             client_public=client_public,
             client_secret=client_secret,
             authorized_dir=keys_dir / AUTHORIZED_DIR,
+            client_name=client,
         )
 
     def start_authenticator(self, ctx: zmq.Context) -> AuthenticatorHandle:

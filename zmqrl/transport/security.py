@@ -1,10 +1,11 @@
-"""The CurveZMQ runtime: the per-context ZAP authenticator, curve socket options, bind checks.
+"""The CurveZMQ runtime: the per-context ZAP authenticator and the curve socket options.
 
 Keys come from :mod:`zmqrl.transport.keys` (made by ``zmqrl keys``, read by ``Security.load``); this
 module is what enforces them once a process runs. The authenticator admits the client keys listed
-in the keys directory's ``authorized/`` (reread when it changes) and counts every refusal;
-:func:`curve_options` makes a socket a CURVE server or client; :func:`check_bind_allowed` refuses
-plaintext binds beyond loopback.
+in the keys directory's ``authorized/`` (reread when it changes), names each connection by its key
+(the ZAP User-Id the supervisor checks heartbeats against) and counts every refusal, those before
+authentication included (:mod:`zmqrl.transport.handshakes`); :func:`curve_options` makes a socket a
+CURVE server or client. What may bind where is :mod:`zmqrl.transport.exposure` (re-exported here).
 
 Two libzmq behaviours this module guards against, both verified against libzmq 4.3.5:
 
@@ -19,7 +20,6 @@ Two libzmq behaviours this module guards against, both verified against libzmq 4
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -33,6 +33,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from zmqrl.transport.exposure import check_bind_allowed, is_loopback  # noqa: F401 (re-exported)
+from zmqrl.transport.handshakes import HandshakeWatch
 from zmqrl.transport.keys import KEYS_COMMAND, PUBLIC_SUFFIX, Security, SecurityError
 
 log = logging.getLogger("zmqrl.security")
@@ -41,9 +43,6 @@ log = logging.getLogger("zmqrl.security")
 ZAP_DOMAIN = "zmqrl"
 # Seconds between log lines about refused handshakes (the ones in between are counted, then summed up).
 DENIAL_LOG_SECONDS = 30.0
-# Endpoint schemes that never leave this machine.
-_LOCAL_SCHEMES = ("ipc://", "inproc://")
-_LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,7 +62,7 @@ class _AuthorizedKeys:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._stamp: tuple[tuple[str, int, int], ...] | None = None
-        self._keys: frozenset[bytes] = frozenset()
+        self._keys: dict[bytes, str] = {}  # Z85 public key -> its name (the file name without .key)
 
     def _current_stamp(self) -> tuple[tuple[str, int, int], ...]:
         entries = []
@@ -74,14 +73,15 @@ class _AuthorizedKeys:
                     entries.append((entry.name, st.st_mtime_ns, st.st_size))
         return tuple(sorted(entries))
 
-    def keys(self) -> frozenset[bytes]:
+    def keys(self) -> dict[bytes, str]:
+        """Every authorized Z85 public key and its name."""
         try:
             stamp = self._current_stamp()
         except OSError as exc:
             log.warning("cannot read authorized keys in %s (%s): refusing every client", self.directory, exc)
-            return frozenset()
+            return {}
         if stamp != self._stamp:
-            keys = set()
+            keys: dict[bytes, str] = {}
             for name, _, _ in stamp:
                 path = self.directory / name
                 try:
@@ -89,9 +89,13 @@ class _AuthorizedKeys:
                 except (OSError, ValueError) as exc:
                     log.warning("ignoring authorized key file %s: %s", path, exc)
                     continue
-                keys.add(public)
-            self._stamp, self._keys = stamp, frozenset(keys)
+                keys[public] = name[: -len(PUBLIC_SUFFIX)]
+            self._stamp, self._keys = stamp, keys
         return self._keys
+
+    def name_of(self, key: bytes) -> str:
+        """The name of an authorized Z85 key (the connection's User-Id); "" if it is not one."""
+        return self._keys.get(key, "")
 
     def callback(self, domain: str, key: bytes) -> bool:
         """Called by pyzmq's Authenticator for each CURVE handshake (``key`` is Z85-encoded).
@@ -112,7 +116,9 @@ class _Denials:
     therefore where a wrong or revoked key shows, so every refusal is counted (for stats) and the
     first one logged at once, with the peer's address and key; after that, one line per interval
     says how many more there were, so a client restarted in a loop (or a scan) cannot flood the
-    log. Called from the authenticator's thread, read from any other.
+    log. Each mechanism (a refused CURVE key, a plaintext client) has its own interval, so one
+    kind of refusal never hides the first of the other. Called from the authenticator's and the
+    handshake watch's threads, read from any other.
     """
 
     def __init__(
@@ -125,18 +131,19 @@ class _Denials:
         self.count = 0
         self._interval = interval
         self._clock = clock
-        self._last_log = -float("inf")
-        self._unlogged = 0
+        self._last_log: dict[str, float] = {}  # per mechanism
+        self._unlogged: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def record(self, address: str, mechanism: str, reason: str, key: str | None) -> None:
         with self._lock:
             self.count += 1
             now = self._clock()
-            if now - self._last_log < self._interval:
-                self._unlogged += 1
+            if now - self._last_log.get(mechanism, -float("inf")) < self._interval:
+                self._unlogged[mechanism] = self._unlogged.get(mechanism, 0) + 1
                 return
-            earlier, self._unlogged, self._last_log, total = self._unlogged, 0, now, self.count
+            earlier, total = self._unlogged.pop(mechanism, 0), self.count
+            self._last_log[mechanism] = now
         what = reason
         if key is not None:
             what = (
@@ -154,7 +161,13 @@ class _Denials:
 
 
 class _CountingAuthenticator(ThreadAuthenticator):
-    """pyzmq's ThreadAuthenticator that also reports each refusal, with the peer's address.
+    """pyzmq's ThreadAuthenticator that reports each refusal, with the peer's address, and names
+    each admitted connection by its key.
+
+    The User-Id of an admitted CURVE connection is its key's name in ``authorized/`` (pyzmq's
+    default is the Z85 key itself), which every message over it then carries: the supervisor reads
+    it to check that a heartbeat comes from a key that may speak as its role
+    (:mod:`zmqrl.transport.identity`).
 
     The credentials callback sees only the key, so the request's address, mechanism and key are
     noted on the way in (``handle_zap_message``, public API) and matched to the reply on the way out
@@ -163,10 +176,14 @@ class _CountingAuthenticator(ThreadAuthenticator):
     that renamed the reply method would be noticed.
     """
 
-    def __init__(self, ctx: zmq.Context, denials: _Denials) -> None:
+    def __init__(self, ctx: zmq.Context, denials: _Denials, authorized: _AuthorizedKeys) -> None:
         super().__init__(ctx, log=logging.getLogger("zmqrl.security.zap"))
         self.denials = denials
+        self.authorized = authorized
         self._requests: dict[bytes, tuple[str, str, str | None]] = {}
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.authorized.name_of(z85.encode(client_public_key))
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         if len(msg) >= 6:  # version, request id, domain, address, identity, mechanism, credentials...
@@ -194,11 +211,13 @@ class _CountingAuthenticator(ThreadAuthenticator):
 
 
 class _Shared:
-    """One running ThreadAuthenticator and how many handles still use it."""
+    """One running ThreadAuthenticator, the watch on its server sockets' handshakes, and how many
+    handles still use them."""
 
     def __init__(self, authenticator: _CountingAuthenticator, directory: Path) -> None:
         self.authenticator = authenticator
         self.directory = directory
+        self.handshakes = HandshakeWatch(authenticator.denials.record)
         self.users = 0
 
 
@@ -240,6 +259,7 @@ class AuthenticatorHandle:
             if shared.users > 0:
                 return
             _running.pop(id(self._ctx), None)
+        shared.handshakes.stop()
         if self._ctx.closed:
             return  # closing the context already closed the ZAP sockets, which ended its thread
         try:
@@ -262,7 +282,8 @@ def shared_authenticator(ctx: zmq.Context, directory: Path) -> AuthenticatorHand
     with _running_lock:
         shared = _running.get(id(ctx))
         if shared is None:
-            authenticator = _CountingAuthenticator(ctx, _Denials(directory))
+            authorized = _AuthorizedKeys(directory)
+            authenticator = _CountingAuthenticator(ctx, _Denials(directory), authorized)
             try:
                 authenticator.start()
             except zmq.ZMQError as exc:
@@ -271,9 +292,7 @@ def shared_authenticator(ctx: zmq.Context, directory: Path) -> AuthenticatorHand
                     f"cannot start the CurveZMQ authenticator: {exc} (is another ZAP handler already "
                     f"bound in this zmq.Context?)"
                 ) from None
-            authenticator.configure_curve_callback(
-                domain=ZAP_DOMAIN, credentials_provider=_AuthorizedKeys(directory)
-            )
+            authenticator.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=authorized)
             if not any(directory.glob(f"*{PUBLIC_SUFFIX}")):
                 log.warning("%s lists no client keys: every client will be refused", directory)
             shared = _running[id(ctx)] = _Shared(authenticator, directory)
@@ -292,70 +311,18 @@ def authenticator_running(ctx: zmq.Context) -> bool:
         return id(ctx) in _running
 
 
+def watch_handshakes(ctx: zmq.Context, sock: zmq.Socket, what: str) -> None:
+    """Count and log the handshakes a secured server socket of ``ctx`` refuses before they reach
+    the authenticator (a plaintext client: :mod:`zmqrl.transport.handshakes`). Call before bind."""
+    with _running_lock:
+        shared = _running.get(id(ctx))
+    if shared is not None:
+        shared.handshakes.add(sock, f"a client of the {what} socket")
+
+
 # --------------------------------------------------------------------------------------------
-# What may bind where
+# Socket options
 # --------------------------------------------------------------------------------------------
-
-
-def is_loopback(endpoint: str) -> bool:
-    """Whether a ZeroMQ endpoint is reachable only from this machine.
-
-    Unknown means no: hostnames other than localhost, interface names, wildcards and every other
-    transport count as exposed, so a doubtful case asks for keys rather than silently going out.
-    """
-    text = endpoint.strip()
-    lower = text.lower()
-    if lower.startswith(_LOCAL_SCHEMES):
-        return True
-    if not lower.startswith("tcp://"):
-        return False
-    address = text[len("tcp://") :]
-    if ";" in address:  # "source;destination" (connect only): the destination decides
-        address = address.rsplit(";", 1)[1]
-    if address.startswith("["):
-        host = address[1 : address.find("]")] if "]" in address else address[1:]
-    else:
-        host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
-    host = host.split("%", 1)[0]  # an IPv6 zone id ("fe80::1%eth0") is not part of the address
-    if host.lower() in _LOOPBACK_NAMES:
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped.is_loopback
-    return ip.is_loopback
-
-
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def check_bind_allowed(endpoint: str, what: str, security: Security | None, insecure: bool) -> None:
-    """Refuse to expose a plaintext socket beyond this machine unless the user said so.
-
-    Loopback and secured binds pass silently. A plaintext bind elsewhere raises, or with
-    ``insecure`` logs one warning per endpoint (restarts would otherwise repeat it).
-    """
-    if security is not None or is_loopback(endpoint):
-        return
-    if not insecure:
-        raise SecurityError(
-            f"binding {what} on {endpoint} exposes it beyond this machine unencrypted and "
-            f"unauthenticated: make keys with `{KEYS_COMMAND} DIR` and set transport.keys_dir=DIR, "
-            f"or pass --insecure on a trusted network"
-        )
-    with _warned_lock:
-        if endpoint in _warned:
-            return
-        _warned.add(endpoint)
-    log.warning(
-        "binding %s on %s without encryption or authentication (--insecure): anyone who can reach "
-        "this address can read the traffic and send data to this run",
-        what,
-        endpoint,
-    )
 
 
 def curve_options(security: Security, server: bool) -> list[tuple[int, Any]]:

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 
+from zmqrl.transport.exposure import check_bind_allowed
+from zmqrl.transport.header import MAX_HEADER_BYTES
 from zmqrl.transport.keys import Security, SecurityError
-from zmqrl.transport.security import authenticator_running, check_bind_allowed, curve_options
+from zmqrl.transport.peers import MonitoredSocket
+from zmqrl.transport.security import authenticator_running, curve_options, watch_handshakes
 
 # A weights subscriber only ever wants the newest snapshot; keep few queued (ZMQ_CONFLATE does
 # not work with multipart messages, so the subscriber drains to the latest instead).
@@ -36,6 +40,9 @@ PUB_SNDHWM = 16
 HEARTBEAT_HWM = 32
 # Control messages (stop) are rare; a handful of queued messages is plenty.
 CONTROL_HWM = 64
+# Largest frame a heartbeat or control socket takes: a header (the protocol's limit) or the
+# authentication envelope before it, which is smaller. libzmq cuts off a peer sending a larger one.
+CONTROL_MAX_FRAME_BYTES = MAX_HEADER_BYTES
 
 
 class BindError(RuntimeError):
@@ -52,8 +59,10 @@ class SocketLimits:
     samples_buffer_bytes: int = 0  # kernel send/receive buffer per samples connection (0: OS default)
 
 
-def _base(ctx: zmq.Context, kind: int, limits: SocketLimits) -> zmq.Socket:
-    sock = ctx.socket(kind)
+def _base(
+    ctx: zmq.Context, kind: int, limits: SocketLimits, socket_class: type[zmq.Socket] = zmq.Socket
+) -> zmq.Socket:
+    sock = ctx.socket(kind, socket_class=socket_class)
     sock.setsockopt(zmq.LINGER, limits.linger_ms)
     # Retry a missing peer every 100 ms, backing off to at most 250 ms. Actors start while the
     # learner is still importing torch (~3 s); a backoff to 2 s left them connecting up to 1 s
@@ -99,11 +108,19 @@ def _server(
         )
     sock = _base(ctx, kind, limits)
     _secure(sock, security, server=True)
+    if security is not None:
+        watch_handshakes(ctx, sock, what)  # a plaintext client is refused before ZAP: count it too
     return sock
 
 
-def _client(ctx: zmq.Context, kind: int, limits: SocketLimits, security: Security | None) -> zmq.Socket:
-    sock = _base(ctx, kind, limits)
+def _client(
+    ctx: zmq.Context,
+    kind: int,
+    limits: SocketLimits,
+    security: Security | None,
+    socket_class: type[zmq.Socket] = zmq.Socket,
+) -> zmq.Socket:
+    sock = _base(ctx, kind, limits, socket_class)
     _secure(sock, security, server=False)
     return sock
 
@@ -194,7 +211,10 @@ def samples_pull(
 def samples_push(
     ctx: zmq.Context, endpoint: str, limits: SocketLimits, *, security: Security | None = None
 ) -> zmq.Socket:
-    sock = _client(ctx, zmq.PUSH, limits, security)
+    # Monitored: a blocked sender must tell a learner that is connected but slow (backpressure)
+    # from one that is not there (transport/peers.py); the monitor goes on before connect().
+    sock = cast(MonitoredSocket, _client(ctx, zmq.PUSH, limits, security, MonitoredSocket))
+    sock.watch_peers()
     sock.setsockopt(zmq.SNDHWM, _samples_hwm(limits, security))
     if limits.samples_buffer_bytes:
         # The OS otherwise grows loopback TCP buffers to megabytes: thousands of queued transitions
@@ -248,7 +268,7 @@ def heartbeat_pull(
 ) -> tuple[zmq.Socket, str]:
     sock = _server(ctx, zmq.PULL, limits, endpoint, "heartbeat", security, insecure)
     sock.setsockopt(zmq.RCVHWM, HEARTBEAT_HWM * 16)
-    sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
+    sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_FRAME_BYTES)
     return sock, bind(sock, endpoint, "heartbeat")
 
 
@@ -279,7 +299,7 @@ def control_sub(
 ) -> zmq.Socket:
     sock = _client(ctx, zmq.SUB, limits, security)
     sock.setsockopt(zmq.RCVHWM, CONTROL_HWM)
-    sock.setsockopt(zmq.MAXMSGSIZE, 1 * 2**20)
+    sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_FRAME_BYTES)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(endpoint)
     return sock
