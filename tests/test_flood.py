@@ -194,15 +194,17 @@ def rss_mb(pid: int) -> float:
     return int(match.group(1)) / 1024
 
 
-def start_learner(run_root: Path, stderr_path: Path, stdout_path: Path) -> subprocess.Popen[bytes]:
-    overrides = tiny_overrides(
-        run_root,
-        learner__max_updates=10**9,
-        learner__min_replay_size=500,
-        learner__eval_interval=0,  # evaluation only at the end: the flood is what is measured
-        replay__capacity=REPLAY_CAPACITY,
-        transport__samples_hwm=SAMPLES_HWM,
-    )
+def start_learner(
+    run_root: Path, stderr_path: Path, stdout_path: Path, **extra: object
+) -> subprocess.Popen[bytes]:
+    settings: dict[str, object] = {
+        "learner__max_updates": 10**9,
+        "learner__min_replay_size": 500,
+        "learner__eval_interval": 0,  # evaluation only at the end: the flood is what is measured
+        "replay__capacity": REPLAY_CAPACITY,
+        "transport__samples_hwm": SAMPLES_HWM,
+    }
+    overrides = tiny_overrides(run_root, **{**settings, **extra})
     cmd = [sys.executable, "-m", "zmqrl", "learner", str(REPO / "configs" / "cartpole_dqn.yaml")]
     for item in overrides:
         cmd += ["--set", item]
@@ -340,3 +342,64 @@ def test_learner_memory_stays_bounded_and_it_keeps_training_under_a_samples_floo
     assert stats["samples"] % ROWS == 0, "a malformed message's rows reached replay"
     assert stats["replay_size"] == REPLAY_CAPACITY
     assert stats["updates"] > 0, "the learner did not train during the flood"
+
+
+# ---------------------------------------------------------------------------------------------
+# Many-frame messages (issue 23 item 8)
+# ---------------------------------------------------------------------------------------------
+
+# The message of the issue: 161 frames of 512 KiB (80 MiB), each frame under a 1 MiB limit.
+BOMB_FRAMES, BOMB_FRAME_KIB, BOMB_LIMIT_MB = 161, 512, 1
+BOMB_SECONDS = 15.0
+
+
+def test_a_learner_keeps_no_copy_of_the_many_frame_messages_it_refuses(
+    run_root: Path, tmp_path: Path
+) -> None:
+    """libzmq holds a whole multipart message before its first frame is readable, so a learner's
+    memory grows by the message it is receiving whatever zmqrl does; what zmqrl must not add is a
+    copy of it. Before the frame-by-frame receive, recv_multipart copied each 80 MiB message into
+    Python first (measured: +162 MiB peak for one sender, twice the message); now +81."""
+    stderr_path = tmp_path / "learner.err"
+    proc = start_learner(
+        run_root, stderr_path, tmp_path / "learner.out", transport__max_message_mb=BOMB_LIMIT_MB
+    )
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDHWM, 2)
+    message_mb = BOMB_FRAMES * BOMB_FRAME_KIB / 1024
+    frames = [msgpack.packb({"proto": 1, "kind": "samples"})]
+    frames += [zmq.Frame(b"x" * (BOMB_FRAME_KIB * 1024))] * (BOMB_FRAMES - 1)
+    sent = 0
+    try:
+        push.connect(wait_for_samples_endpoint(proc, stderr_path))
+        time.sleep(2.0)  # past start-up allocations
+        base = peak = rss_mb(proc.pid)
+        started = time.monotonic()
+        next_sample = started
+        while time.monotonic() - started < BOMB_SECONDS:
+            if time.monotonic() >= next_sample:
+                next_sample += 0.05
+                peak = max(peak, rss_mb(proc.pid))
+            try:
+                push.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                sent += 1
+            except zmq.Again:
+                push.poll(SEND_POLL_MS, zmq.POLLOUT)
+        assert proc.poll() is None, stderr_path.read_text()[-3000:]
+        push.close(linger=0)
+        stop(proc)
+        stats = json.loads((run_root / "t" / "learner-stats.json").read_text())
+    finally:
+        push.close(linger=0)
+        ctx.term()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        assert_nothing_left(str(run_root))
+    growth = peak - base
+    print(f"\n{sent} messages of {message_mb:.0f} MiB: RSS {base:.0f} -> {peak:.0f} MiB (+{growth:.0f})")
+    assert sent >= 3 and stats["bad_messages"] >= 3, "the flood did not get through"
+    assert stats["samples"] == 0
+    assert growth < 1.5 * message_mb, f"+{growth:.0f} MiB: more than the one message libzmq holds"

@@ -30,21 +30,23 @@ SERVICES = [*ROLES, "tensorboard"]
 IMAGE_ENTRYPOINT = ["zmqrl"]  # docker/Dockerfile's ENTRYPOINT, which `args` leave in place
 HEALTH = ["zmqrl", "health"]
 KEYS_DIR = "/keys"
-# The compose file's project network is private to it, so it runs the channels in plaintext; a
-# cluster network is shared, so the manifests use Curve keys instead.
-COMPOSE_ONLY_ENV = {"ZMQRL_TRANSPORT__INSECURE"}
+# The compose file's project network is private to it, so it runs the channels in plaintext with
+# a control token on the run volume; a cluster network is shared, so the manifests use Curve keys
+# (one client pair per role) instead.
+COMPOSE_ONLY_ENV = {"ZMQRL_TRANSPORT__INSECURE", "ZMQRL_TRANSPORT__CONTROL_TOKEN_FILE"}
 K8S_ONLY_ENV = {"ZMQRL_TRANSPORT__KEYS_DIR", "ZMQRL_ACTOR__NUM_ACTORS"}
 # Arguments the manifests add: a replacement pod of these resumes from the run volume.
 K8S_ONLY_ARGS = {"--resume"}
-# Servers bind, so they get the server secret and the authorized list; clients never do.
-SERVER_KEY_FILES = {
-    "server.key",
-    "server.key_secret",
-    "client.key",
-    "client.key_secret",
-    "authorized/client.key",
-}
-CLIENT_KEY_FILES = {"server.key", "client.key", "client.key_secret"}
+# Servers bind, so they get the server secret and the authorized list (one key per role); clients
+# never do. Every pod holds one client pair: its role's (the supervisor's is the tools' `client`).
+AUTHORIZED = {f"authorized/{name}.key" for name in ("client", "learner", "actor", "evaluator")}
+OWN_PAIR = {"supervisor": "client", "learner": "learner", "actor": "actor", "evaluator": "evaluator"}
+
+
+def expected_key_files(role: str) -> set[str]:
+    own = OWN_PAIR[role]
+    files = {"server.key", f"{own}.key", f"{own}.key_secret"}
+    return files | {"server.key_secret", *AUTHORIZED} if role in ("learner", "supervisor") else files
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,12 +329,16 @@ def test_roles_stop_with_the_same_grace_and_share_the_run_volume(
             assert pod["terminationGracePeriodSeconds"] == seconds(compose[name]["stop_grace_period"]), name
 
 
-def test_only_the_servers_get_the_server_secret(objects: list[dict[str, Any]]) -> None:
-    """README "Security": the learner and supervisor bind (server pair and authorized list); actor
-    and evaluator pods get exactly what an actor host gets."""
+def test_only_the_servers_get_the_server_secret_and_each_role_only_its_own_client_secret(
+    objects: list[dict[str, Any]],
+) -> None:
+    """docs/deployment.md "Security": the learner and supervisor bind (server pair and authorized
+    list); every pod holds one client secret, its role's, so its heartbeats can only speak as its
+    role (an actor pod cannot end the run as the learner)."""
     for name in ROLES:
         files, secrets = key_files(workload(objects, name), KEYS_DIR)
-        if name in ("learner", "supervisor"):
-            assert files == SERVER_KEY_FILES and secrets == {"zmqrl-keys", "zmqrl-server-key"}, name
-        else:
-            assert files == CLIENT_KEY_FILES and secrets == {"zmqrl-keys"}, name
+        assert files == expected_key_files(name), name
+        own = {"zmqrl-keys", f"zmqrl-key-{OWN_PAIR[name]}"}
+        assert secrets == (own | {"zmqrl-server-key"} if name in ("learner", "supervisor") else own), name
+        secret_files = {f for f in files if f.endswith(".key_secret")}
+        assert secret_files - {"server.key_secret"} == {f"{OWN_PAIR[name]}.key_secret"}, name
