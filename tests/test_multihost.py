@@ -209,9 +209,10 @@ def _sets(items: list[str]) -> list[str]:
 
 
 def _actor_host_keys(keys: Path, dest: Path) -> Path:
-    """What README says to copy to an actor host: exactly server.key, client.key, client.key_secret."""
+    """What docs/deployment.md says to copy to an actor host: exactly server.key and the actors' pair
+    (actor.key, actor.key_secret: the key the supervisor lets speak as an actor)."""
     dest.mkdir(mode=0o700)
-    for name in ("server.key", "client.key", "client.key_secret"):
+    for name in ("server.key", "actor.key", "actor.key_secret"):
         shutil.copy2(keys / name, dest / name)
     return dest
 
