@@ -81,7 +81,10 @@ def test_a_sac_actors_actions_pass_the_learners_bounds_check() -> None:
     obs = rng.standard_normal((512, 3)).astype(np.float32) * 50  # far from anything seen: saturated tanh
     actions = agent.act(obs, explore=True)
     n = len(obs)
-    batch = TransitionBatch(obs, actions, np.zeros(n, np.float32), obs, np.ones(n, np.float32))
+    limits = run_spec.obs_limits()
+    assert limits is not None
+    seen = np.clip(obs, *limits)  # what the env could have shown: the learner refuses the rest
+    batch = TransitionBatch(seen, actions, np.zeros(n, np.float32), seen, np.ones(n, np.float32))
     validate_samples(SamplesMsg(0, 0, 0, batch, []), run_spec)
     pushed = batch._replace(action=np.full_like(batch.action, 2.01))
     with pytest.raises(WireError, match="bounds"):

@@ -68,10 +68,10 @@ STOP_TIMEOUT = 30.0
 
 def cartpole_batch(rng: np.random.Generator, rows: int = ROWS) -> TransitionBatch:
     return TransitionBatch(
-        obs=rng.standard_normal((rows, 4)).astype(np.float32),
+        obs=rng.uniform(-0.4, 0.4, (rows, 4)).astype(np.float32),  # inside CartPole's bounds
         action=rng.integers(0, 2, rows).astype(np.int64),
         reward=rng.standard_normal(rows).astype(np.float32),
-        next_obs=rng.standard_normal((rows, 4)).astype(np.float32),
+        next_obs=rng.uniform(-0.4, 0.4, (rows, 4)).astype(np.float32),
         discount=np.where(rng.random(rows) < 0.05, 0.0, 0.99**3).astype(np.float32),
     )
 

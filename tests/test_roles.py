@@ -139,12 +139,13 @@ def start(target: Any) -> threading.Thread:
 
 
 def cartpole_batch(n: int, reward: float = 1.0) -> TransitionBatch:
+    """``n`` transitions a CartPole learner accepts (observations inside the env's bounds)."""
     rng = np.random.default_rng(0)
     return TransitionBatch(
-        obs=rng.normal(size=(n, 4)).astype(np.float32),
+        obs=rng.uniform(-0.4, 0.4, size=(n, 4)).astype(np.float32),
         action=rng.integers(0, 2, size=n).astype(np.int64),
         reward=np.full(n, reward, dtype=np.float32),
-        next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+        next_obs=rng.uniform(-0.4, 0.4, size=(n, 4)).astype(np.float32),
         discount=np.full(n, 0.97, dtype=np.float32),
     )
 

@@ -142,15 +142,29 @@ def sample_messages(draw: st.DrawFn, spec: SampleSpec) -> SamplesMsg:
         action = np.stack(dims, axis=1).reshape(n, *spec.action_shape)
     else:
         action = column(spec.action_dtype, (n, *spec.action_shape), finite(spec.action_dtype))
+    reward_limit = float(np.float32(spec.max_abs_reward))  # exact in float32 for the specs drawn
     batch = TransitionBatch(
-        obs=column(spec.obs_dtype, obs_shape, elements_of(spec.obs_dtype)),
+        obs=column(spec.obs_dtype, obs_shape, observations(spec)),
         action=action,
-        reward=column("float32", (n,), finite("float32")),
-        next_obs=column(spec.obs_dtype, obs_shape, elements_of(spec.obs_dtype)),
-        discount=column("float32", (n,), st.floats(0.0, 1.0, width=32)),
+        reward=column("float32", (n,), st.floats(-reward_limit, reward_limit, width=32)),
+        next_obs=column(spec.obs_dtype, obs_shape, observations(spec)),
+        discount=column("float32", (n,), st.floats(0.0, spec.max_discount, width=32)),
     )
-    episodes = draw(st.lists(st.builds(EpisodeStat, finite("float64"), UINT), max_size=3))
+    returns = st.floats(-spec.max_abs_reward, spec.max_abs_reward)  # within the limit x any length
+    episodes = draw(st.lists(st.builds(EpisodeStat, returns, UINT), max_size=3))
     return SamplesMsg(draw(UINT), draw(UINT), draw(UINT), batch, episodes)
+
+
+def observations(spec: SampleSpec) -> st.SearchStrategy[Any]:
+    """Every value an observation of ``spec`` may carry: its dtype's, within the spec's limits
+    (the widest of them, for specs whose components differ: the draws here have one limit)."""
+    limits = spec.obs_limits()
+    if limits is None:
+        return elements_of(spec.obs_dtype)
+    low, high = (x.item() for x in (limits[0].min(), limits[1].max()))
+    if spec.obs_dtype.startswith("float"):
+        return st.floats(low, high, width=32 if spec.obs_dtype == "float32" else 64)
+    return st.integers(int(low), int(high))
 
 
 def bounds(value: float | tuple[float, ...] | None) -> tuple[float, ...]:

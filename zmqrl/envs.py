@@ -28,7 +28,7 @@ from zmqrl.minatar import (
     register_minatar,
 )
 from zmqrl.minatar import missing_message as missing_minatar_message
-from zmqrl.spec import SampleSpec
+from zmqrl.spec import DEFAULT_MAX_ABS_OBS, DEFAULT_MAX_ABS_REWARD, SampleSpec
 
 __all__ = [
     "ATARI_INSTALL_HINT",
@@ -176,12 +176,19 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, *, training: bool = True) -> 
 
 
 def sample_spec(
-    env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any], max_batch: int = 65536
+    env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any],
+    max_batch: int = 65536,
+    *,
+    max_abs_obs: float = DEFAULT_MAX_ABS_OBS,
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
+    max_discount: float = 1.0,
 ) -> SampleSpec:
     """What every samples message of this run must look like, from the env's spaces.
 
     A vector env's spaces are batched; one transition has the shape of a single sub-env's, so
-    ``single_observation_space`` / ``single_action_space`` are used when the env has them.
+    ``single_observation_space`` / ``single_action_space`` are used when the env has them. The
+    observation space's bounds travel in the spec (the learner refuses observations outside
+    them), with the run's value limits (``transport.max_abs_obs`` and the others, see SampleSpec).
     """
     obs_space = getattr(env, "single_observation_space", None)
     if obs_space is None:
@@ -195,25 +202,27 @@ def sample_spec(
             f"observation space {obs_space} is not supported (need a Box; make envs with make_env)"
         )
     obs_dtype = np.dtype(obs_space.dtype).name
+    common: dict[str, Any] = {
+        "obs_shape": tuple(obs_space.shape),
+        "obs_dtype": obs_dtype,
+        "max_batch": max_batch,
+        # The bounds the env declares, as the float32 (or integer) values its observations hold.
+        "obs_low": tuple(np.asarray(obs_space.low, dtype=np.float64).reshape(-1).tolist()),
+        "obs_high": tuple(np.asarray(obs_space.high, dtype=np.float64).reshape(-1).tolist()),
+        "max_abs_obs": max_abs_obs,
+        "max_abs_reward": max_abs_reward,
+        "max_discount": max_discount,
+    }
     if isinstance(act_space, gym.spaces.Discrete):
         if int(act_space.start) != 0:
             raise EnvError(f"Discrete action space must start at 0, got start={act_space.start}")
-        return SampleSpec(
-            obs_shape=tuple(obs_space.shape),
-            obs_dtype=obs_dtype,
-            action_shape=(),
-            action_dtype="int64",
-            num_actions=int(act_space.n),
-            max_batch=max_batch,
-        )
+        return SampleSpec(action_shape=(), action_dtype="int64", num_actions=int(act_space.n), **common)
     if isinstance(act_space, gym.spaces.Box):
         return SampleSpec(
-            obs_shape=tuple(obs_space.shape),
-            obs_dtype=obs_dtype,
             action_shape=tuple(act_space.shape),
             action_dtype="float32",
             num_actions=None,
-            max_batch=max_batch,
+            **common,
             # The float32 bounds the env enforces: the learner refuses actions outside them.
             action_low=tuple(float(x) for x in np.asarray(act_space.low, np.float32).reshape(-1)),
             action_high=tuple(float(x) for x in np.asarray(act_space.high, np.float32).reshape(-1)),

@@ -7,9 +7,12 @@ because none of those users are about transport.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from zmqrl.errors import ConfigError
 
 # numpy dtype names an array frame may carry. Deliberately small: each is fixed-size, has one
 # unambiguous byte layout in every language, and covers observations, actions and parameters.
@@ -17,6 +20,18 @@ ALLOWED_DTYPES: frozenset[str] = frozenset({"float32", "float64", "int32", "int6
 
 # Most dimensions one array may have (a batch adds one to a spec's shapes).
 MAX_NDIM = 8
+
+# Largest magnitude an observation component may have where the env declares no finite bound
+# (CartPole's velocities, MuJoCo's whole Box), and a cap on declared ones beyond it (CartPole says
+# +-3.4e38, float32's largest). What real envs produce there is orders below (MuJoCo's velocities
+# and contact forces reach the thousands); a 1e30 row fed to a network overflows float32 in its
+# first products and turns every parameter NaN in one update. ``transport.max_abs_obs``.
+DEFAULT_MAX_ABS_OBS = 1e6
+# Largest magnitude of a transition's reward as sent (an n-step transition's discounted sum) and of
+# an episode's return per step. Generous on purpose: unclipped Atari scores reach a few thousand a
+# step, MuJoCo's rewards are tens; at 1e6 a squared TD error stays far inside float32 (3.4e38).
+# ``transport.max_abs_reward``.
+DEFAULT_MAX_ABS_REWARD = 1e6
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,18 @@ class SampleSpec:
     # flattened as floats, +-inf allowed), checked within ACTION_BOUND_TOLERANCE. None: only finite.
     action_low: float | tuple[float, ...] | None = None
     action_high: float | tuple[float, ...] | None = None
+    # Observations: inclusive per-component bounds as the env declares them (a scalar, or anything
+    # of obs_shape; stored flattened, or as one float when every component shares it; +-inf
+    # allowed). None: no declared bounds. Every bound beyond max_abs_obs counts as max_abs_obs.
+    obs_low: float | tuple[float, ...] | None = None
+    obs_high: float | tuple[float, ...] | None = None
+    max_abs_obs: float = DEFAULT_MAX_ABS_OBS  # |obs| limit where the declared bounds say nothing
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD  # |reward| limit of a transition as sent
+    max_discount: float = 1.0  # a transition's discount is gamma ** k (k >= 1) or 0: at most gamma
+    # Derived from the fields above on construction (see obs_limits); not part of equality.
+    _obs_limits: tuple[np.ndarray, np.ndarray] | None = field(
+        init=False, repr=False, compare=False, default=None
+    )
 
     def __post_init__(self) -> None:
         for name in ("obs_dtype", "action_dtype"):
@@ -54,7 +81,79 @@ class SampleSpec:
             raise ValueError(f"SampleSpec.num_actions must be >= 1, got {self.num_actions}")
         if int(self.max_batch) < 1:
             raise ValueError(f"SampleSpec.max_batch must be >= 1, got {self.max_batch}")
+        for name in ("max_abs_obs", "max_abs_reward"):
+            limit = float(getattr(self, name))
+            if not (math.isfinite(limit) and limit > 0):
+                raise ValueError(f"SampleSpec.{name} must be finite and > 0, got {limit}")
+            object.__setattr__(self, name, limit)
+        if not 0.0 <= float(self.max_discount) <= 1.0:
+            raise ValueError(f"SampleSpec.max_discount must be in [0, 1], got {self.max_discount}")
+        object.__setattr__(self, "max_discount", float(self.max_discount))
         self._normalise_bounds()
+        self._normalise_obs_bounds()
+
+    def obs_limits(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The bounds every observation component is checked against: ``(low, high)`` in the
+        observations' dtype, each of one element (the same for every component) or flattened over
+        obs_shape.
+
+        The declared bounds, each limited to ``+-max_abs_obs`` (an infinite or float32-max bound
+        says nothing). None when nothing needs checking: integer observations whose limits are
+        their dtype's own (Atari's 0..255 frames).
+        """
+        return self._obs_limits
+
+    def _normalise_obs_bounds(self) -> None:
+        """Store declared observation bounds flat (or as one float), and derive ``obs_limits``."""
+        if (self.obs_low is None) != (self.obs_high is None):
+            raise ValueError("SampleSpec.obs_low and obs_high must be given together")
+        cap = self.max_abs_obs
+        if self.obs_low is None:
+            low, high = np.array([-cap]), np.array([cap])
+        else:
+            flat = []
+            for name in ("obs_low", "obs_high"):
+                given = np.asarray(getattr(self, name), dtype=np.float64)
+                if given.size == math.prod(self.obs_shape) and given.ndim <= 1:
+                    given = given.reshape(self.obs_shape)  # stored flat, as the spec keeps it
+                try:
+                    arr = np.broadcast_to(given, self.obs_shape)
+                except ValueError:
+                    raise ValueError(f"SampleSpec.{name} does not fit obs_shape {self.obs_shape}") from None
+                if np.isnan(arr).any():
+                    raise ValueError(f"SampleSpec.{name} contains NaN")
+                arr = arr.reshape(-1)
+                uniform = arr.size > 0 and bool((arr == arr[0]).all())
+                object.__setattr__(self, name, float(arr[0]) if uniform else tuple(float(x) for x in arr))
+                flat.append(arr[:1] if uniform else arr)
+            if flat[0].size != flat[1].size:  # one side uniform, the other not
+                flat = [np.broadcast_to(a, (int(np.prod(self.obs_shape)),)) for a in flat]
+            if not (flat[0] <= flat[1]).all():
+                raise ValueError("SampleSpec.obs_low must be <= obs_high in every component")
+            if (flat[0] > cap).any() or (flat[1] < -cap).any():
+                raise ConfigError(
+                    f"the env declares observations beyond +-{cap:g} (transport.max_abs_obs), which "
+                    f"would refuse every one of them: raise transport.max_abs_obs above "
+                    f"{float(max(flat[0].max(), -flat[1].min())):g}"
+                )
+            low, high = np.maximum(flat[0], -cap), np.minimum(flat[1], cap)  # a bound beyond: the cap
+        dtype = np.dtype(self.obs_dtype)
+        if dtype.kind == "b":
+            return  # bool bytes are checked as such
+        # In the observations' own dtype (a float32 bound is a float32 value): comparing float32
+        # rows with float64 bounds costs a cast of every element, per received batch. Rounded
+        # outwards, so the cast never refuses a value the declared bound allows.
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            if (low <= info.min).all() and (high >= info.max).all():
+                return  # the dtype is the bound
+            low = np.clip(np.ceil(low), info.min, info.max).astype(dtype)
+            high = np.clip(np.floor(high), info.min, info.max).astype(dtype)
+        else:
+            low_cast, high_cast = low.astype(dtype), high.astype(dtype)
+            low = np.where(low_cast > low, np.nextafter(low_cast, dtype.type(-np.inf)), low_cast)
+            high = np.where(high_cast < high, np.nextafter(high_cast, dtype.type(np.inf)), high_cast)
+        object.__setattr__(self, "_obs_limits", (low, high))
 
     def _normalise_bounds(self) -> None:
         """Broadcast the bounds to ``action_shape`` and store them as flat float tuples, so the spec

@@ -95,16 +95,22 @@ def _validate_structure(msg: Any, spec: SampleSpec) -> None:
         shaped = isinstance(priorities, np.ndarray) and priorities.shape == (n,)
         if not shaped or not _is_dtype(priorities, "float32"):
             fail(f"priority must be float32 of shape ({n},)")
-    if len(msg.episodes) > MAX_EPISODES:
-        fail(f"too many episodes: {len(msg.episodes)} > {MAX_EPISODES}")
-    for ep in msg.episodes:
+    _validate_episodes(msg.episodes, spec)
+
+
+def _validate_episodes(episodes: Any, spec: SampleSpec) -> None:
+    if len(episodes) > MAX_EPISODES:
+        fail(f"too many episodes: {len(episodes)} > {MAX_EPISODES}")
+    for ep in episodes:
         ret, length = ep
         if isinstance(ret, (bool, np.bool_)) or not isinstance(ret, (int, float, np.number)):
             fail(f"episode return must be a number, got {short(ret)}")
-        if not math.isfinite(ret):
-            fail("episode return must be finite")
         if py_int(length, "episode length") < 0:
             fail("episode length must be >= 0")
+        # Each step's reward is within max_abs_reward (a transition's n-step sum is checked
+        # against it too), so a return beyond it times the length is not one this run can have.
+        if not abs(ret) <= spec.max_abs_reward * max(1, length):  # also False for NaN
+            fail(f"episode return {short(ret)} beyond transport.max_abs_reward x its length {length}")
 
 
 def _validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spec: SampleSpec) -> None:
@@ -112,16 +118,19 @@ def _validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spe
 
     A vectorised pass over whole columns, so it costs the same few reductions whether the batch
     is one message or many messages' rows merged (the learner checks groups of messages at once).
+    Finite is not enough: every value must be one the run can mean (see SampleSpec's limits).
+    min/max propagate NaN and a NaN comparison is False, so each range check also rejects NaN.
     """
     obs, action, reward, next_obs, discount = batch
-    _check_finite(reward, "reward")
-    # min/max propagate NaN and a NaN comparison is False, so this also rejects NaN and inf.
-    if not (discount.min() >= 0.0 and discount.max() <= 1.0):
-        fail("discount outside [0, 1]")
+    limit = spec.max_abs_reward
+    if not (reward.min() >= -limit and reward.max() <= limit):
+        fail(f"reward outside [-{limit:g}, {limit:g}] (transport.max_abs_reward x agent.n_step) or NaN")
+    if not (discount.min() >= 0.0 and discount.max() <= _discount_limit(spec)):
+        fail(f"discount outside [0, {spec.max_discount:g}] (agent.gamma) or NaN")
     if priorities is not None and not (priorities.min() >= 0.0 and priorities.max() < math.inf):
         fail("priority must be finite and >= 0")
-    _check_content(obs, "obs")
-    _check_content(next_obs, "next_obs")
+    _check_obs(obs, "obs", spec)
+    _check_obs(next_obs, "next_obs", spec)
     if action.dtype.kind in "iu" and spec.num_actions is not None:
         if not (action.min() >= 0 and action.max() < spec.num_actions):
             fail(f"action outside [0, {spec.num_actions})")
@@ -129,6 +138,83 @@ def _validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spe
         _check_content(action, "action")
         if spec.action_low is not None and spec.action_high is not None:
             _check_action_bounds(action, spec)
+
+
+def _discount_limit(spec: SampleSpec) -> float:
+    """``max_discount`` as the largest float32 a sender may have rounded gamma ** 1 to."""
+    limit = _DISCOUNT_LIMITS.get(spec.max_discount)
+    if limit is None:
+        rounded = np.float32(spec.max_discount)
+        if float(rounded) < spec.max_discount:
+            rounded = np.nextafter(rounded, np.float32(np.inf))
+        limit = _DISCOUNT_LIMITS[spec.max_discount] = float(rounded)
+    return limit
+
+
+# max_discount -> _discount_limit, computed once per value (a run has one gamma).
+_DISCOUNT_LIMITS: dict[float, float] = {}
+
+
+def _check_obs(arr: np.ndarray, what: str, spec: SampleSpec) -> None:
+    """Every component within the spec's observation limits (declared bounds, max_abs_obs).
+
+    One pair of reductions over the column when every component shares its bounds; else one
+    pair of comparisons against the per-component bounds, repeated to ``TILED_VALUES`` values
+    and laid over that many rows at a time: broadcast row by row, numpy's inner loop is as short
+    as a row (4 values on CartPole, whose merged groups of 1024 rows this made 2.5x cheaper).
+    """
+    limits = spec.obs_limits()
+    if limits is None:
+        if arr.dtype.kind == "b":
+            _check_bool_bytes(arr, what)
+        return
+    low, high = limits
+    if low.size == 1:
+        inside = arr.min() >= low[0] and arr.max() <= high[0]
+    else:
+        rows = arr.reshape(arr.shape[0], low.size)
+        k, wide_low, wide_high = _tiled(low, high)
+        whole = rows.shape[0] // k * k
+        inside = True
+        if whole:
+            wide = rows[:whole].reshape(whole // k, k * low.size)
+            inside = bool((wide >= wide_low).all() and (wide <= wide_high).all())
+        if inside and whole < rows.shape[0]:
+            rest = rows[whole:]
+            inside = bool((rest >= low).all() and (rest <= high).all())
+    if not inside:
+        fail(_obs_outside(arr, what, low, high))
+
+
+# Values per row of the tiled bounds (see _check_obs): long enough for numpy's inner loop.
+TILED_VALUES = 256
+# id(low) -> (low, rows per pass, tiled low, tiled high); ``low`` kept so the id stays its own.
+MAX_TILED = 64
+_TILED: dict[int, tuple[np.ndarray, int, np.ndarray, np.ndarray]] = {}
+
+
+def _tiled(low: np.ndarray, high: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Per-component bounds repeated for ``k`` rows, ``k`` a power of two (batch sizes are)."""
+    cached = _TILED.get(id(low))
+    if cached is None or cached[0] is not low:
+        if len(_TILED) >= MAX_TILED:  # a process has one spec; tests make many
+            _TILED.clear()
+        k = 1 << max(0, (TILED_VALUES // low.size).bit_length() - 1)
+        cached = _TILED[id(low)] = (low, k, np.tile(low, k), np.tile(high, k))
+    return cached[1], cached[2], cached[3]
+
+
+def _obs_outside(arr: np.ndarray, what: str, low: np.ndarray, high: np.ndarray) -> str:
+    """The reason for a refused observation column, naming the first bad component (a failure
+    only, so the extra scan costs nothing on the passing path)."""
+    rows = arr.reshape(arr.shape[0], -1)
+    bad = ~((rows >= low) & (rows <= high))
+    row, col = (int(i) for i in np.argwhere(bad)[0])
+    i = 0 if low.size == 1 else col
+    return (
+        f"{what} component {col} is {float(rows[row, col]):g}, outside [{float(low[i]):g}, "
+        f"{float(high[i]):g}] (the env's observation space, at most transport.max_abs_obs)"
+    )
 
 
 def _check_action_bounds(action: np.ndarray, spec: SampleSpec) -> None:
@@ -178,6 +264,15 @@ def validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spec
     messages' rows merged) whose layout passed :func:`validate_structure`. Raises WireError."""
     with _only_wire_errors("samples"):
         _validate_content(batch, priorities, spec)
+
+
+def validate_episodes(episodes: Any, spec: SampleSpec) -> None:
+    """The finished-episode records of a samples message against the spec's reward limit; raises
+    WireError. Part of :func:`validate_structure`, and separate because a decoder that skips
+    the structure check for a layout it has seen before (``wire.load_samples(contents=False)``)
+    has checked the records' types but not their values: the learner's ingest calls this."""
+    with _only_wire_errors("samples"):
+        _validate_episodes(episodes, spec)
 
 
 def _check_weights(msg: WeightsMsg, reference: Mapping[str, tuple[tuple[int, ...], str]] | None) -> None:
