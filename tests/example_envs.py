@@ -7,6 +7,9 @@ encoding in every process. Nothing here imports zmqrl: it is what a user's own m
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -85,3 +88,44 @@ class Frames(gym.Env[np.ndarray, int]):
 
 def make_frames_env() -> Frames:
     return Frames()
+
+
+class FailingCorridor(Corridor):
+    """A Corridor whose step raises once ``seconds`` have passed since it was made: an env that
+    fails a few seconds after every start of the process that uses it (a crash loop whose runs
+    each last longer than a moment)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.fails_at = time.monotonic() + seconds
+        self.seconds = seconds
+
+    def step(self, action: int) -> tuple[int, float, bool, bool, dict]:
+        if time.monotonic() > self.fails_at:
+            raise RuntimeError(f"test env: failing {self.seconds:g} s after it was made")
+        return super().step(action)
+
+
+def make_failing_env(seconds: float = 3.0) -> FailingCorridor:
+    return FailingCorridor(seconds)
+
+
+class CorridorWithHelper(Corridor):
+    """A Corridor that starts a helper process, as envs that drive a simulator do, and ends it on
+    ``close()``. The helper's command line carries ``tag``, so a test can find it; it never exits
+    by itself, so a process killed before it could close its env leaves it behind."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__()
+        self.helper = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)", tag], stdin=subprocess.DEVNULL
+        )
+
+    def close(self) -> None:
+        self.helper.kill()
+        self.helper.wait()
+        super().close()
+
+
+def make_env_with_helper(tag: str) -> CorridorWithHelper:
+    return CorridorWithHelper(tag)

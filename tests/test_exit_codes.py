@@ -4,6 +4,7 @@ with a traceback, wherever either happens (building the role or inside its run()
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import wait_until
 from zmqrl.agents import make_learner
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.errors import ConfigError
@@ -141,3 +143,27 @@ def test_an_mlp_actor_process_acts_without_importing_torch(tmp_path: Path, kind:
     )
     result = run([sys.executable, "-c", ACTOR_WITHOUT_TORCH, *args, "--id", "0"])
     assert result.stdout.strip().splitlines()[-1] == "exit 0 torch modules 0", result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- stopped by a signal
+
+
+def test_a_role_stopped_by_sigterm_from_outside_exits_143_not_0(tmp_path: Path) -> None:
+    """Issue 23 item 6: exit 0 means finished or stopped on request; a role that an operator or
+    the OOM killer's SIGTERM stopped (cleanly) exits 128 + 15, so a supervisor restarts it."""
+    args = role_args(tmp_path, "actor", "actor.max_steps=100000000", "transport.connect_timeout=null")
+    log_path = tmp_path / "actor.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_")}
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zmqrl", *args, "--id", "0"], stdout=out, stderr=out, env=env
+        )
+    try:
+        wait_until(lambda: "actor 0 up" in log_path.read_text(), 60, "the actor to start")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "SIGTERM: stopping cleanly" in log_path.read_text()

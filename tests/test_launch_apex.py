@@ -18,6 +18,7 @@ import torch
 
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from tests.test_launch import REPO, Launch, assert_nothing_left, wait_for_log
+from zmqrl.testhooks import HOOKS_ENV, INGEST_FAULT_ONCE
 
 pytestmark = pytest.mark.slow
 
@@ -131,10 +132,17 @@ def test_limited_run_survives_paused_actors_and_a_killed_learner(run_root: Path)
 
 
 @pytest.mark.heavy  # liveness under faults, 35+ s each: the heavy run
-def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(run_root: Path) -> None:
+def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(
+    run_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A learner that fails by exception announces it on the weights channel. Hand-started actors
-    leave with it, but under the supervisor the learner is restarted, so its actors stay."""
+    leave with it, but under the supervisor the learner is restarted, so its actors stay. (The
+    fault is a bug, exit 1: a checkpoint that cannot be written is the operator's, exit 2, and
+    the supervisor gives that learner up at once.)"""
     run_dir = run_root / "t"
+    marker = tmp_path / "fired"
+    marker.touch()  # present: the hook is off until the test removes it
+    monkeypatch.setenv(HOOKS_ENV, f"{INGEST_FAULT_ONCE}={marker}")  # inherited by every process
     launch = Launch(
         tiny_overrides(
             run_root,
@@ -143,18 +151,14 @@ def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(run_ro
             learner__max_seconds=20,  # per learner incarnation; outlasts slow actor start-ups
             learner__checkpoint_interval=50,
             learner__eval_interval=0,
-            supervisor__restart_backoff=3.0,  # time to repair the run directory before the restart
+            supervisor__restart_backoff=1.0,
         )
     )
     launch.wait_for("actor(s) started", 60)
     checkpoints = run_dir / "checkpoints"
     wait_until((checkpoints / "latest").is_file, 60, "the learner to be training")
-    kept = run_root / "kept-checkpoints"
-    checkpoints.rename(kept)
-    checkpoints.write_text("not a directory")  # the next periodic checkpoint raises in the learner
-    launch.wait_for("learner-0 exited with code", 30)
-    checkpoints.unlink()
-    kept.rename(checkpoints)
+    marker.unlink()  # the next batch the learner accepts raises in its ingest thread
+    launch.wait_for("learner-0 exited with code 1", 30)
     log = run_dir / "logs" / "learner-0.log"
     wait_for_log(log, "resumed from", 60)
     resumed = re.search(r"resumed from .*?: \d+ updates, (\d+) samples", log.read_text())

@@ -366,6 +366,22 @@ def test_once_every_actor_reached_max_steps_the_learner_is_asked_to_end_the_run(
     assert "every actor is done (actor.max_steps)" in out.getvalue()
 
 
+def test_actors_that_stopped_on_the_learners_end_are_no_failure(
+    supervisor: tuple[Supervisor, Clock, io.StringIO],
+) -> None:
+    """They heard the learner's "finished" before the learner itself exited."""
+    sup, clock, out = supervisor
+    sup._spawn("learner", 0)
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=1.0)
+    sup.slots["actor-0"].live.heard(
+        HeartbeatMsg("actor", 0, sup.procs["actor-0"].pid, 0.0, "stopped", {}, {}), clock.now
+    )
+    assert ends(sup, clock, "actor-0", 0)
+    assert sup._every_actor_retired() is None
+    assert "given up" not in out.getvalue() and sup.beacon.ends == []  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(("state", "code"), [("finished", EXIT_OK), ("stopped", EXIT_FAILED)])
 def test_a_learner_that_exits_0_finished_the_run_only_if_it_says_so(
     supervisor: tuple[Supervisor, Clock, io.StringIO], state: str, code: int

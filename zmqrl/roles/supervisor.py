@@ -188,7 +188,8 @@ class Supervisor(Oversight):
     def _every_actor_retired(self) -> int | None:
         """Once no actor slot is left running: the learner is asked to end the run when some of
         them reached actor.max_steps (no data will come any more); when every one was given up,
-        the run ends here, non-zero, with one line. None while actors run."""
+        the run ends here, non-zero, with one line. None while actors run, or when they stopped
+        (on the learner's announced end, which the learner's own exit follows)."""
         actors = [s for s in self.slots.values() if s.role == "actor"]
         if not actors or not all(s.retired for s in actors):
             return None
@@ -197,6 +198,8 @@ class Supervisor(Oversight):
                 self._actors_done_asked = True
                 self._say("every actor is done (actor.max_steps): asking the learner to end the run")
                 self.beacon.request_end(END_ACTORS_DONE)
+            return None
+        if not all(s.end == "given up" for s in actors):  # stopped: the learner's end is under way
             return None
         reasons = "; ".join(
             f"{s.name}: {s.end} after {s.restarts} restart(s), exit code {s.exit_code}"
