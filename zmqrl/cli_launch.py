@@ -93,6 +93,12 @@ def launch(
 
     With --serial the same run happens in this one process instead, deterministically: Ctrl-C stops
     it after its final checkpoint (exit 130).
+
+    A process that crashes, hangs or is killed is restarted; one that keeps failing without a
+    healthy run (supervisor.healthy_seconds of useful work) is given up. Exit codes: 0 the run
+    finished; 1 it failed (the learner, or every actor, given up: one line says which, how often
+    and the last error of its log); 2 a setting or state only you can fix (the line says what);
+    130 / 143 stopped by Ctrl-C / SIGTERM. See docs/fault-tolerance.md.
     """
     overrides = list(set_ or [])
     if actors is not None:
@@ -252,8 +258,10 @@ def supervise(
     them (give them ZMQRL_SUPERVISED=1 to have them wait for it and leave when it is gone). It
     shows the same dashboard (or progress lines) and summary as `launch`, reports processes that
     fall silent or hang (it cannot restart them: their orchestrator does), and broadcasts stop when
-    the learner finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 130/143 on a
-    signal.
+    the learner finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 1 on an error,
+    2 for a setting to fix, 130 / 143 on Ctrl-C / SIGTERM. The roles' own exit codes (0 finished or
+    stopped on request, 1 failed, 2 needs you, 3 hung, 128 + N ended by signal N) tell their
+    orchestrator what to restart: see docs/fault-tolerance.md.
     """
     overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
     cfg = _load(config, overrides, log_level)
