@@ -344,6 +344,11 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         assert all(p["host"] for p in rows.values()) and rows[("learner", 0)]["state"] == "running", rows
         timings["status"] = time.monotonic() - t0
 
+        # Any peer that reaches the heartbeat port (here: this test, over the host's loopback) used
+        # to end the run with one forged `learner-0 finished`; compose ships with the control token
+        # on, so it is counted and dropped, and the learner goes on to its last update (below).
+        forge_learner_finished(int(project.env["ZMQRL_HEARTBEAT_PORT"]))
+
         # The learner finishes; the supervisor broadcasts stop; every role exits 0 and stays down.
         def run_over() -> bool:
             cs = project.containers()
@@ -372,6 +377,9 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         assert evaluator_stats["evaluated_version"] > 0, "...weights the learner published"
         summary = json.loads((run_dir / "stats.json").read_text())
         _assert_actors_got_weights(summary)
+        assert summary["supervisor"]["unauthenticated_heartbeats"] >= 1, "the forged heartbeat was taken"
+        token = project.volume_dir() / "control.token"
+        assert token.is_file() and (token.stat().st_mode & 0o077) == 0, "the control token, private"
         timings["checked"] = time.monotonic() - t0
 
         # Down: nothing of the project is left, not even a process.
@@ -383,6 +391,21 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         raise
     finally:
         print(f"compose test timings (s from start): { ({k: round(v, 1) for k, v in timings.items()}) }")
+
+
+def forge_learner_finished(heartbeat_port: int) -> None:
+    """Send the supervisor `learner-0 finished` from a raw socket without the run's token."""
+    import zmq
+
+    from zmqrl.transport import wire
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 2000)
+    push.connect(f"tcp://127.0.0.1:{heartbeat_port}")
+    push.send_multipart(wire.dump(wire.HeartbeatMsg("learner", 0, 1, time.time(), "finished", {}, {})))
+    push.close()
+    ctx.term()
 
 
 def _assert_actors_got_weights(summary: dict[str, Any]) -> None:
