@@ -203,3 +203,21 @@ def test_supervise_makes_the_configured_token_file_once_and_keeps_it(
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     supervisor_control_auth(cfg, None, launching=False)
     assert path.read_text() == made, "roles already hold it: it is never replaced"
+
+
+def test_an_insecure_supervisor_beyond_loopback_without_keys_or_token_says_its_control_plane_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(CONTROL_TOKEN_ENV, raising=False)
+    exposed = [f"run.dir={tmp_path}", "transport.heartbeat=tcp://0.0.0.0:5557", "transport.insecure=true"]
+    with caplog.at_level("WARNING", logger="zmqrl.security"):
+        supervisor_control_auth(load_config(None, exposed), None, launching=False)
+        supervisor_control_auth(
+            load_config(None, [*exposed[:2], "transport.insecure=false"]), None, launching=False
+        )
+        token = tmp_path / "token"
+        supervisor_control_auth(
+            load_config(None, [*exposed, f"transport.control_token_file={token}"]), None, launching=False
+        )
+    warnings = [r.getMessage() for r in caplog.records if "not authenticated" in r.getMessage()]
+    assert len(warnings) == 1 and "transport.control_token_file" in warnings[0]
