@@ -46,11 +46,30 @@ TREES = [
 
 
 # ---------------------------------------------------------------------------------------- helpers
+# Bounds so loose they never bind: for the tests of sampling's arithmetic (proportionality,
+# importance weights), whose priorities span more than the production bounds allow.
+LOOSE_BOUNDS = {"max_priority": 1e30, "max_draw_ratio": 1e30}
+
+
 def make_per(
-    capacity: int, alpha: float = 0.6, eps: float = 1e-6, seed: int | None = 0, obs_dim: int = OBS_DIM
+    capacity: int,
+    alpha: float = 0.6,
+    eps: float = 1e-6,
+    seed: int | None = 0,
+    obs_dim: int = OBS_DIM,
+    bounds: dict[str, float] | None = None,
 ) -> PrioritizedReplay:
+    """A prioritized buffer; ``bounds`` None: LOOSE_BOUNDS, {}: the production defaults."""
     return PrioritizedReplay(
-        capacity, (obs_dim,), np.float32, (), np.int64, seed=seed, alpha=alpha, priority_eps=eps
+        capacity,
+        (obs_dim,),
+        np.float32,
+        (),
+        np.int64,
+        seed=seed,
+        alpha=alpha,
+        priority_eps=eps,
+        **(LOOSE_BOUNDS if bounds is None else bounds),
     )
 
 
@@ -558,7 +577,7 @@ def test_concurrent_add_sample_update() -> None:
 # ------------------------------------------------------------------------- hostile actor priorities
 def test_actor_priorities_are_clipped_to_a_multiple_of_the_learners_max() -> None:
     alpha, eps, ratio = 0.6, 1e-6, DEFAULT_MAX_INITIAL_PRIORITY_RATIO
-    buf = make_per(16, alpha=alpha, eps=eps)
+    buf = make_per(16, alpha=alpha, eps=eps, bounds={"max_draw_ratio": 1e30})  # only this clip binds
     # Before the learner has measured anything, the bound is ratio x INITIAL_MAX_PRIORITY.
     buf.add_with_priorities(make_batch([0, 1, 2]), np.array([3e38, 5.0, 0.5]))
     expected = np.array([ratio * INITIAL_MAX_PRIORITY, 5.0, 0.5])
@@ -566,7 +585,7 @@ def test_actor_priorities_are_clipped_to_a_multiple_of_the_learners_max() -> Non
     assert buf.clipped_priorities == 1 and buf.max_priority == INITIAL_MAX_PRIORITY
     buf.add(make_batch([3]))  # a row without a priority is not poisoned either
     np.testing.assert_allclose(buf.priorities_of(np.array([3])), (INITIAL_MAX_PRIORITY + eps) ** alpha)
-    # The learner's own priorities are not clipped, and they move the bound.
+    # The learner's own priorities (below replay.max_priority) move the bound; actors' never do.
     buf.update_priorities(np.array([0]), np.array([40.0]))
     assert buf.max_priority == 40.0
     buf.add_with_priorities(make_batch([4, 5]), np.array([1e30, 399.0]))
@@ -575,7 +594,7 @@ def test_actor_priorities_are_clipped_to_a_multiple_of_the_learners_max() -> Non
 
 
 def test_bad_actor_priorities_are_still_rejected_with_nothing_changed() -> None:
-    buf = make_per(8)
+    buf = make_per(8, bounds={})
     buf.add_with_priorities(make_batch(range(4)), np.full(4, 1e30))
     total, clipped = buf.total_priority, buf.clipped_priorities
     for bad in (np.nan, np.inf, -np.inf, -1.0):
@@ -594,7 +613,7 @@ def test_a_hostile_actor_cannot_starve_the_others_rows(hostile: float) -> None:
     (~1 for both actors' rows). The honest half of the data must keep a fair share of the draws
     (unbounded, the hostile rows took all of them and max_priority became ``hostile``)."""
     rows, steps, warmup = 32, 300, 50
-    buf = make_per(1024, alpha=0.6, seed=7)
+    buf = make_per(1024, alpha=0.6, seed=7, bounds={})
     rng = np.random.default_rng(1)
     next_id, honest_draws, draws = 0, 0, 0
     for step in range(steps):

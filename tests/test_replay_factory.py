@@ -186,7 +186,34 @@ def test_footprint_counts_both_observations_and_priorities() -> None:
     row = 2 * 4 * 5 * 5 + 8 + 4 + 4
     assert replay_footprint(10, IMAGES, prioritized=False) == 10 * row
     assert replay_footprint(10, IMAGES, prioritized=True) == 10 * (row + factory.PRIORITY_BYTES_PER_ROW)
-    assert replay_footprint(10, IMAGES, prioritized=False, share_frames=True) < 10 * row
+    assert replay_footprint(10, IMAGES, prioritized=False, share_frames=True, typical=True) < 10 * row
+
+
+@pytest.mark.parametrize("kind", ["shared", "shared_prioritized"])
+def test_the_memory_check_of_shared_frames_holds_for_noise_frames(kind: str) -> None:
+    """Issue 23 item 11: the check assumed 1.25 distinct planes per row, and noise frames (or a
+    peer sending them) need every plane of both observations, 8 here. Filled with noise in adds of
+    up to ``max_add_rows`` rows, wrapping several times, the planes the pool ever held at once
+    (their pages stay resident) fit the footprint the check allowed; the old estimate did not."""
+    prioritized = KINDS[kind][0]
+    capacity, max_add = 40, 16
+    need = replay_footprint(capacity, IMAGES, prioritized, True, max_add_rows=max_add)
+    buf = make_replay(
+        ReplayConfig(capacity=capacity, prioritized=prioritized, share_frames=True),
+        IMAGES,
+        seed=0,
+        max_add_rows=max_add,
+    )
+    rng = np.random.default_rng(2)
+    for rows in [16, 16, 16, 9, 16, 16, 1, 16, 16, 16]:
+        buf.add(noise(rng, rows))
+    pool = buf.storage._pool  # type: ignore[attr-defined]
+    plane_bytes = pool.planes[0].nbytes
+    assert pool.high_water == 2 * OBS_SHAPE[0] * (capacity + max_add)  # the transaction's peak
+    held = pool.high_water * (plane_bytes + 8 + 16) + capacity * (8 + 4 + 4 + 2 * OBS_SHAPE[0] * 8)
+    assert held <= need
+    typical = replay_footprint(capacity, IMAGES, prioritized, True, typical=True)
+    assert held > 2 * typical  # what the first release checked against
 
 
 def fill(buf: Replay) -> None:

@@ -4,7 +4,8 @@ Modules, from the bottom up:
 
 * ``storage``: ``UniformReplay``, the preallocated thread-safe ring, and the transaction (``Undo``)
   that makes every add all-or-nothing;
-* ``sumtree`` and ``prioritized``: ``PrioritizedReplay`` (proportional, Ape-X) on that ring;
+* ``sumtree``, ``priorities`` and ``prioritized``: ``PrioritizedReplay`` (proportional, Ape-X) on
+  that ring, with the bounds that keep any one row or peer from dominating its draws;
 * ``frames``: ``FramePool`` and the buffers that store each image plane once
   (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``);
 * ``buffers``: the ``Replay`` interface over those classes (``UniformBuffer``,
@@ -21,20 +22,25 @@ from zmqrl.replay.factory import (
     replay_footprint,
 )
 from zmqrl.replay.frames import FramePool, FramePoolFull, SharedFramesPrioritizedReplay, SharedFramesReplay
-from zmqrl.replay.prioritized import (
+from zmqrl.replay.priorities import (
     DEFAULT_ALPHA,
+    DEFAULT_MAX_DRAW_RATIO,
     DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
+    DEFAULT_MAX_PRIORITY,
     DEFAULT_PRIORITY_EPS,
     INITIAL_MAX_PRIORITY,
-    PrioritizedReplay,
+    PriorityBounds,
 )
+from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.ratelimit import NoLimit, RateLimiter, make_rate_limiter
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.replay.sumtree import SumTree
 
 __all__ = [
     "DEFAULT_ALPHA",
+    "DEFAULT_MAX_DRAW_RATIO",
     "DEFAULT_MAX_INITIAL_PRIORITY_RATIO",
+    "DEFAULT_MAX_PRIORITY",
     "DEFAULT_PRIORITY_EPS",
     "INITIAL_MAX_PRIORITY",
     "PRIORITY_BYTES_PER_ROW",
@@ -45,6 +51,7 @@ __all__ = [
     "NoLimit",
     "PrioritizedBuffer",
     "PrioritizedReplay",
+    "PriorityBounds",
     "RateLimiter",
     "SharedFramesPrioritizedReplay",
     "SharedFramesReplay",

@@ -20,7 +20,7 @@ from zmqrl.core import Replay
 from zmqrl.env_ids import EnvError
 from zmqrl.memory import ReplayMemoryError, available_memory_bytes, format_bytes
 from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
-from zmqrl.replay.frames import SharedFramesPrioritizedReplay, SharedFramesReplay
+from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.spec import SampleSpec
@@ -30,8 +30,10 @@ if TYPE_CHECKING:  # only the annotation: importing zmqrl.config would pull in t
 
 # Bytes per slot of prioritized replay's bookkeeping (sum tree leaves and parents, insertion ids).
 PRIORITY_BYTES_PER_ROW = 8 + 16 + 8
-# Distinct image planes a row adds with replay.share_frames, for the memory estimate: about one
-# (the newest frame) plus the stacks at episode starts; measured on Pong: see docs/architecture.md.
+# Distinct image planes a row adds with replay.share_frames, typically: about one (the newest
+# frame) plus the stacks at episode starts; measured on Pong: see docs/architecture.md. Only what
+# the log line reports: the memory check assumes the worst case (frames.py, `slots_for`), every
+# plane of every row distinct (noise frames, or a peer sending them), which a run can produce.
 SHARED_PLANES_PER_ROW = 1.25
 # A refused capacity suggests this fraction of what would just fit (room for everything else).
 SUGGESTED_CAPACITY_FRACTION = 0.8
@@ -39,29 +41,53 @@ SUGGESTED_CAPACITY_FRACTION = 0.8
 _log = logging.getLogger("zmqrl.replay")
 
 
-def replay_footprint(capacity: int, spec: SampleSpec, prioritized: bool, share_frames: bool = False) -> int:
-    """Bytes the replay buffer will occupy once full: obs and next_obs, action, reward, discount
+def replay_footprint(
+    capacity: int,
+    spec: SampleSpec,
+    prioritized: bool,
+    share_frames: bool = False,
+    *,
+    max_add_rows: int | None = None,
+    typical: bool = False,
+) -> int:
+    """Bytes the replay buffer can occupy once full: obs and next_obs, action, reward, discount
     (and the priority bookkeeping). Computed before allocating, so it can be refused up front.
-    With shared frames, the planes are an estimate (SHARED_PLANES_PER_ROW distinct planes a row)."""
+
+    With shared frames, the worst case a run can produce: every plane of every row distinct,
+    plus, during an add of ``max_add_rows`` rows (default: ``capacity``, the most one add keeps),
+    the new rows' planes while the rows they overwrite still hold theirs (frames.py's transaction).
+    ``typical``: the estimate for the log line instead (SHARED_PLANES_PER_ROW planes a row)."""
     obs = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
     action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
     row = action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
     if not share_frames:
         return capacity * (row + 2 * obs)
     planes = spec.obs_shape[0]
+    plane_bytes = obs / planes
     ids = 2 * planes * 8
-    return int(capacity * (row + ids + SHARED_PLANES_PER_ROW * obs / planes))
+    if typical:
+        return int(capacity * (row + ids + SHARED_PLANES_PER_ROW * plane_bytes))
+    adding = capacity if max_add_rows is None else min(max_add_rows, capacity)
+    live_planes = slots_for(capacity, planes, adding)
+    # Per live plane the pool also keeps a reference count and a digest (FramePool).
+    return int(capacity * (row + ids) + live_planes * (plane_bytes + 8 + DIGEST_BYTES))
 
 
 def make_replay(
-    cfg: ReplayConfig, spec: SampleSpec, *, seed: int, log: logging.Logger | None = None
+    cfg: ReplayConfig,
+    spec: SampleSpec,
+    *,
+    seed: int,
+    log: logging.Logger | None = None,
+    max_add_rows: int | None = None,
 ) -> Replay:
     """The buffer ``cfg`` describes, with columns for ``spec``'s samples and its RNG seeded by ``seed``.
 
     Logs its kind and full-size footprint on ``log`` (default ``zmqrl.replay``) first. Raises
     EnvError when ``replay.share_frames`` is asked for observations that are not image stacks, and
     ReplayMemoryError (naming ``replay.capacity`` and a capacity that would fit) when the
-    footprint exceeds the memory available, both before anything is allocated.
+    footprint exceeds the memory available, both before anything is allocated. ``max_add_rows``:
+    the most rows the caller adds at once (the worst case of shared frames depends on it).
     """
     log = log or _log
     if cfg.share_frames and len(spec.obs_shape) < 2:
@@ -69,23 +95,26 @@ def make_replay(
             f"replay.share_frames needs image observations (planes, height, width); the env's are "
             f"{list(spec.obs_shape)}: set replay.share_frames: false"
         )
-    need = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames)
+    need = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames, max_add_rows=max_add_rows)
     available = available_memory_bytes()
+    typical = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames, typical=True)
     log.info(
-        "replay: %s%s, %d transitions of obs %s %s: %s%s when full (%s available)",
+        "replay: %s%s, %d transitions of obs %s %s: %s when full (%s available)",
         "prioritized" if cfg.prioritized else "uniform",
         ", each image plane stored once" if cfg.share_frames else "",
         cfg.capacity,
         spec.obs_dtype,
         list(spec.obs_shape),
-        "about " if cfg.share_frames else "",
-        format_bytes(need),
+        f"about {format_bytes(typical)}, at most {format_bytes(need)} if frames never repeat"
+        if cfg.share_frames
+        else format_bytes(need),
         format_bytes(available) if available is not None else "unknown",
     )
     if available is not None and need > available:
         fits = max(1, int(cfg.capacity * available / need * SUGGESTED_CAPACITY_FRACTION))
+        worst = " if no frame repeats (noise frames, or a peer sending them)" if cfg.share_frames else ""
         raise ReplayMemoryError(
-            f"replay.capacity {cfg.capacity} needs {format_bytes(need)} but this machine has "
+            f"replay.capacity {cfg.capacity} needs {format_bytes(need)}{worst} but this machine has "
             f"{format_bytes(available)} available; lower replay.capacity (e.g. --set replay.capacity="
             f"{fits})"
         )
@@ -98,6 +127,8 @@ def make_replay(
             alpha=cfg.alpha,
             priority_eps=cfg.priority_eps,
             max_initial_priority_ratio=cfg.max_initial_priority_ratio,
+            max_priority=cfg.max_priority,
+            max_draw_ratio=cfg.max_draw_ratio,
         )
         return PrioritizedBuffer(storage, BetaSchedule(cfg.beta, cfg.beta_updates))
     uniform = SharedFramesReplay if cfg.share_frames else UniformReplay

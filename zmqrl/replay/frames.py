@@ -100,8 +100,14 @@ class FramePool:
         return self._unused - len(self._free)
 
     @property
+    def high_water(self) -> int:
+        """Most slots ever in use at once (a failed add's included): freed slots are reused
+        first, so the slots ever written, whose pages are resident, are exactly these."""
+        return self._unused
+
+    @property
     def nbytes(self) -> int:
-        """Bytes reserved (address space; resident memory follows ``live``)."""
+        """Bytes reserved (address space; resident memory follows ``high_water``)."""
         return int(self.planes.nbytes + self._refs.nbytes + self._digests.nbytes)
 
     def intern(self, planes: np.ndarray, journal: list[Taken] | None = None) -> IntArray:

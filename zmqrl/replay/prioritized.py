@@ -3,9 +3,9 @@
 Row ``i`` is drawn with probability ``v_i / sum(v)``, ``v_i = (p_i + priority_eps) ** alpha``,
 kept in a sum tree (sumtree.py) so that drawing a batch and re-prioritising it are both
 ``O(batch * log capacity)``. Ids and bounded actor priorities are explained on the class,
-importance weights on ``sample_prioritized``. An add is one transaction with the ring's
-(storage.py): the tree leaves and ordinals it overwrites are saved and put back with the rows if
-anything fails.
+importance weights on ``sample_prioritized``, the bounds every stored priority passes in
+priorities.py. An add is one transaction with the ring's (storage.py): the tree leaves and
+ordinals it overwrites are saved and put back with the rows if anything fails.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import DTypeLike
 
+from zmqrl.replay.priorities import (
+    DEFAULT_ALPHA,
+    DEFAULT_MAX_DRAW_RATIO,
+    DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
+    DEFAULT_MAX_PRIORITY,
+    DEFAULT_PRIORITY_EPS,
+    INITIAL_MAX_PRIORITY,
+    PriorityBounds,
+)
 from zmqrl.replay.storage import FloatArray, IntArray, Undo, UniformReplay
 from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
 from zmqrl.types import TransitionBatch
 
-# Prioritized replay defaults: Ape-X (Horgan et al. 2018) uses alpha = 0.6; the epsilon only has to
-# keep a zero-|TD error| row drawable, so it is tiny relative to typical TD errors.
-DEFAULT_ALPHA: Final = 0.6
-DEFAULT_PRIORITY_EPS: Final = 1e-6
-# Raw priority that rows inserted without one get before any priority has been seen (Schaul et al.).
-INITIAL_MAX_PRIORITY: Final = 1.0
-# Actor-sent priorities are clipped to this many times ``max_priority`` (the largest priority the
-# learner itself has computed): room for an actor's genuine surprise, but no actor can claim more
-# than ~10**alpha times the weight of a fresh unmeasured row (see PrioritizedReplay).
-DEFAULT_MAX_INITIAL_PRIORITY_RATIO: Final = 10.0
+__all__ = ["INITIAL_MAX_PRIORITY", "PrioritizedReplay"]
 # `_ordinal` value of a slot that has never held a row: no real insertion ordinal is negative.
 _NO_ORDINAL: Final = -1
 
@@ -55,14 +55,14 @@ class PrioritizedReplay(UniformReplay):
     had in the run that saved them. The stored set is always the contiguous ring segment ending at
     ``_pos``, so ``snapshot`` (oldest first) works unchanged.
 
-    Bounded actor priorities: priorities sent with a batch come from actors, which the learner
-    does not trust, so they are clipped to ``[0, max_initial_priority_ratio * max_priority]``
-    (counted in ``clipped_priorities``), and ``max_priority`` itself (what rows without a priority
-    get) is the largest priority the *learner* computed (``update_priorities``), starting at
-    ``INITIAL_MAX_PRIORITY``. An actor sending 3e38 thus gets rows of priority at most
-    ``ratio * max_priority``, which sampling re-measures on their first draw; it can neither raise
-    the bound nor what other rows get. Unlike the learner's own statistics, a quantile of the
-    priorities actors send would move with whatever a hostile actor sends.
+    Bounded priorities (priorities.py): every priority stored, actor-sent or the learner's own,
+    is capped at ``max_priority_cap`` and its weight at ``max_draw_ratio`` times the mean weight
+    of the rows stored, so no row is drawn more than about that many times as often as the
+    average row whatever a peer sent (the learner's TD errors come from peer data too). Actor
+    priorities are also clipped to ``max_initial_priority_ratio * max_priority``, where
+    ``max_priority`` (what rows without a priority get) is the largest priority the *learner*
+    computed, starting at ``INITIAL_MAX_PRIORITY``. Rows some bound lowered are counted in
+    ``clipped_priorities``.
 
     One lock guards ring, tree, ordinals and RNG; it is held only for numpy calls and the sum
     tree's batched kernels (microseconds per batch where compiled, see sumtree.py).
@@ -82,52 +82,56 @@ class PrioritizedReplay(UniformReplay):
         alpha: float = DEFAULT_ALPHA,
         priority_eps: float = DEFAULT_PRIORITY_EPS,
         max_initial_priority_ratio: float = DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
+        max_priority: float = DEFAULT_MAX_PRIORITY,
+        max_draw_ratio: float = DEFAULT_MAX_DRAW_RATIO,
     ) -> None:
-        if not (np.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
-        if not (np.isfinite(priority_eps) and priority_eps >= 0):
-            raise ValueError(f"priority_eps must be finite and >= 0, got {priority_eps}")
-        if not (np.isfinite(max_initial_priority_ratio) and max_initial_priority_ratio >= 1):
-            raise ValueError(
-                f"max_initial_priority_ratio must be finite and >= 1, got {max_initial_priority_ratio}"
-            )
+        self._bounds = PriorityBounds(
+            alpha, priority_eps, max_initial_priority_ratio, max_priority, max_draw_ratio
+        )  # first: it checks the settings before anything is allocated
         super().__init__(capacity, obs_shape, obs_dtype, action_shape, action_dtype, seed)
-        self._alpha = float(alpha)
-        self._eps = float(priority_eps)
         self._tree = make_sum_tree(self._capacity)  # compiled where built (sumtree.py)
         self._ordinal: npt.NDArray[np.int64] = np.full(self._capacity, _NO_ORDINAL, dtype=np.int64)
         # Ordinal of the next row written. Equals total_added except after restoring into a
         # non-empty buffer (see `restore`); invariant: _pos == _next_ordinal % capacity.
         self._next_ordinal = 0
-        self._max_priority = INITIAL_MAX_PRIORITY  # raised only by update_priorities
-        self._ratio = float(max_initial_priority_ratio)
         self._clipped = 0
         self._stale_updates = 0
 
     @property
     def alpha(self) -> float:
         """Priority exponent: 0 is uniform, 1 fully proportional."""
-        return self._alpha
+        return self._bounds.alpha
 
     @property
     def priority_eps(self) -> float:
         """Added to every raw priority so that no stored row has zero probability."""
-        return self._eps
+        return self._bounds.eps
 
     @property
     def max_priority(self) -> float:
-        """Largest raw priority the learner has given (``update_priorities``; never decreases, at
-        least ``INITIAL_MAX_PRIORITY``): what rows without one get. Actor priorities never move it."""
-        return self._max_priority
+        """Largest raw priority the learner has given (``update_priorities``, capped at
+        ``max_priority_cap``; never decreases, at least ``INITIAL_MAX_PRIORITY`` unless the cap is
+        lower): what rows without one get. Actor priorities never move it."""
+        return self._bounds.max_measured
 
     @property
     def max_initial_priority_ratio(self) -> float:
         """Actor-sent priorities are clipped to this times ``max_priority``."""
-        return self._ratio
+        return self._bounds.initial_ratio
+
+    @property
+    def max_priority_cap(self) -> float:
+        """The absolute cap on any raw priority stored (``replay.max_priority``)."""
+        return self._bounds.cap
+
+    @property
+    def max_draw_ratio(self) -> float:
+        """No row is written with a weight above this times the mean weight stored."""
+        return self._bounds.draw_ratio
 
     @property
     def clipped_priorities(self) -> int:
-        """Rows stored with an actor-sent priority clipped to the bound."""
+        """Priorities stored lowered by a bound (actor-sent, or the learner's own)."""
         return self._clipped
 
     @property
@@ -140,7 +144,7 @@ class PrioritizedReplay(UniformReplay):
             **super()._stats_locked(),
             "clipped_priorities": self._clipped,
             "stale_priority_updates": self._stale_updates,
-            "max_priority": self._max_priority,
+            "max_priority": self._bounds.max_measured,
         }
 
     @property
@@ -163,10 +167,9 @@ class PrioritizedReplay(UniformReplay):
         """Insert ``batch`` with raw priorities ``(B,)`` (e.g. actor-side ``|TD error|``).
 
         ``None`` gives every row ``max_priority``, so a new row is sampled at least once soon
-        (Schaul et al.). Given priorities are clipped to ``max_initial_priority_ratio *
-        max_priority`` (see the class docstring). Rows beyond the capacity are dropped
-        oldest-first. Raises ValueError, with nothing changed, for priorities of the wrong shape,
-        negative, or not finite.
+        (Schaul et al.). Every priority is bounded (see the class docstring). Rows beyond the
+        capacity are dropped oldest-first. Raises ValueError, with nothing changed, for
+        priorities of the wrong shape, negative, or not finite.
         """
         b = self._validate(batch)
         raw = None if priorities is None else self._check_priorities(priorities, b)
@@ -209,11 +212,11 @@ class PrioritizedReplay(UniformReplay):
         ordinals = np.arange(first + start, first + b, dtype=np.int64)
         slots = ordinals % cap
         clipped = 0
+        total, size = self._tree.total, self._size
         if raw is None:
-            values = np.full(m, self._transform_scalar(self._max_priority))
+            values = self._bounds.for_unmeasured(m, total, size)
         else:
-            raw, clipped = self._bound_locked(raw[start:])
-            values = self._transform(raw)
+            values, clipped = self._bounds.for_actor(raw[start:], total, size)
         undo = self._begin_locked(slots)
         try:
             self._tree.update(slots, values)  # checks first: a value that overflowed raises here
@@ -233,12 +236,6 @@ class PrioritizedReplay(UniformReplay):
         except BaseException:
             self._rollback_locked(undo)
             raise
-
-    def _bound_locked(self, raw: FloatArray) -> tuple[FloatArray, int]:
-        """Actor-sent priorities clipped to the bound, and how many were above it."""
-        limit = self._ratio * self._max_priority
-        n_over = int(np.count_nonzero(raw > limit))
-        return (np.minimum(raw, limit) if n_over else raw), n_over
 
     def _begin_locked(self, slots: IntArray) -> Undo:
         undo = super()._begin_locked(slots)
@@ -305,9 +302,10 @@ class PrioritizedReplay(UniformReplay):
 
         Rows overwritten since they were sampled are skipped (counted in
         ``stale_priority_updates``). A repeated id (sampling is with replacement) takes its last
-        priority. These are the learner's own measurements, so they are not clipped, and they
-        alone raise ``max_priority``. Raises ValueError, with nothing changed, for ids that are not
-        non-negative integers, mismatched lengths, or priorities that are negative or not finite.
+        priority. These are the learner's own measurements: they alone raise ``max_priority``,
+        and they are bounded like any priority (a peer's reward or observations made them).
+        Raises ValueError, with nothing changed, for ids that are not non-negative integers,
+        mismatched lengths, or priorities that are negative or not finite.
         """
         ids = np.asarray(indices)
         if ids.dtype != np.int64:
@@ -318,14 +316,14 @@ class PrioritizedReplay(UniformReplay):
         raw = self._check_priorities(priorities, ids.size)
         if ids.size == 0:
             return
-        values = self._transform(raw)
         with self._lock:
+            values, clipped = self._bounds.for_learner(raw, self._tree.total, self._size)
             # First: it raises (negative ids, values that overflowed) before writing anything.
             live, n_live = self._tree.update_current(ids, values, self._ordinal)
             if n_live:
-                measured = raw if n_live == ids.size else raw[live]
-                self._max_priority = max(self._max_priority, float(measured.max()))
+                self._bounds.measured(raw if n_live == ids.size else raw[live])
             self._stale_updates += ids.size - n_live
+            self._clipped += clipped
 
     def priorities_of(self, ids: np.ndarray) -> npt.NDArray[np.float64]:
         """Transformed priorities ``(p + eps) ** alpha`` of rows by id; NaN for overwritten ids
@@ -336,14 +334,6 @@ class PrioritizedReplay(UniformReplay):
             out = self._tree.get(slots)
             out[self._ordinal[slots] != ids] = np.nan
         return out
-
-    def _transform(self, raw: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        """Raw priorities -> tree values ``(p + eps) ** alpha``."""
-        out: npt.NDArray[np.float64] = (raw + self._eps) ** self._alpha
-        return out
-
-    def _transform_scalar(self, raw: float) -> float:
-        return float((raw + self._eps) ** self._alpha)
 
     @staticmethod
     def _check_priorities(priorities: npt.ArrayLike, n: int) -> npt.NDArray[np.float64]:

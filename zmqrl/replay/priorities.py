@@ -1,0 +1,125 @@
+"""How raw priorities become sum-tree weights that no one row, and no one peer, can push far.
+
+Every priority prioritized replay stores comes from data a peer chose: an actor's initial
+priorities directly, and the learner's own ``|TD error|`` of a row whose reward, observations or
+discount a peer sent. A clip relative to a reference bounds nothing once the reference itself
+can be pushed (the first release clipped actor priorities to 10x the largest TD error the
+learner had measured, and one row of reward 3e38 measured 3e38). So every weight written to the
+tree passes two bounds whose references one peer cannot move much:
+
+* ``max_priority``, absolute: a raw priority above it counts as it (``replay.max_priority``).
+  It also keeps the tree's float64 sums exact enough: a leaf of 3e38 ** 0.6 made every other
+  row's weight vanish below the total's last bit.
+* ``max_draw_ratio``, relative to the buffer's mean weight (``replay.max_draw_ratio``): no row is
+  written with a weight above that many times the mean weight of the rows stored, so no row is
+  drawn more than about that many times as often as the average row. One row moves the mean by
+  at most ``max_draw_ratio / size`` of itself; rows making up a fraction ``f`` of the buffer take
+  at most about ``max_draw_ratio * f`` of the draws, whatever priorities they were given.
+
+On top, actor-sent priorities keep their own clip (``max_initial_priority_ratio`` times the
+largest priority the learner has measured), which caps how urgent a fresh row can claim to be
+next to what the learner has seen.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+# Prioritized replay defaults: Ape-X (Horgan et al. 2018) uses alpha = 0.6; the epsilon only has to
+# keep a zero-|TD error| row drawable, so it is tiny relative to typical TD errors.
+DEFAULT_ALPHA: Final = 0.6
+DEFAULT_PRIORITY_EPS: Final = 1e-6
+# Raw priority that rows inserted without one get before any priority has been seen (Schaul et al.).
+INITIAL_MAX_PRIORITY: Final = 1.0
+# Actor-sent priorities are clipped to this many times ``max_measured`` (the largest priority the
+# learner itself has computed): room for an actor's genuine surprise, but no actor can claim more
+# than ~10**alpha times the weight of a fresh unmeasured row.
+DEFAULT_MAX_INITIAL_PRIORITY_RATIO: Final = 10.0
+# The absolute cap on any raw priority (|TD error|, in reward units). TD errors of rewards clipped
+# to +-1 stay below ~100 (1 / (1 - gamma) at gamma 0.99), CartPole's too; unclipped rewards of
+# thousands may want more (replay.max_priority).
+DEFAULT_MAX_PRIORITY: Final = 1e3
+# No row's weight above this many times the mean weight of the rows stored (replay.max_draw_ratio).
+DEFAULT_MAX_DRAW_RATIO: Final = 10.0
+
+
+class PriorityBounds:
+    """The transform ``(p + eps) ** alpha`` and the bounds above, with the learner's running max.
+
+    Holds no rows: the buffer passes the tree's total and its size (the mean weight) with each
+    call, under its own lock. The ``for_*`` methods return the weights and how many of them a
+    bound lowered, and change nothing, so a buffer's failed add has nothing here to undo.
+    """
+
+    def __init__(
+        self,
+        alpha: float = DEFAULT_ALPHA,
+        priority_eps: float = DEFAULT_PRIORITY_EPS,
+        max_initial_priority_ratio: float = DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
+        max_priority: float = DEFAULT_MAX_PRIORITY,
+        max_draw_ratio: float = DEFAULT_MAX_DRAW_RATIO,
+    ) -> None:
+        for name, value, least in (
+            ("alpha", alpha, 0.0),
+            ("priority_eps", priority_eps, 0.0),
+            ("max_initial_priority_ratio", max_initial_priority_ratio, 1.0),
+            ("max_draw_ratio", max_draw_ratio, 1.0),
+        ):
+            if not (np.isfinite(value) and value >= least):
+                raise ValueError(f"{name} must be finite and >= {least:g}, got {value}")
+        if not (np.isfinite(max_priority) and max_priority > 0):
+            raise ValueError(f"max_priority must be finite and > 0, got {max_priority}")
+        self.alpha = float(alpha)
+        self.eps = float(priority_eps)
+        self.initial_ratio = float(max_initial_priority_ratio)
+        self.cap = float(max_priority)
+        self.draw_ratio = float(max_draw_ratio)
+        # Largest raw priority the learner has measured (after the cap): what rows without a
+        # priority get. Never lowered; actor-sent priorities never raise it.
+        self.max_measured = min(INITIAL_MAX_PRIORITY, self.cap)
+
+    def transform(self, raw: FloatArray) -> FloatArray:
+        """Raw priorities -> tree weights ``(p + eps) ** alpha`` (no bound applied)."""
+        out: FloatArray = (raw + self.eps) ** self.alpha
+        return out
+
+    def weight_limit(self, total: float, size: int) -> float:
+        """The largest weight a row may be written with now: ``max_draw_ratio`` times the mean
+        weight of the ``size`` rows stored (their tree ``total``), and never above the absolute
+        cap's weight. An empty buffer's reference is the weight of ``INITIAL_MAX_PRIORITY``."""
+        mean = total / size if size > 0 and total > 0 else self._weight(INITIAL_MAX_PRIORITY)
+        return min(self.draw_ratio * mean, self._weight(self.cap))
+
+    def for_actor(self, raw: FloatArray, total: float, size: int) -> tuple[FloatArray, int]:
+        """Weights for actor-sent raw priorities (checked finite and >= 0), and how many a bound
+        lowered."""
+        return self._limit(raw, min(self.cap, self.initial_ratio * self.max_measured), total, size)
+
+    def for_learner(self, raw: FloatArray, total: float, size: int) -> tuple[FloatArray, int]:
+        """Weights for the learner's measured raw priorities (checked finite and >= 0), and how
+        many a bound lowered; then call :meth:`measured` with the live rows' priorities."""
+        return self._limit(raw, self.cap, total, size)
+
+    def for_unmeasured(self, n: int, total: float, size: int) -> FloatArray:
+        """Weights for ``n`` rows inserted without a priority: ``max_measured``'s, bounded."""
+        return np.full(n, min(self._weight(self.max_measured), self.weight_limit(total, size)))
+
+    def measured(self, raw: FloatArray) -> None:
+        """Raise ``max_measured`` to the largest of ``raw`` (the learner's, live rows), capped."""
+        if raw.size:
+            self.max_measured = max(self.max_measured, min(float(raw.max()), self.cap))
+
+    def _limit(self, raw: FloatArray, raw_cap: float, total: float, size: int) -> tuple[FloatArray, int]:
+        limit = self.weight_limit(total, size)
+        values = self.transform(np.minimum(raw, raw_cap))
+        lowered = (raw > raw_cap) | (values > limit)
+        n = int(np.count_nonzero(lowered))
+        return (np.minimum(values, limit) if n else values), n
+
+    def _weight(self, raw: float) -> float:
+        return float((raw + self.eps) ** self.alpha)
