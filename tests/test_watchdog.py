@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,45 @@ def test_a_hung_role_process_exits_3_with_its_main_threads_stack_in_the_log(tmp_
     assert "actor-0 hung: its main loop made no progress for" in result.stderr
     assert "most recent call first" in result.stderr  # faulthandler's dump
     assert "stuck_in_the_main_loop" in result.stderr, result.stderr
+
+
+@pytest.mark.heavy  # 15 s of a real actor in a thread
+def test_an_actor_held_back_by_a_learner_that_does_not_read_is_not_taken_for_hung(
+    ctx: zmq.Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backpressure (a full queue, the replay ratio) holds an actor for as long as the learner
+    wants: its send keeps ticking ("blocked"), so its watchdog never fires, however long."""
+    from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
+    from zmqrl.roles.actor import Actor
+
+    ended: list[str] = []
+    monkeypatch.setattr(link_module, "end_hung_process", ended.append)
+    sup, fake = FakeSupervisor(ctx), FakeLearner(ctx)
+    cfg = with_transport(
+        tiny_config(
+            tmp_path,
+            supervisor__actor_progress_timeout=0.5,
+            transport__samples_hwm=1,
+            transport__samples_buffer_kb=4,
+        ),
+        **sup.endpoints(),
+        **fake.endpoints(),
+    )
+    link = SupervisorLink(ctx, cfg, "actor", 0, watch_supervisor=False, watchdog=True)
+    actor = Actor(cfg, 0, ctx=ctx, link=link)
+    thread = start(actor.run)
+    try:
+        fake.first_sample(cfg)  # then the learner reads nothing more: the actor's queue fills
+        wait_until(lambda: any(hb.state == "blocked" for hb in sup.drain()), 30, "the actor to be held back")
+        blocked_from = time.monotonic()
+        while time.monotonic() - blocked_from < 3.0:  # six hung timeouts
+            assert ended == [], ended
+            time.sleep(0.1)
+        assert sup.drain()[-1].state == "blocked"
+    finally:
+        actor.request_stop()
+        thread.join(timeout=30)
+        fake.close()
+        sup.close()
+    assert not thread.is_alive()
+    assert ended == []
