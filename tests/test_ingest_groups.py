@@ -120,6 +120,7 @@ def ingest(limiter: RateLimiter | NoLimit | None = None, max_policy_lag: int | N
         make_replay(ReplayConfig(capacity=1000), SPEC, seed=0),
         limiter or NoLimit(),
         LearnerCounters(),
+        spec=SPEC,
         published_version=lambda: 10,
         min_replay_size=1,
         max_policy_lag=max_policy_lag,
@@ -150,6 +151,31 @@ def test_a_stale_message_in_a_group_is_dropped_and_the_fresh_ones_enter() -> Non
     assert c.episodes == 3  # a stale batch's finished episodes still happened
 
 
+def test_a_batch_stamped_above_the_published_version_is_a_bad_message() -> None:
+    """Issue 23 item 11: no actor can hold a version the learner has not published (10 here), so
+    such a stamp is forged; counted as unfit input, it cannot pass max_policy_lag with a negative
+    lag. The group's other messages still enter."""
+    target = ingest(max_policy_lag=5)
+    bad = BadMessages("samples")
+    group = SampleGroup.of([message(0, version=10), message(1, version=11), message(2, version=2**62)])
+    assert target.accept_group(group, bad=bad)
+    c = target.counters
+    assert bad.count == 2 and len(target.replay) == 8 and c.batches == 1
+    assert c.stale_batches == 0 and list(c.lags) == [0] and c.episodes == 1
+    assert min(target.counters.recent_lags) >= 0
+
+
+def test_episode_records_beyond_the_reward_limit_make_a_bad_message() -> None:
+    """The receiver's decoder checks a known layout's episode records for their types only:
+    ingest checks their values, and a return no run of this reward limit can have is refused."""
+    target = ingest()
+    huge = message(1)
+    huge.episodes[:] = [EpisodeStat(SPEC.max_abs_reward * 20, 10)]
+    assert target.accept_group(SampleGroup.of([message(0), huge]))
+    assert target.bad.count == 1 and target.counters.batches == 1 and target.counters.episodes == 1
+    assert list(target.counters.episode_queue) == [EpisodeStat(10.0, 10)]
+
+
 @pytest.mark.parametrize(("limiter", "merges"), [(None, True), (RateLimiter(8.0, 1000, 1), False)])
 def test_the_ingest_thread_merges_only_without_a_replay_ratio(
     link: tuple[zmq.Socket, SampleReceiver], limiter: RateLimiter | None, merges: bool
@@ -158,7 +184,10 @@ def test_the_ingest_thread_merges_only_without_a_replay_ratio(
     target = ingest(limiter)
     sizes: list[int] = []
     real = target.accept_group
-    target.accept_group = lambda group, stop=None: (sizes.append(len(group.messages)), real(group, stop))[1]  # type: ignore[method-assign]
+    target.accept_group = lambda group, stop=None, bad=None: (  # type: ignore[method-assign]
+        sizes.append(len(group.messages)),
+        real(group, stop, bad),
+    )[1]
     send(push, *(message(seq) for seq in range(6)))
     stop = threading.Event()
     thread = threading.Thread(target=target.drain, args=(receiver, stop), daemon=True)

@@ -305,16 +305,18 @@ def test_weights_larger_than_max_message_mb_are_refused_before_anything_binds(
     with pytest.raises(ConfigError) as info:
         learner.run()
     message = str(info.value)
-    assert "4.0 MiB frame" in message and "transport.max_message_mb 1 (1.0 MiB)" in message
-    assert "raise transport.max_message_mb to 4" in message
+    assert "weights message (4.0 MiB)" in message and "transport.max_message_mb 1 (1.0 MiB)" in message
+    assert "raise transport.max_message_mb to 5" in message
     assert not learner.ready.is_set()
 
 
 def test_the_suggested_max_message_mb_is_enough(ctx: zmq.Context, tmp_path: Path) -> None:
-    """A 4 MiB frame passes ZeroMQ's limit of exactly 4 MiB: the fix the message names works."""
-    check_weights_fit({"w": ((1024, 1024), "float32")}, "dqn", {}, 4)
+    """The limit holds over a whole message (header included): a 4 MiB array needs 5, which the
+    message names, and a message just under 4 MiB passes."""
+    check_weights_fit({"w": ((1023, 1024), "float32")}, "dqn", {}, 4)
     with pytest.raises(ConfigError, match="to 5"):
-        check_weights_fit({"w": ((1025, 1024), "float32")}, "dqn", {}, 4)
+        check_weights_fit({"w": ((1024, 1024), "float32")}, "dqn", {}, 4)
+    check_weights_fit({"w": ((1024, 1024), "float32")}, "dqn", {}, 5)
 
 
 def test_learner_command_refuses_weights_over_max_message_mb_with_one_line(tmp_path: Path) -> None:
@@ -322,8 +324,20 @@ def test_learner_command_refuses_weights_over_max_message_mb_with_one_line(tmp_p
     result = run_cli([sys.executable, "-m", "zmqrl", *role_args(tmp_path, "learner", *big)])
     assert result.returncode == 2, result.stderr
     lines = error_lines(result.stderr)
-    assert len(lines) == 1 and "transport.max_message_mb 1" in lines[0] and "to 4" in lines[0]
+    assert len(lines) == 1 and "transport.max_message_mb 1" in lines[0] and "to 5" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_network_of_more_tensors_than_a_weights_message_carries_is_a_config_error(tmp_path: Path) -> None:
+    """Issue 23 item 11: 40 hidden layers make 82 tensors, more than the wire format's 64 arrays a
+    message; the learner died of a WireError traceback from the encoder. Now: exit 2, one line
+    naming the cause and the setting."""
+    deep = "agent.hidden_sizes=[" + ", ".join(["8"] * 40) + "]"
+    result = run_cli([sys.executable, "-m", "zmqrl", *role_args(tmp_path, "learner", deep)])
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "82 tensors, more than the 64" in lines[0], result.stderr
+    assert "agent.hidden_sizes" in lines[0] and "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------

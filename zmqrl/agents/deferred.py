@@ -21,13 +21,20 @@ class DeferredUpdate(Mapping[str, float]):
     ``compute`` returns the scalar metrics (0-d tensors, in ``names`` order) and the per-row TD
     errors ``(B,)``; it runs at most once, under ``torch.no_grad``, the first time either is read.
     Without ``compute`` (before an agent's first update) there are no metrics and no TD errors.
+
+    ``skipped`` (read eagerly: the agent synchronised once to know it) says the update changed
+    nothing because its loss or a gradient held NaN or infinity (``zmqrl.agents.finite``); its
+    metrics and TD errors are then those of the refused step, non-finite ones included.
     """
 
     def __init__(
         self,
         names: Sequence[str] = (),
         compute: Callable[[], tuple[list[torch.Tensor], torch.Tensor]] | None = None,
+        *,
+        skipped: bool = False,
     ) -> None:
+        self.skipped = skipped
         self._names = tuple(names) if compute is not None else ()
         self._compute = compute
         self._values: dict[str, float] = {}
@@ -59,3 +66,12 @@ class DeferredUpdate(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+def update_skipped(metrics: Mapping[str, float]) -> bool:
+    """Whether the update that returned ``metrics`` was skipped for a non-finite loss or gradient.
+
+    The built-in agents return a :class:`DeferredUpdate`, which says so; an agent plugin's plain
+    mapping never reports a skip (the learner's last guard, which refuses to publish or save
+    non-finite weights, still covers it)."""
+    return bool(getattr(metrics, "skipped", False))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.deferred import DeferredUpdate
+from zmqrl.agents.finite import any_found, guarded_step
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values, epsilon_greedy, explores
 from zmqrl.agents.numpy_views import parameter_views
@@ -147,6 +148,10 @@ class DQNAgent:
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> DeferredUpdate:
         """One Adam step on the Huber TD loss; returns the pre-step metrics (a mapping to floats).
 
+        A loss or gradient holding NaN or infinity skips the step (``zmqrl.agents.finite``): no
+        parameter, optimiser state, target network or update count changes, and the returned
+        mapping's ``skipped`` is True.
+
         ``batch.discount`` already holds ``gamma**k`` (0 on termination), so it is not multiplied
         by gamma again here. ``importance`` (prioritized replay's bias correction, ``(B,)``) weights
         each row's loss. Metrics and the rows' ``|TD error|`` (``last_td_errors``, the new
@@ -170,19 +175,23 @@ class DQNAgent:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in self._params if p.grad is not None]
-        if cfg.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        found, clipped_norm = guarded_step(self.optimizer, loss, params, cfg.max_grad_norm)
+        if clipped_norm is None:  # the metric, kept unread: a norm of the norms is 2 ops, not N
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+            )
         else:
-            grad_norms = torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
-            grad_norm = torch.linalg.vector_norm(grad_norms)
-        self.optimizer.step()
-
-        self.updates += 1
-        self._target_is_online = False
-        if self.updates % cfg.target_update_interval == 0:
-            polyak_update(self.target, self.online, cfg.tau)
-            self._target_is_online = cfg.tau >= 1.0
-        self._sync.dirty = True
+            grad_norm = clipped_norm
+        # The update's one host read of a flag: a skipped step (NaN or infinity in the loss or a
+        # gradient) must not move the target network nor count, and the learner must know.
+        skipped = any_found([found])
+        if not skipped:
+            self.updates += 1
+            self._target_is_online = False
+            if self.updates % cfg.target_update_interval == 0:
+                polyak_update(self.target, self.online, cfg.tau)
+                self._target_is_online = cfg.tau >= 1.0
+            self._sync.dirty = True
 
         q_taken, loss = q_taken.detach(), loss.detach()
 
@@ -190,7 +199,7 @@ class DQNAgent:
             td_abs = (td_target - q_taken).abs()
             return [loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()], td_abs
 
-        self._last = DeferredUpdate(_METRICS, metrics)
+        self._last = DeferredUpdate(_METRICS, metrics, skipped=skipped)
         return self._last
 
     @property

@@ -22,6 +22,7 @@ from torch import nn
 
 from zmqrl.agents.configs import SACConfig
 from zmqrl.agents.deferred import DeferredUpdate
+from zmqrl.agents.finite import Flag, any_found, guarded_step, step_unless
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN, SquashedActions, linear, relu_torso
 from zmqrl.agents.numpy_policies import squashed_action_bounds as _action_bounds
@@ -76,6 +77,8 @@ class SACAgent:
         )
         self.critic = TwinQNetwork(obs_dim, act_dim, config.hidden_sizes, init_generator).to(self._device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self._critic_params = list(self.critic.parameters())
+        self._policy_params = list(self.policy.parameters())
         self.policy_optimizer = fused_adam(self.policy.parameters(), lr=config.actor_lr)
         self.critic_optimizer = fused_adam(self.critic.parameters(), lr=config.critic_lr)
         self.target_entropy = float(config.target_entropy if config.target_entropy is not None else -act_dim)
@@ -158,6 +161,10 @@ class SACAgent:
         ``batch.discount`` already holds ``gamma**k`` (0 on termination). ``importance`` weights the
         critic loss per row (prioritized replay); ``last_td_errors`` is then the mean over the two
         critics of ``|Q_i - target|`` per row.
+
+        A step whose loss or gradients hold NaN or infinity is skipped (``zmqrl.agents.finite``),
+        and then the update also leaves the critic targets and its count alone and says
+        ``skipped`` (the other steps, each checked on its own, may have been taken).
         """
         cfg = self.config
         obs = to_device(batch.obs, self._device)
@@ -180,17 +187,22 @@ class SACAgent:
             critic_loss = row_loss.mean()
         else:
             critic_loss = (self._importance_tensor(importance, batch.size) * row_loss).mean()
-        self._step(self.critic_optimizer, critic_loss, self.critic)
+        flags = [self._step(self.critic_optimizer, critic_loss, self.critic)]
 
         used_alpha = alpha
-        self.updates += 1
-        if self.updates % cfg.policy_update_interval == 0:
+        if (self.updates + 1) % cfg.policy_update_interval == 0:
             # Delayed policy steps catch up on the ones skipped (as in CleanRL's TD3-style loop).
             for _ in range(cfg.policy_update_interval):
-                alpha = self._policy_and_alpha_step(obs, alpha)
-            self._sync.dirty = True
-        if self.updates % cfg.target_update_interval == 0:
-            polyak_update(self.critic_target, self.critic, cfg.tau)
+                alpha = self._policy_and_alpha_step(obs, alpha, flags)
+            self._sync.dirty = True  # even if some were skipped: others may have been taken
+        # The update's one host read of the flags (on an accelerator each step above was skipped,
+        # or not, on the device): a non-finite step leaves the targets and the count alone, and
+        # the learner knows.
+        skipped = any_found(flags)
+        if not skipped:
+            self.updates += 1
+            if self.updates % cfg.target_update_interval == 0:
+                polyak_update(self.critic_target, self.critic, cfg.tau)
 
         q1, q2, q1_error, q2_error = q1.detach(), q2.detach(), q1_error.detach(), q2_error.detach()
         critic_loss, policy_stats = critic_loss.detach(), self._policy_stats
@@ -201,11 +213,14 @@ class SACAgent:
             q_mean = 0.5 * (q1.mean() + q2.mean())
             return [critic_loss, actor_loss, used_alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
 
-        self._last = DeferredUpdate(_METRICS, metrics)
+        self._last = DeferredUpdate(_METRICS, metrics, skipped=skipped)
         return self._last
 
-    def _policy_and_alpha_step(self, obs: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-        """One policy step, then one alpha step (if autotuned); returns the alpha to use next."""
+    def _policy_and_alpha_step(
+        self, obs: torch.Tensor, alpha: torch.Tensor, flags: list[Flag]
+    ) -> torch.Tensor:
+        """One policy step, then one alpha step (if autotuned); returns the alpha to use next and
+        appends their skip flag (``zmqrl.agents.finite``) to ``flags``."""
         # Policy: maximise the soft value min Q(s, a~pi) - alpha * log pi(a|s); the critics are
         # frozen for this backward pass, which then builds no gradients for their weights.
         pi_actions, log_prob = self.policy.sample(obs, self._noise)
@@ -213,27 +228,41 @@ class SACAgent:
         q_pi = torch.min(*self.critic(obs, pi_actions))
         self.critic.requires_grad_(True)
         actor_loss = (alpha * log_prob - q_pi).mean()
-        self._step(self.policy_optimizer, actor_loss, self.policy)
-
-        # Alpha: grow when the policy's entropy (-log pi) is below target, shrink when above.
+        # Alpha: grow when the policy's entropy (-log pi) is below target, shrink when above. Its
+        # loss is -alpha * mean(gap), whose gradient in log(alpha) is the loss itself: checked
+        # with the policy step's, one check serves both steps.
         log_prob = log_prob.detach()
         if self.alpha_optimizer is not None:
             alpha_loss = (-self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_optimizer.step()
-            alpha = self.log_alpha.detach().exp()
         else:
             alpha_loss = torch.zeros((), device=self._device)
+        # Skipped too if the critic step was (flags[0]): its batch is not one to learn from.
+        found = self._step(self.policy_optimizer, actor_loss, self.policy, also=alpha_loss, after=flags[0])
+        flags.append(found)
+        if self.alpha_optimizer is not None:
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            step_unless(self.alpha_optimizer, found)
+            alpha = self.log_alpha.detach().exp()
         self._policy_stats = torch.stack([actor_loss.detach(), alpha_loss.detach(), -log_prob.mean()])
         return alpha
 
-    def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, net: nn.Module) -> None:
+    def _step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss: torch.Tensor,
+        net: nn.Module,
+        also: torch.Tensor | None = None,
+        after: Flag = False,
+    ) -> Flag:
+        """Back-propagate ``loss`` into ``net`` and step, unless ``loss``, a gradient or ``also``
+        is not finite or ``after`` is set; returns the flag as
+        :func:`zmqrl.agents.finite.guarded_step` does."""
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.config.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), self.config.max_grad_norm)
-        optimizer.step()
+        params = self._critic_params if net is self.critic else self._policy_params
+        found, _ = guarded_step(optimizer, loss, params, self.config.max_grad_norm, also=also, after=after)
+        return found
 
     def _importance_tensor(self, importance: np.ndarray, size: int) -> torch.Tensor:
         if np.shape(importance) != (size,):  # (B, 1) would broadcast to (B, B) without a word

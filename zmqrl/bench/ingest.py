@@ -88,6 +88,7 @@ class IngestSide:
             self.replay,
             NoLimit(),
             self.counters,
+            spec=self.spec,
             published_version=lambda: 0,
             min_replay_size=case.config.learner.min_replay_size,
             max_policy_lag=None,

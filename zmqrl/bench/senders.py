@@ -49,7 +49,9 @@ def sample_batch(shape: SampleShape, seed: int = 0) -> TransitionBatch:
     if np.dtype(shape.obs_dtype).kind == "u":
         obs = rng.integers(0, 256, size=(shape.batch, *shape.obs_shape), dtype=np.uint8)
     else:
-        obs = rng.normal(size=(shape.batch, *shape.obs_shape)).astype(shape.obs_dtype)
+        # Inside CartPole's declared bounds (|angle| <= 0.42): the learner refuses what its env
+        # could not have produced, so out-of-bounds rows would measure the drop path instead.
+        obs = rng.uniform(-0.4, 0.4, size=(shape.batch, *shape.obs_shape)).astype(shape.obs_dtype)
     return TransitionBatch(
         obs,
         rng.integers(0, shape.n_actions, shape.batch),

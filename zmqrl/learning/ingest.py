@@ -7,14 +7,18 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from zmqrl import testhooks
 from zmqrl.config import Config
 from zmqrl.core import Replay
 from zmqrl.learning.state import LearnerCounters
 from zmqrl.replay import NoLimit, RateLimiter
-from zmqrl.transport.channels import SampleReceiver
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
 from zmqrl.transport.groups import SampleGroup
-from zmqrl.transport.wire import SamplesMsg
+from zmqrl.transport.validation import validate_episodes
+from zmqrl.transport.wire import SamplesMsg, WireError
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -29,6 +33,23 @@ INGEST_GROUP_MESSAGES = 16
 # Ingest budget: the most CPU time the ingest thread may bank while idle, so a burst after a quiet
 # spell holds the GIL for at most this long before the budget makes it pause.
 BUDGET_BURST_SECONDS = 0.005
+
+
+def group_limit(spec: SampleSpec) -> int:
+    """Messages ingest merges into one replay add: several for small rows, one for rows that
+    arrive zero-copy by default (merging would copy them; see SampleReceiver)."""
+    obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
+    return INGEST_GROUP_MESSAGES if obs_bytes < ZERO_COPY_MIN_OBS_BYTES else 1
+
+
+def largest_add(spec: SampleSpec, max_message_mb: int) -> int:
+    """The most rows one replay add of ingest can carry, whatever peers send: a group's messages,
+    each within the spec's batch limit and with an observation column of at most
+    ``transport.max_message_mb`` (a larger frame never reaches the learner). Shared-frame replay's
+    worst-case memory depends on it (zmqrl.replay.factory.replay_footprint)."""
+    obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
+    per_message = min(spec.max_batch, max_message_mb * 2**20 // max(1, obs_bytes))
+    return max(1, per_message) * group_limit(spec)
 
 
 def warn_if_queues_hide_lag(cfg: Config) -> None:
@@ -102,6 +123,13 @@ class Ingest:
     A batch waits for the replay-ratio limiter (backpressure: while it waits the socket is not
     read, so the actors' queues fill and their sends block); a batch acted with weights more than
     ``max_policy_lag`` versions older than those published is dropped and counted instead.
+
+    Two checks need the learner's state, so they are made here rather than by the receiver: a
+    batch stamped with a weights version above the newest published one (no actor can hold it:
+    a forged stamp, which would otherwise pass any ``max_policy_lag`` with a negative lag), and
+    episode records outside ``spec``'s reward limit (the receiver's decoder skips the structure
+    check, episodes included, for a layout it has seen before). Either makes the message a bad
+    one: counted in the receiver's tally (``bad`` of ``accept_group``), logged, dropped alone.
     """
 
     def __init__(
@@ -110,11 +138,15 @@ class Ingest:
         limiter: RateLimiter | NoLimit,
         counters: LearnerCounters,
         *,
+        spec: SampleSpec,
         published_version: Callable[[], int],
         min_replay_size: int,
         max_policy_lag: int | None,
         max_share: float | None = None,
     ) -> None:
+        self.spec = spec
+        # Messages refused here when no receiver's tally is given (serial mode, benchmarks).
+        self.bad = BadMessages("learner ingest", log)
         self.replay = replay
         self.limiter = limiter
         self.counters = counters
@@ -128,16 +160,23 @@ class Ingest:
         self.note_replay_size()
 
     def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
-        """Insert (or drop as stale) one message; False if ``stop`` was set while it waited."""
+        """Insert (or drop as stale or bad) one message; False if ``stop`` was set while it waited."""
         return self.accept_group(SampleGroup.of([msg]), stop)
 
-    def accept_group(self, group: SampleGroup, stop: threading.Event | None = None) -> bool:
-        """Insert a group's messages as one replay add (dropping, and counting, any too stale);
-        False if ``stop`` was set while it waited for the replay ratio.
+    def accept_group(
+        self, group: SampleGroup, stop: threading.Event | None = None, bad: BadMessages | None = None
+    ) -> bool:
+        """Insert a group's messages as one replay add (dropping, and counting, any too stale, and
+        any bad one in ``bad``, default ``self.bad``); False if ``stop`` was set while it waited
+        for the replay ratio.
 
         Under a replay ratio, give it groups of one message: a group waits for room for all of
         its rows at once, and room is at most the limiter's tolerance.
         """
+        admitted = self._admitted(group, bad or self.bad)
+        if admitted is None:
+            return True
+        group = admitted
         n = group.size
         counters = self.counters
         second_batch = counters.samples > 0 or len(group.messages) > 1  # the hook's moment
@@ -146,7 +185,9 @@ class Ingest:
         while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
             if stop is None or stop.is_set():
                 return False
-        published = self._published_version()  # lag is measured when a batch would enter replay
+        # Lag is measured when a batch would enter replay; never negative (see _admitted: the
+        # published version only grows, so what was not from the future then is not now).
+        published = self._published_version()
         lags = [published - msg.weights_version for msg in group.messages]
         fresh: SampleGroup | None = group
         stale: list[SamplesMsg] = []
@@ -171,6 +212,28 @@ class Ingest:
         self.note_replay_size()
         return True
 
+    def _admitted(self, group: SampleGroup, bad: BadMessages) -> SampleGroup | None:
+        """``group`` less its bad messages (recorded in ``bad``); None if none is left."""
+        published = self._published_version()
+        refused: list[tuple[SamplesMsg, WireError]] = []
+        for msg in group.messages:
+            try:
+                if msg.weights_version > published:
+                    raise WireError(
+                        f"weights_version {msg.weights_version} is above the newest published "
+                        f"({published}): no actor can have acted with it"
+                    )
+                if msg.episodes:
+                    validate_episodes(msg.episodes, self.spec)
+            except WireError as exc:
+                refused.append((msg, exc))
+        if not refused:
+            return group
+        for _, error in refused:
+            bad.record(error)
+        keep = [m for m in group.messages if all(m is not r for r, _ in refused)]
+        return SampleGroup.of(keep) if keep else None
+
     def note_replay_size(self) -> None:
         if len(self.replay) >= self._min_replay_size:
             self.replay_ready.set()
@@ -183,7 +246,7 @@ class Ingest:
         # Merge messages only where it pays and is safe: small rows (large ones arrive zero-copy,
         # and merging would copy them), and no replay ratio (see accept_group).
         merge = not receiver.zero_copy and isinstance(self.limiter, NoLimit)
-        limit = INGEST_GROUP_MESSAGES if merge else 1
+        limit = group_limit(self.spec) if merge else 1  # never more rows than largest_add
         while not stop.is_set():
             if not receiver.wait(INGEST_POLL_MS):
                 continue
@@ -195,7 +258,7 @@ class Ingest:
                 group = receiver.recv_group(limit)
                 if group is None:
                     break
-                self.accept_group(group, stop)
+                self.accept_group(group, stop, receiver.bad)
                 drained += len(group.messages)
                 if capped and budget.wait_time() > 0:
                     break

@@ -84,6 +84,7 @@ class LearnerReports:
             "replay_mb": t.replay.nbytes / 2**20,
             "weights_version": t.published_version,
             "bad_messages": self._bad_messages(),
+            "nonfinite_updates": t.nonfinite.total,
             "updates_per_s": c.updates / elapsed,
             "samples_per_s": samples / elapsed,
             "duration": elapsed,
@@ -167,6 +168,7 @@ class LearnerReports:
             tb.scalar(f"replay/{key}", value, step)
         tb.scalar("learner/weights_version", t.published_version, step)
         tb.scalar("learner/bad_messages", self._bad_messages(), step)
+        tb.scalar("learner/nonfinite_updates", t.nonfinite.total, step)
         seqs = self.seqs.totals()
         tb.scalar("learner/lost_batches", seqs["lost_batches"], step)
         tb.scalar("learner/reordered_batches", seqs["reordered_batches"], step)

@@ -16,20 +16,27 @@ from typing import Any
 import numpy as np
 
 from zmqrl.agents import make_learner
+from zmqrl.agents.deferred import update_skipped
 from zmqrl.config import Config
 from zmqrl.envs import action_bounds, make_env, sample_spec
 from zmqrl.errors import ConfigError
 from zmqrl.evaluation import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
 from zmqrl.fingerprint import run_fingerprint
 from zmqrl.learning.checkpointing import VERSION_FILE, Checkpoints, PublishedVersions
-from zmqrl.learning.ingest import Ingest
+from zmqrl.learning.ingest import Ingest, largest_add
+from zmqrl.learning.nonfinite import (
+    NonFiniteTraining,
+    NonFiniteUpdates,
+    refuse_nonfinite_state,
+    refuse_nonfinite_weights,
+)
 from zmqrl.learning.state import LearnerCounters
 from zmqrl.memory import format_bytes
 from zmqrl.metrics import Logger
 from zmqrl.replay import make_rate_limiter, make_replay
 from zmqrl.transport import wire
 from zmqrl.transport.control import TARGET_HELD
-from zmqrl.transport.wire import Fingerprint, WeightsMsg
+from zmqrl.transport.wire import MAX_ARRAYS, Fingerprint, WeightsMsg
 from zmqrl.types import Weights
 
 log = logging.getLogger("zmqrl.learner")
@@ -49,22 +56,29 @@ def check_weights_fit(
     fingerprint: Fingerprint,
     max_message_mb: int,
 ) -> None:
-    """Refuse a network whose weights message subscribers would drop: ZeroMQ refuses any frame
-    larger than ``transport.max_message_mb`` (the limit holds per frame: the header, and each
-    array) and drops the connection, so actors and the evaluator would act with their initial
+    """Refuse a network whose weights message subscribers would drop: a message larger than
+    ``transport.max_message_mb`` over all its frames is dropped as it is read (and ZeroMQ itself
+    refuses any one frame above it), so actors and the evaluator would act with their initial
     weights forever without a word. Measured on the message as encoded, from the agent's
-    ``weights_spec()`` (zeros of those shapes: exporting would bump the agent's version)."""
+    ``weights_spec()`` (zeros of those shapes: exporting would bump the agent's version). A
+    network of more tensors than one message may carry (the wire format's MAX_ARRAYS) is
+    refused the same way, before the encoder would fail on it."""
+    if len(spec) > MAX_ARRAYS:
+        raise ConfigError(
+            f"the {agent_kind} agent's published network has {len(spec)} tensors, more than the "
+            f"{MAX_ARRAYS} one weights message may carry (the wire format's limit): use fewer "
+            f"layers (agent.hidden_sizes: each hidden layer adds a weight and a bias)"
+        )
     arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in spec.items()}
     frames = wire.dump(WeightsMsg(weights=Weights(0, arrays), agent=agent_kind, fingerprint=fingerprint))
-    sizes = [f.nbytes if isinstance(f, memoryview) else len(f) for f in frames]
-    largest, limit = max(sizes), max_message_mb * 2**20
-    if largest > limit:
-        need = math.ceil(largest / 2**20)
+    total = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+    limit = max_message_mb * 2**20
+    if total > limit:
+        need = math.ceil(total / 2**20)
         raise ConfigError(
-            f"the weights message ({format_bytes(sum(sizes))}) has a {format_bytes(largest)} frame, "
-            f"more than transport.max_message_mb {max_message_mb} ({format_bytes(limit)}): actors and "
-            f"the evaluator would drop every weights message; raise transport.max_message_mb to {need} "
-            f"or use a smaller network"
+            f"the weights message ({format_bytes(total)}) is larger than transport.max_message_mb "
+            f"{max_message_mb} ({format_bytes(limit)}): actors and the evaluator would drop every "
+            f"weights message; raise transport.max_message_mb to {need} or use a smaller network"
         )
 
 
@@ -95,10 +109,24 @@ class Trainer:
         # With a separate evaluator process the learner keeps one env, only to read the spaces.
         n_eval = 1 if cfg.evaluator.enabled else lcfg.eval_episodes
         self.eval_envs = [make_env(cfg.env, training=False) for _ in range(n_eval)]
-        self.spec = sample_spec(self.eval_envs[0])
+        # What the learner accepts: the env's spaces and bounds, and the run's value limits (a
+        # transition's reward is an n-step sum: n_step times the per-step limit; its discount
+        # is gamma ** k, k >= 1, or 0).
+        self.spec = sample_spec(
+            self.eval_envs[0],
+            max_abs_obs=cfg.transport.max_abs_obs,
+            max_abs_reward=cfg.transport.max_abs_reward * cfg.agent.n_step,
+            max_discount=cfg.agent.gamma,
+        )
         # What this run's actors must share with it (env, spaces, network, n-step): sent with the weights.
         self.fingerprint = run_fingerprint(cfg, self.spec)
-        self.replay = make_replay(cfg.replay, self.spec, seed=cfg.run.seed, log=log)
+        self.replay = make_replay(
+            cfg.replay,
+            self.spec,
+            seed=cfg.run.seed,
+            log=log,
+            max_add_rows=largest_add(self.spec, cfg.transport.max_message_mb),
+        )
         bounds = action_bounds(self.eval_envs[0])
         self.agent = make_learner(
             cfg.agent,
@@ -115,8 +143,12 @@ class Trainer:
         )
         self.counters = LearnerCounters()
         self.evals = EvalTracker(lcfg.target_return, lcfg.target_hold)
-        self.published_version = 0
         self.versions = PublishedVersions(run_dir / VERSION_FILE)
+        # Until this learner publishes, the newest version any actor can hold is the highest
+        # published before (ingest refuses batches stamped above it, and lags count from it).
+        self.published_version = self.versions.highest
+        self.nonfinite = NonFiniteUpdates(lcfg.max_nonfinite_updates)
+        self.failure: str | None = None  # why the learner gave up (NonFiniteTraining), for the stats
         self.checkpoints = Checkpoints(self, on_thread_death or _reraise, background_checkpoints)
         if resume:
             self.checkpoints.restore()
@@ -131,6 +163,7 @@ class Trainer:
             self.replay,
             self.limiter,
             self.counters,
+            spec=self.spec,
             published_version=lambda: self.published_version,
             min_replay_size=lcfg.min_replay_size,
             max_policy_lag=lcfg.max_policy_lag,
@@ -156,6 +189,7 @@ class Trainer:
 
     def publish(self) -> None:
         weights = self.agent.export_weights()
+        self._refuse(refuse_nonfinite_weights, weights.arrays, "publish weights")  # the last guard
         self.versions.reserve(weights.version)  # on disk before any actor can hold it
         self.published_version = weights.version
         self._publish_to(weights, self.counters.samples)
@@ -168,16 +202,23 @@ class Trainer:
         """One update, then whatever falls due at its count: publish, scalars, eval, checkpoint.
 
         With prioritized replay the update is importance-weighted and the batch's rows get their
-        new |TD error| priorities (rows overwritten meanwhile are skipped by the buffer)."""
+        new |TD error| priorities (rows overwritten meanwhile are skipped by the buffer). An
+        update the agent skipped for a non-finite loss or gradient is counted (and a run of them
+        ends the learner: NonFiniteTraining); a row whose TD error was not finite gets priority 0,
+        so what broke the update is rarely drawn again."""
         lcfg = self.cfg.learner
         batch_size = self.cfg.agent.batch_size
         drawn = self.replay.sample(batch_size, self.counters.updates)
         metrics = self.agent.update(drawn.batch, drawn.importance)
         if drawn.ids is not None:  # prioritized: the rows' new priorities (agents may defer them)
-            self.replay.update_priorities(drawn.ids, self.agent.last_td_errors)
+            td_errors = self.agent.last_td_errors
+            if not np.isfinite(td_errors).all():
+                td_errors = np.nan_to_num(td_errors, nan=0.0, posinf=0.0, neginf=0.0)
+            self.replay.update_priorities(drawn.ids, td_errors)
         self.limiter.sampled(batch_size)
         self.counters.updates += 1
         updates = self.counters.updates
+        self._refuse(self.nonfinite.record, update_skipped(metrics), updates)
         if updates % lcfg.sync_interval == 0:
             self.publish()
         if updates % lcfg.log_interval == 0:  # only now are the update's metrics read
@@ -185,7 +226,7 @@ class Trainer:
         if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
             self.evaluate()
         if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:
-            self.checkpoints.save_latest()
+            self.save_latest()
 
     def evaluate(self) -> EvalResult:
         envs = self.eval_envs
@@ -200,7 +241,7 @@ class Trainer:
             self.tb.scalar("charts/eval_return", result.mean, c.samples)
             self.tb.scalar("charts/eval_return_std", result.std, c.samples)
         if improved:
-            self.checkpoints.save_best()
+            self.save_best()
         log.info(
             "eval @ %d updates: %.1f ± %.1f over %d episodes%s",
             c.updates,
@@ -235,19 +276,48 @@ class Trainer:
         last_eval = self.evals.history[-1]["updates"] if self.evals.history else -1
         if self.evaluates and finished and last_eval != self.counters.updates:
             self.evaluate()
-        self.checkpoints.save_latest(final=True, tick=self._progress)
+        self.save_latest(final=True)
+
+    def save_latest(self, final: bool = False) -> None:
+        """Checkpoint ``latest`` (the final one on disk before returning), unless the agent's state
+        holds a non-finite value: then NonFiniteTraining, and the newest checkpoint stays the last
+        finite one."""
+        self._refuse(refuse_nonfinite_state, self.agent.state_dict(), "checkpoint")
+        if final:
+            self.checkpoints.save_latest(final=True, tick=self._progress)
+        else:
+            self.checkpoints.save_latest()
+
+    def save_best(self) -> None:
+        """Checkpoint ``best`` (after an improved evaluation), as guarded as ``save_latest``."""
+        self._refuse(refuse_nonfinite_state, self.agent.state_dict(), "checkpoint")
+        self.checkpoints.save_best()
 
     def end_stats(self, state: str) -> dict[str, Any]:
         """What the final stats add about the run's end: ``ended`` (why a finished run ended; a
         stopped or failed one says its state) and the record that first held the target."""
         ended = (self.ended or ENDED_MAX_UPDATES) if state == "finished" else state
-        return {"ended": ended, "target_held": self.evals.held}
+        stats: dict[str, Any] = {"ended": ended, "target_held": self.evals.held}
+        if self.failure is not None:
+            stats["failure"] = self.failure
+        return stats
 
     def close(self) -> None:
         self.limiter.close()  # an ingest thread waiting for room must not outlive the run
         for env in self.eval_envs:
             env.close()
         self.versions.close()
+
+    def _refuse(self, check: Callable[..., None], *args: Any) -> None:
+        """Run one of the non-finite guards; if it gives up, keep its reason for the final stats
+        and say it in the log before the exception ends the learner (exit 1)."""
+        try:
+            check(*args)
+        except NonFiniteTraining as exc:
+            if self.failure is None:
+                self.failure = str(exc)
+            log.error("%s", exc)
+            raise
 
     def _eval_tick(self) -> bool:
         """Progress during an evaluation (minutes of Atari episodes are not a hang); never abandons it."""

@@ -1,0 +1,112 @@
+"""Optimiser steps that never apply a non-finite loss or gradient.
+
+One NaN or infinity in a loss or a gradient turns every parameter an Adam step touches NaN, for
+good: the learner would publish NaN weights that every actor drops, and checkpoint them. Whatever
+validation lets through (a finite but huge reward or observation, an overflow in the network's
+own arithmetic), an agent's update therefore checks its loss and gradients and skips the step
+when any is not finite.
+
+The check runs on the device, as torch's gradient scaler does it: one fused kernel flags
+non-finite values in the gradients and the loss (or, when clipping computed the gradient norm
+anyway, the norm is checked). On an accelerator the skip stays there too: a fused Adam given the
+flag (``found_inf``) returns without writing parameters or moments and puts its step count back,
+so a step costs no host synchronisation and the agent reads its flags once per update, at its
+end (it must know whether to move its target networks). On a CPU nothing runs ahead of the host,
+so reading a flag waits for nothing (0.2 us), while ``found_inf`` costs an extra pass in Adam
+(+23 us a step, measured on the CartPole MLP): there the host reads the flag and steps or not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+# torch's own non-finite check over a list of tensors (the gradient scaler's); it also multiplies
+# them by a scale, given here as 1. A private name, so looked up once with a fallback.
+_CHECK_AND_UNSCALE = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+
+_ONES: dict[torch.device, torch.Tensor] = {}
+
+# Whether a step was skipped: a python bool on a CPU (read at once: it waits for nothing), a 0-d
+# tensor on an accelerator (read once per update, by `any_found`).
+Flag = bool | torch.Tensor
+
+
+def guarded_step(
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    max_grad_norm: float = 0.0,
+    also: torch.Tensor | None = None,
+    after: Flag = False,
+) -> tuple[Flag, torch.Tensor | None]:
+    """Clip (``max_grad_norm`` > 0) and step ``optimizer`` on the gradients ``loss.backward()``
+    left in ``params``, unless ``loss``, a gradient or ``also`` (a 0-d tensor that must be finite
+    too) holds a NaN or infinity, or ``after`` (the flag of a step this one depends on) is set.
+
+    Returns ``(found, grad_norm)``: ``found`` true (or a non-zero tensor) when the step was
+    skipped; ``grad_norm`` the gradients' 2-norm before clipping when clipping computed it, else
+    None, on the device and unread.
+    """
+    found: Flag
+    if max_grad_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        # The norm is finite exactly when every gradient is (or their squares overflowed: a
+        # step that large is refused too); with the loss, one sum to check (inf - inf is NaN).
+        total = loss.detach() + norm if also is None else loss.detach() + norm + also.detach()
+        found = not math.isfinite(total.item()) if total.device.type == "cpu" else ~torch.isfinite(total)
+    else:
+        norm = None
+        # The kernel scales what it checks in place (by 1 here): the loss after its backward
+        # pass, or a sum made for the check, never a tensor a later backward pass needs.
+        losses = loss.detach() if also is None else loss.detach() + also.detach()
+        checked = [p.grad for p in params if p.grad is not None]
+        checked.append(losses.reshape(1))
+        found = nonfinite_flag(checked)
+    if isinstance(found, bool) and isinstance(after, bool):
+        found = found or after
+    elif not (isinstance(after, bool) and not after):
+        found = torch.logical_or(torch.as_tensor(found), torch.as_tensor(after, device=loss.device))
+    step_unless(optimizer, found)
+    return found, norm
+
+
+def nonfinite_flag(tensors: list[torch.Tensor]) -> Flag:
+    """Whether any of ``tensors`` (all on one device) holds a NaN or infinity, as a :data:`Flag`."""
+    device = tensors[-1].device
+    if _CHECK_AND_UNSCALE is not None:
+        found = torch.zeros((), device=device)
+        one = _ONES.get(device)
+        if one is None:
+            one = _ONES[device] = torch.ones((), device=device)
+        _CHECK_AND_UNSCALE(tensors, found, one)
+    else:
+        found = ~torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+    return bool(found.item()) if device.type == "cpu" else found
+
+
+def step_unless(optimizer: torch.optim.Optimizer, found: Flag) -> None:
+    """``optimizer.step()`` unless ``found`` (as :func:`nonfinite_flag` returns it) is set."""
+    if isinstance(found, bool):
+        if not found:
+            optimizer.step()
+    elif optimizer.defaults.get("fused"):
+        # Read by fused Adam's step (its `_step_supports_amp_scaling`): at 1.0, the kernel
+        # returns without writing, and the step count is put back.
+        optimizer.found_inf = found.to(torch.float32)  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+    elif not found.item():
+        optimizer.step()
+
+
+def any_found(flags: Sequence[Flag]) -> bool:
+    """Whether any of the flags is set: one host read for all the tensors among them."""
+    tensors = [f.to(torch.bool) for f in flags if isinstance(f, torch.Tensor)]
+    if any(f for f in flags if isinstance(f, bool)):
+        return True
+    return bool(torch.stack(tensors).any().item()) if tensors else False
