@@ -82,7 +82,9 @@ def frames_of(msg: wire.Message) -> list[bytes]:
 
 def samples(rng: np.random.Generator, seq: int, batch: TransitionBatch | None = None) -> list[bytes]:
     episodes = [EpisodeStat(float(rng.integers(8, 500)), int(rng.integers(8, 500)))] if seq % 4 == 0 else []
-    return frames_of(SamplesMsg(0, seq, 1, batch if batch is not None else cartpole_batch(rng), episodes))
+    # Version 0 (the initial weights): a stamp above the newest published is refused as bad, and
+    # the flood may start before the learner's first publish.
+    return frames_of(SamplesMsg(0, seq, 0, batch if batch is not None else cartpole_batch(rng), episodes))
 
 
 def with_header(frames: list[bytes], **changes: object) -> list[bytes]:

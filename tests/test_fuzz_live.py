@@ -86,6 +86,9 @@ def test_learner_survives_ten_thousand_malformed_messages(ctx: zmq.Context, tmp_
     learner = Learner(cfg, ctx=ctx)
     thread = start(learner.run)
     assert learner.ready.wait(30)
+    # The valid messages say they were acted with version 1: a stamp above the newest published
+    # is refused (no actor can hold it), so send once the learner has published it.
+    wait_until(lambda: learner.publisher.version >= 1, 10, "the learner's first publish")
     push = ctx.socket(zmq.PUSH)
     push.connect(learner.endpoints["samples"])
 

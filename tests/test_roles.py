@@ -190,6 +190,9 @@ def test_learner_counts_and_drops_malformed_samples(ctx: zmq.Context, tmp_path: 
     learner = Learner(cfg, ctx=ctx)
     thread = start(learner.run)
     assert learner.ready.wait(30)
+    # The valid messages say they were acted with version 1: a stamp above the newest published
+    # is refused (no actor can hold it), so send once the learner has published it.
+    wait_until(lambda: learner.publisher.version >= 1, 10, "the learner's first publish")
     push = ctx.socket(zmq.PUSH)
     push.connect(learner.endpoints["samples"])
 

@@ -27,6 +27,10 @@ MAX_NDIM = 8
 # and contact forces reach the thousands); a 1e30 row fed to a network overflows float32 in its
 # first products and turns every parameter NaN in one update. ``transport.max_abs_obs``.
 DEFAULT_MAX_ABS_OBS = 1e6
+# Float observations may pass a declared bound by this much, relative to the bound's magnitude (at
+# least 1), as continuous actions may (transport/validation.py): an env's float32 rounding lands
+# a few ulps past a bound it clips to; anything further is not an observation it can produce.
+OBS_BOUND_TOLERANCE = 1e-5
 # Largest magnitude of a transition's reward as sent (an n-step transition's discounted sum) and of
 # an episode's return per step. Generous on purpose: unclipped Atari scores reach a few thousand a
 # step, MuJoCo's rewards are tens; at 1e6 a squared TD error stays far inside float32 (3.4e38).
@@ -150,6 +154,9 @@ class SampleSpec:
             low = np.clip(np.ceil(low), info.min, info.max).astype(dtype)
             high = np.clip(np.floor(high), info.min, info.max).astype(dtype)
         else:
+            # A simulator's own rounding may put a value a few ulps past the bound it clips to.
+            low = low - OBS_BOUND_TOLERANCE * np.maximum(1.0, np.abs(low))
+            high = high + OBS_BOUND_TOLERANCE * np.maximum(1.0, np.abs(high))
             low_cast, high_cast = low.astype(dtype), high.astype(dtype)
             low = np.where(low_cast > low, np.nextafter(low_cast, dtype.type(-np.inf)), low_cast)
             high = np.where(high_cast < high, np.nextafter(high_cast, dtype.type(np.inf)), high_cast)
