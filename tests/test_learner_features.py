@@ -398,7 +398,12 @@ def test_hostile_priorities_are_clipped_by_the_configured_ratio_and_counted(
 def test_refused_curve_handshakes_are_counted_in_the_learners_stats(ctx: zmq.Context, tmp_path: Path) -> None:
     keys_dir = tmp_path / "keys"
     create_keys(keys_dir)
-    cfg = tiny_config(tmp_path, transport__keys_dir=str(keys_dir), learner__min_replay_size=64)
+    cfg = tiny_config(
+        tmp_path,
+        transport__keys_dir=str(keys_dir),
+        transport__key_name="learner",  # the supervisor takes learner heartbeats from this key only
+        learner__min_replay_size=64,
+    )
     sup = FakeSupervisor(ctx)
     learner = Learner(with_transport(cfg, **sup.endpoints()), ctx=ctx, logger=RecordingLogger())
     thread = threading.Thread(target=learner.run, daemon=True)

@@ -150,7 +150,7 @@ def test_vector_actor_keeps_sub_envs_apart(ctx: zmq.Context, tmp_path: Path) -> 
     sup.close()
 
     stats = actor.stats
-    assert stats["state"] == "stopped" and stats["envs"] == 3
+    assert stats["state"] == "finished" and stats["envs"] == 3  # it reached actor.max_steps
     assert 300 <= stats["steps"] < 303, "steps count real transitions; may overshoot by < E"
     assert [m.seq for m in msgs] == list(range(len(msgs))) and len(msgs) >= 10
     assert sum(m.batch.size for m in msgs) == stats["samples"] <= stats["steps"]
@@ -272,7 +272,7 @@ def test_sac_vector_actor_sends_no_priorities_and_bounded_actions(ctx: zmq.Conte
     msgs = collect(fake, actor, thread, cfg, sample_spec(make_env(cfg.env)), wanted=5)
     fake.close()
     sup.close()
-    assert actor.stats["state"] == "stopped" and len(msgs) >= 5
+    assert actor.stats["state"] == "finished" and len(msgs) >= 5
     assert all(m.priorities is None for m in msgs)
     actions = np.concatenate([m.batch.action for m in msgs])
     assert actions.shape[1:] == (1,) and (np.abs(actions) <= 2.0).all()
