@@ -25,7 +25,7 @@ import zmq
 from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
-from zmqrl.agents.finite import guarded_step
+from zmqrl.agents.finite import guarded_step, step_unless
 from zmqrl.agents.sac import SACAgent
 from zmqrl.checkpoint import load_checkpoint
 from zmqrl.learning.nonfinite import NonFiniteTraining, NonFiniteUpdates
@@ -124,6 +124,24 @@ def test_an_optimiser_without_the_fused_kernel_skips_too() -> None:
     loss.backward()
     found, _ = guarded_step(optimiser, loss, list(layer.parameters()))
     assert found and same(tensors(layer), before)
+
+
+@pytest.mark.parametrize("found", [1.0, 0.0])
+def test_a_fused_optimiser_given_the_flag_as_a_tensor_skips_on_the_device(found: float) -> None:
+    """The accelerator path (the flag stays a tensor and fused Adam reads it as ``found_inf``),
+    run on the CPU, where torch has a fused Adam too: a set flag writes nothing and puts the step
+    count back; a clear one steps."""
+    layer = torch.nn.Linear(3, 2)
+    optimiser = torch.optim.Adam(layer.parameters(), lr=0.1, fused=True)
+    before = tensors(layer)
+    layer(torch.ones(4, 3)).sum().backward()
+    step_unless(optimiser, torch.tensor(found))
+    steps = {float(state["step"]) for state in optimiser.state.values()}
+    if found:
+        assert same(tensors(layer), before) and steps == {0.0}
+    else:
+        assert not same(tensors(layer), before) and steps == {1.0}
+    assert not hasattr(optimiser, "found_inf"), "the flag is handed to one step only"
 
 
 def test_a_run_of_skipped_updates_gives_up_and_a_finite_one_resets_it() -> None:
