@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
+from tests.conftest import wait_until
 from zmqrl.config import ReplayConfig
 from zmqrl.learning.ingest import INGEST_GROUP_MESSAGES, Ingest
 from zmqrl.learning.state import LearnerCounters
@@ -165,14 +166,27 @@ def test_a_batch_stamped_above_the_published_version_is_a_bad_message() -> None:
     assert min(target.counters.recent_lags) >= 0
 
 
-def test_episode_records_beyond_the_reward_limit_make_a_bad_message() -> None:
-    """The receiver's decoder checks a known layout's episode records for their types only:
-    ingest checks their values, and a return no run of this reward limit can have is refused."""
+def test_episode_records_beyond_the_reward_limit_make_a_bad_message(
+    link: tuple[zmq.Socket, SampleReceiver],
+) -> None:
+    """The decoder checks a layout's structure once, but episode returns are values: a return no
+    run of this reward limit can have is refused in a message of an already known layout."""
+    push, receiver = link
     target = ingest()
     huge = message(1)
     huge.episodes[:] = [EpisodeStat(SPEC.max_abs_reward * 20, 10)]
-    assert target.accept_group(SampleGroup.of([message(0), huge]))
-    assert target.bad.count == 1 and target.counters.batches == 1 and target.counters.episodes == 1
+    send(push, message(0), huge)  # the same layout twice: the second is decoded on the fast path
+    received: list[SampleGroup] = []
+
+    def both_read() -> bool:
+        if receiver.wait(10) and (group := receiver.recv_group(16)) is not None:
+            received.append(group)
+        return sum(len(g.messages) for g in received) + receiver.bad.count >= 2
+
+    wait_until(both_read, 10, "both messages read")
+    for group in received:
+        assert target.accept_group(group, bad=receiver.bad)
+    assert receiver.bad.count == 1 and target.counters.batches == 1 and target.counters.episodes == 1
     assert list(target.counters.episode_queue) == [EpisodeStat(10.0, 10)]
 
 

@@ -96,6 +96,11 @@ class SampleSpec:
         self._normalise_bounds()
         self._normalise_obs_bounds()
 
+    @property
+    def obs_bytes(self) -> int:
+        """Bytes of one observation row (what decides zero-copy receives, group sizes, memory)."""
+        return int(np.prod(self.obs_shape, dtype=np.int64)) * np.dtype(self.obs_dtype).itemsize
+
     def obs_limits(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The bounds every observation component is checked against: ``(low, high)`` in the
         observations' dtype, each of one element (the same for every component) or flattened over

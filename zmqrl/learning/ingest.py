@@ -7,8 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from zmqrl import testhooks
 from zmqrl.config import Config
 from zmqrl.core import Replay
@@ -17,7 +15,6 @@ from zmqrl.replay import NoLimit, RateLimiter
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
 from zmqrl.transport.groups import SampleGroup
-from zmqrl.transport.validation import validate_episodes
 from zmqrl.transport.wire import SamplesMsg, WireError
 
 log = logging.getLogger("zmqrl.learner")
@@ -38,8 +35,7 @@ BUDGET_BURST_SECONDS = 0.005
 def group_limit(spec: SampleSpec) -> int:
     """Messages ingest merges into one replay add: several for small rows, one for rows that
     arrive zero-copy by default (merging would copy them; see SampleReceiver)."""
-    obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
-    return INGEST_GROUP_MESSAGES if obs_bytes < ZERO_COPY_MIN_OBS_BYTES else 1
+    return INGEST_GROUP_MESSAGES if spec.obs_bytes < ZERO_COPY_MIN_OBS_BYTES else 1
 
 
 def largest_add(spec: SampleSpec, max_message_mb: int) -> int:
@@ -47,8 +43,7 @@ def largest_add(spec: SampleSpec, max_message_mb: int) -> int:
     each within the spec's batch limit and with an observation column of at most
     ``transport.max_message_mb`` (a larger frame never reaches the learner). Shared-frame replay's
     worst-case memory depends on it (zmqrl.replay.factory.replay_footprint)."""
-    obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
-    per_message = min(spec.max_batch, max_message_mb * 2**20 // max(1, obs_bytes))
+    per_message = min(spec.max_batch, max_message_mb * 2**20 // max(1, spec.obs_bytes))
     return max(1, per_message) * group_limit(spec)
 
 
@@ -124,12 +119,10 @@ class Ingest:
     read, so the actors' queues fill and their sends block); a batch acted with weights more than
     ``max_policy_lag`` versions older than those published is dropped and counted instead.
 
-    Two checks need the learner's state, so they are made here rather than by the receiver: a
-    batch stamped with a weights version above the newest published one (no actor can hold it:
-    a forged stamp, which would otherwise pass any ``max_policy_lag`` with a negative lag), and
-    episode records outside ``spec``'s reward limit (the receiver's decoder skips the structure
-    check, episodes included, for a layout it has seen before). Either makes the message a bad
-    one: counted in the receiver's tally (``bad`` of ``accept_group``), logged, dropped alone.
+    One check needs the learner's state, so it is made here rather than by the receiver: a batch
+    stamped with a weights version above the newest published one (no actor can hold it: a
+    forged stamp, which would otherwise pass any ``max_policy_lag`` with a negative lag) is a bad
+    message: counted in the receiver's tally (``bad`` of ``accept_group``), logged, dropped alone.
     """
 
     def __init__(
@@ -215,23 +208,17 @@ class Ingest:
     def _admitted(self, group: SampleGroup, bad: BadMessages) -> SampleGroup | None:
         """``group`` less its bad messages (recorded in ``bad``); None if none is left."""
         published = self._published_version()
-        refused: list[tuple[SamplesMsg, WireError]] = []
+        keep = [msg for msg in group.messages if msg.weights_version <= published]
+        if len(keep) == len(group.messages):
+            return group
         for msg in group.messages:
-            try:
-                if msg.weights_version > published:
-                    raise WireError(
+            if msg.weights_version > published:
+                bad.record(
+                    WireError(
                         f"weights_version {msg.weights_version} is above the newest published "
                         f"({published}): no actor can have acted with it"
                     )
-                if msg.episodes:
-                    validate_episodes(msg.episodes, self.spec)
-            except WireError as exc:
-                refused.append((msg, exc))
-        if not refused:
-            return group
-        for _, error in refused:
-            bad.record(error)
-        keep = [m for m in group.messages if all(m is not r for r, _ in refused)]
+                )
         return SampleGroup.of(keep) if keep else None
 
     def note_replay_size(self) -> None:

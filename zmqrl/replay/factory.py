@@ -57,7 +57,7 @@ def replay_footprint(
     plus, during an add of ``max_add_rows`` rows (default: ``capacity``, the most one add keeps),
     the new rows' planes while the rows they overwrite still hold theirs (frames.py's transaction).
     ``typical``: the estimate for the log line instead (SHARED_PLANES_PER_ROW planes a row)."""
-    obs = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
+    obs = spec.obs_bytes
     action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
     row = action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
     if not share_frames:

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import numpy as np
 import zmq
 
 from zmqrl.spec import SampleSpec
@@ -193,8 +192,7 @@ class SampleReceiver:
         self.bad = bad
         self.seqs = seqs or SequenceTracker()
         self.limit = channel_limit(sock, SAMPLES_MAX_FRAMES)
-        obs_bytes = int(np.prod(spec.obs_shape, dtype=np.int64)) * np.dtype(spec.obs_dtype).itemsize
-        self.zero_copy = obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
+        self.zero_copy = spec.obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
         self._held: SamplesMsg | None = None  # received, validated in layout, for the next group
 
     def wait(self, timeout_ms: int) -> bool:

@@ -77,6 +77,7 @@ from zmqrl.transport.messages import (
 from zmqrl.transport.validation import (
     ACTION_BOUND_TOLERANCE,
     validate_content,
+    validate_episodes,
     validate_samples,
     validate_structure,
     validate_weights,
@@ -336,12 +337,15 @@ def load_samples(frames: Sequence[Any], spec: SampleSpec, contents: bool = True)
         validate_structure(msg, spec)
         if is_known_layout(descs) and len(_FITTING) < MAX_FITTING:
             _FITTING[id(descs), id(spec)] = spec  # the value keeps the spec (and its id) alive
+    elif msg.episodes:  # a known layout, but episode returns are values: bounded per message
+        validate_episodes(msg.episodes, spec)
     return msg
 
 
 # (layout, spec) pairs whose structure check passed. A decoded message's layout (shapes, dtypes,
-# batch size) is its descriptor list, and everything else validate_structure checks (ids,
-# episodes) parse_header has already checked; so a known layout that fit a spec once always does.
+# batch size) is its descriptor list, and the ids and episode records' types parse_header has
+# already checked; so a known layout that fit a spec once always does. Only the episode returns'
+# bound (the spec's reward limit) depends on the values, and is checked for every message.
 _FITTING: dict[tuple[int, int], SampleSpec] = {}
 MAX_FITTING = 1024
 
