@@ -11,7 +11,7 @@ import pytest
 from zmqrl.agents import make_policy
 from zmqrl.agents.configs import SACConfig
 from zmqrl.config import EnvConfig
-from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.wire import SamplesMsg, WireError, validate_samples
 from zmqrl.types import TransitionBatch

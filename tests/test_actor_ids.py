@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl.actor_ids import ACTOR_ID_ENV, ActorIdClaim, ActorIdError, resolve_actor_id
+from zmqrl.actor.ids import ACTOR_ID_ENV, ActorIdClaim, ActorIdError, resolve_actor_id
 
 # A process that claims an id with `auto`, prints it, and holds it until its stdin closes.
 CLAIMANT = """
 import sys
 from pathlib import Path
-from zmqrl.actor_ids import resolve_actor_id
+from zmqrl.actor.ids import resolve_actor_id
 
 claim = resolve_actor_id("auto", {}, Path(sys.argv[1]), int(sys.argv[2]))
 print(claim.actor_id, flush=True)
@@ -111,7 +111,7 @@ def test_an_explicit_id_already_held_is_warned_about_but_kept(
     tmp_path: Path, claims: list[ActorIdClaim], caplog: pytest.LogCaptureFixture
 ) -> None:
     claims.append(resolve_actor_id("auto", {}, tmp_path, 4))
-    with caplog.at_level(logging.WARNING, logger="zmqrl.actor_ids"):
+    with caplog.at_level(logging.WARNING, logger="zmqrl.actor.ids"):
         claims.append(resolve_actor_id("0", {}, tmp_path, 4))
     assert claims[-1].actor_id == 0 and not claims[-1].held
     assert any("already held" in r.getMessage() for r in caplog.records)
@@ -128,7 +128,7 @@ def test_a_released_id_is_free_again(tmp_path: Path, claims: list[ActorIdClaim])
 def test_past_num_actors_auto_goes_on_with_a_warning(
     tmp_path: Path, claims: list[ActorIdClaim], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="zmqrl.actor_ids"):
+    with caplog.at_level(logging.WARNING, logger="zmqrl.actor.ids"):
         claims.extend(resolve_actor_id("auto", {}, tmp_path, 2) for _ in range(3))
     assert [c.actor_id for c in claims] == [0, 1, 2]
     assert sum("past the configured ladder" in r.getMessage() for r in caplog.records) == 1

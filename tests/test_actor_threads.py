@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import sys, threading, time
     import zmq
     from zmqrl.api import load_config
-    from zmqrl.roles.actor import Actor
+    from zmqrl.actor.main import Actor
 
     assert "torch" not in sys.modules, "the test needs a process that has not imported torch"
     ctx = zmq.Context()

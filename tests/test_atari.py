@@ -17,7 +17,7 @@ import torch
 
 from zmqrl.agents.conv import HIDDEN_FEATURES, NatureCNN
 from zmqrl.config import AtariConfig, EnvConfig
-from zmqrl.envs import ATARI_INSTALL_HINT, EnvError, make_env, make_vector_env, sample_spec
+from zmqrl.envs.factory import ATARI_INSTALL_HINT, EnvError, make_env, make_vector_env, sample_spec
 
 _MISSING = [name for name in ("ale_py", "cv2") if importlib.util.find_spec(name) is None]
 needs_ale = pytest.mark.skipif(

@@ -17,7 +17,7 @@ import pytest
 from zmqrl.bench import atari
 from zmqrl.bench.report import BenchSettings
 from zmqrl.config import AtariConfig, EnvConfig
-from zmqrl.envs import EnvError, make_env
+from zmqrl.envs.factory import EnvError, make_env
 
 _MISSING_ALE = [name for name in ("ale_py", "cv2") if importlib.util.find_spec(name) is None]
 needs_ale = pytest.mark.skipif(bool(_MISSING_ALE), reason=f"needs {_MISSING_ALE}: pip install -e '.[atari]'")

@@ -13,9 +13,8 @@ import pytest
 import zmq
 
 from zmqrl.config import load_config
-from zmqrl.fingerprint import FingerprintMismatch
+from zmqrl.runtime.link import SupervisorLink
 from zmqrl.spec import SampleSpec
-from zmqrl.supervision.link import SupervisorLink
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import (
     JOIN_RESEND_SECONDS,
@@ -33,6 +32,7 @@ from zmqrl.transport.control import (
     HeartbeatReceiver,
     HeartbeatSender,
 )
+from zmqrl.transport.fingerprint import FingerprintMismatch
 from zmqrl.transport.wire import Fingerprint, HeartbeatMsg, SamplesMsg, StopMsg
 from zmqrl.types import TransitionBatch, Weights
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from zmqrl.agents import make_learner
-from zmqrl.checkpoint import load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.files import load_checkpoint, save_checkpoint
 from zmqrl.config import Config, load_config
-from zmqrl.envs import make_env, sample_spec
-from zmqrl.evaluation import evaluate_checkpoint
+from zmqrl.envs.factory import make_env, sample_spec
+from zmqrl.evaluator.greedy import evaluate_checkpoint
 
 
 def saved_agent(path: Path, cfg: Config | None = None) -> None:

@@ -20,11 +20,11 @@ import zmq
 
 from tests.conftest import tiny_config
 from tests.test_roles import FakeSupervisor, start, with_transport
-from zmqrl.checkpoint import LATEST, CheckpointWriteError, load_checkpoint
+from zmqrl.checkpoints.files import LATEST, CheckpointWriteError, load_checkpoint
 from zmqrl.config import Config
-from zmqrl.learning.checkpointing import REPLAY_ENTRY
-from zmqrl.learning.trainer import Trainer
-from zmqrl.roles.learner import Learner
+from zmqrl.learner.checkpointing import REPLAY_ENTRY
+from zmqrl.learner.main import Learner
+from zmqrl.learner.trainer import Trainer
 from zmqrl.types import TransitionBatch
 
 

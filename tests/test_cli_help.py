@@ -10,7 +10,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from tests.conftest import REPO
-from zmqrl.cli import app
+from zmqrl.cli.app import app
 
 COMMANDS = [
     "launch",
@@ -41,9 +41,9 @@ def test_the_app_has_exactly_these_commands_in_this_order() -> None:
 
 
 def test_the_order_does_not_depend_on_which_cli_module_is_imported_first() -> None:
-    # A library caller importing e.g. zmqrl.cli_launch first registers launch and supervise last.
+    # A library caller importing e.g. zmqrl.cli.launch first registers launch and supervise last.
     code = (
-        "import zmqrl.cli_launch, typer.main, zmqrl.docgen as d; from zmqrl.cli import app; "
+        "import zmqrl.cli.launch, typer.main, zmqrl.cli.docgen as d; from zmqrl.cli.app import app; "
         "g = typer.main.get_command(app); print(g.list_commands(g.context_class(g))); "
         "print(d.render_cli_reference() == open('docs/cli.md', encoding='utf-8').read())"
     )
@@ -64,7 +64,7 @@ def test_launch_help_offers_serial_mode() -> None:
 
 def test_zmqrl_help_imports_no_torch() -> None:
     probe = (
-        "import sys\nsys.argv = ['zmqrl', '--help']\nfrom zmqrl.cli import main\n"
+        "import sys\nsys.argv = ['zmqrl', '--help']\nfrom zmqrl.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
         "assert 'torch' not in sys.modules, 'zmqrl --help imported torch'\n"
     )

@@ -1,12 +1,12 @@
 """Where `zmqrl launch` (either mode) puts a run: never into a previous run's results, continuing a
-stopped one (zmqrl/rundirs.py's choose_run_dir, which zmqrl.train shares)."""
+stopped one (zmqrl/supervisor/rundirs.py's choose_run_dir, which zmqrl.train shares)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from zmqrl.rundirs import choose_run_dir, holds_results, next_free_run_dir, previous_run_state
+from zmqrl.supervisor.rundirs import choose_run_dir, holds_results, next_free_run_dir, previous_run_state
 
 
 def leave_run(run_dir: Path, state: str | None) -> Path:

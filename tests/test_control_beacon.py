@@ -13,7 +13,7 @@ from pathlib import Path
 import zmq
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.roles.watcher import Watcher
+from zmqrl.supervisor.watch import Watcher
 from zmqrl.transport import wire
 from zmqrl.transport.wire import HeartbeatMsg
 

@@ -24,12 +24,12 @@ from rich.console import Console
 from rich.text import Text
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.monitoring.live import REFRESH_SECONDS, ConsoleView
-from zmqrl.roles.watcher import Watcher
-from zmqrl.supervision.link import socket_limits
-from zmqrl.supervision.liveness import Liveness
-from zmqrl.supervision.monitor import RunMonitor
-from zmqrl.supervision.summary import Slot
+from zmqrl.runtime.link import socket_limits
+from zmqrl.supervisor.live import REFRESH_SECONDS, ConsoleView
+from zmqrl.supervisor.liveness import Liveness
+from zmqrl.supervisor.monitor import RunMonitor
+from zmqrl.supervisor.summary import Slot
+from zmqrl.supervisor.watch import Watcher
 from zmqrl.transport.wire import HeartbeatMsg
 
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"

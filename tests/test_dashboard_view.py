@@ -17,16 +17,16 @@ from rich.console import Console
 
 from zmqrl import strictjson
 from zmqrl.config import Config
-from zmqrl.monitoring.render import SPARK_BLOCKS, plain_line, render_dashboard, sparkline
-from zmqrl.monitoring.snapshot import (
+from zmqrl.supervisor.liveness import Liveness
+from zmqrl.supervisor.render import SPARK_BLOCKS, plain_line, render_dashboard, sparkline
+from zmqrl.supervisor.snapshot import (
     EVAL_HISTORY_LEN,
     RISING_HOLD_SECONDS,
     ProcessRow,
     RunSnapshot,
     SnapshotBuilder,
 )
-from zmqrl.supervision.liveness import Liveness
-from zmqrl.supervision.summary import Slot
+from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
 LAUNCHED = 1_000_000.0  # Unix seconds of the launch; the tests' wall clock starts there

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zmqrl import docgen
+from zmqrl.cli import docgen
 from zmqrl.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,9 @@ class Derived(Base):
 def test_docs_configuration_md_is_not_stale() -> None:
     """Fails whenever a config field, its default or its comment changed without regenerating."""
     current = REFERENCE.read_text(encoding="utf-8")
-    assert docgen.regenerate(current) == current, "docs/configuration.md is stale: run python -m zmqrl.docgen"
+    assert docgen.regenerate(current) == current, (
+        "docs/configuration.md is stale: run python -m zmqrl.cli.docgen"
+    )
 
 
 def test_the_reference_documents_every_key_of_every_section_and_built_in_agent() -> None:
@@ -100,7 +102,7 @@ def test_a_file_without_the_markers_is_an_error(tmp_path: Path) -> None:
 
 def test_the_module_runs_as_a_script() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "zmqrl.docgen", "--check"],
+        [sys.executable, "-m", "zmqrl.cli.docgen", "--check"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from zmqrl.config import EnvConfig
-from zmqrl.envs import (
+from zmqrl.envs.factory import (
     ATARI_INSTALL_HINT,
     MUJOCO_INSTALL_HINT,
     EnvError,

@@ -21,18 +21,18 @@ import zmq
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tests.conftest import ANY_PORT, tiny_config, wait_until
-from zmqrl.checkpoint import LATEST, load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.files import LATEST, load_checkpoint, save_checkpoint
 from zmqrl.config import Config
-from zmqrl.envs import make_env
-from zmqrl.evaluation import (
+from zmqrl.envs.factory import make_env
+from zmqrl.evaluator.greedy import (
     EvaluationAborted,
     VideoUnavailable,
     evaluate,
     evaluate_checkpoint,
     make_eval_agent,
 )
+from zmqrl.evaluator.main import Evaluator
 from zmqrl.metrics import NullLogger
-from zmqrl.roles.evaluator import Evaluator
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import WeightsPublisher
 from zmqrl.transport.wire import HeartbeatMsg, StopMsg

@@ -24,14 +24,14 @@ PENDULUM = SampleSpec((3,), "float32", (1,), "float32")
 # Runs the real CLI after replacing one function, to stand in for a bug in zmqrl's own code.
 INJECT_BUG = """
 import sys
-import zmqrl.learning.trainer as trainer
-import zmqrl.roles.learner as learner
+import zmqrl.learner.trainer as trainer
+import zmqrl.learner.main as learner
 
 def broken(*args, **kwargs):
     raise ValueError("injected bug")
 
 setattr(learner.Learner if sys.argv[1] == "__init__" else trainer, sys.argv[1], broken)
-from zmqrl.cli import main
+from zmqrl.cli.app import main
 
 sys.argv = ["zmqrl", *sys.argv[2:]]
 main()
@@ -121,7 +121,7 @@ def test_a_value_error_from_zmqrls_own_code_exits_1_with_a_traceback(tmp_path: P
 
 ACTOR_WITHOUT_TORCH = """
 import sys
-from zmqrl.cli import main
+from zmqrl.cli.app import main
 
 sys.argv = ["zmqrl", *sys.argv[1:]]
 try:

@@ -1,4 +1,4 @@
-"""Tests for zmqrl.exploration: the Ape-X epsilon ladder and LinearSchedule."""
+"""Tests for zmqrl.actor.exploration: the Ape-X epsilon ladder and LinearSchedule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from zmqrl.exploration import LinearSchedule, apex_epsilon
+from zmqrl.actor.exploration import LinearSchedule, apex_epsilon
 
 
 def test_single_actor_gets_base() -> None:

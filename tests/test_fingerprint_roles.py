@@ -14,12 +14,12 @@ import zmq
 from tests.conftest import tiny_config
 from tests.test_exit_codes import error_lines, role_args, run
 from tests.test_roles import FakeSupervisor, start, with_transport
+from zmqrl.actor.main import Actor
 from zmqrl.config import Config
-from zmqrl.fingerprint import FingerprintMismatch
+from zmqrl.evaluator.main import Evaluator
+from zmqrl.learner.main import Learner
 from zmqrl.metrics import NullLogger
-from zmqrl.roles.actor import Actor
-from zmqrl.roles.evaluator import Evaluator
-from zmqrl.roles.learner import Learner
+from zmqrl.transport.fingerprint import FingerprintMismatch
 
 
 class LearnerThread:

@@ -29,7 +29,7 @@ for name in filter(None, hidden.split(",")):
 if cuda == "nocuda":
     import torch
     torch.cuda.is_available = lambda: False
-from zmqrl.cli import main
+from zmqrl.cli.app import main
 sys.argv = ["zmqrl", *args]
 main()
 """

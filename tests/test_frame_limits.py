@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 from tests.conftest import wait_until
-from zmqrl.monitoring.status import REQUEST_LIMIT, StatusServer
 from zmqrl.spec import SampleSpec
+from zmqrl.supervisor.status import REQUEST_LIMIT, StatusServer
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher, WeightsSubscriber
 from zmqrl.transport.control import ControlSubscriber, HeartbeatReceiver

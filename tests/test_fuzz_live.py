@@ -14,8 +14,8 @@ import zmq
 
 from tests.conftest import tiny_config, wait_until
 from tests.test_roles import FakeLearner, FakeSupervisor, cartpole_batch, start, with_transport
-from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner
+from zmqrl.actor.main import Actor
+from zmqrl.learner.main import Learner
 from zmqrl.transport import wire
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
 from zmqrl.types import EpisodeStat, Weights

@@ -13,8 +13,8 @@ import zmq
 from zmqrl.api import load_config
 from zmqrl.bench.senders import SampleShape, Senders
 from zmqrl.errors import ConfigError
-from zmqrl.learning.ingest import BUDGET_BURST_SECONDS, IngestBudget
-from zmqrl.learning.trainer import Trainer
+from zmqrl.learner.ingest import BUDGET_BURST_SECONDS, IngestBudget
+from zmqrl.learner.trainer import Trainer
 from zmqrl.transport.channels import BadMessages, SampleReceiver
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_dqn.yaml"

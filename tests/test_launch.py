@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
-from zmqrl.testhooks import CRASH_AFTER_UPDATES, HOOKS_ENV
+from zmqrl.runtime.testhooks import CRASH_AFTER_UPDATES, HOOKS_ENV
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ import torch
 
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from tests.test_launch import REPO, Launch, assert_nothing_left, wait_for_log
-from zmqrl.testhooks import HOOKS_ENV, INGEST_FAULT_ONCE
+from zmqrl.runtime.testhooks import HOOKS_ENV, INGEST_FAULT_ONCE
 
 pytestmark = pytest.mark.slow
 

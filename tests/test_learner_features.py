@@ -24,14 +24,14 @@ from tests.test_exit_codes import error_lines, role_args
 from tests.test_exit_codes import run as run_cli
 from tests.test_launch import REPO
 from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
+from zmqrl.actor.main import Actor
 from zmqrl.config import Config
-from zmqrl.envs import EnvError
+from zmqrl.envs.factory import EnvError
 from zmqrl.errors import ConfigError
-from zmqrl.learning.trainer import check_weights_fit
-from zmqrl.memory import ReplayMemoryError
+from zmqrl.learner.main import Learner
+from zmqrl.learner.trainer import check_weights_fit
 from zmqrl.replay import NoLimit, PrioritizedBuffer, RateLimiter, replay_footprint
-from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner
+from zmqrl.replay.memory import ReplayMemoryError
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.keys import Security, create_keys

@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config
-from zmqrl.roles import learner as learner_module
-from zmqrl.roles.learner import Learner
+from zmqrl.learner import main as learner_module
+from zmqrl.learner.main import Learner
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.control import HeartbeatReceiver
 from zmqrl.transport.sockets import BindError

@@ -14,12 +14,12 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
+from zmqrl.checkpoints.snapshots import CheckpointWriter
 from zmqrl.config import SupervisorConfig
-from zmqrl.guard import ThreadDied, start_guarded
-from zmqrl.health import read_health
-from zmqrl.snapshots import CheckpointWriter
-from zmqrl.supervision.link import SupervisorLink
-from zmqrl.supervision.liveness import Liveness, os_stopped
+from zmqrl.runtime.guard import ThreadDied, start_guarded
+from zmqrl.runtime.health import read_health
+from zmqrl.runtime.link import SupervisorLink
+from zmqrl.supervisor.liveness import Liveness, os_stopped
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.control import HeartbeatReceiver
 from zmqrl.transport.wire import HeartbeatMsg
@@ -312,7 +312,7 @@ def test_a_guarded_thread_that_raises_logs_its_traceback_and_calls_on_crash(
         crashed.append(exc)
         done.set()
 
-    with caplog.at_level(logging.CRITICAL, logger="zmqrl.guard"):
+    with caplog.at_level(logging.CRITICAL, logger="zmqrl.runtime.guard"):
         thread = start_guarded(ingest, "ingest", on_crash)
         assert done.wait(10)
         thread.join(10)

@@ -23,7 +23,13 @@ import zmq
 
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from tests.test_launch import REPO, Launch, assert_nothing_left, log_count, wait_for_log
-from zmqrl.testhooks import ACTOR_HANG_ONCE, DEADLOCK_ONCE, HOOKS_ENV, INGEST_FAULT_ONCE, SLOW_CHECKPOINT
+from zmqrl.runtime.testhooks import (
+    ACTOR_HANG_ONCE,
+    DEADLOCK_ONCE,
+    HOOKS_ENV,
+    INGEST_FAULT_ONCE,
+    SLOW_CHECKPOINT,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 # The bounds.
@@ -31,7 +37,7 @@ REPLACED_WITHIN = 5.0  # seconds from a fault (SIGKILL or SIGSTOP) to a new proc
 CTRL_C_WITHIN = 5.0  # seconds from Ctrl-C to `launch` gone, a stopped child included
 # Faults wait this long after "up", so the process has done useful work and has been heard doing
 # it: a kill from outside of a working process is replaced at the base delay and never counts
-# towards the restart cap (zmqrl/supervision/restarts.py).
+# towards the restart cap (zmqrl/supervisor/restarts.py).
 HEALTHY_MARGIN = 3.0
 
 

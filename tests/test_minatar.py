@@ -24,7 +24,7 @@ from zmqrl.agents.nets import QNetwork
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy
 from zmqrl.agents.torsos import MINATAR_CNN, conv2d_relu, small_matmul
 from zmqrl.config import EnvConfig
-from zmqrl.envs import make_env, make_vector_env, sample_spec
+from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
@@ -146,7 +146,7 @@ def test_making_a_minatar_env_prints_nothing_and_leaves_logging_unconfigured() -
         f"""
         import logging
         from zmqrl.config import EnvConfig
-        from zmqrl.envs import make_env
+        from zmqrl.envs.factory import make_env
         make_env(EnvConfig(id="{BREAKOUT}")).reset(seed=0)
         print(len(logging.getLogger().handlers), len(logging.getLogger().filters))
         """

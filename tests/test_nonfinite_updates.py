@@ -27,9 +27,9 @@ from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.finite import guarded_step, step_unless
 from zmqrl.agents.sac import SACAgent
-from zmqrl.checkpoint import load_checkpoint
-from zmqrl.learning.nonfinite import NonFiniteTraining, NonFiniteUpdates
-from zmqrl.learning.trainer import Trainer
+from zmqrl.checkpoints.files import load_checkpoint
+from zmqrl.learner.nonfinite import NonFiniteTraining, NonFiniteUpdates
+from zmqrl.learner.trainer import Trainer
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import TransitionBatch

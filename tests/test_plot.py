@@ -12,9 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.conftest import REPO
-from zmqrl.cli import app
+from zmqrl.cli.app import app
+from zmqrl.cli.plotting import EVAL_TAG, TRAIN_TAG, aggregate, group_runs, load_run, smooth
 from zmqrl.metrics import METRICS_FILE, metrics_row
-from zmqrl.plotting import EVAL_TAG, TRAIN_TAG, aggregate, group_runs, load_run, smooth
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -162,7 +162,7 @@ def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path: Path) -> N
     probe = (
         "import sys\nsys.modules['matplotlib'] = None  # as if not installed\n"
         f"sys.argv = ['zmqrl', 'plot', {str(write_run(tmp_path / 'a'))!r}, '-o', 'x.png']\n"
-        "from zmqrl.cli import main\nmain()\n"
+        "from zmqrl.cli.app import main\nmain()\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60

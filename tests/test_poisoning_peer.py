@@ -26,8 +26,8 @@ import zmq
 
 from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
 from tests.test_roles import FakeSupervisor, start, with_transport
-from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner
+from zmqrl.actor.main import Actor
+from zmqrl.learner.main import Learner
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import EpisodeStat, TransitionBatch

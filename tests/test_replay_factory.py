@@ -26,8 +26,7 @@ from tests.test_replay_transactions import (
 )
 from zmqrl.config import ReplayConfig
 from zmqrl.core import Replay, Sampled
-from zmqrl.envs import EnvError
-from zmqrl.memory import ReplayMemoryError
+from zmqrl.envs.factory import EnvError
 from zmqrl.replay import (
     PrioritizedBuffer,
     PrioritizedReplay,
@@ -39,6 +38,7 @@ from zmqrl.replay import (
     make_replay,
     replay_footprint,
 )
+from zmqrl.replay.memory import ReplayMemoryError
 from zmqrl.spec import SampleSpec
 
 IMAGES = SampleSpec(OBS_SHAPE, "uint8", (), "int64", num_actions=6)

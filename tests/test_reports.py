@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import tiny_overrides
 from tests.test_launch import Launch, assert_nothing_left
-from zmqrl.evaluation import EvalResult, EvalTracker
+from zmqrl.evaluator.greedy import EvalResult, EvalTracker
 from zmqrl.strictjson import loads_strict
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from zmqrl.config import SupervisorConfig
-from zmqrl.supervision.restarts import (
+from zmqrl.supervisor.restarts import (
     CRASHED,
     ENDED,
     HUNG,

@@ -11,11 +11,11 @@ import zmq
 
 from tests.conftest import tiny_config
 from tests.test_roles import FakeSupervisor, start, with_transport
-from zmqrl.checkpoint import LATEST, load_resumable, save_periodic
-from zmqrl.learning import versions as versions_module
-from zmqrl.learning.versions import PublishedVersions
-from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner
+from zmqrl.actor.main import Actor
+from zmqrl.checkpoints.files import LATEST, load_resumable, save_periodic
+from zmqrl.learner import versions as versions_module
+from zmqrl.learner.main import Learner
+from zmqrl.learner.versions import PublishedVersions
 
 
 def test_only_the_newest_periodic_checkpoints_are_kept_and_latest_points_at_the_newest(

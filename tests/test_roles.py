@@ -15,16 +15,16 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
+from zmqrl.actor.main import Actor
 from zmqrl.agents import make_learner
 from zmqrl.config import Config
-from zmqrl.envs import action_bounds, make_env, sample_spec
-from zmqrl.fingerprint import run_fingerprint
-from zmqrl.roles.actor import Actor
-from zmqrl.roles.learner import Learner
-from zmqrl.supervision.link import SupervisorLink
-from zmqrl.supervision.liveness import FINAL_STATES
+from zmqrl.envs.factory import action_bounds, make_env, sample_spec
+from zmqrl.learner.main import Learner
+from zmqrl.runtime.link import SupervisorLink
+from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.transport import wire
 from zmqrl.transport.channels import LearnerUnreachable
+from zmqrl.transport.fingerprint import run_fingerprint
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
 from zmqrl.types import EpisodeStat, TransitionBatch, Weights
 

@@ -18,7 +18,7 @@ import zmq.auth
 
 from tests.conftest import wait_until
 from zmqrl.config import ConfigError, load_config
-from zmqrl.supervision.link import transport_security
+from zmqrl.runtime.link import transport_security
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.keys import Security, SecurityError, create_keys

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.cli import _on_stop_signals
-from zmqrl.roles.watcher import Watcher
+from zmqrl.cli.app import _on_stop_signals
+from zmqrl.supervisor.watch import Watcher
 
 # How long the main thread holds the lock before the rescue thread gives it up for it.
 RESCUE_AFTER_SECONDS = 3.0

@@ -26,10 +26,10 @@ from typer.testing import CliRunner
 
 from tests.conftest import REPO, tiny_overrides, wait_until
 from zmqrl import strictjson
-from zmqrl.cli import app
+from zmqrl.cli.app import app
 from zmqrl.config import ConfigError, load_config
-from zmqrl.monitoring.snapshot import ProcessRow, RunSnapshot
-from zmqrl.monitoring.status import (
+from zmqrl.supervisor.snapshot import ProcessRow, RunSnapshot
+from zmqrl.supervisor.status import (
     STATUS_RECORD,
     StatusClient,
     StatusRecord,

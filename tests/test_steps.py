@@ -1,4 +1,4 @@
-"""Tests for zmqrl.steps: n-step folding with hand-computed numbers, plus a property check.
+"""Tests for zmqrl.actor.nstep: n-step folding with hand-computed numbers, plus a property check.
 
 Observations are 1-element arrays holding the step index t (obs_t = [t], next_obs = [t + 1]), so
 every emitted transition says which step it starts at and which obs it bootstraps from.
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.core import StepProcessor
-from zmqrl.steps import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.types import EpisodeStat
 
 END_NONE, END_TERMINATED, END_TRUNCATED, END_BOTH = "none", "terminated", "truncated", "both"

@@ -23,14 +23,14 @@ from tests.conftest import (
     wait_until,
 )
 from zmqrl import api
-from zmqrl.cli_launch import serial_summary
+from zmqrl.checkpoints.choice import choose_deployment
+from zmqrl.cli.launch import serial_summary
 from zmqrl.config import load_config
-from zmqrl.deploy_choice import choose_deployment
 from zmqrl.errors import ConfigError
-from zmqrl.evaluation import EvalResult, EvalTracker
-from zmqrl.roles.watcher import Watcher
+from zmqrl.evaluator.greedy import EvalResult, EvalTracker
 from zmqrl.serial import run_serial
-from zmqrl.supervision.summary import Reporter
+from zmqrl.supervisor.summary import Reporter
+from zmqrl.supervisor.watch import Watcher
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.control import ControlPublisher, ControlSubscriber, HeartbeatSender

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.roles import supervisor as supervisor_module
-from zmqrl.roles.supervisor import Supervisor
-from zmqrl.supervision.link import END_ACTORS_DONE, PARENT_PID_ENV, SUPERVISED_ENV
-from zmqrl.supervision.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR
+from zmqrl.runtime.link import END_ACTORS_DONE, PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.supervisor import launch as supervisor_module
+from zmqrl.supervisor.launch import Supervisor
+from zmqrl.supervisor.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR
 from zmqrl.transport.wire import HeartbeatMsg
 
 
@@ -431,7 +431,7 @@ def test_an_actor_that_beats_but_never_progresses_is_killed_as_hung(
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from zmqrl.supervision.link import die_with_parent
+    from zmqrl.runtime.link import die_with_parent
     die_with_parent()
     open(sys.argv[1], "w").write("armed")
     time.sleep(120)
@@ -498,7 +498,7 @@ def test_a_child_whose_parent_is_already_gone_leaves_at_once(tmp_path: Path) -> 
 def test_actors_and_the_evaluator_get_one_blas_thread_unless_the_environment_sets_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zmqrl.supervision.processes import start_child
+    from zmqrl.supervisor.processes import start_child
 
     show = [sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"]
 
@@ -518,8 +518,8 @@ def test_children_do_not_inherit_the_supervisors_health_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Item 11: with ZMQRL_HEALTH_FILE inherited, every child rewrote the supervisor's file."""
-    from zmqrl.health import HEALTH_FILE_ENV
-    from zmqrl.supervision.processes import start_child
+    from zmqrl.runtime.health import HEALTH_FILE_ENV
+    from zmqrl.supervisor.processes import start_child
 
     monkeypatch.setenv(HEALTH_FILE_ENV, str(tmp_path / "supervisor-health.json"))
     show = [sys.executable, "-c", f"import os; print(os.environ.get({HEALTH_FILE_ENV!r}))"]
@@ -544,7 +544,7 @@ def test_nothing_a_child_started_outlives_it(tmp_path: Path, how: str) -> None:
     child killed (a verdict, a stop) takes its process group with it; one that exits by itself
     leaves nothing either."""
     from tests.conftest import processes_mentioning
-    from zmqrl.supervision.processes import reap, signal_tree, start_child
+    from zmqrl.supervisor.processes import reap, signal_tree, start_child
 
     tag = f"{tmp_path}/helper-of-the-child"
     log_path = tmp_path / "child.log"

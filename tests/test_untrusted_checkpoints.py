@@ -19,11 +19,11 @@ from tests.conftest import REPO
 from tests.plugins.linear_q import LinearQConfig
 from zmqrl.agents import make_learner, registry
 from zmqrl.agents.registry import unregister_agent
-from zmqrl.checkpoint import save_checkpoint
+from zmqrl.checkpoints.files import save_checkpoint
 from zmqrl.code_trust import UntrustedCode
 from zmqrl.config import Config, config_from_dict, load_config
-from zmqrl.envs import make_env, sample_spec
-from zmqrl.evaluation import evaluate_checkpoint
+from zmqrl.envs.factory import make_env, sample_spec
+from zmqrl.evaluator.greedy import evaluate_checkpoint
 
 CORRIDOR = "tests.example_envs:make_env"
 MARKER = untrusted_code.__name__  # "tests.untrusted_code": records every import of itself

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from zmqrl.config import EnvConfig, TransportConfig
-from zmqrl.envs import make_env, sample_spec
+from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.errors import ConfigError
 from zmqrl.spec import DEFAULT_MAX_ABS_OBS, DEFAULT_MAX_ABS_REWARD, SampleSpec
 from zmqrl.transport import wire

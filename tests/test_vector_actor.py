@@ -20,14 +20,14 @@ import zmq
 
 from tests.conftest import tiny_config
 from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
-from zmqrl.acting import ACTOR_SEED_STRIDE, ActedVersions
+from zmqrl.actor.exploration import apex_epsilon
+from zmqrl.actor.main import Actor
+from zmqrl.actor.sampler import ACTOR_SEED_STRIDE, ActedVersions
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.sac import SACAgent
 from zmqrl.config import Config
-from zmqrl.envs import make_env, sample_spec
-from zmqrl.exploration import apex_epsilon
-from zmqrl.roles.actor import Actor
+from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg

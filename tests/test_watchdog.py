@@ -15,11 +15,11 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.health import read_health
-from zmqrl.supervision import link as link_module
-from zmqrl.supervision.link import SupervisorLink
-from zmqrl.supervision.restarts import EXIT_HUNG
-from zmqrl.supervision.watchdog import Watchdog
+from zmqrl.runtime import link as link_module
+from zmqrl.runtime.health import read_health
+from zmqrl.runtime.link import SupervisorLink
+from zmqrl.runtime.watchdog import Watchdog
+from zmqrl.supervisor.restarts import EXIT_HUNG
 
 
 class Clock:
@@ -80,7 +80,7 @@ HUNG_ROLE = textwrap.dedent(
     """
     import sys, threading, zmq
     from zmqrl.config import load_config
-    from zmqrl.supervision.link import SupervisorLink
+    from zmqrl.runtime.link import SupervisorLink
 
     cfg = load_config(None, sys.argv[1:])
     link = SupervisorLink(zmq.Context.instance(), cfg, "actor", 0, watch_supervisor=False, watchdog=True)
@@ -118,7 +118,7 @@ def test_an_actor_held_back_by_a_learner_that_does_not_read_is_not_taken_for_hun
     """Backpressure (a full queue, the replay ratio) holds an actor for as long as the learner
     wants: its send keeps ticking ("blocked"), so its watchdog never fires, however long."""
     from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
-    from zmqrl.roles.actor import Actor
+    from zmqrl.actor.main import Actor
 
     ended: list[str] = []
     monkeypatch.setattr(link_module, "end_hung_process", ended.append)

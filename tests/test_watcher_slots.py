@@ -8,7 +8,7 @@ import io
 from pathlib import Path
 
 from tests.conftest import tiny_config
-from zmqrl.roles.watcher import Watcher
+from zmqrl.supervisor.watch import Watcher
 from zmqrl.transport.wire import HeartbeatMsg
 
 

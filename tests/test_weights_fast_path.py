@@ -19,9 +19,9 @@ import zmq
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy
-from zmqrl.fingerprint import FingerprintMismatch, check_fingerprint
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages, WeightsPublisher, WeightsSubscriber
+from zmqrl.transport.fingerprint import FingerprintMismatch, check_fingerprint
 from zmqrl.transport.wire import Fingerprint, WeightsMsg, WireError
 from zmqrl.types import TransitionBatch, Weights
 

@@ -1,6 +1,6 @@
 """``python -m zmqrl ...``: the same CLI as the ``zmqrl`` console script."""
 
-from zmqrl.cli import main
+from zmqrl.cli.app import main
 
 if __name__ == "__main__":
     main()

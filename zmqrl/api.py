@@ -52,7 +52,7 @@ class TrainResult:
     eval_history: list[dict[str, Any]] = field(default_factory=list)  # every evaluation, in order
     exit_code: int = 0  # the supervisor's exit code (processes mode)
     # The checkpoint to deploy and why, as the summary's last line says: {"path", "eval_return",
-    # "eval_std", "final_eval_return", "why"} (zmqrl/deploy_choice.py); empty if the run wrote none.
+    # "eval_std", "final_eval_return", "why"} (zmqrl/checkpoints/choice.py); empty if the run wrote none.
     deploy: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -113,7 +113,7 @@ def train(
     if mode not in MODES:
         raise ConfigError(f"train(mode={mode!r}): expected one of {', '.join(MODES)}")
     cfg = validate(config, overrides) if isinstance(config, Config) else load_config(config, overrides)
-    from zmqrl.rundirs import choose_run_dir
+    from zmqrl.supervisor.rundirs import choose_run_dir
 
     # As `zmqrl launch` decides, except that a stopped run is continued only when asked to.
     place = choose_run_dir(cfg.run_dir, resume=resume, continue_stopped=False)
@@ -149,7 +149,7 @@ def _train_serial(cfg: Config, resume: bool, out: TextIO | None) -> TrainResult:
 
 
 def _train_processes(cfg: Config, resume: bool, out: TextIO | None) -> TrainResult:
-    from zmqrl.roles.supervisor import Supervisor
+    from zmqrl.supervisor.launch import Supervisor
 
     supervisor = Supervisor(cfg, launched=time.time(), resume=resume, out=out or sys.stdout)
     code = supervisor.run()

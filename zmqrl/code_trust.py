@@ -12,7 +12,7 @@ config (``--trust-config``, ``trust_config=True``).
 
 Names that select code already installed stay allowed from any source: gymnasium's registered ids,
 the built-in agents, plugins installed under the ``zmqrl.agents`` entry points. Only a colon makes
-a module to import: gymnasium, the env factory lookup (:mod:`zmqrl.env_ids`) and the agent
+a module to import: gymnasium, the env factory lookup (:mod:`zmqrl.envs.ids`) and the agent
 registry (:mod:`zmqrl.agents.registry`) all split on it, so the test here is exactly theirs.
 
 No imports beyond the error type: the config parser, which the supervisor and ``zmqrl config``

@@ -23,14 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from zmqrl.acting import Sampler, actor_seed
+from zmqrl.actor.sampler import Sampler, actor_seed
 from zmqrl.agents import make_policy
+from zmqrl.checkpoints.choice import choose_deployment
 from zmqrl.config import Config, save_config
 from zmqrl.core import Policy
-from zmqrl.deploy_choice import choose_deployment
-from zmqrl.envs import action_bounds, make_env, make_vector_env, sample_spec
-from zmqrl.learning.reporting import LearnerReports, write_stats
-from zmqrl.learning.trainer import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_MAX_UPDATES, Trainer
+from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.learner.reporting import LearnerReports, write_stats
+from zmqrl.learner.trainer import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_MAX_UPDATES, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.replay import RateLimiter
 from zmqrl.transport import wire

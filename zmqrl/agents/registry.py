@@ -104,7 +104,7 @@ class AgentPlugin:
     ``check`` says what in the settings cannot work with this env or machine (a discrete agent on
     continuous actions, ``cuda`` without a GPU), as one line for the user; it runs before either
     factory. ``fingerprint_fields``: the config fields an actor must share with its learner (those
-    that shape the published weights or the meaning of a transition; see ``zmqrl.fingerprint``).
+    that shape the published weights or the meaning of a transition; see ``zmqrl.transport.fingerprint``).
     """
 
     name: str  # the agent.kind that selects it; its config class's default `kind`

@@ -1,4 +1,4 @@
-"""Actor throughput: the real actor (zmqrl/roles/actor.py) against the bare env-and-policy loop.
+"""Actor throughput: the real actor (zmqrl/actor/main.py) against the bare env-and-policy loop.
 
 *Ours* is ``python -m zmqrl actor`` as ``zmqrl launch`` starts it (its own process, one BLAS
 thread), configured from configs/cartpole_dqn.yaml, uncapped, pushing to a learner-side PULL
@@ -34,8 +34,8 @@ import zmq
 
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.config import Config, load_config, save_config
-from zmqrl.supervision.link import PARENT_PID_ENV, SUPERVISED_ENV
-from zmqrl.supervision.processes import BLAS_THREADS_ENV
+from zmqrl.runtime.link import PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.supervisor.processes import BLAS_THREADS_ENV
 
 # Repository configs the benchmarks measure (the bench runs from a checkout).
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -138,9 +138,9 @@ def greeting(cfg: Config) -> list[bytes]:
     """A learner's first weights message to this actor: version 0 (never loaded) and the run's
     fingerprint, which is what the actor waits for before sending."""
     from zmqrl.agents import make_policy
-    from zmqrl.envs import make_env, sample_spec
-    from zmqrl.fingerprint import run_fingerprint
+    from zmqrl.envs.factory import make_env, sample_spec
     from zmqrl.transport import wire
+    from zmqrl.transport.fingerprint import run_fingerprint
     from zmqrl.transport.wire import WeightsMsg
     from zmqrl.types import Weights
 
@@ -218,9 +218,9 @@ def _tail(log: Path, lines: int = 20) -> str:
 def _acting_parts(envs: int) -> tuple[Config, Any, Any, Any]:
     """What both in-process sides act with: the config, its env (vectorized for ``envs`` > 1),
     the sample spec and the policy, seeded as actor 0."""
-    from zmqrl.acting import actor_seed
+    from zmqrl.actor.sampler import actor_seed
     from zmqrl.agents import make_policy
-    from zmqrl.envs import make_env, make_vector_env, sample_spec
+    from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 
     cfg = actor_config(envs)
     env: Any = make_env(cfg.env) if envs == 1 else make_vector_env(cfg.env, envs, training=True)
@@ -243,7 +243,7 @@ def _steps_per_second(step: Callable[[], int], seconds: float) -> float:
 
 def measure_bare(envs: int, seconds: float) -> float:
     """Env transitions per second of the bare loop: the actor's env and policy, nothing else."""
-    from zmqrl.acting import actor_seed, ladder
+    from zmqrl.actor.sampler import actor_seed, ladder
 
     cfg, env, _, policy = _acting_parts(envs)
     epsilons = ladder(cfg, 0)
@@ -262,7 +262,7 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
     prioritized-replay config computes per batch) with each ready batch encoded as a samples
     message, in this process, sent nowhere. Between the bare loop and the real actor, it splits
     what zmqrl's acting costs from what its process, socket and threads cost."""
-    from zmqrl.acting import Sampler
+    from zmqrl.actor.sampler import Sampler
     from zmqrl.transport import wire
 
     cfg, env, spec, policy = _acting_parts(envs)

@@ -2,7 +2,7 @@
 
 What an actor with ``actor.envs_per_actor`` = N spends its time on is stepping N preprocessed Atari
 envs; this measures that loop alone (random actions, no policy), once through the exact envs
-zmqrl's actors use (:func:`zmqrl.envs.make_vector_env` with ``env.preprocess: atari``) and once
+zmqrl's actors use (:func:`zmqrl.envs.factory.make_vector_env` with ``env.preprocess: atari``) and once
 through EnvPool (C++ envs and preprocessing) configured to the same pipeline, on one thread
 (``num_threads=1``, ``batch_size = num_envs``: synchronous, like ``SyncVectorEnv``). The two sides
 alternate repeat by repeat so the machine's drift hits both.
@@ -168,7 +168,7 @@ def _measure(step: Stepper, actions: np.ndarray, seconds: float, frame_skip: int
 
 def _gymnasium_env(num_envs: int) -> Any:
     """The envs a zmqrl actor steps: make_vector_env with the Atari preprocessing, training mode."""
-    from zmqrl.envs import make_vector_env
+    from zmqrl.envs.factory import make_vector_env
 
     env = make_vector_env(EnvConfig(id=f"ALE/{GAME}-v5", preprocess="atari"), num_envs, training=True)
     env.reset(seed=list(range(num_envs)))

@@ -69,11 +69,11 @@ class IngestSide:
     ``raw`` reads and discards for one; each returns transitions per second."""
 
     def __init__(self, ctx: zmq.Context, case: Case) -> None:
-        from zmqrl.learning.ingest import Ingest
-        from zmqrl.learning.state import LearnerCounters
+        from zmqrl.learner.ingest import Ingest
+        from zmqrl.learner.state import LearnerCounters
         from zmqrl.replay import NoLimit, make_replay
+        from zmqrl.runtime.link import socket_limits
         from zmqrl.spec import SampleSpec
-        from zmqrl.supervision.link import socket_limits
         from zmqrl.transport import sockets
         from zmqrl.transport.channels import BadMessages, SampleReceiver
 

@@ -22,7 +22,7 @@ import zmq
 from zmqrl.api import load_config
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.bench.senders import SampleShape, Senders, sample_batch
-from zmqrl.learning.trainer import Trainer
+from zmqrl.learner.trainer import Trainer
 from zmqrl.transport.channels import BadMessages, SampleReceiver
 from zmqrl.transport.messages import SamplesMsg
 

@@ -99,7 +99,7 @@ class StatusSampler:
         self._thread.start()
 
     def _run(self) -> None:
-        from zmqrl.monitoring.status import StatusClient, StatusError, StatusRecord
+        from zmqrl.supervisor.status import StatusClient, StatusError, StatusRecord
 
         record = None
         while record is None and not self._stop.wait(0.1):

@@ -67,10 +67,10 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
     import logging
 
     from zmqrl.agents import make_policy
-    from zmqrl.fingerprint import run_fingerprint
-    from zmqrl.supervision.link import socket_limits
+    from zmqrl.runtime.link import socket_limits
     from zmqrl.transport import sockets
     from zmqrl.transport.channels import BadMessages, WeightsSubscriber
+    from zmqrl.transport.fingerprint import run_fingerprint
 
     cfg = load_config(net.config)
     spec = _spec(net)
@@ -125,10 +125,10 @@ class Publisher:
     def __init__(self, ctx: zmq.Context, net: Network) -> None:
         from zmqrl.agents.configs import DQNConfig
         from zmqrl.agents.numpy_policies import dqn_layout
-        from zmqrl.fingerprint import run_fingerprint
-        from zmqrl.supervision.link import socket_limits
+        from zmqrl.runtime.link import socket_limits
         from zmqrl.transport import sockets, wire
         from zmqrl.transport.channels import WeightsPublisher
+        from zmqrl.transport.fingerprint import run_fingerprint
         from zmqrl.transport.wire import WeightsMsg
         from zmqrl.types import Weights
 

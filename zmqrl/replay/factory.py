@@ -6,7 +6,7 @@ then hold one interface and never branch on the kind, and the checks that belong
 buffer (the footprint, the log line people read to see the cost, the refusal when it cannot fit)
 happen in one place, before anything is allocated. Replay arrays are allocated lazily by the OS,
 so without the up-front check a too-large capacity would fail hours later, when the buffer fills
-and the OOM killer picks the learner (see zmqrl/memory.py).
+and the OOM killer picks the learner (see zmqrl/replay/memory.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zmqrl.core import Replay
-from zmqrl.env_ids import EnvError
-from zmqrl.memory import ReplayMemoryError, available_memory_bytes, format_bytes
+from zmqrl.envs.ids import EnvError
 from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
 from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
+from zmqrl.replay.memory import ReplayMemoryError, available_memory_bytes, format_bytes
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.spec import SampleSpec

@@ -77,7 +77,7 @@ _HEADER_KEYS: dict[str, frozenset[str]] = {
 # Keys a header may carry in addition to its exact set. Each was added without a PROTO_VERSION bump
 # because a message without it means exactly what it meant before (as the optional priority array).
 _OPTIONAL_KEYS: dict[str, frozenset[str]] = {
-    # The learner's run fingerprint (zmqrl/fingerprint.py), and its env-step count at publish time.
+    # The learner's run fingerprint (zmqrl/transport/fingerprint.py), and its env-step count at publish time.
     KIND_WEIGHTS: frozenset(("fingerprint", "env_steps")),
 }
 

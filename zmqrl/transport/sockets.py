@@ -314,7 +314,7 @@ STATUS_HWM = 64
 
 
 # --------------------------------------------------------------------------------------------
-# The supervisor's status channel (`zmqrl status`: zmqrl.monitoring.status)
+# The supervisor's status channel (`zmqrl status`: zmqrl.supervisor.status)
 # --------------------------------------------------------------------------------------------
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import zmq
 
-from zmqrl.fingerprint import check_fingerprint
 from zmqrl.transport import wire
 from zmqrl.transport.bad_messages import BadMessages, Clock
+from zmqrl.transport.fingerprint import check_fingerprint
 from zmqrl.transport.receiving import recv_bounded
 from zmqrl.transport.sample_channel import channel_limit
 from zmqrl.transport.wire import Fingerprint, StopMsg, WeightsMsg, WireError
@@ -35,7 +35,7 @@ WEIGHTS_MAX_FRAMES = 1 + wire.MAX_ARRAYS
 class WeightsPublisher:
     """Learner side of the weights channel. Keeps the last encoded message for republishing.
 
-    ``fingerprint`` (``zmqrl.fingerprint.run_fingerprint``) travels with every snapshot, so an
+    ``fingerprint`` (``zmqrl.transport.fingerprint.run_fingerprint``) travels with every snapshot, so an
     actor whose settings differ can refuse itself instead of sending wrong transitions.
     """
 

@@ -1,0 +1,273 @@
+"""An actor process: a Sampler wired to a samples socket, a weights subscription and the supervisor."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Pacer, Sampler, actor_seed
+from zmqrl.agents import make_policy
+from zmqrl.config import Config
+from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.runtime import testhooks
+from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
+from zmqrl.transport.fingerprint import run_fingerprint
+
+# While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
+WEIGHTS_WAIT_POLL_MS = 50
+
+log = logging.getLogger("zmqrl.actor")
+
+
+def one_torch_thread() -> None:
+    """Give torch one intra-op thread in this process if the policy just built imported it.
+
+    Actors start without torch (numpy policies); a torch policy (the Nature CNN) imports it while
+    it is built, so this must run after ``make_policy``. Left at torch's default (one thread per
+    core), four Pong actors' OpenMP threads spun against each other on 2 cores: ~35 env steps/s
+    per actor instead of ~300.
+    """
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+class Actor:
+    """Steps its env with exploration, turns steps into n-step transitions and ships them.
+
+    Acts with its own initial weights until the learner's first publish arrives; from then on it
+    adopts every newer version (never an older one) and stamps each batch with the version its
+    oldest transition was acted with, so the learner can measure policy lag.
+
+    Nothing is sent before the learner was heard from: the first batch waits until a valid
+    weights message arrived, which carries the learner's run fingerprint. An actor whose settings
+    differ raises ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        actor_id: int,
+        *,
+        ctx: zmq.Context | None = None,
+        replacement: bool = False,
+        link: SupervisorLink | None = None,
+    ) -> None:
+        if not 0 <= actor_id < max(cfg.actor.num_actors, actor_id + 1):
+            raise ValueError(f"actor id {actor_id} must be >= 0")
+        self.cfg = cfg
+        self.actor_id = actor_id
+        # Started in place of a failed actor: the run is under way, so act with the learner's
+        # current weights from the first step and at this slot's rung of the ladder (no warm-up).
+        self.replacement = replacement
+        self._ctx = ctx or zmq.Context.instance()
+        self._link = link  # made by the process main before torch loaded, or here in run()
+        self.stop_event = threading.Event()
+        self.stats: dict[str, Any] = {}
+        self.samples_sent = 0
+        self.weights_loaded = 0
+        self.num_envs = cfg.actor.envs_per_actor
+        self._learner_heard = False  # a valid (and, if fingerprinted, matching) weights message arrived
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+    @property
+    def steps(self) -> int:
+        return self.sampler.steps if hasattr(self, "sampler") else 0
+
+    @property
+    def episodes(self) -> int:
+        return self.sampler.episodes if hasattr(self, "sampler") else 0
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        env: Any = (
+            make_env(cfg.env)
+            if self.num_envs == 1
+            else make_vector_env(cfg.env, self.num_envs, training=True)
+        )
+        spec = sample_spec(env)
+        bounds = action_bounds(env)
+        self.agent = make_policy(
+            cfg.agent,
+            spec,
+            seed=actor_seed(cfg, self.actor_id),
+            action_low=bounds.get("action_low"),
+            action_high=bounds.get("action_high"),
+        )
+        one_torch_thread()
+        limits = socket_limits(cfg)
+        security = transport_security(cfg)
+        samples_sock = sockets.samples_push(self._ctx, cfg.transport.samples, limits, security=security)
+        weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
+        self.sender = SampleSender(samples_sock, cfg.transport.samples, cfg.transport.connect_timeout, log)
+        self._weights_sock = weights_sock
+        self.weights = WeightsSubscriber(
+            weights_sock,
+            self.agent.weights_spec(),
+            BadMessages(f"actor-{self.actor_id} weights", log),
+            expected_fingerprint=run_fingerprint(cfg, spec),
+        )
+        self.sampler = Sampler(
+            cfg,
+            self.actor_id,
+            self.agent,
+            env,
+            spec,
+            sync_weights=self._sync_weights,
+            replacement=self.replacement,
+            initial_priorities=cfg.replay.prioritized,
+        )
+        self.link = self._link or SupervisorLink(self._ctx, cfg, "actor", self.actor_id)
+        self.link.attach(self.stop_event)
+        log.info(
+            "actor %d up: %d env(s), epsilon %s (annealed from 1.0 over %d steps), seed %d, samples -> %s",
+            self.actor_id,
+            self.num_envs,
+            " ".join(f"{e:.4f}" for e in self.sampler.epsilons),
+            self.sampler.epsilon_decay,
+            actor_seed(cfg, self.actor_id),
+            cfg.transport.samples,
+        )
+        self.started = time.monotonic()
+        self.pacer = Pacer(cfg.actor.max_steps_per_s)
+        # Test hook: this one process's main loop hangs once it has taken that many env steps.
+        self._hang_hook = testhooks.hang_after_steps(testhooks.ACTOR_HANG_ONCE)
+        state = "failed"
+        try:
+            reached_max_steps = (not self.replacement or self._await_weights()) and self._loop()
+            # Its own end (actor.max_steps) is "finished"; a stop it was asked for, "stopped".
+            state = "finished" if reached_max_steps else "stopped"
+        finally:
+            self.weights.bad.flush()
+            self.stats = {**self._counters(), "state": state, "stop_reason": self.link.stop_reason}
+            self.link.final(state, self._counters())
+            self.sampler.close()
+            samples_sock.close(linger=0)
+            weights_sock.close(linger=0)
+            self.link.close()
+        return self.stats
+
+    def _loop(self) -> bool:
+        """Heartbeat and pace every HOUSEKEEPING_EVERY env steps; collect and ship in between.
+        Returns True at ``actor.max_steps``, False when told to stop."""
+        max_steps = self.cfg.actor.max_steps
+        sampler = self.sampler
+        next_housekeeping = paced_steps = ticked_steps = 0
+        while True:
+            if sampler.steps >= next_housekeeping:
+                if self.link.tick(self._counters, useful=sampler.steps > ticked_steps):
+                    return False
+                ticked_steps = sampler.steps
+                self.pacer.pace(sampler.steps - paced_steps, tick=lambda: self.link.tick(self._counters))
+                paced_steps = sampler.steps
+                next_housekeeping = sampler.steps + HOUSEKEEPING_EVERY
+                if self._hang_hook is not None and sampler.steps >= self._hang_hook:
+                    log.warning("test hook: the main loop hangs now")
+                    testhooks.block_forever()
+            if max_steps is not None and sampler.steps >= max_steps:
+                return True
+            budget = next_housekeeping - sampler.steps
+            if max_steps is not None:
+                budget = min(budget, max_steps - sampler.steps)
+            if sampler.collect(budget) and not self._ship():
+                return False
+
+    def _ship(self) -> bool:
+        """Send the ready batch; returns False if told to stop while the learner's queue was
+        full, or before the learner was heard from."""
+        if not self._learner_heard:
+            log.info("holding the first batch until the learner's weights (and run fingerprint) arrive")
+            if not self._await_learner(lambda: self._learner_heard):
+                return False
+        msg = self.sampler.message()  # Ape-X priorities under the weights held now
+        if not self.sender.send(msg, idle=self._idle):
+            return False
+        self.samples_sent += msg.batch.size
+        return True
+
+    def _await_weights(self) -> bool:
+        """Block until published weights are loaded (the learner republishes about every second);
+        returns False if told to stop meanwhile."""
+        log.info("replacement actor: waiting for the learner's current weights before acting")
+        if not self._await_learner(lambda: self.agent.weights_version > 0):
+            return False
+        log.info("weights version %d loaded; starting", self.agent.weights_version)
+        return True
+
+    def _await_learner(self, ready: Callable[[], bool]) -> bool:
+        """Heartbeat ("waiting") and take in weights until ``ready()``; False if told to stop first.
+        A learner whose run fingerprint differs raises ``FingerprintMismatch`` from here; one not
+        heard from for ``transport.connect_timeout`` raises ``LearnerUnreachable``, as a send
+        that never goes through does (unreachable, or refusing this actor's keys)."""
+        endpoint, give_up = self.cfg.transport.weights, self.cfg.transport.connect_timeout
+        started = time.monotonic()
+        next_warning = SampleSender.FIRST_WARNING_SECONDS
+        while not ready():
+            if self.link.tick(self._counters, state="waiting"):
+                return False
+            self._sync_weights()
+            if ready():
+                break
+            waited = time.monotonic() - started
+            if waited >= next_warning:
+                next_warning *= 2
+                log.warning(
+                    "no weights from the learner at %s (transport.weights) after %.0f s: is the learner "
+                    "running there? a firewall in between? with Curve keys, does it accept "
+                    "transport.key_name? Waiting%s.",
+                    endpoint,
+                    waited,
+                    "" if give_up is None else f" (giving up after transport.connect_timeout={give_up:g} s)",
+                )
+            if give_up is not None and waited > give_up:
+                raise LearnerUnreachable(
+                    f"no weights received from {endpoint} for {waited:.0f} s (transport.connect_timeout): "
+                    "check that the learner runs and publishes there (transport.weights), that no firewall "
+                    "is in between, and transport.keys_dir / transport.key_name if the run uses Curve keys"
+                )
+            self._weights_sock.poll(WEIGHTS_WAIT_POLL_MS)
+        return True
+
+    def _idle(self) -> bool:
+        """Called while the learner's queue is full: keep draining weights (newer versions, and the
+        learner's stop announcement, which a full subscriber queue could otherwise crowd out) and
+        heartbeating; stop if told to."""
+        self._sync_weights()
+        return self.link.tick(self._counters, state="blocked")
+
+    def _sync_weights(self) -> None:
+        msg = self.weights.latest()  # raises FingerprintMismatch for a learner with other settings
+        if msg is not None:
+            self._learner_heard = True
+            if self.agent.import_weights(msg.weights):
+                self.weights_loaded += 1
+        if self.weights.stop is not None and self.link.outlives(self.weights.stop.reason):
+            log.warning("the learner failed; acting on until the supervisor's replacement publishes")
+            self.weights.stop = None
+        if self.weights.stop is not None and not self.stop_event.is_set():
+            self.link.stop_reason = self.weights.stop.reason or "learner stopped"
+            log.info("stop announced by the learner: %s", self.link.stop_reason)
+            self.stop_event.set()
+
+    def _counters(self) -> dict[str, float | int]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {
+            **self.sampler.counters(elapsed),
+            "samples": self.samples_sent,
+            "batches": self.sender.messages_sent,
+            "weights_loaded": self.weights_loaded,
+            "samples_per_s": self.samples_sent / elapsed,
+            "blocked_seconds": self.sender.blocked_seconds,
+            "paced_seconds": self.pacer.paced_seconds,
+            "bad_messages": self.weights.bad.count,
+            "duration": elapsed,
+        }

@@ -1,0 +1,322 @@
+"""The single-role and tool commands: ``zmqrl learner | actor | evaluator`` (one role in this process,
+as ``launch`` starts them or an orchestrator does) and ``zmqrl health | eval | keys | config``.
+
+Registered on :data:`zmqrl.cli.app.app` when zmqrl.cli.app is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zmqrl import strictjson
+from zmqrl.cli.app import (
+    EXIT_CONFIG,
+    EXIT_RUNTIME,
+    ConfigArg,
+    InsecureOpt,
+    LogLevelOpt,
+    SetOpt,
+    _fail,
+    _load,
+    _run_role,
+    _setup_logging,
+    _start_link,
+    app,
+    config_path_problem,
+    role_exit_code,
+)
+from zmqrl.transport.control_trust import with_role_key
+
+
+@app.command(epilog="Example: zmqrl learner configs/cartpole_dqn.yaml --resume")
+def learner(
+    config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue from the newest readable checkpoint "
+            "in the run directory (network, optimizer, counters, replay).",
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="With --resume: resume even if the env, network, n_step or gamma differ from the "
+            "checkpoint's (otherwise refused; sets checkpoint.force_resume).",
+        ),
+    ] = False,
+    insecure: InsecureOpt = False,
+    log_level: LogLevelOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
+    flags = ["transport.insecure=true"] if insecure else []
+    flags += ["checkpoint.force_resume=true"] if force else []
+    cfg = _load(config, [*(set_ or []), *flags], log_level)
+    _setup_logging(cfg.run.log_level, "learner-0")
+    from zmqrl.config import save_config
+    from zmqrl.runtime.link import SUPERVISED_ENV
+
+    if not os.environ.get(SUPERVISED_ENV):
+        save_config(cfg, cfg.run_dir / "config.yaml")
+    cfg = with_role_key(cfg, "learner", 0)  # with keys: the client pair bound to this role
+    link = _start_link(cfg, "learner", 0)
+    from zmqrl.learner.main import Learner
+
+    received: list[int] = []
+    stats = _run_role(lambda: Learner(cfg, resume=resume, link=link), received)
+    stats.pop("eval_history", None)
+    typer.echo(strictjson.dumps({"learner": stats}))
+    raise typer.Exit(role_exit_code(stats, received))
+
+
+@app.command(epilog="Example: zmqrl actor configs/cartpole_dqn.yaml --id 3")
+def actor(
+    config: ConfigArg,
+    id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            "-i",
+            metavar="N|auto",
+            help="Actor index: picks its seed and its epsilon on the Ape-X ladder (0 explores most). "
+            "An integer here wins; else the ZMQRL_ACTOR_ID environment variable (an integer or "
+            "'auto'); 'auto' claims the lowest id no live actor of this run directory holds (for "
+            "scaled container replicas sharing the run directory); with neither, 0.",
+        ),
+    ] = None,
+    replacement: Annotated[
+        bool,
+        typer.Option(
+            "--replacement",
+            help="Started in place of a failed actor (launch does this): wait "
+            "for the learner's current weights before acting, and skip the epsilon warm-up.",
+        ),
+    ] = False,
+    log_level: LogLevelOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
+    cfg = _load(config, set_, log_level)
+    _setup_logging(cfg.run.log_level, "actor")  # until its id is settled
+    from zmqrl.actor.ids import ActorIdError, resolve_actor_id
+
+    try:  # the claim's lock reserves the id until this process exits
+        claim = resolve_actor_id(id, os.environ, cfg.run_dir, cfg.actor.num_actors)
+    except ActorIdError as exc:
+        _fail(str(exc), EXIT_CONFIG)
+    actor_id = claim.actor_id
+    _setup_logging(cfg.run.log_level, f"actor-{actor_id}")
+    logging.getLogger("zmqrl").info("%s", claim.describe())
+    cfg = with_role_key(cfg, "actor", actor_id)  # with keys: the client pair bound to this role
+    link = _start_link(cfg, "actor", actor_id)
+    from zmqrl.actor.main import Actor
+
+    received: list[int] = []
+    stats = _run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link), received)
+    typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
+    raise typer.Exit(role_exit_code(stats, received))
+
+
+@app.command(epilog="Example: zmqrl evaluator configs/cartpole_dqn.yaml --set evaluator.episodes=20")
+def evaluator(
+    config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Keep the score of the run's existing checkpoints/best as the one to beat."
+        ),
+    ] = False,
+    log_level: LogLevelOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run the evaluator: follows transport.weights, plays evaluator.episodes greedy episodes of each
+    new version (at most every evaluator.interval_seconds), logs to TensorBoard and keeps the best
+    weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
+    cfg = _load(config, set_, log_level)
+    _setup_logging(cfg.run.log_level, "evaluator-0")
+    cfg = with_role_key(cfg, "evaluator", 0)  # with keys: the client pair bound to this role
+    link = _start_link(cfg, "evaluator", 0)
+    from zmqrl.evaluator.main import Evaluator
+
+    received: list[int] = []
+    stats = _run_role(lambda: Evaluator(cfg, resume=resume, link=link), received)
+    stats.pop("eval_history", None)
+    typer.echo(strictjson.dumps({"evaluator": stats}))
+    raise typer.Exit(role_exit_code(stats, received))
+
+
+@app.command(epilog="Example: ZMQRL_HEALTH_FILE=/tmp/zmqrl-health.json zmqrl health")
+def health(
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="The role's health file (default: $ZMQRL_HEALTH_FILE, rewritten on every heartbeat).",
+        ),
+    ] = None,
+) -> None:
+    """Exit 0 if the role in this container is alive and making progress, else 1 and one line why.
+
+    For container health checks and Kubernetes probes: the role must run with ZMQRL_HEALTH_FILE
+    set. Judged like the supervisor judges heartbeats: no beat for supervisor.heartbeat_timeout
+    is dead, no progress for supervisor.progress_timeout is hung."""
+    from zmqrl.runtime.health import HEALTH_FILE_ENV, health_path, judge, read_health
+
+    path = file or health_path()
+    if path is None:
+        _fail(f"no health file: set {HEALTH_FILE_ENV} for the role (and here), or pass --file", EXIT_RUNTIME)
+    try:
+        record = read_health(path)
+    except ValueError as exc:
+        typer.echo(f"unhealthy: {exc}")
+        raise typer.Exit(EXIT_RUNTIME) from None
+    ok, reason = judge(record)
+    typer.echo(reason if ok else f"unhealthy: {reason}")
+    raise typer.Exit(0 if ok else EXIT_RUNTIME)
+
+
+@app.command("eval", epilog="Example: zmqrl eval runs/cartpole_dqn/checkpoints/best --episodes 20")
+def eval_checkpoint(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best.")],
+    episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Episode i resets with seed + i.")] = 0,
+    video: Annotated[
+        Path | None,
+        typer.Option(
+            "--video",
+            help="Also record every episode as DIR/eval-episode-<i>.mp4 (needs the `video` extra: "
+            'pip install -e ".\\[video]").',
+            metavar="DIR",
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            metavar="FILE",
+            help="Play with this config (yours, e.g. the run's runs/NAME/config.yaml) instead of the "
+            "one stored in the checkpoint.",
+        ),
+    ] = None,
+    trust_config: Annotated[
+        bool,
+        typer.Option(
+            "--trust-config",
+            help="Let the checkpoint's stored config import the code it names (an env factory or "
+            "agent plugin 'module:...' as env.id or agent.kind). Only for checkpoints you trust: "
+            "without it such a config is refused before anything is imported.",
+        ),
+    ] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Play a saved policy greedily and print its mean ± std return (uses the config stored in the
+    checkpoint, or --config FILE; --set can change it, e.g. --set env.max_episode_steps=1000).
+
+    A checkpoint is data: if its stored config names code to import (env.id or agent.kind as
+    'module:...'), it is refused (exit 2) unless you give that value yourself (--set, --config) or
+    pass --trust-config. Registered gymnasium ids, built-in and installed agents play as they are."""
+    from zmqrl.config import ConfigError
+    from zmqrl.envs.factory import EnvError
+    from zmqrl.evaluator.greedy import evaluate_checkpoint
+
+    if episodes < 1:
+        _fail("--episodes must be >= 1", EXIT_CONFIG)
+    if not checkpoint.is_file():
+        _fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+    if config is not None and (problem := config_path_problem(config)) is not None:
+        _fail(problem, EXIT_CONFIG)
+    try:
+        result = evaluate_checkpoint(
+            checkpoint,
+            episodes,
+            seed,
+            list(set_ or []),
+            video_dir=video,
+            config=config,
+            trust_config=trust_config,
+        )
+    except (ConfigError, EnvError) as exc:
+        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    typer.echo(
+        f"{checkpoint}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes "
+        f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
+        f"{sum(result.lengths) / len(result.lengths):.0f})"
+    )
+    for path in result.videos:
+        typer.echo(f"video: {path}")
+
+
+@app.command(epilog="Example: zmqrl keys keys/ --client actor.host-a --token keys/control.token")
+def keys(
+    keys_dir: Annotated[
+        Path | None, typer.Argument(help="Directory for the keys (created if missing).")
+    ] = None,
+    client: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--client",
+            "-c",
+            help="Name of a client key pair to add and authorize (repeatable); default: a server pair, "
+            "one pair per role (learner, actor, evaluator: the supervisor lets each speak only as its "
+            "role) and one named 'client' (tools, `zmqrl status`). Roles pick the pair named for them; "
+            "NAME is used with --set transport.key_name=NAME (per-host actor keys: actor.HOST). Revoke "
+            "one by deleting KEYS_DIR/authorized/NAME.key.",
+        ),
+    ] = None,
+    token: Annotated[
+        Path | None,
+        typer.Option(
+            "--token",
+            metavar="FILE",
+            help="Write a fresh control token to FILE (mode 0600; an existing file is kept): the run's "
+            "secret that authenticates heartbeats and control messages without keys "
+            "(transport.control_token_file=FILE for the supervisor and every role).",
+        ),
+    ] = None,
+) -> None:
+    """Make CurveZMQ keys: a server pair (learner, supervisor), client pairs (every process that
+    connects), and KEYS_DIR/authorized/ listing the clients the servers accept. Then run with
+    --set transport.keys_dir=KEYS_DIR (docs/deployment.md 'Security'). With --token, (also) a
+    control token file."""
+    from zmqrl.transport.control_auth import write_token_file
+    from zmqrl.transport.keys import SecurityError, create_keys
+
+    if keys_dir is None and token is None:
+        _fail("give a KEYS_DIR to make keys in, or --token FILE for a control token (or both)", EXIT_CONFIG)
+    written: list[Path] = []
+    try:
+        if keys_dir is not None:
+            written = create_keys(keys_dir, list(client) if client else None)
+        if token is not None:
+            if token.exists():
+                _fail(
+                    f"{token} already exists; refusing to replace a run's token (delete it first)",
+                    EXIT_RUNTIME,
+                )
+            write_token_file(token)
+            written.append(token)
+    except (SecurityError, FileExistsError, ValueError, OSError) as exc:
+        _fail(str(exc), EXIT_RUNTIME)
+    for path in written:
+        typer.echo(str(path))
+
+
+@app.command("config", epilog="Example: zmqrl config configs/cartpole_dqn.yaml --set agent.lr=0.0005")
+def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Print the resolved config (defaults + file + overrides) as YAML, and check it."""
+    import yaml
+
+    cfg = _load(config, set_)
+    typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)

@@ -1,0 +1,1 @@
+"""The evaluator process and greedy scoring, which the learner and ``zmqrl eval`` share."""

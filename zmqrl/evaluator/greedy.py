@@ -1,0 +1,315 @@
+"""Greedy evaluation: several episodes played in lockstep so the policy runs once per step, batched.
+
+Also how a saved policy is played again: ``evaluate_checkpoint`` reads both checkpoint kinds (the
+learner's full training state, and the evaluator's weights-only ``best``), optionally on video,
+with the config stored in it or the caller's own (:func:`checkpoint_config`: a stored config is
+data from elsewhere and may not choose code to import, see :mod:`zmqrl.code_trust`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from zmqrl.core import LearningAgent, Policy
+
+if TYPE_CHECKING:
+    from zmqrl.config import Config, EnvConfig
+
+# ``payload["contents"]`` of a weights-only checkpoint (the evaluator's ``best``): just the acting
+# network as published, no optimiser or counters. (``format`` is the checkpoint layout version,
+# set by ``save_checkpoint``.) Full-state checkpoints have no ``contents`` and hold ``agent``.
+WEIGHTS_ONLY = "weights"
+# Eval env seeds start here (+ run.seed), far from actor seeds, so evaluation never replays a
+# training episode; the learner's own evaluations use the same offset.
+EVAL_SEED_OFFSET = 999_999
+# File names of recorded episodes: <prefix>-episode-<i>.mp4 (gymnasium's RecordVideo naming).
+VIDEO_PREFIX = "eval"
+
+
+class EvalResult(NamedTuple):
+    mean: float
+    std: float
+    returns: list[float]
+    lengths: list[int]
+    videos: tuple[Path, ...] = ()  # episode videos written by evaluate_checkpoint(video_dir=...)
+
+
+class EvaluationAborted(Exception):
+    """``evaluate``'s ``tick`` asked to stop before every episode had finished."""
+
+
+class VideoUnavailable(RuntimeError):
+    """Recording was asked for, but moviepy (the video extra), or what the env draws its frames
+    with, is not installed."""
+
+
+class EvalTracker:
+    """The running record of a run's evaluations, kept the same way by the learner and the
+    evaluator: the last and best mean return, every record, the first that reached the target, and
+    the first at which the target was *held*: ``hold`` evaluations in a row at or above it (one lucky
+    evaluation followed by untrained scores is not success)."""
+
+    def __init__(self, target: float | None, hold: int = 3) -> None:
+        self.target = target
+        self.hold = hold
+        self.last = float("nan")
+        self.best = -float("inf")
+        self.history: list[dict[str, Any]] = []
+        self.reached: dict[str, Any] | None = None  # the first record at or above the target
+        self.held: dict[str, Any] | None = None  # the record completing the first run of `hold` in a row
+        self._streak = 0  # evaluations in a row at or above the target, up to now
+
+    def add(self, result: EvalResult, **fields: float) -> tuple[dict[str, Any], bool]:
+        """Record ``result`` with ``fields`` (e.g. updates, weights version); returns the record and
+        whether it is the best so far (ties count: the later weights are kept)."""
+        record: dict[str, Any] = {**fields, "time": time.time(), "mean": result.mean, "std": result.std}
+        self.history.append(record)
+        self.last = result.mean
+        improved = result.mean >= self.best
+        if improved:
+            self.best = result.mean
+        if self.target is not None:
+            self._streak = self._streak + 1 if result.mean >= self.target else 0
+            if self.reached is None and self._streak >= 1:
+                self.reached = record
+            if self.held is None and self._streak >= self.hold:
+                self.held = record
+        return record, improved
+
+    @property
+    def holding(self) -> bool:
+        """Whether the latest ``hold`` evaluations were all at or above the target: what
+        ``learner.stop_at_target`` ends a run on. Unlike ``held`` (the first time it happened, kept
+        for the record) this is about now, so a resumed run whose record says "held" long ago
+        stops only when it holds the target again."""
+        return self.target is not None and self._streak >= self.hold
+
+    @property
+    def best_or_nan(self) -> float:
+        """The best mean return, NaN before the first evaluation (for heartbeats and stats)."""
+        return self.best if math.isfinite(self.best) else float("nan")
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "last": self.last,
+            "best": self.best,
+            "history": self.history,
+            "target_reached": self.reached,
+            "target_held": self.held,
+            "streak": self._streak,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.last = float(state.get("last", float("nan")))
+        self.best = float(state.get("best", -float("inf")))
+        self.history = list(state.get("history", []))
+        self.reached = state.get("target_reached")
+        self.held = state.get("target_held")
+        self._streak = int(state.get("streak", 0))
+
+
+def evaluate(
+    agent: Policy, envs: list[gym.Env[Any, Any]], seed: int, tick: Callable[[], bool] | None = None
+) -> EvalResult:
+    """One greedy episode in each env (env i reset with ``seed + i``); returns their statistics.
+
+    ``tick`` is called once per lockstep step, so a long evaluation can keep heartbeating and
+    notice a stop request; when it returns True, ``EvaluationAborted`` is raised."""
+    obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+    returns = [0.0] * len(envs)
+    lengths = [0] * len(envs)
+    live = list(range(len(envs)))
+    while live:
+        if tick is not None and tick():
+            raise EvaluationAborted(f"stopped after {max(lengths)} steps")
+        actions = agent.act(np.stack([obs[i] for i in live]), explore=False)
+        still: list[int] = []
+        for i, action in zip(live, actions, strict=True):
+            obs[i], reward, terminated, truncated, _ = envs[i].step(action)
+            returns[i] += float(reward)
+            lengths[i] += 1
+            if not (terminated or truncated):
+                still.append(i)
+        live = still
+    return EvalResult(float(np.mean(returns)), float(np.std(returns)), returns, lengths)
+
+
+def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> LearningAgent:
+    """The agent's learning side on the CPU, sized for ``env``: what a full-state checkpoint
+    (``load_state_dict``) loads into (a continuous policy also needs the env's action bounds)."""
+    from zmqrl.agents import make_learner
+    from zmqrl.envs.factory import action_bounds, sample_spec
+
+    bounds = action_bounds(env)
+    return make_learner(
+        cfg.agent,
+        sample_spec(env),
+        device="cpu",
+        seed=seed,
+        action_low=bounds.get("action_low"),
+        action_high=bounds.get("action_high"),
+    )
+
+
+def make_eval_policy(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> Policy:
+    """The agent's acting side (torch-free where the agent allows), greedy, sized for ``env``: all
+    an evaluator of published weights needs."""
+    from zmqrl.agents import make_policy
+    from zmqrl.envs.factory import action_bounds, sample_spec
+
+    bounds = action_bounds(env)
+    return make_policy(
+        cfg.agent,
+        sample_spec(env),
+        seed=seed,
+        action_low=bounds.get("action_low"),
+        action_high=bounds.get("action_high"),
+    )
+
+
+def load_checkpoint_weights(agent: Policy, payload: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint's policy into ``agent``: a weights-only payload (``checkpoints/best`` of
+    an evaluator) through ``import_weights``, which any policy has; a full training state through
+    ``load_state_dict``, which only a learning agent (:func:`make_eval_agent`) has."""
+    from zmqrl.types import Weights
+
+    if payload.get("contents") == WEIGHTS_ONLY:
+        arrays = {name: tensor.numpy() for name, tensor in payload["weights"].items()}
+        # A fresh agent holds version 0 and import_weights only takes newer versions.
+        version = max(int(payload.get("version", 1)), 1)
+        if not agent.import_weights(Weights(version, arrays)):
+            raise ValueError(f"{path}: the agent refused the stored weights")
+    elif "agent" in payload:
+        if not isinstance(agent, LearningAgent):
+            raise ValueError(f"{path}: a full training state needs the learning agent (make_eval_agent)")
+        try:
+            agent.load_state_dict(payload["agent"])
+        except RuntimeError as exc:  # torch: a header line, then one line per missing key or size
+            first = (str(exc).splitlines()[1:] or [str(exc)])[0].strip()
+            raise ValueError(
+                f"{path}: the stored network does not fit the one this config builds ({first}); "
+                "play it with the config it was trained with (its run's config.yaml)"
+            ) from None
+    else:
+        raise ValueError(f"{path}: holds neither an agent state nor weights")
+
+
+def require_video_support() -> None:
+    """Fail before anything is played when episodes cannot be written as video."""
+    try:
+        import moviepy  # noqa: F401
+    except ImportError:
+        raise VideoUnavailable(
+            'recording videos needs moviepy, which is not installed: pip install -e ".[video]"'
+        ) from None
+
+
+def checkpoint_config(
+    payload: dict[str, Any],
+    path: Path,
+    config: Config | str | Path | None = None,
+    overrides: list[str] | None = None,
+    trust_config: bool = False,
+) -> Config:
+    """The config to play the checkpoint at ``path`` with, ``overrides`` applied last.
+
+    ``config`` is the caller's, trusted like any config they pass: a ``Config`` built in code, or a
+    YAML file read as ``zmqrl launch`` reads one (environment variables too). Without it the config
+    stored in the checkpoint is used, which may name code to import (``env.id`` or ``agent.kind``
+    as ``module:...``) only with ``trust_config`` or where ``overrides`` give that key: anything
+    else raises :class:`~zmqrl.code_trust.UntrustedCode` before any module is imported.
+    Registered names (gymnasium ids, built-in and installed agents) need neither.
+    """
+    from zmqrl.config import Config, config_from_dict, load_config
+
+    if isinstance(config, Config):
+        return config_from_dict(config.to_dict(), "<config built in code>", overrides, trusted=True)
+    if config is not None:
+        return load_config(config, overrides)
+    stored = payload.get("config")
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path}: holds no config to play it with; give one (--config FILE, config=...)")
+    return config_from_dict(stored, f"{path} (stored config)", overrides, trusted=trust_config)
+
+
+def evaluate_checkpoint(
+    path: Path,
+    episodes: int,
+    seed: int = 0,
+    overrides: list[str] | None = None,
+    video_dir: Path | None = None,
+    *,
+    config: Config | str | Path | None = None,
+    trust_config: bool = False,
+) -> EvalResult:
+    """Greedy episodes of a saved policy, on envs built from the config stored in the checkpoint,
+    or from ``config`` (see :func:`checkpoint_config`: a stored ``env.id`` / ``agent.kind`` that
+    names code to import needs ``trust_config``), with ``overrides`` (e.g. ``env.kwargs``) applied
+    last. Episode i resets with ``seed + i``.
+
+    With ``video_dir`` every episode is recorded to ``video_dir/eval-episode-<i>.mp4``
+    (``result.videos``); the episodes are then played one after another in a single rendering env
+    rather than in lockstep, same seeds."""
+    from zmqrl.checkpoints.files import load_checkpoint
+    from zmqrl.envs.factory import make_env
+
+    if video_dir is not None:
+        require_video_support()
+    payload = load_checkpoint(path)
+    cfg = checkpoint_config(payload, path, config, overrides, trust_config)
+    kind = payload.get("agent_kind", cfg.agent.kind)
+    if kind != cfg.agent.kind:
+        raise ValueError(f"{path}: weights of a '{kind}' agent, but the config asks for '{cfg.agent.kind}'")
+    if video_dir is None:
+        envs = [make_env(cfg.env, training=False) for _ in range(episodes)]
+    else:
+        envs = [_recording_env(cfg.env, video_dir)]
+    try:
+        agent = make_eval_agent(cfg, envs[0])
+        load_checkpoint_weights(agent, payload, path)
+        if video_dir is None:
+            return evaluate(agent, envs, seed=seed)
+        try:
+            played = [evaluate(agent, envs, seed=seed + i) for i in range(episodes)]
+        except gym.error.DependencyNotInstalled as exc:  # e.g. classic-control envs draw with pygame
+            raise VideoUnavailable(f"cannot render {cfg.env.id} for video: {exc}") from None
+    finally:
+        for env in envs:
+            env.close()  # RecordVideo writes the last episode's file here
+    returns = [r for result in played for r in result.returns]
+    lengths = [n for result in played for n in result.lengths]
+    videos = tuple(video_dir / f"{VIDEO_PREFIX}-episode-{i}.mp4" for i in range(episodes))
+    return EvalResult(
+        float(np.mean(returns)),
+        float(np.std(returns)),
+        returns,
+        lengths,
+        tuple(v for v in videos if v.is_file()),
+    )
+
+
+def _recording_env(env_cfg: EnvConfig, video_dir: Path) -> gym.Env[Any, Any]:
+    """The evaluation-flavour env, rendering RGB frames, wrapped to record every episode."""
+    from gymnasium.wrappers import RecordVideo
+
+    from zmqrl.envs.factory import make_env
+
+    # Frames are drawn off-screen: keep pygame-based renderers from looking for a display (and
+    # printing "error: XDG_RUNTIME_DIR is invalid" on headless machines).
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    rendering = dataclasses.replace(env_cfg, kwargs={**env_cfg.kwargs, "render_mode": "rgb_array"})
+    return RecordVideo(
+        make_env(rendering, training=False),
+        str(video_dir),
+        episode_trigger=lambda _: True,
+        name_prefix=VIDEO_PREFIX,
+    )

@@ -1,0 +1,1 @@
+"""The learner process and everything it runs: ingest, training, checkpointing, reporting."""

@@ -1,0 +1,265 @@
+"""The learner's checkpoints: what goes in one, writing `latest` and `best`, resuming (the version
+file is zmqrl.learner.versions)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zmqrl.checkpoints.files import (
+    BEST,
+    LATEST,
+    LEGACY_REPLAY,
+    PERIODIC_PREFIX,
+    REPLAY_PREFIX,
+    load_resumable,
+    prune,
+    remove_stale_temps,
+    replay_name,
+    save_checkpoint,
+    write_failure,
+)
+from zmqrl.checkpoints.snapshots import CheckpointWriter, detached, read_replay_snapshot
+from zmqrl.errors import ConfigError
+from zmqrl.learner.versions import VERSION_FILE as VERSION_FILE  # re-exported for the trainer
+from zmqrl.learner.versions import PublishedVersions as PublishedVersions
+from zmqrl.replay import replay_footprint
+from zmqrl.replay.memory import format_bytes
+from zmqrl.runtime import testhooks
+from zmqrl.transport.fingerprint import FingerprintMismatch, fingerprint_mismatch
+from zmqrl.types import TransitionBatch
+
+if TYPE_CHECKING:
+    from zmqrl.learner.trainer import Trainer
+
+# Payload key: the paired replay snapshot's row count and total_added, or None when none was saved.
+REPLAY_ENTRY = "replay_snapshot"
+# Fingerprint keys that are config settings (the others, obs.* and action.*, follow from env.*):
+# the ones a resume compares with the checkpoint's stored config.
+SETTING_SECTIONS = ("env", "agent")
+
+log = logging.getLogger("zmqrl.learner")
+
+
+class Checkpoints:
+    """Writes the trainer's state: ``latest`` periodically (in the background when asked, from
+    copies taken under the counters' lock) and at the end, each with its replay snapshot, and
+    ``best`` after an improved evaluation; restores the newest readable pair on resume."""
+
+    def __init__(self, trainer: Trainer, on_crash: Callable[[BaseException], None], background: bool) -> None:
+        self.trainer = trainer
+        self.directory = trainer.run_dir / "checkpoints"
+        self.background = background  # serial mode writes each checkpoint before going on
+        cfg = trainer.cfg.checkpoint
+        row_bytes = replay_footprint(1, trainer.spec, prioritized=False)
+        self._replay_rows = int(cfg.replay_max_mb * 2**20 // row_bytes) if cfg.replay else 0
+        self.writer = CheckpointWriter(
+            self.directory, cfg.keep, on_crash, _slow_checkpoint_hook, between=self._torn_pair_hook
+        )
+        self.held_seconds = 0.0  # how long the last save_latest held the training thread (copies)
+        self._clean_up()
+        self._say_replay_plan(row_bytes)
+
+    def _clean_up(self) -> None:
+        """Remove what interrupted writes left: temp files (a learner killed mid-write, over and
+        over on a full disk, would otherwise fill it) and snapshots whose checkpoint never came."""
+        mine = [PERIODIC_PREFIX, REPLAY_PREFIX, LATEST, LEGACY_REPLAY]
+        if self.trainer.evaluates:  # else `best` is the evaluator's, maybe being written right now
+            mine.append(BEST)
+        stale = remove_stale_temps(self.directory, mine)
+        if stale:
+            log.info(
+                "removed %d temp file(s) (%s) left by interrupted checkpoint writes in %s",
+                len(stale),
+                format_bytes(sum(size for _, size in stale)),
+                self.directory,
+            )
+        if self.directory.is_dir():
+            for orphan in prune(self.directory, keep=None):
+                log.info("removed %s: its checkpoint was never written", orphan)
+
+    def _say_replay_plan(self, row_bytes: int) -> None:
+        """One line at start: how much replay each checkpoint keeps, and what that costs on disk."""
+        cfg = self.trainer.cfg
+        if not cfg.checkpoint.replay:
+            log.info("checkpoint.replay is false: checkpoints save no replay; a resumed learner starts empty")
+            return
+        if self._replay_rows == 0:
+            log.warning(
+                "one replay row (%s) is more than checkpoint.replay_max_mb %d: checkpoints save no replay",
+                format_bytes(row_bytes),
+                cfg.checkpoint.replay_max_mb,
+            )
+            return
+        rows = min(cfg.replay.capacity, self._replay_rows)
+        size = rows * row_bytes
+        partial = (
+            f" (only the newest {rows} of replay.capacity {cfg.replay.capacity}: "
+            f"raise checkpoint.replay_max_mb {cfg.checkpoint.replay_max_mb} to save them all)"
+            if rows < cfg.replay.capacity
+            else ""
+        )
+        log.info(
+            "each checkpoint saves up to %d replay rows%s, at most %s each before compression; "
+            "checkpoint.keep %d pairs: at most %s of snapshots on disk, one more while a pair is written",
+            rows,
+            partial,
+            format_bytes(size),
+            cfg.checkpoint.keep,
+            format_bytes(size * cfg.checkpoint.keep),
+        )
+
+    def payload(self) -> dict[str, Any]:
+        """Everything a resumed learner needs; the caller holds the counters' lock, so that the
+        counts agree with each other (and with a replay snapshot taken under the same lock)."""
+        t = self.trainer
+        return {
+            "agent": t.agent.state_dict(),
+            "counters": t.counters.to_checkpoint(),
+            "eval": t.evals.state(),
+            "replay_rng": t.replay.rng_state(),
+            "config": t.cfg.to_dict(),
+        }
+
+    def save_latest(self, final: bool = False, tick: Callable[[], None] | None = None) -> None:
+        """Checkpoint and its replay snapshot from copies taken under the lock (the only time the
+        training thread is held: ``held_seconds``); the final one (and every one in serial mode)
+        is on disk before this returns."""
+        t = self.trainer
+        snap: TransitionBatch | None = None
+        started = time.perf_counter()
+        with t.counters.lock:  # counters and replay snapshot from the same instant
+            payload = detached(self.payload())
+            if self._replay_rows:
+                snap = t.replay.snapshot(self._replay_rows)  # as saved: dense rows, the newest
+            total_added = t.replay.total_added
+        self.held_seconds = time.perf_counter() - started
+        log.debug("checkpoint copies held the training thread %.1f ms", self.held_seconds * 1e3)
+        payload[REPLAY_ENTRY] = None if snap is None else {"rows": snap.size, "total_added": total_added}
+        updates = t.counters.updates
+        if final or not self.background:
+            # The final write may take longer than supervisor.progress_timeout: ``tick`` keeps
+            # reporting progress meanwhile, as this is not a hang.
+            self.writer.write_now(updates, payload, snap, total_added, tick=tick if self.background else None)
+        else:
+            self.writer.submit(updates, payload, snap, total_added)
+
+    def save_best(self) -> None:
+        with self.trainer.counters.lock:
+            payload = self.payload()
+        path = self.directory / BEST
+        try:
+            save_checkpoint(path, payload)
+        except OSError as exc:
+            raise write_failure(path, exc, self.trainer.run_dir) from exc
+
+    def restore(self) -> None:
+        """Load the newest readable checkpoint and its own replay snapshot into the trainer, after
+        checking that it is of this run's settings; one line says what was restored."""
+        t = self.trainer
+        try:
+            path, payload = load_resumable(self.directory, log)
+        except FileNotFoundError:
+            log.warning(
+                "asked to resume, but %s holds no readable checkpoint: starting fresh", self.directory
+            )
+            return
+        self._check_settings(path, payload.get("config"))
+        t.agent.load_state_dict(payload["agent"])
+        t.counters.restore(payload["counters"])
+        t.evals.load_state(payload.get("eval", {}))
+        if payload.get("replay_rng"):
+            t.replay.set_rng_state(payload["replay_rng"])
+        replay = self._restore_replay(payload)
+        log.info(
+            "resumed from %s: %d updates, %d samples, weights version %d; replay: %s",
+            path,
+            t.counters.updates,
+            t.counters.samples,
+            t.agent.weights_version,
+            replay,
+        )
+
+    def _check_settings(self, path: Path, stored: Any) -> None:
+        """Refuse to resume a checkpoint whose run settings (the fingerprint's env and agent keys:
+        env, network, n-step, gamma) differ from this config's, unless ``checkpoint.force_resume``.
+        Compares stored values only: nothing in the checkpoint is built into code."""
+        t = self.trainer
+        keys = [key for key in t.fingerprint if key.split(".", 1)[0] in SETTING_SECTIONS]
+        here = settings_at(t.cfg.to_dict(), keys)
+        there = settings_at(stored if isinstance(stored, Mapping) else {}, keys)
+        if not fingerprint_mismatch(here, there):
+            return
+        differ = FingerprintMismatch(here, there, there="the checkpoint")
+        if t.cfg.checkpoint.force_resume:
+            log.warning("%s (%s); resuming anyway, as checkpoint.force_resume asks", differ, path)
+            return
+        raise ConfigError(
+            f"refusing to resume from {path}: {differ}; to resume anyway give --force "
+            f"(checkpoint.force_resume=true), or start a new run (another run.name)"
+        )
+
+    def _torn_pair_hook(self, updates: int) -> None:
+        """The worst moment for a crash, in a test: the second pair's snapshot is on disk and its
+        checkpoint is not; the writer stops there for good (the training thread goes on)."""
+        if self.writer.written and testhooks.fire_once(testhooks.TORN_PAIR_ONCE):
+            log.warning("test hook: the checkpoint writer stops before ckpt at %d updates", updates)
+            testhooks.block_forever()
+
+    def _restore_replay(self, payload: dict[str, Any]) -> str:
+        """Fill replay from the checkpoint's own snapshot; says what it restored, or why nothing."""
+        t = self.trainer
+        updates = t.counters.updates
+        entry = payload.get(REPLAY_ENTRY, ...)
+        if entry is None:
+            return "empty (this checkpoint was saved without replay: checkpoint.replay was false)"
+        name = replay_name(updates) if isinstance(entry, Mapping) else LEGACY_REPLAY
+        snapshot = self.directory / name
+        if not snapshot.is_file():
+            return f"empty ({name} is missing)"
+        try:
+            found = read_replay_snapshot(snapshot, updates)
+            if found is None:
+                return f"empty ({name} belongs to another checkpoint)"
+            batch, total_added = found
+            t.replay.restore(batch, total_added)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("replay snapshot %s unreadable (%s)", snapshot, exc)
+            return f"empty ({name} is unreadable)"
+        return f"{batch.size} rows from {name}"
+
+
+def settings_at(config: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
+    """The values at dotted ``keys`` of a config mapping, as plain data (absent keys left out)."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        node: Any = config
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                break
+            node = node[part]
+        else:
+            out[key] = _plain(node)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Plain data to compare: sequences as lists, and anything but a scalar, list or mapping as a
+    short tag (a stored config is data; its values are compared, never called)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return f"<{type(value).__name__}>"
+
+
+def _slow_checkpoint_hook() -> None:
+    delay = testhooks.hook(testhooks.SLOW_CHECKPOINT)
+    if delay:
+        log.warning("test hook: checkpoint write sleeps %s s", delay)
+        time.sleep(float(delay))

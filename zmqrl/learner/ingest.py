@@ -1,0 +1,253 @@
+"""Ingest: what happens to a decoded samples message before it is in replay (ratio, lag, insert)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from zmqrl.config import Config
+from zmqrl.core import Replay
+from zmqrl.learner.state import LearnerCounters
+from zmqrl.replay import NoLimit, RateLimiter
+from zmqrl.runtime import testhooks
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
+from zmqrl.transport.groups import SampleGroup
+from zmqrl.transport.wire import SamplesMsg, WireError
+
+log = logging.getLogger("zmqrl.learner")
+
+# Longest single wait on the replay-ratio limiter, so waiting threads still see stops.
+LIMITER_WAIT_SECONDS = 0.1
+# Ingest thread: wait this long for a message before re-checking its stop flag.
+INGEST_POLL_MS = 100
+# Ingest thread: messages drained per wake-up before yielding the replay lock to the trainer.
+INGEST_MAX_DRAIN = 64
+# Ingest thread: queued messages merged into one content scan and one replay add (small rows).
+INGEST_GROUP_MESSAGES = 16
+# Ingest budget: the most CPU time the ingest thread may bank while idle, so a burst after a quiet
+# spell holds the GIL for at most this long before the budget makes it pause.
+BUDGET_BURST_SECONDS = 0.005
+
+
+def group_limit(spec: SampleSpec) -> int:
+    """Messages ingest merges into one replay add: several for small rows, one for rows that
+    arrive zero-copy by default (merging would copy them; see SampleReceiver)."""
+    return INGEST_GROUP_MESSAGES if spec.obs_bytes < ZERO_COPY_MIN_OBS_BYTES else 1
+
+
+def largest_add(spec: SampleSpec, max_message_mb: int) -> int:
+    """The most rows one replay add of ingest can carry, whatever peers send: a group's messages,
+    each within the spec's batch limit and with an observation column of at most
+    ``transport.max_message_mb`` (a larger frame never reaches the learner). Shared-frame replay's
+    worst-case memory depends on it (zmqrl.replay.factory.replay_footprint)."""
+    per_message = min(spec.max_batch, max_message_mb * 2**20 // max(1, spec.obs_bytes))
+    return max(1, per_message) * group_limit(spec)
+
+
+def warn_if_queues_hide_lag(cfg: Config) -> None:
+    """With a replay ratio, every queued transition is inserted late: say so when the OS's TCP
+    buffers are left at their (large) default."""
+    if cfg.learner.samples_per_insert is not None and not cfg.transport.samples_buffer_kb:
+        log.warning(
+            "learner.samples_per_insert is set but transport.samples_buffer_kb is 0: transitions "
+            "waiting in the OS's TCP buffers will be inserted long after they were acted (see "
+            "policy_lag); consider --set transport.samples_buffer_kb=4 --set transport.samples_hwm=1"
+        )
+
+
+class IngestBudget:
+    """Caps the ingest thread's share of the process's time, so training keeps the GIL.
+
+    The trainer and the ingest thread share one GIL. Unbounded, a flood of samples (uncapped
+    actors, no replay ratio) has the ingest thread decoding and inserting ~90% of the time, and
+    the trainer, which gives the GIL up at every torch call, waits to get it back after each one:
+    measured, 490 updates/s fell to 47. This is a token bucket on the thread's own CPU time
+    (``time.thread_time``, which does not count time spent waiting for the GIL): it earns
+    ``share`` seconds per second, banks at most ``BUDGET_BURST_SECONDS``, and pauses the thread
+    when it is spent. While it pauses the socket is not read, so actors feel it as backpressure,
+    like the replay-ratio limiter's. ``share`` None: no cap.
+    """
+
+    def __init__(
+        self,
+        share: float | None,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share = share
+        self._cpu_clock = cpu_clock
+        self._clock = clock
+        self._tokens = BUDGET_BURST_SECONDS
+        self._last_wall = clock()
+        self._last_cpu = cpu_clock()
+        self.paused_seconds = 0.0  # time the thread was held back (stats: "ingest_budget_wait_s")
+
+    def restart(self) -> None:
+        """Start earning from now, with a full burst (what ran before is not charged)."""
+        self._tokens = BUDGET_BURST_SECONDS
+        self._last_wall, self._last_cpu = self._clock(), self._cpu_clock()
+
+    def wait_time(self) -> float:
+        """Seconds to pause now (0: go on). Call from the ingest thread only (its CPU clock)."""
+        if self.share is None:
+            return 0.0
+        wall, cpu = self._clock(), self._cpu_clock()
+        earned = (wall - self._last_wall) * self.share
+        self._tokens = min(BUDGET_BURST_SECONDS, self._tokens + earned - (cpu - self._last_cpu))
+        self._last_wall, self._last_cpu = wall, cpu
+        if self._tokens >= 0:
+            return 0.0
+        # Once spent, wait until half a burst is earned back: a few long pauses and bursts of
+        # several messages cost less (wake-ups, cold caches) than one message per wake-up.
+        return (BUDGET_BURST_SECONDS / 2 - self._tokens) / self.share
+
+    def pause(self, stop: threading.Event) -> None:
+        """Wait until the budget allows more work (or ``stop`` is set)."""
+        seconds = self.wait_time()
+        if seconds > 0:
+            self.paused_seconds += seconds
+            stop.wait(seconds)
+
+
+class Ingest:
+    """Admits valid samples messages into replay, all or nothing, and counts them.
+
+    A batch waits for the replay-ratio limiter (backpressure: while it waits the socket is not
+    read, so the actors' queues fill and their sends block); a batch acted with weights more than
+    ``max_policy_lag`` versions older than those published is dropped and counted instead.
+
+    One check needs the learner's state, so it is made here rather than by the receiver: a batch
+    stamped with a weights version above the newest published one (no actor can hold it: a
+    forged stamp, which would otherwise pass any ``max_policy_lag`` with a negative lag) is a bad
+    message: counted in the receiver's tally (``bad`` of ``accept_group``), logged, dropped alone.
+    """
+
+    def __init__(
+        self,
+        replay: Replay,
+        limiter: RateLimiter | NoLimit,
+        counters: LearnerCounters,
+        *,
+        spec: SampleSpec,
+        published_version: Callable[[], int],
+        min_replay_size: int,
+        max_policy_lag: int | None,
+        max_share: float | None = None,
+    ) -> None:
+        self.spec = spec
+        # Messages refused here when no receiver's tally is given (serial mode, benchmarks).
+        self.bad = BadMessages("learner ingest", log)
+        self.replay = replay
+        self.limiter = limiter
+        self.counters = counters
+        self._published_version = published_version
+        self._min_replay_size = min_replay_size
+        self._max_policy_lag = max_policy_lag
+        self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
+        self.budget = IngestBudget(max_share)  # learner.ingest_max_share
+        # Test hook, looked up once: the ingest path must not read the environment per batch.
+        self._fault_armed = testhooks.hook(testhooks.INGEST_FAULT_ONCE) is not None
+        self.note_replay_size()
+
+    def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
+        """Insert (or drop as stale or bad) one message; False if ``stop`` was set while it waited."""
+        return self.accept_group(SampleGroup.of([msg]), stop)
+
+    def accept_group(
+        self, group: SampleGroup, stop: threading.Event | None = None, bad: BadMessages | None = None
+    ) -> bool:
+        """Insert a group's messages as one replay add (dropping, and counting, any too stale, and
+        any bad one in ``bad``, default ``self.bad``); False if ``stop`` was set while it waited
+        for the replay ratio.
+
+        Under a replay ratio, give it groups of one message: a group waits for room for all of
+        its rows at once, and room is at most the limiter's tolerance.
+        """
+        admitted = self._admitted(group, bad or self.bad)
+        if admitted is None:
+            return True
+        group = admitted
+        n = group.size
+        counters = self.counters
+        second_batch = counters.samples > 0 or len(group.messages) > 1  # the hook's moment
+        if self._fault_armed and second_batch and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
+            raise RuntimeError("test hook: replay add failed")
+        while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
+            if stop is None or stop.is_set():
+                return False
+        # Lag is measured when a batch would enter replay; never negative (see _admitted: the
+        # published version only grows, so what was not from the future then is not now).
+        published = self._published_version()
+        lags = [published - msg.weights_version for msg in group.messages]
+        fresh: SampleGroup | None = group
+        stale: list[SamplesMsg] = []
+        if self._max_policy_lag is not None and max(lags) > self._max_policy_lag:
+            keep = [msg for msg, lag in zip(group.messages, lags, strict=True) if lag <= self._max_policy_lag]
+            stale = [msg for msg, lag in zip(group.messages, lags, strict=True) if lag > self._max_policy_lag]
+            fresh = SampleGroup.of(keep) if keep else None
+        with counters.lock:  # replay and counters change together, so a checkpoint sees them agree
+            for msg in stale:
+                counters.stale_batches += 1
+                counters.stale_samples += msg.batch.size
+            if fresh is not None:
+                self.replay.add(fresh.batch, fresh.priorities)
+                self.limiter.inserted(fresh.size)
+                counters.samples += fresh.size
+                counters.batches += len(fresh.messages)
+            for msg in group.messages:
+                counters.episodes += len(msg.episodes)
+                counters.episode_queue.extend(msg.episodes)
+            counters.lags.extend(lags)
+            counters.recent_lags.extend(lags)
+        self.note_replay_size()
+        return True
+
+    def _admitted(self, group: SampleGroup, bad: BadMessages) -> SampleGroup | None:
+        """``group`` less its bad messages (recorded in ``bad``); None if none is left."""
+        published = self._published_version()
+        keep = [msg for msg in group.messages if msg.weights_version <= published]
+        if len(keep) == len(group.messages):
+            return group
+        for msg in group.messages:
+            if msg.weights_version > published:
+                bad.record(
+                    WireError(
+                        f"weights_version {msg.weights_version} is above the newest published "
+                        f"({published}): no actor can have acted with it"
+                    )
+                )
+        return SampleGroup.of(keep) if keep else None
+
+    def note_replay_size(self) -> None:
+        if len(self.replay) >= self._min_replay_size:
+            self.replay_ready.set()
+
+    def drain(self, receiver: SampleReceiver, stop: threading.Event) -> None:
+        """The ingest thread's loop: receive, validate (in the receiver) and accept until ``stop``,
+        within the thread's share of the process's time (``learner.ingest_max_share``) once
+        training can start: filling replay to ``min_replay_size`` goes as fast as it can."""
+        budget, capped = self.budget, False
+        # Merge messages only where it pays and is safe: small rows (large ones arrive zero-copy,
+        # and merging would copy them), and no replay ratio (see accept_group).
+        merge = not receiver.zero_copy and isinstance(self.limiter, NoLimit)
+        limit = group_limit(self.spec) if merge else 1  # never more rows than largest_add
+        while not stop.is_set():
+            if not receiver.wait(INGEST_POLL_MS):
+                continue
+            if not capped and self.replay_ready.is_set():
+                budget.restart()
+                capped = True
+            drained = 0
+            while drained < INGEST_MAX_DRAIN:
+                group = receiver.recv_group(limit)
+                if group is None:
+                    break
+                self.accept_group(group, stop, receiver.bad)
+                drained += len(group.messages)
+                if capped and budget.wait_time() > 0:
+                    break
+            if capped:
+                budget.pause(stop)

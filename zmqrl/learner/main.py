@@ -1,0 +1,320 @@
+"""The learner process: a Trainer wired to the samples and weights sockets, ingest thread and supervisor."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from zmqrl.checkpoints.files import CheckpointWriteError
+from zmqrl.config import Config
+from zmqrl.learner.ingest import warn_if_queues_hide_lag
+from zmqrl.learner.reporting import LearnerReports, write_stats
+from zmqrl.learner.trainer import (
+    ENDED_MAX_SECONDS,
+    ENDED_MAX_STEPS,
+    ENDED_MAX_UPDATES,
+    ENDED_TARGET_HELD,
+    Trainer,
+    stops_at_target,
+)
+from zmqrl.metrics import Logger, run_logger
+from zmqrl.runtime import testhooks
+from zmqrl.runtime.guard import ThreadDied, start_guarded
+from zmqrl.runtime.link import (
+    END_ACTORS_DONE,
+    SupervisorLink,
+    launch_time,
+    socket_limits,
+    transport_security,
+)
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
+from zmqrl.types import Weights
+
+# Main loop: updates between (cheap, time-gated) housekeeping calls.
+HOUSEKEEPING_EVERY = 8
+# How long the closing weights socket may take to deliver the learner's stop announcement.
+STOP_LINGER_MS = 500
+# While waiting for the first transitions, the learner answers joining actors this often: the
+# run's start waits on each actor's first weights.
+WAIT_TICK_SECONDS = 0.02
+# Longest single wait for the replay ratio to admit an update, so the loop still heartbeats.
+TRAIN_WAIT_SECONDS = 0.1
+
+log = logging.getLogger("zmqrl.learner")
+
+
+class Learner:
+    """Owns the sockets, the ingest thread and the run directory around a :class:`Trainer`.
+
+    ``run()`` blocks until ``learner.max_updates``, ``learner.max_seconds``, the target held
+    (``learner.stop_at_target``: its own evaluations, or the supervisor's word for the evaluator's),
+    a stop broadcast or ``request_stop()``; then it evaluates once more, checkpoints, reports and
+    closes everything.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        ctx: zmq.Context | None = None,
+        logger: Logger | None = None,
+        run_dir: Path | None = None,
+        resume: bool = False,
+        link: SupervisorLink | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.resume = resume  # continue from the run directory's newest readable checkpoint
+        self._ctx = ctx or zmq.Context.instance()
+        self._link = link  # made by the process main before torch loaded, or here in run()
+        self.run_dir = run_dir if run_dir is not None else cfg.run_dir
+        self._logger = logger
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()  # set once sockets are bound and `endpoints` is filled
+        self.endpoints: dict[str, str] = {}
+        self.stats: dict[str, Any] = {}
+        self._ingest_stop = threading.Event()
+        self._thread_error: tuple[str, BaseException] | None = None  # a background thread that died
+        self._ignored_end: str | None = None  # a supervisor's end request this learner does not act on
+        self.trainer: Trainer | None = None
+        self.reports: LearnerReports | None = None  # built by run() once the sockets are bound
+        self._auth: Any = None  # the Curve authenticator, when the run uses keys
+        self._state = "failed"  # what the final heartbeat reports; run() sets it when it gets there
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+    # What tests and tools read while it runs: the trainer's counters (0 before it is built).
+    updates = property(lambda self: self.trainer.counters.updates if self.trainer else 0)
+    samples = property(lambda self: self.trainer.counters.samples if self.trainer else 0)
+    batches = property(lambda self: self.trainer.counters.batches if self.trainer else 0)
+    stale_batches = property(lambda self: self.trainer.counters.stale_batches if self.trainer else 0)
+
+    @property
+    def parts(self) -> Trainer:
+        """The trainer, once ``run()`` built it."""
+        assert self.trainer is not None, "the learner builds its trainer in run()"
+        return self.trainer
+
+    fingerprint = property(lambda self: self.parts.fingerprint)
+    replay = property(lambda self: self.parts.replay)
+    limiter = property(lambda self: self.parts.limiter)
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        torch.set_num_threads(cfg.learner.torch_threads)
+        # The link first: whatever fails after it, the supervisor hears this learner's final state.
+        self.link = self._link or SupervisorLink(self._ctx, cfg, "learner", 0)
+        self.link.attach(self.stop_event)
+        # Everything built is closed again in reverse order, each step even if one before it
+        # failed; the final stats and heartbeat come last before the link itself.
+        with contextlib.ExitStack() as built:
+            built.callback(self.link.close)
+            built.callback(self._report_end)
+            self.trainer = trainer = Trainer(
+                cfg,
+                self.run_dir,
+                self._send_weights,
+                resume=self.resume,
+                on_thread_death=self._background_died,
+                progress=lambda: self.link.progress(),
+            )
+            built.callback(trainer.close)
+            self.agent = trainer.agent
+            warn_if_queues_hide_lag(cfg)
+            limits = socket_limits(cfg)
+            security = transport_security(cfg)
+            if security is not None:  # authentication must be running before a Curve server socket binds
+                self._auth = security.start_authenticator(self._ctx)
+                built.callback(self._auth.stop)
+            insecure = cfg.transport.insecure
+            samples_sock, samples_ep = sockets.samples_pull(
+                self._ctx, cfg.transport.samples, limits, security=security, insecure=insecure
+            )
+            built.callback(samples_sock.close, linger=0)
+            weights_sock, weights_ep = sockets.weights_pub(
+                self._ctx, cfg.transport.weights, limits, security=security, insecure=insecure
+            )
+            built.callback(weights_sock.close, linger=STOP_LINGER_MS)
+            self.endpoints = {"samples": samples_ep, "weights": weights_ep}
+            self.receiver = SampleReceiver(samples_sock, trainer.spec, BadMessages("learner samples", log))
+            self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
+            built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
+            launched = launch_time(log)
+            trainer.tb = tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
+            built.callback(tb.close)
+            self.reports = reports = LearnerReports(
+                trainer,
+                tb,
+                bad_messages=lambda: self.receiver.bad.count,
+                seqs=self.receiver.seqs,
+                extra=self._extra,
+            )
+            trainer.on_scalars = reports.log_scalars
+            trainer.start(launched)
+            self.started = time.monotonic()
+            ingest = start_guarded(
+                lambda: trainer.ingest.drain(self.receiver, self._ingest_stop),
+                "ingest",
+                self._background_died,
+            )
+            built.callback(self._stop_ingest, ingest)
+            self.ready.set()
+            log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
+            trainer.publish()  # first publish: actors adopt the learner's weights
+            self._wait_for_replay()
+            if not self.stop_event.is_set() and trainer.ended is None:
+                self._train()
+            self._raise_if_thread_died()
+            finished = not self.stop_event.is_set()  # max_updates, max_seconds or the target held
+            trainer.finish(finished)
+            self._state = "finished" if finished else "stopped"
+        return self.stats
+
+    def _stop_ingest(self, ingest: threading.Thread) -> None:
+        self._ingest_stop.set()
+        self.parts.limiter.close()  # an ingest thread waiting for room must not outlive the run
+        ingest.join(timeout=5)
+
+    def _report_end(self) -> None:
+        """The final stats file, then the final heartbeat (a supervisor that hears it reads the
+        file): with the learner's counters once it got that far, else its state alone."""
+        state = self._state
+        try:
+            if self.reports is not None and self.trainer is not None:
+                self.receiver.bad.flush()  # drops still waiting for their rate-limited log line
+                final = self.reports.final_stats(state, self.endpoints)
+                self.stats = {**final, **self.trainer.end_stats(state)}
+            else:
+                self.stats = {"state": state}
+            write_stats(self.run_dir, self.stats)
+        finally:
+            counters = self._counters() if self.reports is not None else {}
+            self.link.final(state, counters, self.endpoints)
+
+    def _send_weights(self, weights: Weights, env_steps: int) -> None:
+        self.publisher.publish(weights, env_steps=env_steps)
+
+    def _extra(self) -> dict[str, float | int]:
+        # Curve handshakes refused (unknown or revoked keys).
+        return {"auth_denied": self._auth.denied} if self._auth is not None else {}
+
+    def _counters(self) -> dict[str, float | int]:
+        assert self.reports is not None, "counters are read once run() built its reports"
+        return self.reports.counters()
+
+    def _background_died(self, exc: BaseException) -> None:
+        """A background thread (ingest, checkpoint writer) died: the main loop raises ThreadDied
+        at its next housekeeping, so the process exits non-zero and is restarted from its checkpoint."""
+        if self._thread_error is None:
+            self._thread_error = (threading.current_thread().name, exc)
+        self.stop_event.set()
+        if self.trainer is not None:
+            self.trainer.limiter.close()  # wake a trainer waiting on data that will never come
+
+    def _raise_if_thread_died(self) -> None:
+        if self._thread_error is not None:
+            name, exc = self._thread_error
+            if isinstance(exc, CheckpointWriteError):  # a full disk: the operator's (exit 2), not a bug
+                raise exc
+            raise ThreadDied(f"the learner's {name} thread died: {type(exc).__name__}: {exc}") from exc
+
+    def _housekeeping(self, useful: bool = False) -> None:
+        """``useful``: updates were made since the last call (waiting for data is not work)."""
+        self._raise_if_thread_died()
+        self.publisher.republish_if_due(self.cfg.learner.republish_seconds)
+        self.receiver.bad.maybe_flush()  # a burst of drops that stopped is still reported
+        self.link.tick(self._counters, self.endpoints, useful=useful)
+        assert self.reports is not None
+        self.reports.progress_line_if_due()
+        self._heed_end_request()
+
+    def _heed_end_request(self) -> None:
+        """With a separate evaluator the learner does not see the evaluations: the supervisor, told
+        by the evaluator's heartbeats that the target is held, says so in its own heartbeats on
+        the control channel (zmqrl/transport/control.py), and the run ends here as at its end.
+        Acted on only with this learner's own ``learner.stop_at_target``, so a learner whose config
+        does not ask for it never ends early; an unknown request is logged once and ignored.
+        The supervisor also asks once every actor has reached ``actor.max_steps``: no data will
+        come any more (a replay ratio would wait for it forever), so the run ends as serial
+        mode's does there."""
+        assert self.trainer is not None
+        request = self.link.control.end_request
+        if request is None or self.trainer.ended is not None or request == self._ignored_end:
+            return
+        if request == END_ACTORS_DONE:
+            log.info("every actor reached actor.max_steps: ending the run")
+            self.trainer.end(ENDED_MAX_STEPS)
+            return
+        if request == ENDED_TARGET_HELD and stops_at_target(self.cfg):
+            log.info("the supervisor reports the evaluator held the target return")
+            self.trainer.end(request)
+            return
+        self._ignored_end = request
+        log.warning(
+            "the supervisor asks to end the run (%s); ignored: learner.stop_at_target is not set here "
+            "(or the request is unknown)",
+            request,
+        )
+
+    def _wait_for_replay(self) -> None:
+        """Sleep (no spinning) until replay holds ``min_replay_size`` transitions, keeping the
+        weights republished and the supervisor informed meanwhile."""
+        assert self.trainer is not None
+        ready = self.trainer.ingest.replay_ready
+        self.trainer.ingest.note_replay_size()  # e.g. restored from a snapshot
+        if ready.is_set():
+            return
+        log.info("waiting for %d transitions before the first update", self.cfg.learner.min_replay_size)
+        while not ready.wait(timeout=min(WAIT_TICK_SECONDS, self.cfg.learner.republish_seconds)):
+            self._housekeeping()
+            if self.stop_event.is_set() or self.trainer.ended is not None:
+                return
+
+    def _train(self) -> None:
+        assert self.trainer is not None
+        trainer, lcfg = self.trainer, self.cfg.learner
+        deadline = self.started + lcfg.max_seconds if lcfg.max_seconds else math.inf
+        log.info("training: %d updates of batch %d", lcfg.max_updates, self.cfg.agent.batch_size)
+        crash_after = testhooks.crash_after_updates()
+        if crash_after is not None:  # this process's own updates, whatever it resumed from
+            crash_after += trainer.counters.updates
+        while trainer.counters.updates < lcfg.max_updates:
+            if not trainer.can_train(TRAIN_WAIT_SECONDS):
+                self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
+                if self._leaving(deadline):
+                    return
+                continue
+            trainer.train_step()
+            if trainer.ended is not None:  # the evaluation in this step held the target
+                return
+            updates = trainer.counters.updates
+            if updates == 1 and testhooks.fire_once(testhooks.DEADLOCK_ONCE):
+                log.warning("test hook: the main loop deadlocks now")
+                testhooks.block_forever()
+            if updates == crash_after:
+                raise RuntimeError(f"test hook: the learner fails at update {updates}")
+            if updates % HOUSEKEEPING_EVERY == 0:
+                self._housekeeping(useful=True)
+                if self._leaving(deadline):
+                    return
+        trainer.end(ENDED_MAX_UPDATES)
+
+    def _leaving(self, deadline: float) -> bool:
+        """Whether the training loop ends now: stopped, at an end already decided, or past
+        ``learner.max_seconds`` (which is then the end's reason)."""
+        assert self.trainer is not None
+        if self.stop_event.is_set() or self.trainer.ended is not None:
+            return True
+        if time.monotonic() > deadline:
+            self.trainer.end(ENDED_MAX_SECONDS)
+            return True
+        return False

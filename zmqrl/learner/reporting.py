@@ -1,0 +1,181 @@
+"""What the learner reports: its counters, TensorBoard scalars, progress lines and final stats."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from zmqrl import strictjson
+from zmqrl.metrics import Logger, fmt_value
+from zmqrl.transport.sequence import SequenceTracker
+
+if TYPE_CHECKING:
+    from zmqrl.learner.trainer import Trainer
+
+STATS_FILE = "learner-stats.json"
+# Keys of a replay draw's metrics (zmqrl.core.Sampled.metrics) among an update's: logged as replay/.
+REPLAY_DRAW_PREFIX = "per_"
+
+log = logging.getLogger("zmqrl.learner")
+
+
+class LearnerReports:
+    """Reads the trainer (and the receiving side's counts) into reports; changes nothing.
+
+    ``bad_messages`` and ``seqs`` are the receiving side's: the samples socket's malformed
+    messages and per-actor sequence accounting (serial mode has its own tracker and no drops);
+    ``extra`` adds role-specific counts (e.g. Curve handshakes refused).
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        tb: Logger,
+        *,
+        bad_messages: Callable[[], int],
+        seqs: SequenceTracker,
+        extra: Callable[[], dict[str, float | int]] = dict,
+    ) -> None:
+        self.trainer = trainer
+        self.tb = tb
+        self._bad_messages = bad_messages
+        self.seqs = seqs
+        self._extra = extra
+        self._rate_mark = (time.monotonic(), trainer.counters.updates, trainer.counters.samples)
+        self._last_progress = time.monotonic()
+
+    def counters(self) -> dict[str, float | int]:
+        t = self.trainer
+        c = t.counters
+        elapsed = max(c.training_seconds(), 1e-9)
+        with c.lock:
+            samples, batches, episodes = c.samples, c.batches, c.episodes
+            stale_batches, stale_samples = c.stale_batches, c.stale_samples
+        lag = c.recent_lag()
+        reached = t.evals.reached or {}
+        held = t.evals.held or {}
+        limits = t.limiter.stats
+        seqs = self.seqs.totals()
+        return {
+            **t.replay.stats(),
+            **self._extra(),
+            "lost_batches": seqs["lost_batches"],
+            "reordered_batches": seqs["reordered_batches"],
+            "actor_restarts": seqs["actor_restarts"],
+            "untracked_batches": seqs["untracked_batches"],
+            "policy_lag": lag,
+            "stale_batches": stale_batches,
+            "stale_samples": stale_samples,
+            "samples_per_insert": limits["ratio"],
+            "sample_blocked_seconds": limits["sample_blocked_seconds"],
+            "insert_blocked_seconds": limits["insert_blocked_seconds"],
+            "ingest_budget_seconds": t.ingest.budget.paused_seconds,
+            "updates": c.updates,
+            "samples": samples,
+            "batches": batches,
+            "episodes": episodes,
+            "replay_size": len(t.replay),
+            "replay_mb": t.replay.nbytes / 2**20,
+            "weights_version": t.published_version,
+            "bad_messages": self._bad_messages(),
+            "nonfinite_updates": t.nonfinite.total,
+            "updates_per_s": c.updates / elapsed,
+            "samples_per_s": samples / elapsed,
+            "duration": elapsed,
+            "evaluations": len(t.evals.history),  # the dashboard's eval history grows when this does
+            "eval_return": t.evals.last,
+            "eval_best": t.evals.best_or_nan,
+            "target_time": reached.get("time", math.nan),
+            "target_samples": reached.get("samples", math.nan),
+            "target_updates": reached.get("updates", math.nan),
+            "target_held_time": held.get("time", math.nan),
+            "target_held_samples": held.get("samples", math.nan),
+            "target_held_updates": held.get("updates", math.nan),
+        }
+
+    def final_stats(self, state: str, endpoints: dict[str, str]) -> dict[str, Any]:
+        return {
+            **self.counters(),
+            "per_actor": self.seqs.per_actor(),  # which actor feeds the learner, and how well
+            "eval_history": self.trainer.evals.history,
+            "endpoints": endpoints,
+            "state": state,
+        }
+
+    def progress_line_if_due(self) -> None:
+        t = self.trainer
+        now = time.monotonic()
+        if now - self._last_progress < t.cfg.learner.progress_seconds:
+            return
+        self._last_progress = now
+        c = self.counters()
+        # With the evaluator on, evaluations are the evaluator's (its log, the supervisor's lines).
+        separate = t.cfg.evaluator.enabled
+        evals = "evaluator" if separate else "eval %s (best %s)"
+        log.info(
+            "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | " + evals,
+            c["updates"],
+            t.cfg.learner.max_updates,
+            c["samples"],
+            c["samples_per_s"],
+            c["updates_per_s"],
+            c["replay_size"],
+            c["weights_version"],
+            *(() if separate else (fmt_value(c["eval_return"]), fmt_value(c["eval_best"]))),
+        )
+
+    def log_scalars(self, metrics: dict[str, float]) -> None:
+        """Every learner tag of docs/metrics.md: returns at env steps, the rest at updates.
+
+        ``metrics`` is the update's (the agent's loss terms) plus the replay draw's, whose keys
+        start with ``per_`` (prioritized experience replay): those go under ``replay/``."""
+        t = self.trainer
+        step = t.counters.updates
+        tb = self.tb
+        for key, value in metrics.items():
+            space = "replay" if key.startswith(REPLAY_DRAW_PREFIX) else "losses"
+            tb.scalar(f"{space}/{key}", value, step)
+        episodes, lags = t.counters.take_for_report()
+        samples = t.counters.samples
+        for ep in episodes:
+            tb.scalar("charts/episodic_return", ep.ret, samples)
+            tb.scalar("charts/episodic_length", ep.length, samples)
+        if lags:
+            tb.scalar("learner/policy_lag_min", float(np.min(lags)), step)
+            tb.scalar("learner/policy_lag_mean", float(np.mean(lags)), step)
+            tb.scalar("learner/policy_lag_max", float(np.max(lags)), step)
+        tb.scalar("learner/stale_batches", t.counters.stale_batches, step)
+        limits = t.limiter.stats
+        tb.scalar("replay/samples_per_insert", limits["ratio"], step)
+        tb.scalar("perf/sample_blocked_seconds", limits["sample_blocked_seconds"], step)
+        tb.scalar("perf/insert_blocked_seconds", limits["insert_blocked_seconds"], step)
+        tb.scalar("perf/ingest_budget_seconds", t.ingest.budget.paused_seconds, step)
+        now = time.monotonic()
+        t0, u0, s0 = self._rate_mark
+        if now > t0:
+            tb.scalar("perf/updates_per_s", (step - u0) / (now - t0), step)
+            tb.scalar("perf/samples_per_s", (samples - s0) / (now - t0), step)
+        self._rate_mark = (now, step, samples)
+        tb.scalar("replay/size", len(t.replay), step)
+        tb.scalar("replay/megabytes", t.replay.nbytes / 2**20, step)
+        for key, value in t.replay.stats().items():
+            tb.scalar(f"replay/{key}", value, step)
+        tb.scalar("learner/weights_version", t.published_version, step)
+        tb.scalar("learner/bad_messages", self._bad_messages(), step)
+        tb.scalar("learner/nonfinite_updates", t.nonfinite.total, step)
+        seqs = self.seqs.totals()
+        tb.scalar("learner/lost_batches", seqs["lost_batches"], step)
+        tb.scalar("learner/reordered_batches", seqs["reordered_batches"], step)
+        tb.scalar("learner/actor_restarts", seqs["actor_restarts"], step)
+
+
+def write_stats(run_dir: Path, stats: dict[str, Any]) -> None:
+    path = run_dir / STATS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(strictjson.dumps(stats, indent=2))

@@ -1,0 +1,334 @@
+"""The learner without sockets or threads: builds replay and agent from the config, trains, evaluates.
+
+The learner process and serial mode drive the same ``Trainer``: they differ only in where samples
+come from and where published weights go (``publish_to``), and in whether ingest runs on a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zmqrl.agents import make_learner
+from zmqrl.agents.deferred import update_skipped
+from zmqrl.config import Config
+from zmqrl.envs.factory import action_bounds, make_env, sample_spec
+from zmqrl.errors import ConfigError
+from zmqrl.evaluator.greedy import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
+from zmqrl.learner.checkpointing import VERSION_FILE, Checkpoints, PublishedVersions
+from zmqrl.learner.ingest import Ingest, largest_add
+from zmqrl.learner.nonfinite import (
+    NonFiniteTraining,
+    NonFiniteUpdates,
+    refuse_nonfinite_state,
+    refuse_nonfinite_weights,
+)
+from zmqrl.learner.state import LearnerCounters
+from zmqrl.metrics import Logger
+from zmqrl.replay import make_rate_limiter, make_replay
+from zmqrl.replay.memory import format_bytes
+from zmqrl.transport import wire
+from zmqrl.transport.control import TARGET_HELD
+from zmqrl.transport.fingerprint import run_fingerprint
+from zmqrl.transport.wire import MAX_ARRAYS, Fingerprint, WeightsMsg
+from zmqrl.types import Weights
+
+log = logging.getLogger("zmqrl.learner")
+
+# Receives each published snapshot and the env steps (transitions received) it was trained on.
+PublishTo = Callable[[Weights, int], None]
+# Why a run reached its end, as the final stats' "ended" says (a stopped or failed run says its state).
+ENDED_MAX_UPDATES = "max_updates"
+ENDED_MAX_SECONDS = "max_seconds"
+ENDED_MAX_STEPS = "actor max_steps"  # serial mode: every actor reached actor.max_steps
+ENDED_TARGET_HELD = TARGET_HELD  # learner.stop_at_target: the target return held target_hold times
+
+
+def check_weights_fit(
+    spec: Mapping[str, tuple[tuple[int, ...], str]],
+    agent_kind: str,
+    fingerprint: Fingerprint,
+    max_message_mb: int,
+) -> None:
+    """Refuse a network whose weights message subscribers would drop: a message larger than
+    ``transport.max_message_mb`` over all its frames is dropped as it is read (and ZeroMQ itself
+    refuses any one frame above it), so actors and the evaluator would act with their initial
+    weights forever without a word. Measured on the message as encoded, from the agent's
+    ``weights_spec()`` (zeros of those shapes: exporting would bump the agent's version). A
+    network of more tensors than one message may carry (the wire format's MAX_ARRAYS) is
+    refused the same way, before the encoder would fail on it."""
+    if len(spec) > MAX_ARRAYS:
+        raise ConfigError(
+            f"the {agent_kind} agent's published network has {len(spec)} tensors, more than the "
+            f"{MAX_ARRAYS} one weights message may carry (the wire format's limit): use fewer "
+            f"layers (agent.hidden_sizes: each hidden layer adds a weight and a bias)"
+        )
+    arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in spec.items()}
+    frames = wire.dump(WeightsMsg(weights=Weights(0, arrays), agent=agent_kind, fingerprint=fingerprint))
+    total = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+    limit = max_message_mb * 2**20
+    if total > limit:
+        need = math.ceil(total / 2**20)
+        raise ConfigError(
+            f"the weights message ({format_bytes(total)}) is larger than transport.max_message_mb "
+            f"{max_message_mb} ({format_bytes(limit)}): actors and the evaluator would drop every "
+            f"weights message; raise transport.max_message_mb to {need} or use a smaller network"
+        )
+
+
+class Trainer:
+    """Replay, agent, rate limiter, counters, evaluations and checkpoints of one learner.
+
+    ``progress`` is called while long work (an evaluation, the final checkpoint) runs, so a
+    supervised learner keeps reporting progress; ``on_thread_death`` receives the exception of a
+    background checkpoint write that failed.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        publish_to: PublishTo,
+        *,
+        resume: bool = False,
+        background_checkpoints: bool = True,
+        on_thread_death: Callable[[BaseException], None] | None = None,
+        progress: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self._publish_to = publish_to
+        self._progress = progress
+        lcfg = cfg.learner
+        # With a separate evaluator process the learner keeps one env, only to read the spaces.
+        n_eval = 1 if cfg.evaluator.enabled else lcfg.eval_episodes
+        self.eval_envs = [make_env(cfg.env, training=False) for _ in range(n_eval)]
+        # What the learner accepts: the env's spaces and bounds, and the run's value limits (a
+        # transition's reward is an n-step sum: n_step times the per-step limit; its discount
+        # is gamma ** k, k >= 1, or 0).
+        self.spec = sample_spec(
+            self.eval_envs[0],
+            max_abs_obs=cfg.transport.max_abs_obs,
+            max_abs_reward=cfg.transport.max_abs_reward * cfg.agent.n_step,
+            max_discount=cfg.agent.gamma,
+        )
+        # What this run's actors must share with it (env, spaces, network, n-step): sent with the weights.
+        self.fingerprint = run_fingerprint(cfg, self.spec)
+        self.replay = make_replay(
+            cfg.replay,
+            self.spec,
+            seed=cfg.run.seed,
+            log=log,
+            max_add_rows=largest_add(self.spec, cfg.transport.max_message_mb),
+        )
+        bounds = action_bounds(self.eval_envs[0])
+        self.agent = make_learner(
+            cfg.agent,
+            self.spec,
+            seed=cfg.run.seed,
+            action_low=bounds.get("action_low"),
+            action_high=bounds.get("action_high"),
+        )
+        check_weights_fit(
+            self.agent.weights_spec(), cfg.agent.kind, self.fingerprint, cfg.transport.max_message_mb
+        )
+        self.limiter = make_rate_limiter(
+            lcfg.samples_per_insert, lcfg.samples_per_insert_tolerance, lcfg.min_replay_size
+        )
+        self.counters = LearnerCounters()
+        self.evals = EvalTracker(lcfg.target_return, lcfg.target_hold)
+        self.versions = PublishedVersions(run_dir / VERSION_FILE)
+        # Until this learner publishes, the newest version any actor can hold is the highest
+        # published before (ingest refuses batches stamped above it, and lags count from it).
+        self.published_version = self.versions.highest
+        self.nonfinite = NonFiniteUpdates(lcfg.max_nonfinite_updates)
+        self.failure: str | None = None  # why the learner gave up (NonFiniteTraining), for the stats
+        self.checkpoints = Checkpoints(self, on_thread_death or _reraise, background_checkpoints)
+        if resume:
+            self.checkpoints.restore()
+        # Count the ratio from what replay holds now: a restored snapshot of at least min_replay_size
+        # puts the run exactly on the ratio's line, so a resumed learner neither waits for data it
+        # already has nor holds the actors back for training it has already done.
+        self.limiter.reset(inserted=min(len(self.replay), lcfg.min_replay_size))
+        # Number above anything published before in this run (a previous learner may have got
+        # further than its last checkpoint), so actors never see the version go backwards.
+        self.agent.continue_versions_after(self.versions.highest)
+        self.ingest = Ingest(
+            self.replay,
+            self.limiter,
+            self.counters,
+            spec=self.spec,
+            published_version=lambda: self.published_version,
+            min_replay_size=lcfg.min_replay_size,
+            max_policy_lag=lcfg.max_policy_lag,
+            max_share=lcfg.ingest_max_share,
+        )
+        self.tb: Logger | None = None  # set by the caller before training (reports use it)
+        self.on_scalars: Callable[[dict[str, float]], None] = lambda metrics: None
+        self.launched = time.time()  # "seconds" in the eval history count from here (see start)
+        # Why the run is ending (one of the ENDED_* reasons), once something decided it is: the
+        # loops that drive the trainer check it after every update and then finish as at their end.
+        self.ended: str | None = None
+        log.info("agent %s on %s", cfg.agent.kind, self.agent.device)
+
+    @property
+    def evaluates(self) -> bool:
+        """The learner evaluates unless a separate evaluator process does."""
+        return not self.cfg.evaluator.enabled
+
+    def start(self, launched: float) -> None:
+        """Start the training clock; ``launched`` (wall time) is what eval "seconds" count from."""
+        self.launched = launched
+        self.counters.start_clock()
+
+    def publish(self) -> None:
+        weights = self.agent.export_weights()
+        self._refuse(refuse_nonfinite_weights, weights.arrays, "publish weights")  # the last guard
+        self.versions.reserve(weights.version)  # on disk before any actor can hold it
+        self.published_version = weights.version
+        self._publish_to(weights, self.counters.samples)
+
+    def can_train(self, timeout: float = 0.0) -> bool:
+        """Whether the replay ratio (and min_replay_size) admits the next update."""
+        return self.limiter.await_sample(self.cfg.agent.batch_size, timeout)
+
+    def train_step(self) -> None:
+        """One update, then whatever falls due at its count: publish, scalars, eval, checkpoint.
+
+        With prioritized replay the update is importance-weighted and the batch's rows get their
+        new |TD error| priorities (rows overwritten meanwhile are skipped by the buffer). An
+        update the agent skipped for a non-finite loss or gradient is counted (and a run of them
+        ends the learner: NonFiniteTraining); a row whose TD error was not finite gets priority 0,
+        so what broke the update is rarely drawn again."""
+        lcfg = self.cfg.learner
+        batch_size = self.cfg.agent.batch_size
+        drawn = self.replay.sample(batch_size, self.counters.updates)
+        metrics = self.agent.update(drawn.batch, drawn.importance)
+        if drawn.ids is not None:  # prioritized: the rows' new priorities (agents may defer them)
+            td_errors = self.agent.last_td_errors
+            if not np.isfinite(td_errors).all():
+                td_errors = np.nan_to_num(td_errors, nan=0.0, posinf=0.0, neginf=0.0)
+            self.replay.update_priorities(drawn.ids, td_errors)
+        self.limiter.sampled(batch_size)
+        self.counters.updates += 1
+        updates = self.counters.updates
+        self._refuse(self.nonfinite.record, update_skipped(metrics), updates)
+        if updates % lcfg.sync_interval == 0:
+            self.publish()
+        if updates % lcfg.log_interval == 0:  # only now are the update's metrics read
+            self.on_scalars({**metrics, **drawn.metrics})
+        if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
+            self.evaluate()
+        if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:
+            self.save_latest()
+
+    def evaluate(self) -> EvalResult:
+        envs = self.eval_envs
+        seed = self.cfg.run.seed + EVAL_SEED_OFFSET + len(self.evals.history) * len(envs)
+        result = evaluate(self.agent, envs, seed=seed, tick=self._eval_tick)
+        c = self.counters
+        _, improved = self.evals.add(
+            result, updates=c.updates, samples=c.samples, seconds=time.time() - self.launched
+        )
+        if self.tb is not None:
+            # Returns are indexed by env steps (transitions received), as the evaluator's are.
+            self.tb.scalar("charts/eval_return", result.mean, c.samples)
+            self.tb.scalar("charts/eval_return_std", result.std, c.samples)
+        if improved:
+            self.save_best()
+        log.info(
+            "eval @ %d updates: %.1f ± %.1f over %d episodes%s",
+            c.updates,
+            result.mean,
+            result.std,
+            len(envs),
+            " (new best)" if improved else "",
+        )
+        if stops_at_target(self.cfg) and self.evals.holding:
+            self.end(ENDED_TARGET_HELD)
+        return result
+
+    def end(self, reason: str) -> None:
+        """Mark the run as at its end for ``reason``; the first reason given is the one kept (the
+        final evaluation of a run that reached max_updates may hold the target too: it still
+        ended at max_updates)."""
+        if self.ended is None:
+            self.ended = reason
+            if reason == ENDED_TARGET_HELD:
+                lcfg = self.cfg.learner
+                log.info(
+                    "target return %g held for %d evaluations in a row: ending the run "
+                    "(learner.stop_at_target)",
+                    lcfg.target_return,
+                    lcfg.target_hold,
+                )
+
+    def finish(self, finished: bool) -> None:
+        """The run's end: a last publish, the final evaluation (if the run reached its end and the
+        last one is not of these weights) and the final checkpoint, written before returning."""
+        self.publish()
+        last_eval = self.evals.history[-1]["updates"] if self.evals.history else -1
+        if self.evaluates and finished and last_eval != self.counters.updates:
+            self.evaluate()
+        self.save_latest(final=True)
+
+    def save_latest(self, final: bool = False) -> None:
+        """Checkpoint ``latest`` (the final one on disk before returning), unless the agent's state
+        holds a non-finite value: then NonFiniteTraining, and the newest checkpoint stays the last
+        finite one."""
+        self._refuse(refuse_nonfinite_state, self.agent.state_dict(), "checkpoint")
+        if final:
+            self.checkpoints.save_latest(final=True, tick=self._progress)
+        else:
+            self.checkpoints.save_latest()
+
+    def save_best(self) -> None:
+        """Checkpoint ``best`` (after an improved evaluation), as guarded as ``save_latest``."""
+        self._refuse(refuse_nonfinite_state, self.agent.state_dict(), "checkpoint")
+        self.checkpoints.save_best()
+
+    def end_stats(self, state: str) -> dict[str, Any]:
+        """What the final stats add about the run's end: ``ended`` (why a finished run ended; a
+        stopped or failed one says its state) and the record that first held the target."""
+        ended = (self.ended or ENDED_MAX_UPDATES) if state == "finished" else state
+        stats: dict[str, Any] = {"ended": ended, "target_held": self.evals.held}
+        if self.failure is not None:
+            stats["failure"] = self.failure
+        return stats
+
+    def close(self) -> None:
+        self.limiter.close()  # an ingest thread waiting for room must not outlive the run
+        for env in self.eval_envs:
+            env.close()
+        self.versions.close()
+
+    def _refuse(self, check: Callable[..., None], *args: Any) -> None:
+        """Run one of the non-finite guards; if it gives up, keep its reason for the final stats
+        and say it in the log before the exception ends the learner (exit 1)."""
+        try:
+            check(*args)
+        except NonFiniteTraining as exc:
+            if self.failure is None:
+                self.failure = str(exc)
+            log.error("%s", exc)
+            raise
+
+    def _eval_tick(self) -> bool:
+        """Progress during an evaluation (minutes of Atari episodes are not a hang); never abandons it."""
+        self._progress()
+        return False
+
+
+def stops_at_target(cfg: Config) -> bool:
+    """Whether this run ends once the target is held (validated: it then has a target_return)."""
+    return cfg.learner.stop_at_target and cfg.learner.target_return is not None
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc

@@ -1,1 +1,0 @@
-"""Roles: thin process mains (actor, learner, supervisor) that wire the parts together."""

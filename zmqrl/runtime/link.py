@@ -1,0 +1,349 @@
+"""A role's two channels to the supervisor: heartbeats out, stop broadcasts in, from a thread of
+its own.
+
+Alive is not the same as making progress. The heartbeat thread beats every
+``supervisor.heartbeat_interval`` whatever the main loop is doing (a long checkpoint, an
+evaluation, torch still importing), so silence means the process is dead or stopped. Each beat
+carries ``progress``: how many times the main loop called ``tick()``, and ``work``: how many of
+those rounds did useful work (an update, env steps; not waiting for replay or for a full queue),
+which is what the supervisor's restart policy calls a healthy run. A process whose beats go on but
+whose progress does not is *hung* after its role's hung timeout (zmqrl/supervisor/liveness.py):
+in a process main the link's watchdog (zmqrl/runtime/watchdog.py) then ends the process with
+exit 3, so any orchestrator replaces it. Process mains create the link first thing, before heavy
+imports, and hand it to the role, so even start-up is covered.
+
+The sockets belong to the heartbeat thread alone (ZeroMQ sockets are not thread-safe); the main
+thread only bumps counters and reads the stop flag.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import zmq
+
+from zmqrl.config import Config
+from zmqrl.runtime.guard import ThreadDied, start_guarded
+from zmqrl.runtime.health import HealthRecord, health_path, write_health
+from zmqrl.runtime.watchdog import Watchdog, end_hung_process
+from zmqrl.supervisor.liveness import PROGRESS_COUNTER, WORK_COUNTER, hung_timeout, startup_timeout
+from zmqrl.transport import sockets
+from zmqrl.transport.channels import BadMessages
+from zmqrl.transport.control import CONTROL_DROPS_COUNTER, ControlSubscriber, HeartbeatSender
+from zmqrl.transport.control_trust import role_control_auth
+from zmqrl.transport.keys import Security
+
+# Set by a supervisor in its children's environment (`launch`), or by an orchestrator for roles
+# that a watch-only `zmqrl supervise` tracks: they then watch the supervisor's heartbeat.
+SUPERVISED_ENV = "ZMQRL_SUPERVISED"
+# Set by `launch` to its own pid: a child whose parent is gone by the time it starts leaves at once.
+PARENT_PID_ENV = "ZMQRL_PARENT_PID"
+# Set by `launch` to when it began (Unix seconds): every "seconds" a run reports counts from it.
+LAUNCHED_ENV = "ZMQRL_LAUNCHED"
+# What a learner that crashed announces on the weights channel before it exits.
+LEARNER_FAILED = "learner failed"
+# What a learner that reached its end announces: the only announcement a supervised role leaves on
+# (a learner stopped or failed for any other reason is restarted, or the supervisor stops the run).
+LEARNER_FINISHED = "learner finished"
+# The supervisor's request to the learner (control.END_REQUEST_KEY) once every actor has reached
+# actor.max_steps: no more data will come, so the run ends as finished.
+END_ACTORS_DONE = "every actor done"
+# Seconds between polls of the control socket; bounds how late a stop broadcast is noticed.
+CONTROL_POLL_SECONDS = 0.1
+# How long close() waits for the heartbeat thread to finish its current beat.
+THREAD_JOIN_SECONDS = 2.0
+_PR_SET_PDEATHSIG = 1
+
+log = logging.getLogger("zmqrl.link")
+
+
+def transport_security(cfg: Config) -> Security | None:
+    """This process's Curve keys when the run uses them (``transport.keys_dir``), else None.
+
+    The client pair is ``transport.key_name``, so hosts with their own named keys (``zmqrl keys DIR
+    --client NAME``) can each be revoked alone.
+    """
+    if not cfg.transport.keys_dir:
+        return None
+    return Security.load(Path(cfg.transport.keys_dir), client=cfg.transport.key_name)
+
+
+def socket_limits(cfg: Config) -> sockets.SocketLimits:
+    t = cfg.transport
+    return sockets.SocketLimits(
+        samples_hwm=t.samples_hwm,
+        max_message_bytes=t.max_message_mb * 2**20,
+        linger_ms=t.linger_ms,
+        samples_buffer_bytes=t.samples_buffer_kb * 1024,
+    )
+
+
+def launch_time(log: logging.Logger | None = None) -> float:
+    """When the run began, in Unix seconds: the launch's start for a process it started, else (a
+    role started by hand) this moment, which is then said in the log."""
+    try:
+        return float(os.environ[LAUNCHED_ENV])
+    except (KeyError, ValueError):
+        if log is not None:
+            log.info("started by hand: reported seconds count from this process's start")
+        return time.time()
+
+
+def die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the process that started us dies (Linux), then check that it
+    has not died already (the request only covers deaths from now on). Called by the child itself
+    at start-up: setting it between fork and exec (``preexec_fn``) is unsafe in a parent that runs
+    threads, as a supervisor with an authenticator thread does."""
+    expected = os.environ.get(PARENT_PID_ENV)
+    if sys.platform != "linux" or not expected:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not glibc: rely on the control channel instead
+        return
+    if str(os.getppid()) != expected:
+        log.error("the supervisor (pid %s) is already gone: exiting", expected)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SupervisorLink:
+    """Heartbeats (with counters and progress) and stop broadcasts, serviced by a thread.
+
+    The main loop calls ``tick(counters)`` regularly: that is its progress (``useful=True`` when
+    the round did useful work), and returns whether to stop. ``final()`` sends the last heartbeat
+    with the final counters; ``close()`` ends it all. ``watchdog=True`` (process mains only) arms
+    the watchdog. Tests drive it without the thread (``start=False``) by calling ``service()``.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        cfg: Config,
+        role: str,
+        role_id: int,
+        stop_event: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        watch_supervisor: bool | None = None,
+        start: bool = True,
+        health_file: Path | None = None,
+        watchdog: bool = False,
+    ) -> None:
+        limits = socket_limits(cfg)
+        security = transport_security(cfg)
+        control_auth = role_control_auth(cfg, security, role, role_id)  # before any socket opens
+        scfg = cfg.supervisor
+        self._hb_sock = sockets.heartbeat_push(ctx, cfg.transport.heartbeat, limits, security=security)
+        self._ctl_sock = sockets.control_sub(ctx, cfg.transport.control, limits, security=security)
+        self.heartbeat = HeartbeatSender(
+            self._hb_sock, role, role_id, scfg.heartbeat_interval, clock, auth=control_auth
+        )
+        self.control = ControlSubscriber(
+            self._ctl_sock, BadMessages(f"{role}-{role_id} control", log), clock, auth=control_auth
+        )
+        self.role, self.role_id = role, role_id
+        self.stop_event = stop_event or threading.Event()
+        self.stop_reason = ""
+        self._clock = clock
+        self._next_control = 0.0
+        # Under a supervisor: leave if it falls silent (it died, or hangs), so no process of a run
+        # outlives its supervisor, whatever killed it. Until it is first heard from, wait for it
+        # up to join_timeout (an orchestrator may start the supervisor after the roles).
+        if watch_supervisor is None:
+            watch_supervisor = os.environ.get(SUPERVISED_ENV) == "1"
+        self.supervised = bool(watch_supervisor)
+        self._watch_timeout = scfg.heartbeat_timeout
+        # Started by `launch`, the supervisor is known to be up (and the kernel tells us if it dies):
+        # its first heartbeat is due within a start-up's time, not an orchestrator's.
+        started_by_supervisor = bool(os.environ.get(PARENT_PID_ENV))
+        self._join_timeout = scfg.startup_timeout if started_by_supervisor else scfg.join_timeout
+        self._control_endpoint = cfg.transport.control
+        self._created = clock()
+        self._joined_logged = False
+        self._health = health_file if health_file is not None else health_path()
+        self._health_limits = (scfg.heartbeat_timeout, hung_timeout(scfg, role))
+        self._watchdog = (
+            Watchdog(f"{role}-{role_id}", hung_timeout(scfg, role), startup_timeout(scfg), clock)
+            if watchdog
+            else None
+        )
+        # Shared with the main thread (plain attribute writes; the GIL makes each one atomic).
+        self._counters: Callable[[], Mapping[str, float | int]] | None = None
+        self._info: dict[str, str] = {}
+        # Every beat says where it comes from, so `zmqrl status` can show pid@host for processes
+        # that a watch-only supervisor did not start (another host, another container).
+        self._host = socket.gethostname()[:64]
+        self._state = "starting"
+        self._progress = 0
+        self._work = 0
+        self._progress_sent = -1
+        self._progress_wall = time.time()
+        self._closing = threading.Event()
+        self._error: BaseException | None = None
+        self._beat_lock = threading.Lock()  # final() must not interleave with a beat in flight
+        if self.supervised and self._join_timeout > 0:
+            log.info("watching the supervisor at %s", self._control_endpoint)
+        self._thread = start_guarded(self._run, f"heartbeat-{role}", self._crashed) if start else None
+
+    # ------------------------------------------------------------------ main-thread side
+    def attach(self, stop_event: threading.Event) -> None:
+        """Use the role's own stop event (a link made before the role exists has its own)."""
+        if self.stop_event.is_set():
+            stop_event.set()
+        self.stop_event = stop_event
+
+    def outlives(self, learner_stop_reason: str) -> bool:
+        """Whether to stay up through the learner's announced end. Under a supervisor only a
+        learner that finished ends the run: one that failed, or was stopped from outside (SIGTERM),
+        is restarted and its actors (and evaluator) are needed again, and a stop the supervisor
+        asked for reaches every role from the supervisor itself. Started by hand, a role leaves
+        with its learner whatever the reason."""
+        return self.supervised and learner_stop_reason != LEARNER_FINISHED
+
+    def tick(
+        self,
+        counters: Callable[[], Mapping[str, float | int]],
+        info: Mapping[str, str] | None = None,
+        state: str = "running",
+        useful: bool = False,
+    ) -> bool:
+        """Record progress (and what the next heartbeats report); ``useful``: this round did the
+        role's work (not only waited). Returns whether to stop. Raises ``ThreadDied`` if the
+        heartbeat thread died, so the role cannot go on unobserved."""
+        if self._error is not None:
+            raise ThreadDied(f"the heartbeat thread of {self.role}-{self.role_id} died") from self._error
+        self._counters = counters
+        if info is not None:
+            self._info = dict(info)
+        self._state = state
+        self._progress += 1
+        if useful:
+            self._work += 1
+        if self._thread is None:
+            self.service()
+        return self.stop_event.is_set()
+
+    def progress(self) -> None:
+        """Progress without a state change: for long work inside one step (an evaluation)."""
+        self._progress += 1
+
+    def final(
+        self, state: str, counters: Mapping[str, float | int], info: Mapping[str, str] | None = None
+    ) -> None:
+        """Last heartbeat with the final counters; the supervisor's summary is built from it."""
+        self._stop_thread()
+        self._state = state
+        with self._beat_lock:
+            self.heartbeat.beat(state, {**counters, **self._liveness_counters()}, self._with_host(info))
+            self._write_health()
+
+    def close(self) -> None:
+        self._stop_thread()
+        self._ctl_sock.close(linger=0)
+        self._hb_sock.close()  # default linger: lets the final heartbeat reach the supervisor
+
+    # ------------------------------------------------------------------ heartbeat thread
+    def service(self) -> None:
+        """One round of the heartbeat thread: control poll, supervisor watch, beat if due."""
+        now = self._clock()
+        if now >= self._next_control:
+            self._next_control = now + CONTROL_POLL_SECONDS
+            stop = self.control.poll_stop()
+            if stop is not None and not self.stop_event.is_set():
+                self.stop_reason = stop.reason or "stop broadcast"
+                log.info("stop received from supervisor: %s", self.stop_reason)
+                self.stop_event.set()
+            if self.supervised:
+                self._watch(now)
+        if self.heartbeat.due():
+            with self._beat_lock:
+                if not self._closing.is_set():
+                    self._beat()
+        if self._watchdog is not None and not self._closing.is_set():
+            reason = self._watchdog.check(self._progress)
+            if reason is not None:
+                self._state = "hung"
+                self._write_health()
+                end_hung_process(reason)
+
+    def _watch(self, now: float) -> None:
+        seen = self.control.supervisor_seen
+        if seen is not None and not self._joined_logged:
+            self._joined_logged = True
+            log.info("supervisor heard from after %.1f s", now - self._created)
+        if self.stop_event.is_set():
+            return
+        if seen is None:
+            waited = now - self._created
+            if waited > self._join_timeout:
+                self.stop_reason = (
+                    f"no supervisor at {self._control_endpoint} within {self._join_timeout:.0f} s"
+                )
+                log.error("%s: shutting down (supervisor.join_timeout)", self.stop_reason)
+                self.stop_event.set()
+            return
+        silent = now - seen
+        if silent > self._watch_timeout:
+            self.stop_reason = f"supervisor silent for {silent:.0f} s"
+            log.error("%s: shutting down (the run has lost its supervisor)", self.stop_reason)
+            self.stop_event.set()
+
+    def _beat(self) -> None:
+        counters = dict(self._counters()) if self._counters is not None else {}
+        progress = self._progress
+        if progress != self._progress_sent:
+            self._progress_sent = progress
+            self._progress_wall = time.time()
+        counters.update(self._liveness_counters())
+        self.heartbeat.beat(self._state, counters, self._with_host(None))
+        self._write_health()
+
+    def _liveness_counters(self) -> dict[str, int]:
+        return {
+            PROGRESS_COUNTER: self._progress,
+            WORK_COUNTER: self._work,
+            CONTROL_DROPS_COUNTER: self.control.bad.count,  # forged or malformed control messages
+        }
+
+    def _with_host(self, info: Mapping[str, str] | None) -> dict[str, str]:
+        return {**(info or self._info), "host": self._host}
+
+    def _write_health(self) -> None:
+        if self._health is None:
+            return
+        write_health(
+            self._health,
+            HealthRecord(
+                role=self.role,
+                id=self.role_id,
+                pid=os.getpid(),
+                state=self._state,
+                time=time.time(),
+                progress=self._progress,
+                progress_time=self._progress_wall,
+                heartbeat_timeout=self._health_limits[0],
+                progress_timeout=self._health_limits[1],
+            ),
+        )
+
+    def _run(self) -> None:
+        while not self._closing.wait(CONTROL_POLL_SECONDS):
+            self.service()
+
+    def _crashed(self, exc: BaseException) -> None:
+        self._error = exc
+        self.stop_event.set()
+
+    def _stop_thread(self) -> None:
+        self._closing.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=THREAD_JOIN_SECONDS)

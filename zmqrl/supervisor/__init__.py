@@ -1,0 +1,1 @@
+"""The supervisor: launch and watch-only supervision, liveness, restarts, dashboard, status."""
