@@ -5,6 +5,7 @@ that cannot die quietly (issue 9, items 1, 3, 16 and 17)."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -281,6 +282,26 @@ def test_the_heartbeat_thread_beats_while_the_main_loop_is_busy_and_reports_no_p
         assert time.time() - record.time < 1.0, "the health file is rewritten by every beat"
     finally:
         link.close()
+
+
+def test_the_health_file_carries_what_the_heartbeats_say_besides_counters(
+    ctx: zmq.Context, tmp_path: Path, supervisor_sockets: tuple[HeartbeatReceiver, str, str]
+) -> None:
+    """The learner's bound endpoints (port 0 resolved) reach its health file, so whoever started it
+    by hand finds them there; a file without ``info`` (an older zmqrl's) still reads."""
+    link = make_link(ctx, tmp_path, supervisor_sockets)
+    path = tmp_path / "health.json"
+    try:
+        link.tick(lambda: {"updates": 1}, {"samples": "tcp://127.0.0.1:5555"})
+        wait_until(lambda: path.is_file() and "samples" in read_health(path).info, 10, "a beat with info")
+        info = read_health(path).info
+        assert info["samples"] == "tcp://127.0.0.1:5555" and info["host"]
+    finally:
+        link.close()
+    older = json.loads(path.read_text())
+    del older["info"]
+    path.write_text(json.dumps(older))
+    assert read_health(path).info == {}
 
 
 def test_a_role_whose_heartbeat_thread_died_is_told_at_its_next_tick(

@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # Environment variable naming the file; unset: no file is written.
@@ -34,6 +34,9 @@ class HealthRecord:
     progress_time: float  # wall time at which `progress` last changed (the process start before any)
     heartbeat_timeout: float  # seconds without a beat after which the process counts as dead
     progress_timeout: float  # seconds without progress after which it counts as hung
+    # What its heartbeats say besides counters: the host, and for the learner the endpoints it
+    # really bound (port 0 resolved), so a script or test that starts a role by hand finds them.
+    info: dict[str, str] = field(default_factory=dict)
 
 
 def health_path(environ: dict[str, str] | None = None) -> Path | None:
@@ -55,7 +58,11 @@ def read_health(path: Path) -> HealthRecord:
     """The record in ``path``; raises ValueError (with a reason) if it is missing or unreadable."""
     try:
         data = json.loads(path.read_text())
-        return HealthRecord(**{k: data[k] for k in HealthRecord.__dataclass_fields__})
+        info = data.get("info", {})  # absent in a file an older zmqrl wrote
+        if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+            raise ValueError(f"info is not a map of strings: {info!r}")
+        fields = [k for k in HealthRecord.__dataclass_fields__ if k != "info"]
+        return HealthRecord(**{k: data[k] for k in fields}, info=info)
     except FileNotFoundError:
         raise ValueError(f"no health file at {path} (the role has not started its heartbeat)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:

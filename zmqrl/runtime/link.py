@@ -332,6 +332,7 @@ class SupervisorLink:
                 progress_time=self._progress_wall,
                 heartbeat_timeout=self._health_limits[0],
                 progress_timeout=self._health_limits[1],
+                info=self._with_host(None),
             ),
         )
 
