@@ -122,7 +122,7 @@ def test_a_resumed_learner_continues_counters_versions_and_replay(ctx: zmq.Conte
     actor_thread = start(actor.run)
     thread.join(timeout=120)
     actor_thread.join(timeout=30)
-    assert first.stats["updates"] == 300
+    assert first.stats["updates"] == 300 and "resumed_from" not in first.stats
     _, saved = load_resumable(tmp_path / "t" / "checkpoints")
     stored = len(first.replay)
 
@@ -144,6 +144,15 @@ def test_a_resumed_learner_continues_counters_versions_and_replay(ctx: zmq.Conte
     assert len(second.replay) == min(saved["counters"]["samples"], 5000)  # the snapshot, capacity-bound
     assert stats["weights_version"] > first.stats["weights_version"], "versions never go back"
     assert second.agent.updates == 400  # the agent's own counter (target-network schedule) continued too
+    resumed = dict(stats["resumed_from"])  # the final stats say where it resumed from
+    assert 0 < resumed.pop("weights_version") <= first.stats["weights_version"]
+    assert resumed == {
+        "path": str(tmp_path / "t" / "checkpoints" / "latest"),
+        "updates": 300,
+        "samples": saved["counters"]["samples"],
+        "replay_rows": len(second.replay),
+        "replay_file": "replay-0000000300.npz",
+    }
 
 
 def test_resuming_without_a_checkpoint_starts_fresh(ctx: zmq.Context, tmp_path: Path) -> None:
@@ -158,3 +167,4 @@ def test_resuming_without_a_checkpoint_starts_fresh(ctx: zmq.Context, tmp_path: 
     learner.request_stop()
     thread.join(timeout=30)
     sup.close()
+    assert "resumed_from" not in learner.stats, "nothing was resumed"

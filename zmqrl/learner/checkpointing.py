@@ -60,6 +60,10 @@ class Checkpoints:
             self.directory, cfg.keep, on_crash, _slow_checkpoint_hook, between=self._torn_pair_hook
         )
         self.held_seconds = 0.0  # how long the last save_latest held the training thread (copies)
+        # What restore() brought back (None: a fresh start), for the final stats: a restarted
+        # learner's stats say where it resumed from, so no one has to read it out of the log.
+        self.resumed_from: dict[str, Any] | None = None
+        self._replay_file: str | None = None  # the snapshot restore() refilled replay from
         self._clean_up()
         self._say_replay_plan(row_bytes)
 
@@ -174,6 +178,14 @@ class Checkpoints:
         if payload.get("replay_rng"):
             t.replay.set_rng_state(payload["replay_rng"])
         replay = self._restore_replay(payload)
+        self.resumed_from = {
+            "path": str(path),
+            "updates": t.counters.updates,
+            "samples": t.counters.samples,
+            "weights_version": t.agent.weights_version,
+            "replay_rows": len(t.replay),
+            "replay_file": self._replay_file,
+        }
         log.info(
             "resumed from %s: %d updates, %d samples, weights version %d; replay: %s",
             path,
@@ -226,6 +238,7 @@ class Checkpoints:
                 return f"empty ({name} belongs to another checkpoint)"
             batch, total_added = found
             t.replay.restore(batch, total_added)
+            self._replay_file = name
         except (OSError, ValueError, KeyError) as exc:
             log.warning("replay snapshot %s unreadable (%s)", snapshot, exc)
             return f"empty ({name} is unreadable)"

@@ -295,11 +295,14 @@ class Trainer:
 
     def end_stats(self, state: str) -> dict[str, Any]:
         """What the final stats add about the run's end: ``ended`` (why a finished run ended; a
-        stopped or failed one says its state) and the record that first held the target."""
+        stopped or failed one says its state), the record that first held the target, and for a
+        resumed learner ``resumed_from`` (the checkpoint, its counts, the replay rows restored)."""
         ended = (self.ended or ENDED_MAX_UPDATES) if state == "finished" else state
         stats: dict[str, Any] = {"ended": ended, "target_held": self.evals.held}
         if self.failure is not None:
             stats["failure"] = self.failure
+        if self.checkpoints.resumed_from is not None:
+            stats["resumed_from"] = self.checkpoints.resumed_from
         return stats
 
     def close(self) -> None:
