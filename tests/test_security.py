@@ -28,6 +28,7 @@ from zmqrl.transport.security import (
     authenticator_running,
     check_bind_allowed,
     is_loopback,
+    start_authenticator,
 )
 from zmqrl.types import TransitionBatch
 
@@ -61,7 +62,7 @@ def security(keys: Path) -> Security:
 
 @pytest.fixture
 def auth(ctx: zmq.Context, security: Security) -> Iterator[AuthenticatorHandle]:
-    handle = security.start_authenticator(ctx)
+    handle = start_authenticator(security, ctx)
     yield handle
     handle.stop()
 
@@ -304,12 +305,12 @@ def test_secured_bind_needs_the_server_secret(
 def test_authenticator_is_shared_per_context_and_stops_with_its_last_user(
     ctx: zmq.Context, security: Security, tmp_path: Path
 ) -> None:
-    first = security.start_authenticator(ctx)
-    second = security.start_authenticator(ctx)  # e.g. learner and supervisor in one process
+    first = start_authenticator(security, ctx)
+    second = start_authenticator(security, ctx)  # e.g. learner and supervisor in one process
     assert second.authenticator is first.authenticator
     create_keys(tmp_path / "other")
     with pytest.raises(SecurityError, match="already authorizes"):
-        Security.load(tmp_path / "other").start_authenticator(ctx)
+        start_authenticator(Security.load(tmp_path / "other"), ctx)
     first.stop()
     first.stop()  # idempotent
     assert authenticator_running(ctx)
@@ -458,7 +459,7 @@ def test_a_bad_key_name_is_a_config_error_naming_the_key() -> None:
 def test_a_named_key_gets_in_and_a_revoked_one_is_refused(tmp_path: Path, ctx: zmq.Context) -> None:
     keys_dir = named_keys(tmp_path, "alice", "bob")
     server = role_security(keys_dir, "alice")  # the learner's host holds the server pair too
-    with server.start_authenticator(ctx) as auth:
+    with start_authenticator(server, ctx) as auth:
         pull, endpoint = sockets.samples_pull(ctx, ANY_PORT, LIMITS, security=server)
         alice = sockets.samples_push(ctx, endpoint, LIMITS, security=role_security(keys_dir, "alice"))
         assert send_within(alice, samples_frames(1))
@@ -558,7 +559,7 @@ def test_the_supervisor_takes_a_heartbeat_only_from_a_key_bound_to_the_role_it_c
     from zmqrl.transport.control_auth import ControlAuth
 
     keys = role_keys(tmp_path)
-    handle = keys["client"].start_authenticator(ctx)
+    handle = start_authenticator(keys["client"], ctx)
     pull, endpoint = sockets.heartbeat_pull(ctx, ANY_PORT, LIMITS, security=keys["client"])
     receiver = HeartbeatReceiver(pull, BadMessages("heartbeats"), ControlAuth(curve_identities=True))
     # (key, role claimed, id claimed): only the last two keys may say what they claim.

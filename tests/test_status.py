@@ -38,6 +38,7 @@ from zmqrl.supervisor.status import (
 )
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.keys import Security, SecurityError, create_keys
+from zmqrl.transport.security import start_authenticator
 from zmqrl.transport.sockets import BindError, SocketLimits, status_router
 
 
@@ -186,7 +187,7 @@ def test_with_keys_zmqrl_status_asks_with_the_runs_client_key_and_strangers_get_
     keys = tmp_path / "keys"
     create_keys(keys)
     security = Security.load(keys)
-    auth = security.start_authenticator(ctx)
+    auth = start_authenticator(security, ctx)
     server = Served(ctx, a_snapshot, security=security)
     try:
         run_dir = tmp_path / "run"

@@ -37,6 +37,7 @@ from zmqrl.runtime.link import (
 )
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
+from zmqrl.transport.security import start_authenticator
 from zmqrl.types import Weights
 
 # Main loop: updates between (cheap, time-gated) housekeeping calls.
@@ -133,7 +134,7 @@ class Learner:
             limits = socket_limits(cfg)
             security = transport_security(cfg)
             if security is not None:  # authentication must be running before a Curve server socket binds
-                self._auth = security.start_authenticator(self._ctx)
+                self._auth = start_authenticator(security, self._ctx)
                 built.callback(self._auth.stop)
             insecure = cfg.transport.insecure
             samples_sock, samples_ep = sockets.samples_pull(

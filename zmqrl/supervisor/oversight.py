@@ -38,6 +38,7 @@ from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.control import CONTROL_DROPS_COUNTER, ControlPublisher, HeartbeatReceiver
 from zmqrl.transport.control_trust import supervisor_control_auth
+from zmqrl.transport.security import start_authenticator
 from zmqrl.transport.wire import HeartbeatMsg
 
 # Seconds between repeated stop broadcasts while processes are still alive.
@@ -112,7 +113,7 @@ class Oversight:
         # a fresh token per run, named in the config its children read).
         launching = self.command == "launch"
         control_auth, self.cfg = supervisor_control_auth(self.cfg, security, launching=launching)
-        auth = security.start_authenticator(self._ctx) if security else None
+        auth = start_authenticator(security, self._ctx) if security else None
         insecure = self.cfg.transport.insecure
         with contextlib.ExitStack() as opening:  # what is open so far is closed again if one fails
             if auth is not None:

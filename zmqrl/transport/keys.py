@@ -26,13 +26,9 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import zmq
 import zmq.auth
-
-if TYPE_CHECKING:
-    from zmqrl.transport.security import AuthenticatorHandle
 
 log = logging.getLogger("zmqrl.security")
 
@@ -273,22 +269,3 @@ class Security:
             authorized_dir=keys_dir / AUTHORIZED_DIR,
             client_name=client,
         )
-
-    def start_authenticator(self, ctx: zmq.Context) -> AuthenticatorHandle:
-        """Start (or join) the ZAP handler of ``ctx`` that admits clients listed in authorized_dir.
-
-        Call it before binding secured sockets in ``ctx`` (sockets.py refuses otherwise) and call
-        ``stop()`` on the result at shutdown, before the context is closed. Files added to or
-        removed from authorized_dir count from the next handshake on; connections already made stay
-        up until they drop. libzmq does not retry a handshake the authenticator refused, so a client
-        refused before its key was added must be restarted to get in.
-        """
-        if not self.authorized_dir.is_dir():
-            raise SecurityError(
-                f"{self.authorized_dir} is missing: servers need the list of authorized client keys. "
-                f"Run the binding roles on the host where `{KEYS_COMMAND}` made the keys."
-            )
-        # Imported here, not at the top: the runtime imports this module for Security and its errors.
-        from zmqrl.transport.security import shared_authenticator
-
-        return shared_authenticator(ctx, self.authorized_dir.resolve())

@@ -13,7 +13,7 @@ Two libzmq behaviours this module guards against, both verified against libzmq 4
   public key, and that key is public by design. Servers therefore set ``ZAP_DOMAIN`` together with
   ``ZAP_ENFORCE_DOMAIN``, which makes a missing handler refuse everyone instead, and
   :mod:`zmqrl.transport.sockets` refuses to bind a secured socket before
-  :meth:`Security.start_authenticator` has run for that context.
+  :func:`start_authenticator` has run for that context.
 * There is one ZAP endpoint per ``zmq.Context``. Roles may share a context (in-process tests, the
   singleton), so authenticators are shared per context and reference-counted.
 """
@@ -274,10 +274,28 @@ class AuthenticatorHandle:
         self.stop()
 
 
+def start_authenticator(security: Security, ctx: zmq.Context) -> AuthenticatorHandle:
+    """Start (or join) the ZAP handler of ``ctx`` that admits the clients listed in
+    ``security.authorized_dir``.
+
+    Call it before binding secured sockets in ``ctx`` (sockets.py refuses otherwise) and call
+    ``stop()`` on the result at shutdown, before the context is closed. Files added to or
+    removed from authorized_dir count from the next handshake on; connections already made stay
+    up until they drop. libzmq does not retry a handshake the authenticator refused, so a client
+    refused before its key was added must be restarted to get in.
+    """
+    if not security.authorized_dir.is_dir():
+        raise SecurityError(
+            f"{security.authorized_dir} is missing: servers need the list of authorized client keys. "
+            f"Run the binding roles on the host where `{KEYS_COMMAND}` made the keys."
+        )
+    return shared_authenticator(ctx, security.authorized_dir.resolve())
+
+
 def shared_authenticator(ctx: zmq.Context, directory: Path) -> AuthenticatorHandle:
     """Start the ZAP handler of ``ctx`` admitting the keys in ``directory``, or join the running one.
 
-    What :meth:`Security.start_authenticator` runs once it has checked the directory exists.
+    What :func:`start_authenticator` runs once it has checked the directory exists.
     """
     with _running_lock:
         shared = _running.get(id(ctx))

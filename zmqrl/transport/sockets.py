@@ -8,7 +8,7 @@ Who binds and who connects (see docs/architecture.md "Sockets and ports"):
 Security (README "Security"): every constructor takes ``security``. None (the default) means
 plaintext, which binding constructors allow on loopback only unless ``insecure`` is set. With
 keys, binding sockets are CurveZMQ servers and connecting sockets CurveZMQ clients; a context
-must run :meth:`Security.start_authenticator` before it binds a secured socket.
+must run :func:`zmqrl.transport.security.start_authenticator` before it binds a secured socket.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _server(
         # With the ZAP domain enforced, nobody could connect; say so now instead of hanging later.
         raise SecurityError(
             f"cannot bind {what} with CurveZMQ: no authenticator runs in this zmq.Context; "
-            f"call security.start_authenticator(ctx) before binding"
+            f"call start_authenticator(security, ctx) before binding"
         )
     sock = _base(ctx, kind, limits)
     _secure(sock, security, server=True)
