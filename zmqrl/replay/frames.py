@@ -40,6 +40,8 @@ import hashlib
 import mmap
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +64,20 @@ _LINUX_MAP_NORESERVE = 0x4000
 
 # One entry of an intern journal: (slot, came from the never-written range rather than the free list).
 Taken = tuple[int, bool]
+
+
+@dataclass
+class FramesUndo(Undo):
+    """An add's ``Undo`` plus what shared frames put back if it fails: the planes it interned."""
+
+    interned: list[np.ndarray] = field(default_factory=list)  # plane ids, obs then next_obs
+    taken: list[Taken] = field(default_factory=list)  # pool slots taken for them (``FramePool.intern``)
+
+
+def _frames_undo(undo: Undo) -> FramesUndo:
+    """``undo`` as the ``FramesUndo`` that every shared-frames add begins (``_SharedFrames._UNDO``)."""
+    assert isinstance(undo, FramesUndo), type(undo)
+    return undo
 
 
 def slots_for(capacity: int, planes: int, max_rows: int | None = None) -> int:
@@ -221,6 +237,8 @@ class _SharedFrames(UniformReplay):
     reserved for the worst case and becomes resident as distinct planes arrive.
     """
 
+    _UNDO: ClassVar[type[Undo]] = FramesUndo
+
     def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
         obs_shape = self._row_shapes[0]
         if len(obs_shape) < 2:
@@ -259,15 +277,16 @@ class _SharedFrames(UniformReplay):
 
     def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: Undo) -> None:
         m = batch.size - start
+        journal = _frames_undo(undo)
         slots = undo.slots  # (pos + arange(m)) % capacity
         obs_ids, action, reward, next_ids, discount = self._columns
         planes = obs_ids.shape[1]
         plane_shape = self._row_shapes[0][1:]
         for column in (batch.obs, batch.next_obs):
-            ids = self._pool.intern(column[start:].reshape(m * planes, *plane_shape), undo.taken)
-            undo.interned.append(ids)
-        obs_ids[slots] = undo.interned[0].reshape(m, planes)
-        next_ids[slots] = undo.interned[1].reshape(m, planes)
+            ids = self._pool.intern(column[start:].reshape(m * planes, *plane_shape), journal.taken)
+            journal.interned.append(ids)
+        obs_ids[slots] = journal.interned[0].reshape(m, planes)
+        next_ids[slots] = journal.interned[1].reshape(m, planes)
         action[slots] = batch.action[start:]
         reward[slots] = batch.reward[start:]
         discount[slots] = batch.discount[start:]
@@ -280,7 +299,8 @@ class _SharedFrames(UniformReplay):
         self._pool.release(old[old != _NO_PLANE])
 
     def _discard_locked(self, undo: Undo) -> None:
-        self._pool.undo_interns(undo.interned, undo.taken)
+        journal = _frames_undo(undo)
+        self._pool.undo_interns(journal.interned, journal.taken)
 
     def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
         obs_ids, action, reward, next_ids, discount = self._columns

@@ -26,17 +26,14 @@ frames.py) extend the transaction through the ``_begin_locked`` / ``_commit_lock
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Final
+from dataclasses import dataclass
+from typing import ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import DTypeLike
 
 from zmqrl.types import TransitionBatch
-
-if TYPE_CHECKING:
-    from zmqrl.replay.frames import Taken
 
 # Dtypes of the scalar columns; fixed by the TransitionBatch contract.
 REWARD_DTYPE = np.dtype(np.float32)
@@ -57,7 +54,8 @@ class Undo:
 
     ``_begin_locked`` records it, the add writes, and then either ``_commit_locked`` finishes the
     add (shared frames release the overwritten rows' planes only then) or, if anything raised on
-    the way, ``_rollback_locked`` puts every saved value back.
+    the way, ``_rollback_locked`` puts every saved value back. A subclass that has more to put back
+    records it in its own subclass of ``Undo``, named by its ``_UNDO`` (frames.py's ``FramesUndo``).
     """
 
     slots: IntArray  # ring slots the add writes
@@ -65,8 +63,6 @@ class Undo:
     scalars: dict[str, int]  # the counters named in ``_SCALARS``, before the add
     leaves: FloatArray | None = None  # prioritized: sum-tree leaves at ``slots``
     ordinals: IntArray | None = None  # prioritized: ``_ordinal`` at ``slots``
-    interned: list[np.ndarray] = field(default_factory=list)  # shared frames: plane ids interned
-    taken: list[Taken] = field(default_factory=list)  # shared frames: pool slots taken for them
 
 
 class UniformReplay:
@@ -78,6 +74,8 @@ class UniformReplay:
 
     # Counters an add may change: saved and restored with the rows (see ``Undo``).
     _SCALARS: ClassVar[tuple[str, ...]] = ("_pos", "_size", "_total_added")
+    # What ``_begin_locked`` records an add in: a subclass with more to undo names its own.
+    _UNDO: ClassVar[type[Undo]] = Undo
 
     def __init__(
         self,
@@ -222,7 +220,7 @@ class UniformReplay:
     # ------------------------------------------------------------------ transactions
     def _begin_locked(self, slots: IntArray) -> Undo:
         """Save what an add writing ``slots`` will change."""
-        return Undo(
+        return self._UNDO(
             slots=slots,
             rows=tuple(c.take(slots, axis=0) for c in self._columns),  # take: ~2x faster than c[slots]
             scalars={name: getattr(self, name) for name in self._SCALARS},
