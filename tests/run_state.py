@@ -1,0 +1,190 @@
+"""A run's state as tests read it: the supervisor's status snapshot, a role's health file, the files
+a run leaves (stats, checkpoints), never its log lines.
+
+Log lines are for people and may be reworded; what a test waits for or checks (a process up, a
+restart counted, the endpoints a learner bound, what it resumed from) is read where the product
+keeps it as data:
+
+- a launched run: ``RUN_DIR/supervisor.json`` says where its supervisor answers; the answer is the
+  same :class:`RunSnapshot` ``zmqrl status --json`` prints (a row per process: pid, state,
+  restarts, weights version);
+- a role started by hand: the health file its heartbeat thread rewrites (``ZMQRL_HEALTH_FILE``):
+  state, progress, and ``info`` (the learner's bound endpoints);
+- after the run: ``stats.json`` (the supervisor's summary), ``learner-stats.json``, checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zmqrl.runtime.health import HEALTH_FILE_ENV, HealthRecord, read_health
+from zmqrl.supervisor.snapshot import ProcessRow, RunSnapshot
+from zmqrl.supervisor.status import StatusError, StatusRecord, fetch_status
+from zmqrl.transport.keys import Security
+
+# Heartbeat states of a role whose main loop runs (past start-up): "starting" is the state its
+# heartbeat thread reports before the first round of the main loop.
+WORKING = ("running", "waiting", "blocked", "evaluating")
+# Seconds between two questions to a supervisor (each one costs its loop a snapshot).
+POLL_SECONDS = 0.1
+
+
+# ---------------------------------------------------------------------- a launched run: its supervisor
+def snapshot(run_dir: Path, timeout: float = 1.0) -> RunSnapshot | None:
+    """The run's status snapshot, as ``zmqrl status RUN_DIR --json`` gets it; None while no
+    supervisor answers (not started yet, or gone)."""
+    try:
+        record = StatusRecord.read(run_dir)
+    except StatusError:
+        return None  # being written
+    if record is None or record.state != "running":
+        return None
+    security = Security.load(Path(record.keys_dir), client=record.key_name) if record.keys_dir else None
+    try:
+        return fetch_status(record.endpoint, timeout, security=security)
+    except StatusError:
+        return None
+
+
+def process(run_dir: Path, name: str) -> ProcessRow | None:
+    """Row ``name`` ("learner-0", "actor-1") of the run's snapshot; None without an answer."""
+    snap = snapshot(run_dir)
+    if snap is None:
+        return None
+    return next((row for row in snap.processes if row.name == name), None)
+
+
+def is_up(row: ProcessRow | None) -> bool:
+    """Heard from, and past its start-up: its main loop has come round."""
+    return row is not None and row.pid is not None and row.state in WORKING
+
+
+def wait_for_process_row(
+    run_dir: Path,
+    name: str,
+    ok: Callable[[ProcessRow], bool],
+    timeout: float,
+    what: str,
+    alive: Callable[[], bool] | None = None,
+) -> ProcessRow:
+    """Poll the run's snapshot until row ``name`` satisfies ``ok``; returns that row. ``alive``
+    (say, the launch still running) ends the wait at once when it turns false."""
+    deadline = time.monotonic() + timeout
+    last: ProcessRow | None = None
+    while True:
+        last = process(run_dir, name) or last
+        if last is not None and ok(last):
+            return last
+        if alive is not None and not alive():
+            raise AssertionError(f"the run ended before {name} {what}; last seen: {last}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {name} {what}; last seen: {last}")
+        time.sleep(POLL_SECONDS)
+
+
+def wait_until_up(
+    run_dir: Path,
+    name: str,
+    timeout: float,
+    *,
+    restarts: int = 0,
+    alive: Callable[[], bool] | None = None,
+) -> ProcessRow:
+    """Wait for process ``name`` to be past its start-up, in its incarnation after ``restarts``
+    restarts of its slot (0: the first); returns its row (its pid is that process's)."""
+    return wait_for_process_row(
+        run_dir,
+        name,
+        lambda row: row.restarts >= restarts and is_up(row),
+        timeout,
+        f"up (after {restarts} restart(s))",
+        alive,
+    )
+
+
+# ---------------------------------------------------------------------- a role started by hand
+def with_health_file(path: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment for a role process that writes its health file to ``path``."""
+    return {**(environ if environ is not None else os.environ), HEALTH_FILE_ENV: str(path)}
+
+
+def health(path: Path) -> HealthRecord | None:
+    """The role's latest health record; None before its first beat."""
+    try:
+        return read_health(path)
+    except ValueError:
+        return None
+
+
+def wait_for_health(
+    path: Path,
+    ok: Callable[[HealthRecord], bool],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen[Any] | None = None,
+) -> HealthRecord:
+    """Poll the health file until ``ok``; fails at once when ``proc`` (the role) has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        record = health(path)
+        if record is not None and ok(record):
+            return record
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the role exited ({proc.returncode}) before {what}; last record: {record}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last record: {record}")
+        time.sleep(POLL_SECONDS / 2)
+
+
+def wait_for_endpoints(
+    path: Path, timeout: float, proc: subprocess.Popen[Any] | None = None
+) -> dict[str, str]:
+    """The endpoints a learner started by hand really bound (port 0 resolved), from its health
+    file: {"samples": ..., "weights": ...}."""
+    record = wait_for_health(
+        path, lambda r: "samples" in r.info and "weights" in r.info, timeout, "the learner's endpoints", proc
+    )
+    return {"samples": record.info["samples"], "weights": record.info["weights"]}
+
+
+def wait_until_role_up(path: Path, timeout: float, proc: subprocess.Popen[Any] | None = None) -> HealthRecord:
+    """A role started by hand is past its start-up: its main loop has come round."""
+    return wait_for_health(path, lambda r: r.state in WORKING, timeout, "the role's main loop", proc)
+
+
+# ---------------------------------------------------------------------- files a run leaves
+def run_stats(run_dir: Path) -> dict[str, Any]:
+    """``stats.json``: the supervisor's summary (or serial mode's)."""
+    data: dict[str, Any] = json.loads((run_dir / "stats.json").read_text())
+    return data
+
+
+def learner_stats(run_dir: Path) -> dict[str, Any]:
+    """``learner-stats.json``: the learner's final stats (state, counters, ``resumed_from``)."""
+    data: dict[str, Any] = json.loads((run_dir / "learner-stats.json").read_text())
+    return data
+
+
+def checkpointed_updates(run_dir: Path) -> int:
+    """The update count of the newest periodic checkpoint on disk (0: none yet)."""
+    names = [p.name for p in (run_dir / "checkpoints").glob("ckpt-*")]
+    return max((int(n.split("-")[1]) for n in names if n.split("-")[1].isdigit()), default=0)
+
+
+def published_version(run_dir: Path) -> int:
+    """The highest weights version the run's learner has published (``weights-version``; 0: none)."""
+    try:
+        return int((run_dir / "weights-version").read_text().split()[0])
+    except (FileNotFoundError, IndexError, ValueError):
+        return 0
+
+
+def noticed(row: ProcessRow) -> bool:
+    """The supervisor has judged the slot's process gone (down, a restart due, or done)."""
+    return row.restarts >= 1 or row.state in ("down", "given up") or row.state.startswith("restarting")
