@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from tests import run_state
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 from zmqrl.runtime.testhooks import CRASH_AFTER_UPDATES, HOOKS_ENV
 
@@ -51,6 +51,9 @@ class Launch:
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
 
     def wait_for(self, text: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -96,10 +99,12 @@ def assert_nothing_left(run_dir: Path) -> None:
 
 
 def launch_until_actor_runs(run_root: Path, **extra: object) -> tuple[Launch, int]:
-    """A launch whose actor 0 process is up; returns it and that actor's pid."""
+    """A launch whose actor 0 is past its start-up (the supervisor's snapshot shows its main loop
+    running); returns it and that actor's pid."""
     launch = Launch(tiny_overrides(run_root, **extra))
-    launch.wait_for("actor(s) started", 60)
-    return launch, wait_for_process(f"{run_root / 't'}/config.yaml --id 0", 30)
+    row = run_state.wait_until_up(run_root / "t", "actor-0", 90, alive=launch.running)
+    assert row.pid is not None
+    return launch, row.pid
 
 
 @pytest.mark.heavy  # runs for its 25 s budget by design: with the heavy runs
@@ -114,35 +119,30 @@ def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_ro
         supervisor__restart_backoff=0.5,
     )
     launch = Launch(overrides)
-    launch.wait_for("actor(s) started", 60)
-    actor_log = run_dir / "logs" / "actor-1.log"
-
-    synced = re.compile(r"weights version [1-9]\d* loaded; starting")
-
-    def replacement_synced() -> bool:
-        """The replacement (second incarnation) logged that it loaded the learner's weights."""
-        text = actor_log.read_text()
-        return text.count("actor 1 up") >= 2 and synced.search(text.rsplit("actor 1 up", 1)[1]) is not None
-
-    def kill_actor_1() -> None:
-        os.kill(wait_for_process(f"{run_dir}/config.yaml --id 1", 10), signal.SIGKILL)
-
-    wait_for_log(actor_log, "actor 1 up", 40)
-    kill_actor_1()  # from outside: replaced at the base delay
-    wait_until(
-        lambda: re.search(
-            r"actor-1 killed by SIGKILL from outside \(.*\); restarting it in 0\.5 s", launch.output
-        ),
-        10,
-        "the restart line",
+    first = run_state.wait_until_up(run_dir, "actor-1", 60, alive=launch.running)
+    assert first.pid is not None
+    os.kill(first.pid, signal.SIGKILL)  # from outside: replaced at the base delay
+    # The replacement runs once it has loaded the learner's weights (it waits for them first).
+    replacement = run_state.wait_for_process_row(
+        run_dir,
+        "actor-1",
+        lambda row: row.restarts == 1 and row.pid != first.pid and row.state == "running",
+        40,
+        "replaced and acting",
+        launch.running,
     )
-    wait_until(replacement_synced, 40, "the replacement to load the learner's weights")
+    assert replacement.weights_version is not None and replacement.weights_version >= 1
+    assert "actor-1 killed by SIGKILL from outside" in launch.output
+    assert "restarting it in 0.5 s" in launch.output, "a kill from outside: the base delay"
     # Its replacements cannot start (a bad edit of the run's config.yaml, which the others read
     # before): exit 2 needs the operator, so the slot is given up at once, not restarted in a loop.
     config = (run_dir / "config.yaml").read_text()
     (run_dir / "config.yaml").write_text(config.replace("actor:\n", "actor:\n  no_such_setting: 1\n", 1))
-    kill_actor_1()
-    launch.wait_for("the run goes on without it (degraded)", 30)
+    assert replacement.pid is not None
+    os.kill(replacement.pid, signal.SIGKILL)
+    run_state.wait_for_process_row(
+        run_dir, "actor-1", lambda row: row.state == "given up", 30, "given up", launch.running
+    )
 
     code = launch.finish(timeout=120)
     assert code == 0, launch.output
@@ -151,11 +151,8 @@ def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_ro
     assert len(given_up) == 1 and "actor-1 exited with code 2, which restarting cannot fix" in given_up[0]
     assert "unknown key 'actor.no_such_setting'" in given_up[0], "the role's own reason, in one line"
     assert_nothing_left(run_dir)
-    log_1 = actor_log.read_text()
-    assert "replacement actor: waiting for the learner's current weights" in log_1
-    assert synced.search(log_1), "replacement acted before syncing"
 
-    stats = json.loads((run_dir / "stats.json").read_text())
+    stats = run_state.run_stats(run_dir)
     learner = stats["learner"]
     assert learner["state"] == "finished" and learner["updates"] > 0 and learner["samples"] > 0
     actors = {a["actor_id"]: a for a in stats["actors"]}
@@ -165,15 +162,13 @@ def test_launch_replaces_a_killed_actor_then_goes_on_degraded_and_reports(run_ro
     assert actors[0]["end"] == "stopped"
     assert actors[1]["restarts"] == 2 and actors[1]["exit_code"] == 2 and actors[1]["end"] == "given up"
     assert stats["outcome"] == "finished"
-    log_0 = (run_dir / "logs" / "actor-0.log").read_text()
-    assert "stop received from supervisor" in log_0 or "stop announced by the learner" in log_0
+    assert actors[0]["state"] == "stopped", "actor 0 was told to stop, by the supervisor or the learner"
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_stops_every_process(run_root: Path, signum: int, code: int) -> None:
     run_dir = run_root / "t"
-    launch, _ = launch_until_actor_runs(run_root, learner__max_updates=1_000_000)
-    wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 60)  # every process past start-up
+    launch, _ = launch_until_actor_runs(run_root, learner__max_updates=1_000_000)  # past start-up
     launch.proc.send_signal(signum)
     assert launch.finish(timeout=60) == code, launch.output
     assert f"{signal.Signals(signum).name} received" in launch.output
@@ -225,16 +220,22 @@ def test_a_hung_actor_is_detected_by_its_silence_and_replaced(run_root: Path) ->
     launch, victim = launch_until_actor_runs(
         run_root, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=2.0
     )
-    # Past start-up. Whether the supervisor has heard a heartbeat yet does not matter: a stopped
-    # process is judged by the OS's word and its silence alike, both within heartbeat_timeout.
-    wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 60)
+    # Past start-up: a stopped process is judged by the OS's word and its silence alike, both
+    # within heartbeat_timeout.
     os.kill(victim, signal.SIGSTOP)  # alive to the OS, silent to the supervisor
     stopped_at = time.monotonic()
-    launch.wait_for("actor-0 (pid", 30)
+    run_state.wait_for_process_row(
+        run_dir,
+        "actor-0",
+        run_state.noticed,
+        30,
+        "found stopped",
+        launch.running,
+    )
     detected_after = time.monotonic() - stopped_at
-    launch.wait_for("actor-0 stopped from outside", 10)
     replacement = wait_for_process(f"{run_dir}/config.yaml --id 0", 30)
     assert replacement != victim
+    assert "actor-0 stopped from outside" in launch.output, "the operator is told why it was replaced"
     assert detected_after < 2.0 + 3.0, f"hang detected only after {detected_after:.1f} s"
     launch.proc.send_signal(signal.SIGINT)
     assert launch.finish(timeout=60) == 130, launch.output
@@ -277,18 +278,18 @@ def test_a_killed_learner_is_restarted_from_its_checkpoint_and_the_run_completes
             checkpoint__replay=True,
         )
     )
-    launch.wait_for("actor(s) started", 60)
-    wait_until((run_dir / "checkpoints" / "latest").is_file, 60, "a first checkpoint")
+    wait_until((run_dir / "checkpoints" / "latest").is_file, 90, "a first checkpoint")
     published_before = int((run_dir / "weights-version").read_text().split()[0])
     os.kill(learner_pid(run_dir), signal.SIGKILL)
-    launch.wait_for("restarting it from its latest checkpoint", 20)
 
     code = launch.finish(timeout=180)
     assert code == 0, launch.output
     assert_nothing_left(run_dir)
-    log = (run_dir / "logs" / "learner-0.log").read_text()
-    assert "resumed from" in log
-    stats = json.loads((run_dir / "stats.json").read_text())
+    assert "restarting it from its latest checkpoint" in launch.output
+    stats = run_state.run_stats(run_dir)
+    assert stats["learner"]["restarts"] == 1
+    assert stats["learner"]["resumed_from"]["path"] == str(run_dir / "checkpoints" / "latest")
+    assert stats["learner"]["resumed_from"]["updates"] >= 100
     assert stats["learner"]["state"] == "finished" and stats["learner"]["updates"] == 3000
     assert stats["learner"]["weights_version"] > published_before
     assert stats["actors"][0]["weights_version"] > published_before, "actors follow the restarted learner"
@@ -394,8 +395,7 @@ def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Pa
     run_dir = run_root / "t"
     overrides = tiny_overrides(run_root, learner__max_updates=1500, learner__checkpoint_interval=100)
     first = Launch(overrides)
-    first.wait_for("actor(s) started", 60)
-    wait_until(lambda: list((run_dir / "checkpoints").glob("ckpt-*")), 60, "a first checkpoint")
+    wait_until(lambda: run_state.checkpointed_updates(run_dir) > 0, 90, "a first checkpoint")
     first.proc.send_signal(signal.SIGINT)
     assert first.finish(timeout=60) == 130, first.output
     stopped_at = json.loads((run_dir / "learner-stats.json").read_text())["updates"]
@@ -404,9 +404,9 @@ def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Pa
     again = Launch(overrides)  # the same command: a stopped run is continued, not overwritten
     assert again.finish(timeout=120) == 0, again.output
     assert "holds a stopped run: continuing it" in again.output
-    stats = json.loads((run_dir / "stats.json").read_text())["learner"]
+    stats = run_state.run_stats(run_dir)["learner"]
     assert stats["state"] == "finished" and stats["updates"] == 1500
-    assert "resumed from" in (run_dir / "logs" / "learner-0.log").read_text()
+    assert stats["resumed_from"]["updates"] == stopped_at, "continued from the stopped run's final checkpoint"
 
     more = subprocess.run(
         [
