@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from zmqrl.runtime.health import HEALTH_FILE_ENV, HealthRecord, read_health
 from zmqrl.supervisor.snapshot import ProcessRow, RunSnapshot
 from zmqrl.supervisor.status import StatusError, StatusRecord, fetch_status
@@ -156,6 +158,33 @@ def wait_for_endpoints(
 def wait_until_role_up(path: Path, timeout: float, proc: subprocess.Popen[Any] | None = None) -> HealthRecord:
     """A role started by hand is past its start-up: its main loop has come round."""
     return wait_for_health(path, lambda r: r.state in WORKING, timeout, "the role's main loop", proc)
+
+
+def launched_endpoints(run_dir: Path) -> dict[str, str] | None:
+    """The learner's real endpoints in a launched run: with port 0 asked for, the supervisor
+    rewrites ``RUN_DIR/config.yaml`` with them (what its actors read) once the learner has bound;
+    None before that."""
+    try:
+        transport = yaml.safe_load((run_dir / "config.yaml").read_text())["transport"]
+    except (FileNotFoundError, TypeError, KeyError, yaml.YAMLError):
+        return None  # not written yet, or being written
+    found = {key: str(transport[key]) for key in ("samples", "weights")}
+    if any(ep.rsplit(":", 1)[-1] in ("0", "*") for ep in found.values()):
+        return None
+    return found
+
+
+def wait_for_launched_endpoints(
+    run_dir: Path, timeout: float, proc: subprocess.Popen[Any] | None = None
+) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while (found := launched_endpoints(run_dir)) is None:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the launch exited ({proc.returncode}) before its learner bound")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no learner endpoints in {run_dir / 'config.yaml'} within {timeout} s")
+        time.sleep(POLL_SECONDS)
+    return found
 
 
 # ---------------------------------------------------------------------- files a run leaves

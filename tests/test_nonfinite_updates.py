@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import subprocess
 import sys
 import time
@@ -22,7 +21,8 @@ import pytest
 import torch
 import zmq
 
-from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
+from tests import run_state
+from tests.conftest import REPO, tiny_config, tiny_overrides
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.finite import guarded_step, step_unless
@@ -200,21 +200,21 @@ def test_a_learner_whose_updates_stay_nonfinite_exits_1_keeping_a_finite_checkpo
     for item in overrides:
         cmd += ["--set", item]
     err = run_root / "learner.err"
+    health = run_root / "learner-health.json"
     with err.open("w") as stderr:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=run_state.with_health_file(health),
+        )
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.linger = 0
     try:
-        found: list[str] = []
-
-        def endpoint() -> bool:
-            found[:] = re.findall(r"learner up: samples (tcp://\S+),", err.read_text())
-            return bool(found) or proc.poll() is not None
-
-        wait_until(endpoint, 60, "the learner to bind")
-        assert found, err.read_text()
-        push.connect(found[0])
+        push.connect(run_state.wait_for_endpoints(health, 60, proc)["samples"])
         seq = 0
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
