@@ -1,9 +1,13 @@
-"""Every command's --help: it works, ends with an example to copy, and `zmqrl --help` stays cheap."""
+"""Every command's --help: it works, ends with an example to copy, reads as sentences, and `zmqrl
+--help` stays cheap."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from typer.main import get_command
@@ -28,10 +32,40 @@ COMMANDS = [
 ]
 
 
-def help_text(*args: str) -> str:
-    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "100", "NO_COLOR": "1"})
+# A terminal wide enough that no paragraph of any help needs wrapping: every line break left in the
+# output is then one the text itself asked for.
+WIDE = 1000
+# The box drawing around rich's panels.
+BORDERS = "│╭╮╰╯─ "
+
+
+def help_text(*args: str, columns: int = 100) -> str:
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": str(columns), "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def every_help() -> list[tuple[tuple[str, ...], Any]]:
+    """``(args, click command)`` for `zmqrl` and every command and sub-command under it."""
+    found: list[tuple[tuple[str, ...], Any]] = []
+
+    def walk(args: tuple[str, ...], command: Any) -> None:
+        found.append((args, command))
+        for name, child in getattr(command, "commands", {}).items():
+            walk((*args, name), child)
+
+    walk((), get_command(app))
+    return found
+
+
+def as_printed(paragraph: str) -> str:
+    """A help paragraph with its words on one line, as rich prints it (``\\[`` is an escaped ``[``)."""
+    return " ".join(paragraph.split()).replace("\\[", "[")
+
+
+def shown_lines(args: tuple[str, ...]) -> list[str]:
+    """The lines of a help at WIDE columns, without the panels' borders and padding."""
+    return [line.strip(BORDERS) for line in help_text(*args, columns=WIDE).splitlines()]
 
 
 def test_the_app_has_exactly_these_commands_in_this_order() -> None:
@@ -56,6 +90,61 @@ def test_the_order_does_not_depend_on_which_cli_module_is_imported_first() -> No
 def test_every_help_exits_0_and_ends_with_an_example(args: tuple[str, ...]) -> None:
     lines = [line.strip() for line in help_text(*args).splitlines() if line.strip()]
     assert lines[-1].startswith("Example: zmqrl ") or lines[-1].startswith("Example: ZMQRL_"), lines[-1]
+
+
+HELPS = every_help()
+
+
+@pytest.mark.parametrize(("args", "command"), HELPS, ids=[" ".join(("zmqrl", *a)) for a, _ in HELPS])
+def test_every_paragraph_of_a_help_is_printed_on_one_line(args: tuple[str, ...], command: Any) -> None:
+    """A docstring's line breaks are the source's wrapping, not the reader's: on a terminal wide
+    enough for any paragraph, each paragraph of the help (words as written, blank lines between
+    paragraphs) is one line of `--help`, and the first one is one line of the parent's command list."""
+    lines = shown_lines(args)
+    text = command.help or ""
+    for paragraph in re.split(r"\n\s*\n", text.strip()):
+        assert any(as_printed(paragraph) in line for line in lines), (
+            f"zmqrl {' '.join(args)} --help breaks this paragraph across lines:\n{as_printed(paragraph)}"
+        )
+    if args:
+        summary = as_printed(command.short_help or re.split(r"\n\s*\n", text.strip())[0])
+        listing = shown_lines(args[:-1])
+        assert any(line.startswith(args[-1]) and line.endswith(summary) for line in listing), (
+            f"zmqrl {' '.join(args[:-1])} --help breaks the summary of {args[-1]!r} across lines"
+        )
+
+
+def continued_lines(args: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(line, next line)`` of a help at WIDE columns wherever the next line goes on with the same
+    text: the next line of a paragraph, or in a panel a line that continues a cell (indented past
+    the first column) rather than starting a new row. Panel edges and blank lines end a block."""
+    pairs: list[tuple[str, str]] = []
+    raw = help_text(*args, columns=WIDE).splitlines()
+    for line, after in itertools.pairwise(raw):
+        if not line.strip(BORDERS) or not after.strip(BORDERS) or after.lstrip()[:1] in ("╭", "╰"):
+            continue
+        if line.lstrip()[:1] in ("╭", "╰"):
+            continue
+        if after.startswith("│") and not after.startswith("│  "):
+            continue  # a new row of a panel's table
+        pairs.append((line.strip(BORDERS), after.strip(BORDERS)))
+    return pairs
+
+
+@pytest.mark.parametrize("args", [args for args, _ in HELPS], ids=[" ".join(("zmqrl", *a)) for a, _ in HELPS])
+def test_no_line_of_a_help_breaks_mid_sentence(args: tuple[str, ...]) -> None:
+    """Whatever the text (docstrings, option help, epilogs), on a WIDE terminal no printed line ends
+    mid-sentence (on a word or a comma) while the next line of the same text goes on in lowercase."""
+    for line, after in continued_lines(args):
+        if after[:1].islower():
+            assert not re.search(r"[\w,]$", line), f"zmqrl {' '.join(args)} --help:\n{line}\n{after}"
+
+
+def test_help_is_re_flowed_once_at_the_root_of_the_command_tree() -> None:
+    """The source's wrapping is gone from every help typer builds, docs/cli.md's included."""
+    for args, command in HELPS:
+        for paragraph in (command.help or "").split("\n\n"):
+            assert "\n" not in paragraph, f"zmqrl {' '.join(args)}: a line break inside a paragraph"
 
 
 def test_launch_help_offers_serial_mode() -> None:

@@ -51,7 +51,7 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_record_is_one_line_with_time_level_process_and_module() -> None:
     code = (
-        "import logging\nfrom zmqrl.cli.app import _setup_logging\n_setup_logging('info', 'actor-3')\n"
+        "import logging\nfrom zmqrl.cli.process import setup_logging\nsetup_logging('info', 'actor-3')\n"
         "logging.getLogger('zmqrl.actor').info('up')\nlogging.getLogger('zmqrl.actor').debug('hidden')\n"
     )
     lines = run_python(code).stderr.splitlines()
@@ -62,8 +62,8 @@ def test_a_record_is_one_line_with_time_level_process_and_module() -> None:
 def test_setting_up_again_relabels_instead_of_doubling_lines_and_debug_says_who_started() -> None:
     """The actor relabels itself once its id is settled (``--id auto``)."""
     code = (
-        "import logging\nfrom zmqrl.cli.app import _setup_logging\n_setup_logging('debug', 'actor')\n"
-        "_setup_logging('debug', 'actor-7')\nlogging.getLogger('zmqrl.actor').warning('once')\n"
+        "import logging\nfrom zmqrl.cli.process import setup_logging\nsetup_logging('debug', 'actor')\n"
+        "setup_logging('debug', 'actor-7')\nlogging.getLogger('zmqrl.actor').warning('once')\n"
     )
     lines = [line.split(" ", 2)[2] for line in run_python(code, "--id", "auto").stderr.splitlines()]
     assert len(lines) == 3, lines
@@ -76,7 +76,7 @@ def test_a_program_that_configured_logging_itself_keeps_its_handlers() -> None:
     code = (
         "import logging, sys\n"
         "logging.basicConfig(stream=sys.stderr, format='mine %(message)s', level='INFO')\n"
-        "from zmqrl.cli.app import _setup_logging\n_setup_logging('debug', 'learner-0')\n"
+        "from zmqrl.cli.process import setup_logging\nsetup_logging('debug', 'learner-0')\n"
         "logging.getLogger('zmqrl').info('hello')\n"
     )
     assert run_python(code).stderr.splitlines() == ["mine hello"]

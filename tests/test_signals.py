@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.cli.app import _on_stop_signals
+from zmqrl.cli.process import on_stop_signals
 from zmqrl.supervisor.watch import Watcher
 
 # How long the main thread holds the lock before the rescue thread gives it up for it.
@@ -95,7 +95,7 @@ def test_sigterm_while_a_role_waits_on_its_stop_event_does_not_deadlock() -> Non
     stop = threading.Event()
     received: list[int] = []
     with restored_handlers():
-        _on_stop_signals(stop.set, received)
+        on_stop_signals(stop.set, received)
         with held_by_this_thread(stop._cond) as rescued:  # type: ignore[attr-defined]
             signal.raise_signal(signal.SIGTERM)
         assert not rescued.is_set(), "the SIGTERM handler blocked on the stop event's lock"

@@ -307,14 +307,13 @@ def render_cli_reference() -> str:
 
 
 def _paragraphs(text: str | None) -> list[str]:
-    """A docstring as Markdown: its paragraphs, each on one line (the source's wrapping is not the
-    reader's); backticked spans kept."""
-    if not text:
-        return []
-    paragraphs = inspect.cleandoc(text).split("\n\n")
+    """A help text as Markdown: its paragraphs as `--help` shows them, each on one line, a blank line
+    between; backticked spans kept."""
+    from zmqrl.cli.app import paragraphs
+
     lines: list[str] = []
-    for paragraph in paragraphs:
-        lines += [" ".join(paragraph.split()), ""]
+    for paragraph in paragraphs(text):
+        lines += [paragraph, ""]
     return lines[:-1]
 
 

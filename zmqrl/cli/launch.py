@@ -1,7 +1,7 @@
 """The training commands: ``zmqrl launch`` (supervised processes, or ``--serial`` in one thread) and
 ``zmqrl supervise`` (watch processes an orchestrator starts).
 
-Registered on :data:`zmqrl.cli.app.app` when zmqrl.cli.app is imported.
+zmqrl/cli/app.py adds them to the app (:func:`register`).
 """
 
 from __future__ import annotations
@@ -9,24 +9,25 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from zmqrl.cli.app import (
-    COMMAND_STARTED,
+from zmqrl.cli import COMMAND_STARTED
+from zmqrl.cli.options import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     ConfigArg,
     InsecureOpt,
     LogLevelOpt,
     SetOpt,
-    _fail,
-    _load,
-    _run_role,
-    _setup_logging,
-    app,
+    fail,
+    load,
 )
+from zmqrl.cli.process import SIGNAL_EXIT_BASE, run_role, setup_logging
+
+if TYPE_CHECKING:
+    from zmqrl.config import Config, LearnerConfig
 
 DashboardOpt = Annotated[
     bool | None,
@@ -39,7 +40,14 @@ DashboardOpt = Annotated[
 ]
 
 
-@app.command(epilog="Example: zmqrl launch configs/cartpole_dqn.yaml --set run.seed=1")
+def register(app: typer.Typer) -> None:
+    """Adds ``launch`` and then ``supervise`` to ``app``, each with the example its help ends with."""
+    app.command(epilog="Example: zmqrl launch configs/cartpole_dqn.yaml --set run.seed=1")(launch)
+    app.command(epilog="Example: zmqrl supervise configs/cartpole_dqn.yaml --set run.name=cartpole")(
+        supervise
+    )
+
+
 def launch(
     config: Annotated[
         Path | None,
@@ -105,15 +113,13 @@ def launch(
         overrides.append(f"actor.num_actors={actors}")
     if resume is not None:
         if config is not None:
-            _fail("give either CONFIG or --resume RUN_DIR, not both", EXIT_CONFIG)
+            fail("give either CONFIG or --resume RUN_DIR, not both", EXIT_CONFIG)
         config = resume / "config.yaml"
         if not config.is_file():
-            _fail(f"{resume}: not a run directory (no config.yaml in it); give a runs/NAME", EXIT_CONFIG)
+            fail(f"{resume}: not a run directory (no config.yaml in it); give a runs/NAME", EXIT_CONFIG)
         overrides += [f"run.dir={resume.parent}", f"run.name={resume.name}"]
     elif config is None:
-        _fail(
-            "missing CONFIG (or --resume RUN_DIR); try: zmqrl launch configs/cartpole_dqn.yaml", EXIT_CONFIG
-        )
+        fail("missing CONFIG (or --resume RUN_DIR); try: zmqrl launch configs/cartpole_dqn.yaml", EXIT_CONFIG)
     if name is not None:
         overrides.append(f"run.name={name}")
     if insecure:
@@ -122,8 +128,8 @@ def launch(
         overrides.append("checkpoint.force_resume=true")
     elif resume is not None:  # a force saved in RUN_DIR/config.yaml by a forced resume does not carry over
         overrides.insert(0, "checkpoint.force_resume=false")
-    cfg = _load(config, overrides, log_level)
-    _setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
+    cfg = load(config, overrides, log_level)
+    setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
     if not serial:  # --serial builds all of it at once, and says the same in one line
         _preflight(cfg)
     cfg, resuming = _place_run(cfg, resume is not None, serial)
@@ -137,11 +143,11 @@ def launch(
     try:
         code = Supervisor(cfg, launched=COMMAND_STARTED, resume=resuming, dashboard=dashboard).run()
     except (BindError, SecurityError) as exc:
-        _fail(str(exc), EXIT_RUNTIME)
+        fail(str(exc), EXIT_RUNTIME)
     raise typer.Exit(code)
 
 
-def _preflight(cfg: Any) -> None:
+def _preflight(cfg: Config) -> None:
     """The settings people get wrong first, checked here before any process starts, so that they
     are one line and exit 2 instead of a learner's failure shown in its log's last lines: the env
     (an unknown id, with close matches; a missing optional extra), a CUDA device that is absent, and
@@ -152,21 +158,21 @@ def _preflight(cfg: Any) -> None:
     for what in ("samples", "weights"):
         endpoint = getattr(cfg.transport, what)
         if tcp_port_taken(endpoint):
-            _fail(address_in_use_message(what, endpoint), EXIT_RUNTIME)
+            fail(address_in_use_message(what, endpoint), EXIT_RUNTIME)
     try:
         make_env(cfg.env).close()
     except EnvError as exc:
-        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
+        fail(" ".join(str(exc).split()), EXIT_CONFIG)
     device = str(getattr(cfg.agent, "device", "cpu"))
     if device.startswith("cuda"):  # only then is torch worth importing here
         from zmqrl.agents.builtin import device_problem
 
         problem = device_problem(device)
         if problem is not None:
-            _fail(problem, EXIT_CONFIG)
+            fail(problem, EXIT_CONFIG)
 
 
-def _place_run(cfg: Any, resume: bool, serial: bool) -> tuple[Any, bool]:
+def _place_run(cfg: Config, resume: bool, serial: bool) -> tuple[Config, bool]:
     """The run directory this launch writes to, and whether it continues the run there: a stopped
     run is continued, and a new run never mixes into a finished or failed one's TensorBoard events
     and checkpoints (it goes to NAME-2); says so when it decides either."""
@@ -188,7 +194,7 @@ def _place_run(cfg: Any, resume: bool, serial: bool) -> tuple[Any, bool]:
     return cfg, choice.resume
 
 
-def _launch_serial(cfg: Any, resume: bool) -> int:
+def _launch_serial(cfg: Config, resume: bool) -> int:
     """``launch --serial``: the whole run in this thread (zmqrl/serial.py), then a short summary.
     Exit 0 when it ended by itself, 130/143 when Ctrl-C / SIGTERM stopped it (after its final
     checkpoint), 2 for settings that cannot work; a bug propagates with its traceback (exit 1)."""
@@ -197,16 +203,16 @@ def _launch_serial(cfg: Any, resume: bool) -> int:
 
     received: list[int] = []
     started = time.monotonic()
-    stats = _run_role(lambda: SerialRun(cfg, resume=resume), received)
+    stats = run_role(lambda: SerialRun(cfg, resume=resume), received)
     # The same files a launched run leaves: learner-stats.json (the Trainer's) and stats.json.
     (cfg.run_dir / "stats.json").write_text(strictjson.dumps(stats, indent=2))
     for line in serial_summary(stats, cfg.run_dir, time.monotonic() - started, cfg.learner):
         typer.echo(line)
-    return 128 + received[0] if received else 0
+    return SIGNAL_EXIT_BASE + received[0] if received else 0
 
 
 def serial_summary(
-    stats: dict[str, Any], run_dir: Path, seconds: float, learner_cfg: Any = None
+    stats: dict[str, Any], run_dir: Path, seconds: float, learner_cfg: LearnerConfig | None = None
 ) -> list[str]:
     """A serial run's end: counters, the final evaluation, whether it stopped at its target
     (``learner_cfg``: the run's learner settings, for the target), where its files are (and, if it
@@ -234,8 +240,14 @@ def serial_summary(
         evaluation,
     ]
     held = learner.get("target_held")
-    if learner.get("ended") == TARGET_HELD and learner_cfg is not None and isinstance(held, dict):
-        lines.append(stopped_at_target_line(learner_cfg.target_return, learner_cfg.target_hold, held))
+    target = learner_cfg.target_return if learner_cfg is not None else None
+    if (
+        learner.get("ended") == TARGET_HELD
+        and learner_cfg is not None
+        and target is not None
+        and isinstance(held, dict)
+    ):
+        lines.append(stopped_at_target_line(target, learner_cfg.target_hold, held))
     lines.append(f"run dir: {run_dir}")
     if state == "stopped":
         lines.append(f"continue it with: zmqrl launch --serial --resume {run_dir}")
@@ -244,7 +256,6 @@ def serial_summary(
     return lines
 
 
-@app.command(epilog="Example: zmqrl supervise configs/cartpole_dqn.yaml --set run.name=cartpole")
 def supervise(
     config: ConfigArg,
     dashboard: DashboardOpt = None,
@@ -264,8 +275,8 @@ def supervise(
     orchestrator what to restart: see docs/fault-tolerance.md.
     """
     overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
-    cfg = _load(config, overrides, log_level)
-    _setup_logging(cfg.run.log_level, "supervisor")
+    cfg = load(config, overrides, log_level)
+    setup_logging(cfg.run.log_level, "supervisor")
     from zmqrl.supervisor.watch import Watcher
     from zmqrl.transport.keys import SecurityError
     from zmqrl.transport.sockets import BindError
@@ -273,5 +284,5 @@ def supervise(
     try:
         code = Watcher(cfg, launched=COMMAND_STARTED, dashboard=dashboard).run()
     except (BindError, SecurityError) as exc:
-        _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
+        fail(" ".join(str(exc).split()), EXIT_RUNTIME)
     raise typer.Exit(code)

@@ -1,6 +1,6 @@
 """``zmqrl plot``: return curves of one or more runs as an image, from their metrics.jsonl.
 
-Registered on :data:`zmqrl.cli.app.app` when zmqrl.cli.app is imported. matplotlib (the ``plot`` extra) is
+zmqrl/cli/app.py adds it to the app (:func:`register`). matplotlib (the ``plot`` extra) is
 imported only when the command runs, so the rest of the CLI never needs it.
 """
 
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from zmqrl.cli.app import EXIT_CONFIG, EXIT_RUNTIME, _fail, app
+from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, fail
 
 
 class XAxis(str, Enum):
@@ -22,10 +22,14 @@ class XAxis(str, Enum):
     both = "both"
 
 
-@app.command(
-    short_help="Plot train and eval return of runs against env steps and wall time (metrics.jsonl).",
-    epilog="Example: zmqrl plot runs/cartpole_dqn runs/cartpole_dqn-2 -o curves.png",
-)
+def register(app: typer.Typer) -> None:
+    """Adds ``plot`` to ``app``, with the example its help ends with."""
+    app.command(
+        short_help="Plot train and eval return of runs against env steps and wall time (metrics.jsonl).",
+        epilog="Example: zmqrl plot runs/cartpole_dqn runs/cartpole_dqn-2 -o curves.png",
+    )(plot)
+
+
 def plot(
     run_dirs: Annotated[
         list[Path], typer.Argument(help="Run directories (each with a metrics.jsonl), e.g. runs/NAME.")
@@ -54,10 +58,10 @@ def plot(
     try:
         require_matplotlib()
     except PlotError as exc:
-        _fail(str(exc), EXIT_RUNTIME)
+        fail(str(exc), EXIT_RUNTIME)
     try:
         groups = draw(run_dirs, output, x=x.value, title=title, smooth_window=smooth)
     except PlotError as exc:
-        _fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), EXIT_CONFIG)
     runs = sum(len(g.runs) for g in groups)
     typer.echo(f"{output}: {runs} run{'s' if runs != 1 else ''} in {len(groups)} group(s)")

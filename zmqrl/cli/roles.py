@@ -1,7 +1,7 @@
 """The single-role and tool commands: ``zmqrl learner | actor | evaluator`` (one role in this process,
 as ``launch`` starts them or an orchestrator does) and ``zmqrl health | eval | keys | config``.
 
-Registered on :data:`zmqrl.cli.app.app` when zmqrl.cli.app is imported.
+zmqrl/cli/app.py adds them to the app (:func:`register`).
 """
 
 from __future__ import annotations
@@ -14,26 +14,38 @@ from typing import Annotated
 import typer
 
 from zmqrl import strictjson
-from zmqrl.cli.app import (
+from zmqrl.cli.options import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     ConfigArg,
     InsecureOpt,
     LogLevelOpt,
     SetOpt,
-    _fail,
-    _load,
-    _run_role,
-    _setup_logging,
-    _start_link,
-    app,
     config_path_problem,
-    role_exit_code,
+    fail,
+    load,
 )
+from zmqrl.cli.process import role_exit_code, run_role, setup_logging, start_link
 from zmqrl.transport.control_trust import with_role_key
 
 
-@app.command(epilog="Example: zmqrl learner configs/cartpole_dqn.yaml --resume")
+def register(app: typer.Typer) -> None:
+    """Adds the role commands, then the tools, to ``app``, each with the example its help ends with."""
+    app.command(epilog="Example: zmqrl learner configs/cartpole_dqn.yaml --resume")(learner)
+    app.command(epilog="Example: zmqrl actor configs/cartpole_dqn.yaml --id 3")(actor)
+    app.command(epilog="Example: zmqrl evaluator configs/cartpole_dqn.yaml --set evaluator.episodes=20")(
+        evaluator
+    )
+    app.command(epilog="Example: ZMQRL_HEALTH_FILE=/tmp/zmqrl-health.json zmqrl health")(health)
+    app.command("eval", epilog="Example: zmqrl eval runs/cartpole_dqn/checkpoints/best --episodes 20")(
+        eval_checkpoint
+    )
+    app.command(epilog="Example: zmqrl keys keys/ --client actor.host-a --token keys/control.token")(keys)
+    app.command("config", epilog="Example: zmqrl config configs/cartpole_dqn.yaml --set agent.lr=0.0005")(
+        show_config
+    )
+
+
 def learner(
     config: ConfigArg,
     resume: Annotated[
@@ -59,25 +71,24 @@ def learner(
     """Run the learner alone (actors connect to it). Binds transport.samples and transport.weights."""
     flags = ["transport.insecure=true"] if insecure else []
     flags += ["checkpoint.force_resume=true"] if force else []
-    cfg = _load(config, [*(set_ or []), *flags], log_level)
-    _setup_logging(cfg.run.log_level, "learner-0")
+    cfg = load(config, [*(set_ or []), *flags], log_level)
+    setup_logging(cfg.run.log_level, "learner-0")
     from zmqrl.config import save_config
     from zmqrl.runtime.link import SUPERVISED_ENV
 
     if not os.environ.get(SUPERVISED_ENV):
         save_config(cfg, cfg.run_dir / "config.yaml")
     cfg = with_role_key(cfg, "learner", 0)  # with keys: the client pair bound to this role
-    link = _start_link(cfg, "learner", 0)
+    link = start_link(cfg, "learner", 0)
     from zmqrl.learner.main import Learner
 
     received: list[int] = []
-    stats = _run_role(lambda: Learner(cfg, resume=resume, link=link), received)
+    stats = run_role(lambda: Learner(cfg, resume=resume, link=link), received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"learner": stats}))
     raise typer.Exit(role_exit_code(stats, received))
 
 
-@app.command(epilog="Example: zmqrl actor configs/cartpole_dqn.yaml --id 3")
 def actor(
     config: ConfigArg,
     id: Annotated[
@@ -104,28 +115,27 @@ def actor(
     set_: SetOpt = None,
 ) -> None:
     """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
-    cfg = _load(config, set_, log_level)
-    _setup_logging(cfg.run.log_level, "actor")  # until its id is settled
+    cfg = load(config, set_, log_level)
+    setup_logging(cfg.run.log_level, "actor")  # until its id is settled
     from zmqrl.actor.ids import ActorIdError, resolve_actor_id
 
     try:  # the claim's lock reserves the id until this process exits
         claim = resolve_actor_id(id, os.environ, cfg.run_dir, cfg.actor.num_actors)
     except ActorIdError as exc:
-        _fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), EXIT_CONFIG)
     actor_id = claim.actor_id
-    _setup_logging(cfg.run.log_level, f"actor-{actor_id}")
+    setup_logging(cfg.run.log_level, f"actor-{actor_id}")
     logging.getLogger("zmqrl").info("%s", claim.describe())
     cfg = with_role_key(cfg, "actor", actor_id)  # with keys: the client pair bound to this role
-    link = _start_link(cfg, "actor", actor_id)
+    link = start_link(cfg, "actor", actor_id)
     from zmqrl.actor.main import Actor
 
     received: list[int] = []
-    stats = _run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link), received)
+    stats = run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link), received)
     typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
     raise typer.Exit(role_exit_code(stats, received))
 
 
-@app.command(epilog="Example: zmqrl evaluator configs/cartpole_dqn.yaml --set evaluator.episodes=20")
 def evaluator(
     config: ConfigArg,
     resume: Annotated[
@@ -140,20 +150,19 @@ def evaluator(
     """Run the evaluator: follows transport.weights, plays evaluator.episodes greedy episodes of each
     new version (at most every evaluator.interval_seconds), logs to TensorBoard and keeps the best
     weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
-    cfg = _load(config, set_, log_level)
-    _setup_logging(cfg.run.log_level, "evaluator-0")
+    cfg = load(config, set_, log_level)
+    setup_logging(cfg.run.log_level, "evaluator-0")
     cfg = with_role_key(cfg, "evaluator", 0)  # with keys: the client pair bound to this role
-    link = _start_link(cfg, "evaluator", 0)
+    link = start_link(cfg, "evaluator", 0)
     from zmqrl.evaluator.main import Evaluator
 
     received: list[int] = []
-    stats = _run_role(lambda: Evaluator(cfg, resume=resume, link=link), received)
+    stats = run_role(lambda: Evaluator(cfg, resume=resume, link=link), received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"evaluator": stats}))
     raise typer.Exit(role_exit_code(stats, received))
 
 
-@app.command(epilog="Example: ZMQRL_HEALTH_FILE=/tmp/zmqrl-health.json zmqrl health")
 def health(
     file: Annotated[
         Path | None,
@@ -173,7 +182,7 @@ def health(
 
     path = file or health_path()
     if path is None:
-        _fail(f"no health file: set {HEALTH_FILE_ENV} for the role (and here), or pass --file", EXIT_RUNTIME)
+        fail(f"no health file: set {HEALTH_FILE_ENV} for the role (and here), or pass --file", EXIT_RUNTIME)
     try:
         record = read_health(path)
     except ValueError as exc:
@@ -184,7 +193,6 @@ def health(
     raise typer.Exit(0 if ok else EXIT_RUNTIME)
 
 
-@app.command("eval", epilog="Example: zmqrl eval runs/cartpole_dqn/checkpoints/best --episodes 20")
 def eval_checkpoint(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best.")],
     episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
@@ -230,11 +238,11 @@ def eval_checkpoint(
     from zmqrl.evaluator.greedy import evaluate_checkpoint
 
     if episodes < 1:
-        _fail("--episodes must be >= 1", EXIT_CONFIG)
+        fail("--episodes must be >= 1", EXIT_CONFIG)
     if not checkpoint.is_file():
-        _fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+        fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
     if config is not None and (problem := config_path_problem(config)) is not None:
-        _fail(problem, EXIT_CONFIG)
+        fail(problem, EXIT_CONFIG)
     try:
         result = evaluate_checkpoint(
             checkpoint,
@@ -246,9 +254,9 @@ def eval_checkpoint(
             trust_config=trust_config,
         )
     except (ConfigError, EnvError) as exc:
-        _fail(" ".join(str(exc).split()), EXIT_CONFIG)
+        fail(" ".join(str(exc).split()), EXIT_CONFIG)
     except (ValueError, KeyError, RuntimeError, OSError) as exc:
-        _fail(str(exc), EXIT_RUNTIME)
+        fail(str(exc), EXIT_RUNTIME)
     typer.echo(
         f"{checkpoint}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes "
         f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
@@ -258,7 +266,6 @@ def eval_checkpoint(
         typer.echo(f"video: {path}")
 
 
-@app.command(epilog="Example: zmqrl keys keys/ --client actor.host-a --token keys/control.token")
 def keys(
     keys_dir: Annotated[
         Path | None, typer.Argument(help="Directory for the keys (created if missing).")
@@ -294,29 +301,28 @@ def keys(
     from zmqrl.transport.keys import SecurityError, create_keys
 
     if keys_dir is None and token is None:
-        _fail("give a KEYS_DIR to make keys in, or --token FILE for a control token (or both)", EXIT_CONFIG)
+        fail("give a KEYS_DIR to make keys in, or --token FILE for a control token (or both)", EXIT_CONFIG)
     written: list[Path] = []
     try:
         if keys_dir is not None:
             written = create_keys(keys_dir, list(client) if client else None)
         if token is not None:
             if token.exists():
-                _fail(
+                fail(
                     f"{token} already exists; refusing to replace a run's token (delete it first)",
                     EXIT_RUNTIME,
                 )
             write_token_file(token)
             written.append(token)
     except (SecurityError, FileExistsError, ValueError, OSError) as exc:
-        _fail(str(exc), EXIT_RUNTIME)
+        fail(str(exc), EXIT_RUNTIME)
     for path in written:
         typer.echo(str(path))
 
 
-@app.command("config", epilog="Example: zmqrl config configs/cartpole_dqn.yaml --set agent.lr=0.0005")
 def show_config(config: ConfigArg, set_: SetOpt = None) -> None:
     """Print the resolved config (defaults + file + overrides) as YAML, and check it."""
     import yaml
 
-    cfg = _load(config, set_)
+    cfg = load(config, set_)
     typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False), nl=False)

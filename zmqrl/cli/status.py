@@ -6,7 +6,7 @@ The supervisor of a run (``launch`` or ``supervise``) answers status requests on
 and shows the same table the supervisor's own terminal shows. When nothing runs there it says
 what is wrong in one line and exits 1.
 
-Registered on :data:`zmqrl.cli.app.app` when zmqrl.cli.app is imported.
+zmqrl/cli/app.py adds it to the app (:func:`register`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from zmqrl.cli.app import EXIT_CONFIG, EXIT_RUNTIME, _fail, app
+from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, fail
 
 # Seconds to wait for the supervisor's answer (its loop answers within about 0.1 s).
 DEFAULT_TIMEOUT = 3.0
@@ -27,7 +27,11 @@ DEFAULT_TIMEOUT = 3.0
 DEFAULT_INTERVAL = 1.0
 
 
-@app.command(epilog="Example: zmqrl status runs/cartpole --watch")
+def register(app: typer.Typer) -> None:
+    """Adds ``status`` to ``app``, with the example its help ends with."""
+    app.command(epilog="Example: zmqrl status runs/cartpole --watch")(status)
+
+
 def status(
     run_dir: Annotated[
         Path | None,
@@ -75,7 +79,7 @@ def status(
     from zmqrl.supervisor.status import StatusError, StatusRecord
 
     if (run_dir is None) == (endpoint is None):
-        _fail("give RUN_DIR (runs/NAME) or --endpoint ADDR, one of the two", EXIT_CONFIG)
+        fail("give RUN_DIR (runs/NAME) or --endpoint ADDR, one of the two", EXIT_CONFIG)
     record: StatusRecord | None = None
     if run_dir is not None:
         record = _record(run_dir)
@@ -89,9 +93,9 @@ def status(
         try:
             snap = client.fetch(timeout)
         except StatusError as exc:
-            _fail(str(exc), EXIT_RUNTIME)
+            fail(str(exc), EXIT_RUNTIME)
         if snap is None:
-            _fail(_no_answer(endpoint, record, run_dir, security is not None), EXIT_RUNTIME)
+            fail(_no_answer(endpoint, record, run_dir, security is not None), EXIT_RUNTIME)
         if not watch:
             _show_once(snap, as_json)
             return
@@ -105,19 +109,19 @@ def _record(run_dir: Path) -> Any:
     from zmqrl.supervisor.status import STATUS_RECORD, StatusError, StatusRecord
 
     if not run_dir.is_dir():
-        _fail(f"no run directory {run_dir}: give a runs/NAME (or --endpoint ADDR)", EXIT_RUNTIME)
+        fail(f"no run directory {run_dir}: give a runs/NAME (or --endpoint ADDR)", EXIT_RUNTIME)
     try:
         record = StatusRecord.read(run_dir)
     except StatusError as exc:
-        _fail(str(exc), EXIT_RUNTIME)
+        fail(str(exc), EXIT_RUNTIME)
     if record is None:
-        _fail(
+        fail(
             f"no supervisor has run in {run_dir} (no {STATUS_RECORD}): start one with `zmqrl launch CONFIG`",
             EXIT_RUNTIME,
         )
     if record.state == "finished":
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.ended or 0.0))
-        _fail(
+        fail(
             f"the run in {run_dir} has finished (its supervisor, pid {record.pid}, exited at {when}): "
             f"its summary is in {run_dir / 'stats.json'}",
             EXIT_RUNTIME,
@@ -139,7 +143,7 @@ def _security(keys_dir: Path | None, record: Any) -> Any:
     try:
         return Security.load(directory, client=name)
     except SecurityError as exc:
-        _fail(" ".join(str(exc).split()), EXIT_RUNTIME)
+        fail(" ".join(str(exc).split()), EXIT_RUNTIME)
 
 
 def _no_answer(endpoint: str, record: Any, run_dir: Path | None, secured: bool) -> str:
@@ -198,7 +202,7 @@ def _watch(
         try:
             return client.fetch(timeout)
         except StatusError as exc:
-            _fail(str(exc), EXIT_RUNTIME)
+            fail(str(exc), EXIT_RUNTIME)
 
     try:
         if as_json:
@@ -227,4 +231,4 @@ def _watch(
             typer.echo("run finished", err=as_json)  # with --json, stdout stays JSON lines
             return
         time.sleep(0.1)
-    _fail(_no_answer(client.endpoint, record, run_dir, secured), EXIT_RUNTIME)
+    fail(_no_answer(client.endpoint, record, run_dir, secured), EXIT_RUNTIME)
