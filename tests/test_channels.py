@@ -6,6 +6,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,18 @@ def test_weights_publisher_refuses_to_go_backwards(ctx: zmq.Context) -> None:
         publisher.publish(Weights(2, {"w": np.zeros(1, np.float32)}))
 
 
+def send_with_housekeeping(sender: SampleSender, msg: SamplesMsg, idle: Callable[[], bool]) -> bool:
+    """What an actor does with a batch the learner's queue holds back: ``idle()`` (its housekeeping;
+    True: told to stop) between retries. Returns whether the batch went out."""
+    sent = sender.send(msg)
+    while not sent:
+        if idle():
+            sender.abandon()
+            return False
+        sent = sender.retry()
+    return True
+
+
 def test_blocked_sample_sender_gives_up_when_told_to_stop(ctx: zmq.Context) -> None:
     # No learner listening: with IMMEDIATE set, the PUSH socket has nowhere to queue.
     push = sockets.samples_push(ctx, "tcp://127.0.0.1:1", LIMITS)
@@ -144,9 +157,38 @@ def test_blocked_sample_sender_gives_up_when_told_to_stop(ctx: zmq.Context) -> N
         calls.append(1)
         return len(calls) >= 3
 
-    sent = sender.send(SamplesMsg(0, 0, 0, batch, []), idle=idle)
+    sent = send_with_housekeeping(sender, SamplesMsg(0, 0, 0, batch, []), idle)
     assert not sent and len(calls) == 3 and sender.messages_sent == 0
-    assert sender.blocked_seconds > 0
+    assert sender.blocked_seconds > 0 and not sender.held
+
+
+def test_a_held_back_sample_goes_out_on_a_retry_once_there_is_room(ctx: zmq.Context) -> None:
+    """The sender never blocks on its own: a send the high-water mark refuses returns False and
+    keeps the message; a retry after the learner read sends that same message, once."""
+    small = sockets.SocketLimits(samples_hwm=1, linger_ms=0, samples_buffer_bytes=4096)
+    pull, endpoint = sockets.samples_pull(ctx, "tcp://127.0.0.1:0", small)
+    sender = SampleSender(sockets.samples_push(ctx, endpoint, small), endpoint)
+    big = TransitionBatch(*(np.repeat(a, 4096, axis=0) for a in one_row_batch()))
+    seq = 0
+    deadline = time.monotonic() + 10
+    while sender.send(SamplesMsg(0, seq, 0, big, [])):  # fills the queue and buffers, then is held
+        seq += 1
+        assert time.monotonic() < deadline, "the queue never filled"
+    held_seq, sent_before = seq, sender.messages_sent
+    assert sender.held
+    with pytest.raises(RuntimeError, match="retried or abandoned"):
+        sender.send(SamplesMsg(0, seq + 1, 0, big, []))
+    seqs = []
+    while not sender.retry():  # the learner reads meanwhile
+        while pull.poll(0):
+            seqs.append(wire.load(pull.recv_multipart()).seq)
+        assert time.monotonic() < deadline, "the held message never went out"
+    assert not sender.held and sender.messages_sent == sent_before + 1
+    while len(seqs) < held_seq + 1 and pull.poll(2000):
+        seqs.append(wire.load(pull.recv_multipart()).seq)
+    assert seqs == list(range(held_seq + 1)), "each message once, in order, the held one last"
+    sender.close()
+    pull.close(linger=0)
 
 
 def test_weights_subscriber_notices_the_learners_stop_announcement(ctx: zmq.Context) -> None:
@@ -530,7 +572,7 @@ def test_a_sender_that_cannot_deliver_says_so_then_gives_up(
 
     msg = SamplesMsg(actor_id=0, seq=0, weights_version=0, batch=one_row_batch(), episodes=[])
     with caplog.at_level(logging.WARNING), pytest.raises(LearnerUnreachable, match=r"connect_timeout"):
-        sender.send(msg, idle)
+        send_with_housekeeping(sender, msg, idle)
     warnings = [r.getMessage() for r in caplog.records if "no samples delivered" in r.getMessage()]
     assert len(warnings) == 3, warnings  # after 5, 10 and 20 s
     assert "tcp://127.0.0.1:1" in warnings[0] and "key_name" in warnings[0]
@@ -648,14 +690,14 @@ def test_a_sender_waits_out_a_connected_learner_that_is_not_reading_and_gives_up
         return time.monotonic() - blocked_since[0] > 2.0
 
     with caplog.at_level(logging.WARNING):
-        while sender.send(big, idle):  # fills the queue and the socket buffers, then blocks
+        while send_with_housekeeping(sender, big, idle):  # fills the queue and socket buffers, then blocks
             assert time.monotonic() - (blocked_since[0] if blocked_since else time.monotonic()) < 10
     assert sender.messages_sent > 0
     assert sender.backpressure_seconds > 1.5, "it was blocked by a connected learner"
     pull.close(linger=0)  # the learner is gone: nothing connected from now on
     started = time.monotonic()
     with pytest.raises(LearnerUnreachable, match="no learner to deliver samples to"):
-        sender.send(msg, idle=lambda: time.monotonic() - started > 20)
+        send_with_housekeeping(sender, msg, lambda: time.monotonic() - started > 20)
     assert time.monotonic() - started < 5
     sender.close()
 

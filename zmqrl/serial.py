@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from zmqrl.actor.sampler import Sampler, actor_seed
+from zmqrl.actor.sampler import Collected, Sampler, actor_seed
 from zmqrl.agents import make_policy
 from zmqrl.checkpoints.choice import choose_deployment
 from zmqrl.config import Config, save_config
@@ -66,11 +66,11 @@ class SerialActor:
             self.policy,
             env,
             spec,
-            sync_weights=self._sync,
             initial_priorities=cfg.replay.prioritized,
         )
 
-    def _sync(self) -> None:
+    def take_weights(self) -> None:
+        """Import the newest published weights, if any arrived since the last poll."""
         if self.inbox is None:
             return
         msg = wire.load_weights(self.inbox, self.policy.weights_spec())
@@ -79,9 +79,10 @@ class SerialActor:
             self.weights_loaded += 1
 
     def next_batch(self) -> list[bytes | memoryview]:
-        """Step until a batch is ready; its wire frames."""
-        while not self.sampler.collect(1 << 30):
-            pass
+        """Step until a batch is ready, taking in weights whenever they are due; its wire frames."""
+        while (collected := self.sampler.collect(1 << 30)) is not Collected.BATCH_READY:
+            if collected is Collected.WEIGHTS_DUE:
+                self.take_weights()
         msg = self.sampler.message()
         self.samples_sent += msg.batch.size
         return wire.dump(msg)

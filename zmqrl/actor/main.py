@@ -11,7 +11,7 @@ from typing import Any
 
 import zmq
 
-from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Pacer, Sampler, actor_seed
+from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, Sampler, actor_seed
 from zmqrl.agents import make_policy
 from zmqrl.config import Config
 from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
@@ -23,6 +23,11 @@ from zmqrl.transport.fingerprint import run_fingerprint
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50
+# Pacing never banks more than this many seconds of unused step budget.
+PACE_MAX_DEBT = 0.05
+# Longest single sleep of the pacer: a low cap still reports progress (the actor's watchdog) and
+# notices a stop this often.
+PACE_SLICE_SECONDS = 0.5
 
 log = logging.getLogger("zmqrl.actor")
 
@@ -37,6 +42,32 @@ def one_torch_thread() -> None:
     """
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+
+
+class Pacer:
+    """Sleeps off an actor's lead over ``actor.max_steps_per_s`` (leaving CPU to the learner);
+    a no-op without a cap. Never banks more than PACE_MAX_DEBT seconds of unused budget (e.g.
+    while the actor was blocked on a full learner queue), so a capped actor does not burst."""
+
+    def __init__(self, max_steps_per_s: float | None) -> None:
+        self._period = 1.0 / max_steps_per_s if max_steps_per_s else 0.0
+        self._due = time.monotonic()
+        self.paced_seconds = 0.0
+
+    def pace(self, steps: int, tick: Callable[[], bool] = lambda: False) -> None:
+        """Account for ``steps`` env transitions taken since the last call. A long sleep is cut
+        into slices with a ``tick()`` after each; it ends early when ``tick`` returns True."""
+        if not self._period:
+            return
+        now = time.monotonic()
+        self._due = max(self._due, now - PACE_MAX_DEBT) + steps * self._period
+        ahead = self._due - now
+        if ahead > 0:
+            self.paced_seconds += ahead
+            while (left := self._due - time.monotonic()) > 0:
+                time.sleep(min(left, PACE_SLICE_SECONDS))
+                if left > PACE_SLICE_SECONDS and tick():
+                    return
 
 
 class Actor:
@@ -122,7 +153,6 @@ class Actor:
             self.agent,
             env,
             spec,
-            sync_weights=self._sync_weights,
             replacement=self.replacement,
             initial_priorities=cfg.replay.prioritized,
         )
@@ -178,7 +208,10 @@ class Actor:
             budget = next_housekeeping - sampler.steps
             if max_steps is not None:
                 budget = min(budget, max_steps - sampler.steps)
-            if sampler.collect(budget) and not self._ship():
+            collected = sampler.collect(budget)
+            if collected is Collected.WEIGHTS_DUE:
+                self._sync_weights()
+            elif collected is Collected.BATCH_READY and not self._ship():
                 return False
 
     def _ship(self) -> bool:
@@ -189,8 +222,12 @@ class Actor:
             if not self._await_learner(lambda: self._learner_heard):
                 return False
         msg = self.sampler.message()  # Ape-X priorities under the weights held now
-        if not self.sender.send(msg, idle=self._idle):
-            return False
+        sent = self.sender.send(msg)
+        while not sent:  # held back by the learner's queue: housekeeping between retries
+            if self._idle():
+                self.sender.abandon()
+                return False
+            sent = self.sender.retry()
         self.samples_sent += msg.batch.size
         return True
 
@@ -238,7 +275,7 @@ class Actor:
         return True
 
     def _idle(self) -> bool:
-        """Called while the learner's queue is full: keep draining weights (newer versions, and the
+        """While the learner's queue holds a batch back: keep draining weights (newer versions, and the
         learner's stop announcement, which a full subscriber queue could otherwise crowd out) and
         heartbeating; stop if told to."""
         self._sync_weights()

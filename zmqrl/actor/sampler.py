@@ -1,21 +1,27 @@
 """An actor's sampling loop without sockets: env(s), policy, exploration, n-step windows, batches.
 
 The actor process drives a ``Sampler`` between heartbeats and sends what it collects; serial mode
-drives the same object and hands the batches to the learner in the same thread. With
-``actor.envs_per_actor`` = E > 1 it steps a gymnasium ``SyncVectorEnv`` (autoreset mode
+drives the same object and hands the batches to the learner in the same thread. ``collect``
+returns what happened (a batch is ready, weights are due, the step budget is spent) and the
+caller decides what to do about it: the sampler never calls back into its role.
+
+With ``actor.envs_per_actor`` = E > 1 it steps a gymnasium ``SyncVectorEnv`` (autoreset mode
 NEXT_STEP) with one batched ``act`` per vector step, and behaves like E single-env actors on
-consecutive rungs of the Ape-X ladder. ``steps`` counts real env transitions (sub-env steps that
-are not a NEXT_STEP autoreset step), and everything scheduled by it (weight polls, epsilon
-annealing) goes by that count.
+consecutive rungs of the Ape-X ladder. One acting loop serves both: what differs between one env
+and a vector of them (how a step is taken and an ended episode reset, n-step windows per sub-env,
+the versions each window's steps were acted with) is in two small steppers. ``steps`` counts real
+env transitions (sub-env steps that are not a NEXT_STEP autoreset step), and everything scheduled
+by it (weight polls, epsilon annealing) goes by that count.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -32,11 +38,6 @@ from zmqrl.types import EpisodeStat, TransitionBatch
 ACTOR_SEED_STRIDE = 1000
 # Env steps between updates of the annealed epsilon (and the actor's heartbeat/control checks).
 HOUSEKEEPING_EVERY = 16
-# Pacing never banks more than this many seconds of unused step budget.
-PACE_MAX_DEBT = 0.05
-# Longest single sleep of the pacer: a low cap still reports progress (the actor's watchdog) and
-# notices a stop this often.
-PACE_SLICE_SECONDS = 0.5
 
 log = logging.getLogger("zmqrl.actor")
 
@@ -58,6 +59,22 @@ def ladder(cfg: Config, actor_id: int) -> np.ndarray:
             for j in range(num_envs)
         ]
     )
+
+
+class Collected(enum.Enum):
+    """What ``Sampler.collect`` stopped for; the caller decides what to do about it."""
+
+    BATCH_READY = "batch ready"  # ``message()`` holds a batch to send
+    WEIGHTS_DUE = "weights due"  # actor.weights_poll_steps passed (and before the first step):
+    # hand the policy newer weights if there are any, then collect on
+    BUDGET_SPENT = "budget spent"  # the step budget was taken, and neither of the above
+
+
+# What one env step gave: the n-step transitions it completed, the oldest weights version those
+# were acted with (None when none was completed), the real env transitions in it, the episodes
+# that ended in it.
+Stepped: TypeAlias = tuple[list[Transition], int | None, int, Sequence[EpisodeStat]]
+NO_EPISODES: tuple[EpisodeStat, ...] = ()
 
 
 class ActedVersions:
@@ -86,38 +103,85 @@ class ActedVersions:
         return oldest
 
 
-class Pacer:
-    """Sleeps off an actor's lead over ``actor.max_steps_per_s`` (leaving CPU to the learner);
-    a no-op without a cap. Never banks more than PACE_MAX_DEBT seconds of unused budget (e.g.
-    while the actor was blocked on a full learner queue), so a capped actor does not burst."""
+class EnvStepper(Protocol):
+    """Steps the env(s) with one batch of actions and folds the steps into n-step transitions."""
 
-    def __init__(self, max_steps_per_s: float | None) -> None:
-        self._period = 1.0 / max_steps_per_s if max_steps_per_s else 0.0
-        self._due = time.monotonic()
-        self.paced_seconds = 0.0
+    env: Any
 
-    def pace(self, steps: int, tick: Callable[[], bool] = lambda: False) -> None:
-        """Account for ``steps`` env transitions taken since the last call. A long sleep is cut
-        into slices with a ``tick()`` after each; it ends early when ``tick`` returns True."""
-        if not self._period:
-            return
-        now = time.monotonic()
-        self._due = max(self._due, now - PACE_MAX_DEBT) + steps * self._period
-        ahead = self._due - now
-        if ahead > 0:
-            self.paced_seconds += ahead
-            while (left := self._due - time.monotonic()) > 0:
-                time.sleep(min(left, PACE_SLICE_SECONDS))
-                if left > PACE_SLICE_SECONDS and tick():
-                    return
+    @property
+    def obs(self) -> np.ndarray:
+        """The rows the next actions are chosen from (sub-envs on axis 0)."""
+
+    def step(self, actions: np.ndarray, version: int) -> Stepped: ...
+
+
+class SingleEnvStepper:
+    """One gymnasium env, reset as soon as an episode ends; one n-step window."""
+
+    def __init__(self, env: Any, seed: int, n_step: int, gamma: float) -> None:
+        self.env = env
+        self._nstep = NStepProcessor(n_step, gamma)
+        self._acted: deque[int] = deque()
+        self._obs, _ = env.reset(seed=seed)
+        self._return, self._length = 0.0, 0
+
+    @property
+    def obs(self) -> np.ndarray:
+        return self._obs[None]
+
+    def step(self, actions: np.ndarray, version: int) -> Stepped:
+        obs, action, nstep, acted = self._obs, actions[0], self._nstep, self._acted
+        next_obs, reward, terminated, truncated, _ = self.env.step(action)
+        self._return += float(reward)
+        self._length += 1
+        emitted = nstep.step(obs, action, float(reward), terminated, truncated, next_obs)
+        # One env's versions never decrease, so the first step to leave the window is the oldest
+        # of those that left (no min needed, unlike ActedVersions over sub-envs).
+        acted.append(version)
+        oldest = None
+        if emitted:
+            oldest = acted.popleft()
+            while len(acted) > len(nstep):
+                acted.popleft()
+        ended: Sequence[EpisodeStat] = NO_EPISODES
+        if terminated or truncated:
+            ended = (EpisodeStat(self._return, self._length),)
+            self._return, self._length = 0.0, 0
+            self._obs, _ = self.env.reset()
+        else:
+            self._obs = next_obs
+        return emitted, oldest, 1, ended
+
+
+class VectorEnvStepper:
+    """A ``SyncVectorEnv`` (autoreset NEXT_STEP): one n-step window per sub-env, whose autoreset
+    steps are not transitions (``VectorNStep``)."""
+
+    def __init__(self, env: Any, seed: int, num_envs: int, n_step: int, gamma: float) -> None:
+        self.env = env
+        self.vec = VectorNStep(num_envs, n_step, gamma)
+        self._acted = ActedVersions(num_envs)
+        # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each
+        # step, so transitions may keep row views of them.
+        self.obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
+
+    def step(self, actions: np.ndarray, version: int) -> Stepped:
+        vec = self.vec
+        next_obs, rewards, terminated, truncated, _ = self.env.step(actions)
+        fed = [not reset for reset in vec.autoreset]  # rows in their autoreset step are skipped
+        emitted = vec.step(self.obs, actions, rewards, terminated, truncated, next_obs)
+        oldest = self._acted.step(version, fed, [len(p) for p in vec.processors])
+        self.obs = next_obs
+        return emitted, oldest, vec.real_steps, [stat for _, stat in vec.ended]
 
 
 class Sampler:
     """Steps its env(s) with exploration and folds the steps into batches of n-step transitions.
 
-    ``sync_weights`` is called every ``actor.weights_poll_steps`` env steps (and before the first):
-    it is where the caller hands the policy newer weights. Each batch is stamped with the oldest
-    weights version its transitions were acted with, so the learner can measure policy lag.
+    ``collect`` returns ``Collected.WEIGHTS_DUE`` every ``actor.weights_poll_steps`` env steps (and
+    before the first): the caller hands the policy newer weights then, if it has any. Each batch
+    is stamped with the oldest weights version its transitions were acted with, so the learner
+    can measure policy lag.
     """
 
     def __init__(
@@ -128,16 +192,13 @@ class Sampler:
         env: Any,
         spec: SampleSpec,
         *,
-        sync_weights: Callable[[], None],
         replacement: bool = False,
         initial_priorities: bool = False,
     ) -> None:
         self.actor_id = actor_id
         self.policy = policy
-        self.env = env
         self.spec = spec
         self.num_envs = cfg.actor.envs_per_actor
-        self._sync = sync_weights
         self._send_batch = cfg.actor.send_batch
         self._poll_every = cfg.actor.weights_poll_steps
         self.epsilons = ladder(cfg, actor_id)
@@ -155,35 +216,32 @@ class Sampler:
         self._pending_version = policy.weights_version  # the oldest version acted with among pending
         self._finished: list[EpisodeStat] = []
         self._bad_priorities_logged = False
-        seed = actor_seed(cfg, actor_id)
-        if self.num_envs == 1:
-            self._steps_fn = self._single_steps
-            self._nstep = NStepProcessor(cfg.agent.n_step, cfg.agent.gamma)
-            self._acted: deque[int] = deque()
-            self._obs, _ = env.reset(seed=seed)
-            self._ep_return, self._ep_length = 0.0, 0
-            policy.epsilon = self._schedule(0)
-        else:
-            self._steps_fn = self._vector_steps
-            self._vec = VectorNStep(self.num_envs, cfg.agent.n_step, cfg.agent.gamma)
-            self._vec_acted = ActedVersions(self.num_envs)
-            # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each
-            # step, so transitions may keep row views of them.
-            self._obs, _ = env.reset(seed=[seed + j for j in range(self.num_envs)])
-            policy.epsilon = self.sub_env_epsilons(np.zeros(self.num_envs))
+        seed, n_step, gamma = actor_seed(cfg, actor_id), cfg.agent.n_step, cfg.agent.gamma
+        self.envs: EnvStepper = (
+            SingleEnvStepper(env, seed, n_step, gamma)
+            if self.num_envs == 1
+            else VectorEnvStepper(env, seed, self.num_envs, n_step, gamma)
+        )
+        policy.epsilon = self._epsilon()
         self._next_poll = 0
         self._next_epsilon = HOUSEKEEPING_EVERY
+
+    @property
+    def env(self) -> Any:
+        return self.envs.env
 
     @property
     def batch_ready(self) -> bool:
         return len(self._pending) >= self._send_batch
 
-    def collect(self, budget: int) -> bool:
-        """Step until a batch is ready or about ``budget`` env transitions were taken (a vector
-        step may overshoot by fewer than E); returns whether a batch is ready (see ``message``)."""
-        if not self.batch_ready:
-            self._steps_fn(self.steps + budget)
-        return self.batch_ready
+    def collect(self, budget: int) -> Collected:
+        """Step until a batch is ready, weights are due, or about ``budget`` env transitions were
+        taken (a vector step may overshoot by fewer than E); says which (see ``Collected``)."""
+        if self.batch_ready:
+            return Collected.BATCH_READY
+        if self._act(self.steps + budget):
+            return Collected.WEIGHTS_DUE
+        return Collected.BATCH_READY if self.batch_ready else Collected.BUDGET_SPENT
 
     def message(self) -> SamplesMsg:
         """The ready batch as a samples message (with Ape-X initial priorities when asked for);
@@ -219,72 +277,37 @@ class Sampler:
             "recent_return": float(np.mean(recent)) if recent else float("nan"),
         }
 
-    def _single_steps(self, until: int) -> None:
-        policy, env, nstep, acted = self.policy, self.env, self._nstep, self._acted
+    def _act(self, until: int) -> bool:
+        """The acting loop, for one env or a vector of them: act, step, fold, until ``until`` steps
+        or a full batch; True if it stopped because weights are due."""
+        policy, envs = self.policy, self.envs
         pending, send_batch = self._pending, self._send_batch
-        obs = self._obs
         while self.steps < until and len(pending) < send_batch:
             if self.steps >= self._next_poll:
-                self._sync()
                 self._next_poll = self.steps + self._poll_every
+                return True
             if self.steps >= self._next_epsilon:
-                policy.epsilon = self._schedule(self.steps)
+                policy.epsilon = self._epsilon()
                 self._next_epsilon = self.steps + HOUSEKEEPING_EVERY
             version = policy.weights_version
-            action = policy.act(obs[None], explore=True)[0]
-            next_obs, reward, terminated, truncated, _ = env.step(action)
-            self.steps += 1
-            self._ep_return += float(reward)
-            self._ep_length += 1
-            emitted = nstep.step(obs, action, float(reward), terminated, truncated, next_obs)
-            # The version each windowed step was acted with. One env's versions never decrease, so
-            # the first step to leave the window is the oldest of those that left (no min needed;
-            # the vector loop, whose sub-envs differ, uses ActedVersions).
-            acted.append(version)
-            if emitted:
-                oldest = acted.popleft()
-                while len(acted) > len(nstep):
-                    acted.popleft()
-                if not pending:
-                    self._pending_version = oldest
-                pending.extend(emitted)
-            if terminated or truncated:
-                self._finished.append(EpisodeStat(self._ep_return, self._ep_length))
-                self.recent_returns.append(self._ep_return)
-                self.episodes += 1
-                self._ep_return, self._ep_length = 0.0, 0
-                obs, _ = env.reset()
-            else:
-                obs = next_obs
-        self._obs = obs
-
-    def _vector_steps(self, until: int) -> None:
-        policy, env, vec, acted = self.policy, self.env, self._vec, self._vec_acted
-        pending, send_batch = self._pending, self._send_batch
-        obs = self._obs
-        while self.steps < until and len(pending) < send_batch:
-            if self.steps >= self._next_poll:
-                self._sync()
-                self._next_poll = self.steps + self._poll_every
-            if self.steps >= self._next_epsilon:
-                policy.epsilon = self.sub_env_epsilons(np.asarray(vec.env_steps))
-                self._next_epsilon = self.steps + HOUSEKEEPING_EVERY
-            version = policy.weights_version
-            actions = policy.act(obs, explore=True)  # each row explores at its sub-env's epsilon
-            next_obs, rewards, terminated, truncated, _ = env.step(actions)
-            fed = [not reset for reset in vec.autoreset]  # rows in their autoreset step are skipped
-            emitted = vec.step(obs, actions, rewards, terminated, truncated, next_obs)
-            oldest = acted.step(version, fed, [len(p) for p in vec.processors])
+            actions = policy.act(envs.obs, explore=True)  # each row explores at its sub-env's epsilon
+            emitted, oldest, real_steps, ended = envs.step(actions, version)
             if oldest is not None:
                 self._pending_version = oldest if not pending else min(self._pending_version, oldest)
                 pending.extend(emitted)
-            self.steps += vec.real_steps
-            for _, stat in vec.ended:
+            self.steps += real_steps
+            for stat in ended:
                 self._finished.append(stat)
                 self.recent_returns.append(stat.ret)
                 self.episodes += 1
-            obs = next_obs
-        self._obs = obs
+        return False
+
+    def _epsilon(self) -> float | np.ndarray:
+        """The policy's epsilon now: one env's from its schedule over the actor's steps, a vector's
+        per sub-env over that sub-env's own steps."""
+        if isinstance(self.envs, VectorEnvStepper):
+            return self.sub_env_epsilons(np.asarray(self.envs.vec.env_steps))
+        return self._schedule(self.steps)
 
     def sub_env_epsilons(self, env_steps: np.ndarray) -> np.ndarray:
         """Each sub-env's epsilon: annealed linearly from 1.0 to its rung over ``epsilon_decay_steps``

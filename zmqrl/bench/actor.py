@@ -262,18 +262,18 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
     prioritized-replay config computes per batch) with each ready batch encoded as a samples
     message, in this process, sent nowhere. Between the bare loop and the real actor, it splits
     what zmqrl's acting costs from what its process, socket and threads cost."""
-    from zmqrl.actor.sampler import Sampler
+    from zmqrl.actor.sampler import Collected, Sampler
     from zmqrl.transport import wire
 
     cfg, env, spec, policy = _acting_parts(envs)
     prioritized = priorities and cfg.replay.prioritized
-    sampler = Sampler(cfg, 0, policy, env, spec, sync_weights=lambda: None, initial_priorities=prioritized)
+    sampler = Sampler(cfg, 0, policy, env, spec, initial_priorities=prioritized)
     encoded = 0
 
     def step() -> int:
         nonlocal encoded
         before = sampler.steps
-        if sampler.collect(CLOCK_EVERY):
+        if sampler.collect(CLOCK_EVERY) is Collected.BATCH_READY:  # weights due: none to take here
             encoded += len(wire.dump(sampler.message()))
         return sampler.steps - before
 

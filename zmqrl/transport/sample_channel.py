@@ -1,7 +1,8 @@
 """The samples channel (actor -> learner): :class:`SampleSender` and :class:`SampleReceiver`.
 
-The sender blocks politely at the learner's high-water mark (backpressure) and tells a learner
-that is connected but slow apart from one that is not there at all; the receiver reads each
+The sender says when the learner's high-water mark holds a message back (backpressure), keeps it
+for retries while its caller does what it must meanwhile, and tells a learner that is connected
+but slow apart from one that is not there at all; the receiver reads each
 message within the channel's frame limit, decodes and validates it against the run's spec, and
 counts what it drops.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import zmq
 
@@ -48,12 +48,12 @@ class LearnerUnreachable(RuntimeError):
 
 
 class SampleSender:
-    """Actor side of the samples channel. Blocks (politely) when the learner's queue is full.
+    """Actor side of the samples channel. Says when the learner's queue holds a message back.
 
     Two reasons keep a send from going through, and they call for different things:
 
     * **Backpressure**: the learner is connected but not reading yet (training, held back by its
-      replay ratio, checkpointing, or stopped). The sender waits as long as it takes and says so
+      replay ratio, checkpointing, or stopped). ``retry`` waits as long as it takes and says so
       at doubling intervals; giving up here would kill healthy actors of a busy learner.
     * **No learner**: nothing is connected (the learner is down, unreachable, or refuses this
       actor's keys). Said in the log after ``FIRST_WARNING_SECONDS``, then at doubling intervals;
@@ -84,42 +84,71 @@ class SampleSender:
         self.messages_sent = 0
         self.blocked_seconds = 0.0
         self.backpressure_seconds = 0.0  # blocked while the learner was connected
+        self._held: list[bytes | memoryview] | None = None  # held back at the high-water mark
+        self._blocked_since = self._last = 0.0
+        self._unreachable_since: float | None = None  # held back with nothing connected, since then
+        self._next_warning = self.FIRST_WARNING_SECONDS
 
-    def send(self, msg: SamplesMsg, idle: Callable[[], bool]) -> bool:
-        """Send ``msg``; while the high-water mark holds it back, call ``idle()`` every
-        ``SEND_POLL_MS`` and give up if it returns True (stop requested). Returns whether sent."""
+    def send(self, msg: SamplesMsg) -> bool:
+        """Send ``msg`` if the learner's queue has room; True if it went out. False: the high-water
+        mark holds it back. The sender keeps it (``held``) and the caller decides what to do
+        meanwhile (an actor drains weights and heartbeats) before each ``retry()``, or
+        ``abandon()``s it when told to stop."""
+        if self._held is not None:
+            raise RuntimeError("a held-back message must be retried or abandoned before the next send")
         frames = wire.dump(msg)
-        started: float | None = None
-        unreachable_since: float | None = None  # blocked with nothing connected, since then
-        last = 0.0
-        next_warning = self.FIRST_WARNING_SECONDS
-        while True:
-            try:
-                self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                break
-            except zmq.Again:
-                now = self._clock()
-                if started is None:
-                    started = last = now
-                if idle():
-                    self.blocked_seconds += self._clock() - started
-                    return False
-                connected = self._peer.connected() if self._peer is not None else None
-                if connected:
-                    self.backpressure_seconds += now - last
-                    unreachable_since = None
-                elif unreachable_since is None:
-                    unreachable_since = now
-                last = now
-                waited = now - started
-                if waited >= next_warning:
-                    next_warning *= 2
-                    self._warn(waited, connected)
-                if unreachable_since is not None:
-                    self._give_up_if_due(now - unreachable_since)
-                self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
-        if started is not None:
-            self.blocked_seconds += self._clock() - started
+        if self._try(frames):
+            return True
+        self._held = frames
+        self._blocked_since = self._last = self._clock()
+        self._unreachable_since = None
+        self._next_warning = self.FIRST_WARNING_SECONDS
+        return False
+
+    @property
+    def held(self) -> bool:
+        """Whether a message is held back at the high-water mark (see ``send``)."""
+        return self._held is not None
+
+    def retry(self) -> bool:
+        """Wait up to ``SEND_POLL_MS`` for room and send the held-back message; True if it went
+        out. Says at doubling intervals why it waits; raises ``LearnerUnreachable`` once nothing
+        has been connected for ``give_up_after`` seconds (a connected learner that does not read
+        is backpressure: no time limit)."""
+        if self._held is None:
+            return True
+        now = self._clock()
+        connected = self._peer.connected() if self._peer is not None else None
+        if connected:
+            self.backpressure_seconds += now - self._last
+            self._unreachable_since = None
+        elif self._unreachable_since is None:
+            self._unreachable_since = now
+        self._last = now
+        waited = now - self._blocked_since
+        if waited >= self._next_warning:
+            self._next_warning *= 2
+            self._warn(waited, connected)
+        if self._unreachable_since is not None:
+            self._give_up_if_due(now - self._unreachable_since)
+        self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
+        if not self._try(self._held):
+            return False
+        self._held = None
+        self.blocked_seconds += self._clock() - self._blocked_since
+        return True
+
+    def abandon(self) -> None:
+        """Forget the held-back message (the caller stops); its blocked time is counted."""
+        if self._held is not None:
+            self._held = None
+            self.blocked_seconds += self._clock() - self._blocked_since
+
+    def _try(self, frames: list[bytes | memoryview]) -> bool:
+        try:
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
         self.messages_sent += 1
         return True
 
