@@ -16,10 +16,10 @@ import zmq
 
 from tests.conftest import tiny_config, wait_until
 from zmqrl.runtime import link as link_module
+from zmqrl.runtime.exits import EXIT_HUNG
 from zmqrl.runtime.health import read_health
 from zmqrl.runtime.link import SupervisorLink
 from zmqrl.runtime.watchdog import Watchdog
-from zmqrl.supervisor.restarts import EXIT_HUNG
 
 
 class Clock:

@@ -1,4 +1,9 @@
-"""A role's health as an orchestrator sees it: a small file its heartbeat thread rewrites.
+"""A role's health as its supervisor and an orchestrator see it: the counters its heartbeats
+carry, the limits they are judged by, and a small file its heartbeat thread rewrites.
+
+The counters and limits are shared by the role (zmqrl/runtime/link.py, which beats, and its
+watchdog) and the supervisor (zmqrl/supervisor/liveness.py, which judges the beats), so they live
+here, below both.
 
 Docker's and Kubernetes' health checks run a command inside the container; "the process exists"
 says nothing about a hung main loop. So every role's heartbeat thread (and the supervisor's loop)
@@ -17,8 +22,29 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from zmqrl.config import SupervisorConfig
+
 # Environment variable naming the file; unset: no file is written.
 HEALTH_FILE_ENV = "ZMQRL_HEALTH_FILE"
+# Heartbeat counters: main-loop rounds (any: waiting counts), and rounds that did useful work.
+PROGRESS_COUNTER = "progress"
+WORK_COUNTER = "work"
+# A process that has made no progress yet (still starting: imports, allocating replay, restoring
+# a snapshot) is hung only after this many times supervisor.progress_timeout, and at least
+# supervisor.startup_timeout (on an overloaded machine torch's import alone has taken a minute).
+STARTING_GRACE = 2.0
+
+
+def hung_timeout(scfg: SupervisorConfig, role: str) -> float:
+    """Seconds without main-loop progress after which a running ``role`` is hung: an actor's loop
+    turns every few env steps, so it gets its own short limit; the learner and the evaluator may
+    spend longer in one step (a big batch, a checkpoint's copy, an evaluation episode)."""
+    return scfg.actor_progress_timeout if role == "actor" else scfg.progress_timeout
+
+
+def startup_timeout(scfg: SupervisorConfig) -> float:
+    """Seconds a process may take from its start to its main loop's first tick."""
+    return max(scfg.progress_timeout * STARTING_GRACE, scfg.startup_timeout)
 
 
 @dataclass

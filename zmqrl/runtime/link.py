@@ -7,7 +7,7 @@ evaluation, torch still importing), so silence means the process is dead or stop
 carries ``progress``: how many times the main loop called ``tick()``, and ``work``: how many of
 those rounds did useful work (an update, env steps; not waiting for replay or for a full queue),
 which is what the supervisor's restart policy calls a healthy run. A process whose beats go on but
-whose progress does not is *hung* after its role's hung timeout (zmqrl/supervisor/liveness.py):
+whose progress does not is *hung* after its role's hung timeout (zmqrl/runtime/health.py):
 in a process main the link's watchdog (zmqrl/runtime/watchdog.py) then ends the process with
 exit 3, so any orchestrator replaces it. Process mains create the link first thing, before heavy
 imports, and hand it to the role, so even start-up is covered.
@@ -33,9 +33,16 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.runtime.guard import ThreadDied, start_guarded
-from zmqrl.runtime.health import HealthRecord, health_path, write_health
+from zmqrl.runtime.health import (
+    PROGRESS_COUNTER,
+    WORK_COUNTER,
+    HealthRecord,
+    health_path,
+    hung_timeout,
+    startup_timeout,
+    write_health,
+)
 from zmqrl.runtime.watchdog import Watchdog, end_hung_process
-from zmqrl.supervisor.liveness import PROGRESS_COUNTER, WORK_COUNTER, hung_timeout, startup_timeout
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.control import CONTROL_DROPS_COUNTER, ControlSubscriber, HeartbeatSender

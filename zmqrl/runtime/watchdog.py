@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from zmqrl.supervisor.restarts import EXIT_HUNG
+from zmqrl.runtime.exits import EXIT_HUNG
 
 log = logging.getLogger("zmqrl.watchdog")
 

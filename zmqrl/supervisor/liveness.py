@@ -22,30 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zmqrl.config import SupervisorConfig
+from zmqrl.runtime.health import PROGRESS_COUNTER, WORK_COUNTER, hung_timeout, startup_timeout
 from zmqrl.transport.wire import HeartbeatMsg
-
-# A process that has made no progress yet (still starting: imports, allocating replay, restoring
-# a snapshot) is hung only after this many times supervisor.progress_timeout, and at least
-# supervisor.startup_timeout (on an overloaded machine torch's import alone has taken a minute).
-STARTING_GRACE = 2.0
-# Heartbeat counters: main-loop rounds (any: waiting counts), and rounds that did useful work.
-PROGRESS_COUNTER = "progress"
-WORK_COUNTER = "work"
 
 # States a role's last heartbeat (SupervisorLink.final) reports; it exits right after.
 FINAL_STATES = ("finished", "stopped", "failed")
-
-
-def hung_timeout(scfg: SupervisorConfig, role: str) -> float:
-    """Seconds without main-loop progress after which a running ``role`` is hung: an actor's loop
-    turns every few env steps, so it gets its own short limit; the learner and the evaluator may
-    spend longer in one step (a big batch, a checkpoint's copy, an evaluation episode)."""
-    return scfg.actor_progress_timeout if role == "actor" else scfg.progress_timeout
-
-
-def startup_timeout(scfg: SupervisorConfig) -> float:
-    """Seconds a process may take from its start to its main loop's first tick."""
-    return max(scfg.progress_timeout * STARTING_GRACE, scfg.startup_timeout)
 
 
 @dataclass

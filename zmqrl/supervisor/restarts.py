@@ -29,15 +29,7 @@ import signal
 from dataclasses import dataclass, field
 
 from zmqrl.config import SupervisorConfig
-
-# Exit codes of a role process (docs/fault-tolerance.md, "Exit codes").
-EXIT_OK = 0  # finished, or stopped because the supervisor or the learner asked
-EXIT_FAILED = 1  # an unexpected exception, a dead thread: restarted
-EXIT_OPERATOR = 2  # a setting that cannot work, a refused resume, a full disk: never restarted
-EXIT_HUNG = 3  # its own watchdog ended it (no main-loop progress): restarted
-# A shell reports a process ended by signal N as 128 + N (a role that handles SIGTERM and SIGINT
-# itself exits so too); Popen reports -N.
-SIGNAL_EXIT_BASE = 128
+from zmqrl.runtime.exits import EXIT_HUNG, EXIT_OK, EXIT_OPERATOR, SIGNAL_EXIT_BASE
 
 # What each kind of death is called on the console.
 CRASHED = "crashed"
