@@ -14,6 +14,27 @@ from zmqrl.errors import ConfigError
 if TYPE_CHECKING:
     from zmqrl.config import Config
 
+# Names in a keys directory (zmqrl/transport/keys.py) that no client key pair may take: the
+# server's pair and the directory of authorized public keys.
+SERVER_NAME = "server"
+AUTHORIZED_DIR = "authorized"
+# Client names become file names: keep them to one plain path component.
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def client_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a client key pair (it becomes a file name), or None if it can.
+
+    Pure, so that config checking (transport.key_name) and ``zmqrl keys`` apply the same rule;
+    here rather than in transport/keys.py, so that checking a config imports no zmq.
+    """
+    if not _CLIENT_NAME.fullmatch(name) or name in (SERVER_NAME, AUTHORIZED_DIR):
+        return (
+            f"bad client name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "
+            f"(not starting with '.', and not {SERVER_NAME!r} or {AUTHORIZED_DIR!r})"
+        )
+    return None
+
 
 def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | None = None) -> None:
     """Range checks that types alone cannot express.
@@ -160,8 +181,6 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
             raise fail(f"transport.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555")
     if not cfg.supervisor.status.startswith(("tcp://", "ipc://", "inproc://")):
         raise fail("supervisor.status must be a ZeroMQ endpoint like tcp://127.0.0.1:5559 (or port 0)")
-    from zmqrl.transport.keys import client_name_problem  # zmq: only once the rest passed
-
     if problem := client_name_problem(cfg.transport.key_name):
         raise fail(f"transport.key_name: {problem}")
     check = getattr(cfg.agent, "check", None)  # optional for a plugin's config class

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,16 +29,18 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
+# The key layout's reserved names and the client naming rule live with the config checks, which
+# apply the rule to transport.key_name before anything imports zmq.
+from zmqrl.config_checks import AUTHORIZED_DIR, SERVER_NAME, client_name_problem
+
 log = logging.getLogger("zmqrl.security")
 
 # File names of the layout above. ``.key``/``.key_secret`` and the text format are the ones pyzmq
 # and czmq use, so their tools (zmq.auth.load_certificate, zcert) read zmqrl's keys as they are.
-SERVER_NAME = "server"
 DEFAULT_CLIENT = "client"
 # The roles that heartbeat to a supervisor: with keys, each has a client pair named for it, which is
 # the only kind of key the supervisor lets speak as that role (zmqrl/transport/identity.py).
 ROLE_CLIENTS = ("learner", "actor", "evaluator")
-AUTHORIZED_DIR = "authorized"
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 # Secret files are readable by their owner only, like an ssh private key; the keys directory too.
@@ -47,8 +48,6 @@ SECRET_MODE = 0o600
 KEYS_DIR_MODE = 0o700
 # The command users run to make keys; every "what to do next" message names it.
 KEYS_COMMAND = "zmqrl keys"
-# Client names become file names: keep them to one plain path component.
-_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class SecurityError(RuntimeError):
@@ -90,19 +89,6 @@ def _write_new(path: Path, text: str, mode: int) -> None:
         os.write(fd, text.encode("ascii"))
     finally:
         os.close(fd)
-
-
-def client_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a client key pair (it becomes a file name), or None if it can.
-
-    Pure, so that config checking (transport.key_name) and ``zmqrl keys`` apply the same rule.
-    """
-    if not _CLIENT_NAME.fullmatch(name) or name in (SERVER_NAME, AUTHORIZED_DIR):
-        return (
-            f"bad client name {name!r}: use 1-64 letters, digits, '.', '_' or '-' "
-            f"(not starting with '.', and not {SERVER_NAME!r} or {AUTHORIZED_DIR!r})"
-        )
-    return None
 
 
 def _check_client_names(names: Iterable[str]) -> list[str]:
