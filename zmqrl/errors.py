@@ -18,3 +18,10 @@ class ConfigError(ValueError):
     fix by changing a setting (a key, its value, the env chosen for an agent): an unexpected
     ValueError from inside zmqrl must stay a plain ValueError, so it is reported as the bug it is.
     """
+
+
+class EnvError(ConfigError):
+    """The configured environment cannot be made or is not supported by the configured agent.
+
+    A ConfigError (hence still a ValueError): the user fixes it with another setting, so the CLI
+    exits 2 with one line wherever in a role it is raised."""

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
-from zmqrl.envs.ids import EnvError, is_factory_path, make_from_factory, unknown_id_message
+from zmqrl.envs.ids import is_factory_path, make_from_factory, unknown_id_message
 from zmqrl.envs.minatar import (
     MINATAR_INSTALL_HINT,
     ChannelsFirstGrid,
@@ -28,6 +28,7 @@ from zmqrl.envs.minatar import (
     register_minatar,
 )
 from zmqrl.envs.minatar import missing_message as missing_minatar_message
+from zmqrl.errors import EnvError
 from zmqrl.spec import DEFAULT_MAX_ABS_OBS, DEFAULT_MAX_ABS_REWARD, SampleSpec
 
 __all__ = [

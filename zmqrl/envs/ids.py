@@ -28,7 +28,7 @@ from typing import Any
 import gymnasium as gym
 
 from zmqrl.code_trust import MODULE_SEPARATOR
-from zmqrl.errors import ConfigError
+from zmqrl.errors import EnvError
 
 # Separates the module from the factory's name in an import path, as in entry points; the same
 # colon by which the config parser tells an id that imports code (zmqrl.code_trust).
@@ -38,13 +38,6 @@ FACTORY_EXAMPLE = "mypackage.envs:make_env"
 # Registered ids offered as "did you mean" for an unknown one (difflib's ratio, 0..1).
 CLOSE_MATCHES = 3
 CLOSE_MATCH_CUTOFF = 0.6
-
-
-class EnvError(ConfigError):
-    """The configured environment cannot be made or is not supported by the configured agent.
-
-    A ConfigError (hence still a ValueError): the user fixes it with another setting, so the CLI
-    exits 2 with one line wherever in a role it is raised."""
 
 
 def is_factory_path(env_id: str) -> bool:

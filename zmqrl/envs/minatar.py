@@ -30,7 +30,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.envs.ids import EnvError
+from zmqrl.errors import EnvError
 
 # Ids of the MinAtar games start with this namespace.
 MINATAR_NAMESPACE = "MinAtar/"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zmqrl.core import Replay
-from zmqrl.envs.ids import EnvError
+from zmqrl.errors import EnvError
 from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
 from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
 from zmqrl.replay.memory import ReplayMemoryError, available_memory_bytes, format_bytes
