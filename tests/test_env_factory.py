@@ -16,7 +16,7 @@ from tests import example_envs
 from tests.conftest import launch_to_the_end, processes_mentioning, tiny_overrides
 from zmqrl.config import EnvConfig, load_config
 from zmqrl.envs.factory import EnvError, OneHotObservation, make_env, make_vector_env, sample_spec
-from zmqrl.transport.fingerprint import run_fingerprint
+from zmqrl.runtime.run_fingerprint import run_fingerprint
 
 CORRIDOR = "tests.example_envs:make_env"
 HERE = __name__  # this module, importable as tests.test_env_factory: factories for the error cases

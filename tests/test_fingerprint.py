@@ -8,13 +8,9 @@ import numpy as np
 import pytest
 
 from zmqrl.config import Config, load_config
+from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.spec import SampleSpec
-from zmqrl.transport.fingerprint import (
-    FingerprintMismatch,
-    check_fingerprint,
-    fingerprint_mismatch,
-    run_fingerprint,
-)
+from zmqrl.transport.fingerprint import FingerprintMismatch, check_fingerprint, fingerprint_mismatch
 from zmqrl.transport.wire import WeightsMsg, dump, load_weights
 from zmqrl.types import Weights
 

@@ -21,10 +21,10 @@ from zmqrl.config import Config
 from zmqrl.envs.factory import action_bounds, make_env, sample_spec
 from zmqrl.learner.main import Learner
 from zmqrl.runtime.link import SupervisorLink
+from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.transport import wire
 from zmqrl.transport.channels import LearnerUnreachable
-from zmqrl.transport.fingerprint import run_fingerprint
 from zmqrl.transport.wire import HeartbeatMsg, SamplesMsg, StopMsg, WeightsMsg
 from zmqrl.types import EpisodeStat, TransitionBatch, Weights
 

@@ -17,9 +17,9 @@ from zmqrl.config import Config
 from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
 from zmqrl.runtime import testhooks
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
+from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
-from zmqrl.transport.fingerprint import run_fingerprint
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50

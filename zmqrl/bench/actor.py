@@ -139,8 +139,8 @@ def greeting(cfg: Config) -> list[bytes]:
     fingerprint, which is what the actor waits for before sending."""
     from zmqrl.agents import make_policy
     from zmqrl.envs.factory import make_env, sample_spec
+    from zmqrl.runtime.run_fingerprint import run_fingerprint
     from zmqrl.transport import wire
-    from zmqrl.transport.fingerprint import run_fingerprint
     from zmqrl.transport.wire import WeightsMsg
     from zmqrl.types import Weights
 

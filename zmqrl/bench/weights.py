@@ -68,9 +68,9 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
 
     from zmqrl.agents import make_policy
     from zmqrl.runtime.link import socket_limits
+    from zmqrl.runtime.run_fingerprint import run_fingerprint
     from zmqrl.transport import sockets
     from zmqrl.transport.channels import BadMessages, WeightsSubscriber
-    from zmqrl.transport.fingerprint import run_fingerprint
 
     cfg = load_config(net.config)
     spec = _spec(net)
@@ -126,9 +126,9 @@ class Publisher:
         from zmqrl.agents.configs import DQNConfig
         from zmqrl.agents.numpy_policies import dqn_layout
         from zmqrl.runtime.link import socket_limits
+        from zmqrl.runtime.run_fingerprint import run_fingerprint
         from zmqrl.transport import sockets, wire
         from zmqrl.transport.channels import WeightsPublisher
-        from zmqrl.transport.fingerprint import run_fingerprint
         from zmqrl.transport.wire import WeightsMsg
         from zmqrl.types import Weights
 

@@ -27,9 +27,9 @@ from zmqrl.evaluator.greedy import make_eval_policy
 from zmqrl.evaluator.scoring import BEST, Scorer, final_weights, stored_best_score
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.runtime.link import SupervisorLink, launch_time, socket_limits, transport_security
+from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, WeightsSubscriber
-from zmqrl.transport.fingerprint import run_fingerprint
 
 # The supervisor knows this process as ("evaluator", EVALUATOR_ID).
 ROLE = "evaluator"

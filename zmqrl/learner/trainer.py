@@ -33,9 +33,9 @@ from zmqrl.learner.state import LearnerCounters
 from zmqrl.metrics import Logger
 from zmqrl.replay import make_rate_limiter, make_replay
 from zmqrl.replay.memory import format_bytes
+from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import wire
 from zmqrl.transport.control import TARGET_HELD
-from zmqrl.transport.fingerprint import run_fingerprint
 from zmqrl.transport.wire import MAX_ARRAYS, Fingerprint, WeightsMsg
 from zmqrl.types import Weights
 
