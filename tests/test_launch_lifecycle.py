@@ -4,7 +4,6 @@ processes of its own (item 11). Real processes for seconds each: part of the hea
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import run_state
 from tests.conftest import REPO, processes_mentioning, tiny_overrides, wait_until
-from tests.test_launch import Launch, assert_nothing_left, learner_pid, log_count, wait_for_log
+from tests.test_launch import Launch, assert_nothing_left, learner_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
@@ -88,12 +88,10 @@ def test_a_launch_whose_stdout_nobody_reads_keeps_its_roles_alive_and_stops_clea
         tiny_overrides(run_root, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=2.0)
     )
     try:
-        wait_until(lambda: "actor(s) started" in launch.text, 90, "the roles to start")
-        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 60)
+        run_state.wait_until_up(run_dir, "actor-0", 90, alive=lambda: launch.proc.poll() is None)
         launch.fill()
         wait_until(launch.writer_blocked, 30, "the launch to block on its full stdout")
-        learner_log = run_dir / "logs" / "learner-0.log"
-        lines_before = log_count(learner_log, "updates ")
+        published_before = run_state.published_version(run_dir)
         blocked_at = time.monotonic()
         while time.monotonic() - blocked_at < 4 * 2.0:  # four heartbeat timeouts
             assert launch.writer_blocked(), "the launch was unblocked before the test let it"
@@ -102,7 +100,7 @@ def test_a_launch_whose_stdout_nobody_reads_keeps_its_roles_alive_and_stops_clea
         assert len(processes_mentioning(f"{run_dir}/config.yaml")) == 2, "a role left the blocked run"
         for name in ("learner-0", "actor-0"):
             assert "supervisor silent" not in (run_dir / "logs" / f"{name}.log").read_text()
-        assert log_count(learner_log, "updates ") > lines_before, "the learner stopped training"
+        assert run_state.published_version(run_dir) > published_before, "the learner stopped training"
         launch.resume()
         wait_until(lambda: not launch.writer_blocked(), 30, "the launch to write again")
         time.sleep(2.0)  # a few turns of its loop after the stall: nobody is judged dead for it
@@ -132,21 +130,21 @@ def test_a_learner_sigtermed_from_outside_is_restarted_and_the_run_finishes(run_
             supervisor__restart_backoff=0.2,
         )
     )
-    launch.wait_for("actor(s) started", 60)
     wait_until((run_dir / "checkpoints" / "latest").is_file, 90, "a first checkpoint")
     os.kill(learner_pid(run_dir), signal.SIGTERM)
-    launch.wait_for("learner-0 killed by SIGTERM from outside", 30)
+    run_state.wait_for_process_row(run_dir, "learner-0", run_state.noticed, 30, "gone", launch.running)
     assert "learner finished" not in launch.output
     code = launch.finish(timeout=180)
     assert code == 0, launch.output
+    assert "learner-0 killed by SIGTERM from outside" in launch.output
     assert "restarting it from its latest checkpoint" in launch.output
-    stats = json.loads((run_dir / "stats.json").read_text())
+    stats = run_state.run_stats(run_dir)
     learner = stats["learner"]
     assert learner["state"] == "finished" and learner["updates"] == 2000 and learner["restarts"] == 1
     assert learner["end"] == "finished" and stats["outcome"] == "finished"
     actor = stats["actors"][0]
     assert actor["restarts"] == 0, "the actor outlived its learner's restart"
-    assert "resumed from" in (run_dir / "logs" / "learner-0.log").read_text()
+    assert learner["resumed_from"]["updates"] >= 100, "the replacement resumed from a checkpoint"
     assert_nothing_left(run_dir)
 
 
@@ -168,7 +166,7 @@ def test_actors_at_max_steps_under_a_replay_ratio_end_the_run_instead_of_hanging
     code = launch.finish(timeout=180)
     assert code == 0, launch.output
     assert "every actor is done (actor.max_steps): asking the learner to end the run" in launch.output
-    stats = json.loads((run_dir / "stats.json").read_text())
+    stats = run_state.run_stats(run_dir)
     assert stats["learner"]["state"] == "finished" and stats["learner"]["ended"] == "actor max_steps"
     assert [a["end"] for a in stats["actors"]] == ["finished", "finished"]
     assert (
@@ -193,9 +191,8 @@ def test_an_envs_own_processes_die_with_their_actor(run_root: Path) -> None:
         )
     )
     try:
-        launch.wait_for("actor(s) started", 90)
-        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 60)
-        actor = next(pid for pid, cmd in processes_mentioning(f"{run_dir}/config.yaml") if "--id 0" in cmd)
+        actor = run_state.wait_until_up(run_dir, "actor-0", 90, alive=launch.running).pid
+        assert actor is not None
 
         def helpers_of(pid: int) -> list[int]:
             found = []
@@ -208,9 +205,11 @@ def test_an_envs_own_processes_die_with_their_actor(run_root: Path) -> None:
         wait_until(lambda: helpers_of(actor), 30, "the actor's env helper")
         helper = helpers_of(actor)[0]
         os.kill(actor, signal.SIGSTOP)
-        launch.wait_for(f"actor-0 (pid {actor})", 30)
+        run_state.wait_for_process_row(
+            run_dir, "actor-0", run_state.noticed, 30, "found stopped", launch.running
+        )
         wait_until(lambda: not Path(f"/proc/{helper}").exists(), 10, "the helper to die with its actor")
-        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 60, times=2)
+        run_state.wait_until_up(run_dir, "actor-0", 60, restarts=1, alive=launch.running)
     finally:
         launch.proc.send_signal(signal.SIGINT)
         code = launch.finish(timeout=60)

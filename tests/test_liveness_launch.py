@@ -21,8 +21,9 @@ import pytest
 import yaml
 import zmq
 
+from tests import run_state
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
-from tests.test_launch import REPO, Launch, assert_nothing_left, log_count, wait_for_log
+from tests.test_launch import REPO, Launch, assert_nothing_left, wait_for_log
 from zmqrl.runtime.testhooks import (
     ACTOR_HANG_ONCE,
     DEADLOCK_ONCE,
@@ -100,19 +101,20 @@ def test_a_learner_whose_ingest_thread_raises_exits_non_zero_with_the_traceback_
     cmd = [sys.executable, "-m", "zmqrl", "learner", str(REPO / "configs" / "cartpole_dqn.yaml")]
     cmd += [a for item in overrides for a in ("--set", item)]
     env = with_hooks(f"{INGEST_FAULT_ONCE}={tmp_path / 'fired'}")
+    health = tmp_path / "learner-health.json"
     with open(learner_log, "wb") as out:
-        learner = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        learner = subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=run_state.with_health_file(health, env)
+        )
     actor: subprocess.Popen[bytes] | None = None
     try:
-        wait_for_log(learner_log, "learner up:", 60)
-        endpoints = re.search(r"learner up: samples (\S+), weights (\S+)", learner_log.read_text())
-        assert endpoints is not None
+        endpoints = run_state.wait_for_endpoints(health, 60, learner)
         actor_cmd = [sys.executable, "-m", "zmqrl", "actor", str(run_dir / "config.yaml"), "--id", "0"]
         actor_cmd += [
             "--set",
-            f"transport.samples={endpoints[1]}",
+            f"transport.samples={endpoints['samples']}",
             "--set",
-            f"transport.weights={endpoints[2]}",
+            f"transport.weights={endpoints['weights']}",
         ]
         with open(run_dir / "actor.log", "wb") as out:
             actor = subprocess.Popen(actor_cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -150,17 +152,17 @@ def test_a_supervised_run_recovers_from_a_learner_whose_ingest_thread_died(
             supervisor__restart_backoff=0.2,
         )
     )
-    launch.wait_for("actor(s) started", 60)
     wait_until((run_dir / "checkpoints" / "latest").is_file, 90, "a first checkpoint")
     marker.unlink()  # the next batch the learner accepts raises in its ingest thread
-    launch.wait_for("learner-0 exited with code 1", 30)
+    run_state.wait_for_process_row(run_dir, "learner-0", run_state.noticed, 30, "gone", launch.running)
     code = launch.finish(timeout=180)
     assert code == 0, launch.output
     assert marker.exists(), "the hook fired"
+    assert "learner-0 exited with code 1" in launch.output
     log = (run_dir / "logs" / "learner-0.log").read_text()
     assert "thread 'ingest' died" in log and "RuntimeError: test hook: replay add failed" in log
-    assert "resumed from" in log
     stats = stats_of(run_dir)
+    assert stats["learner"]["resumed_from"]["updates"] >= 100, "the replacement resumed from a checkpoint"
     assert stats["learner"]["state"] == "finished" and stats["learner"]["updates"] == 1500
     assert stats["learner"]["restarts"] == 1
     assert_nothing_left(run_dir)
@@ -210,11 +212,14 @@ def test_a_learner_whose_main_loop_deadlocks_ends_itself_as_hung_and_is_restarte
             supervisor__restart_backoff=0.2,
         )
     )
-    launch.wait_for("actor(s) started", 60)
-    wait_for_log(run_dir / "logs" / "learner-0.log", "test hook: the main loop deadlocks now", 90)
+    # The hook marks its firing by creating its file, just before the main loop deadlocks.
+    wait_until((tmp_path / "fired").exists, 90, "the main loop to deadlock")
     deadlocked_at = time.monotonic()
-    launch.wait_for("learner-0 exited with code 3 (hung: its watchdog ended it)", 30)
+    run_state.wait_for_process_row(
+        run_dir, "learner-0", run_state.noticed, 30, "ended as hung", launch.running
+    )
     noticed_after = time.monotonic() - deadlocked_at
+    assert "learner-0 exited with code 3 (hung: its watchdog ended it)" in launch.output
     code = launch.finish(timeout=180)
     assert code == 0, launch.output
     log = (run_dir / "logs" / "learner-0.log").read_text()
@@ -236,6 +241,7 @@ def test_with_the_default_settings_a_hung_actor_is_replaced_within_ten_seconds(
     launch = Launch(default_supervisor(run_root, learner__max_updates=1_000_000, learner__eval_interval=0))
     try:
         actor_log = run_dir / "logs" / "actor-0.log"
+        # The one record of when its main loop stopped is the hook's own line (its time stamp).
         wait_for_log(actor_log, "test hook: the main loop hangs now", 90)
         hung_pid = wait_for_pid(run_dir, "actor", 0)
         hung_at = log_times(actor_log, "test hook: the main loop hangs now")[0]
@@ -264,11 +270,11 @@ def test_with_the_default_settings_a_stopped_actor_is_replaced_within_five_secon
         first = wait_for_pid(run_dir, "actor", 0, timeout=90)
         os.kill(first, signal.SIGSTOP)
         stopped_at = time.monotonic()
-        assert log_count(run_dir / "logs" / "actor-0.log", "actor 0 up") == 0
+        assert not run_state.is_up(run_state.process(run_dir, "actor-0")), "stopped past its start-up"
         second = wait_for_pid(run_dir, "actor", 0, other_than=first, timeout=30)
         in_start_up = time.monotonic() - stopped_at
         # Stopped while running, once it has run healthily.
-        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
+        run_state.wait_until_up(run_dir, "actor-0", 90, restarts=1, alive=launch.running)
         time.sleep(HEALTHY_MARGIN)
         os.kill(second, signal.SIGSTOP)
         stopped_at = time.monotonic()
@@ -293,8 +299,8 @@ def test_ctrl_c_while_an_actor_is_stopped_ends_within_five_seconds_with_nothing_
             run_root, actor__num_actors=2, learner__max_updates=1_000_000, supervisor__heartbeat_timeout=30
         )  # a long timeout: the stopped actor is still in place when Ctrl-C comes
     )
-    wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
-    wait_for_log(run_dir / "logs" / "actor-1.log", "actor 1 up", 90)
+    for name in ("actor-0", "actor-1"):
+        run_state.wait_until_up(run_dir, name, 90, alive=launch.running)
     os.kill(wait_for_pid(run_dir, "actor", 0), signal.SIGSTOP)
     time.sleep(0.5)
     interrupted = time.monotonic()
@@ -352,7 +358,7 @@ def test_a_heartbeat_flood_neither_stalls_the_supervisor_nor_goes_uncounted(run_
     launch = Launch(default_supervisor(run_root, learner__max_updates=1_000_000, learner__eval_interval=0))
     ctx = zmq.Context()
     try:
-        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90)
+        run_state.wait_until_up(run_dir, "actor-0", 90, alive=launch.running)
         endpoint = yaml.safe_load((run_dir / "config.yaml").read_text())["transport"]["heartbeat"]
         flood = ctx.socket(zmq.PUSH)
         flood.connect(endpoint)
@@ -375,7 +381,7 @@ def test_a_heartbeat_flood_neither_stalls_the_supervisor_nor_goes_uncounted(run_
         wait_for_pid(run_dir, "actor", 0, other_than=victim, timeout=30)
         replaced = time.monotonic() - killed
         assert sent.wait(60), "the flood was not delivered"
-        wait_for_log(run_dir / "logs" / "actor-0.log", "actor 0 up", 90, times=2)
+        run_state.wait_until_up(run_dir, "actor-0", 90, restarts=1, alive=launch.running)
     finally:
         interrupted = time.monotonic()
         launch.proc.send_signal(signal.SIGINT)
@@ -403,22 +409,20 @@ def test_after_a_learner_restart_rates_are_over_the_same_span_as_the_counts(run_
             supervisor__restart_backoff=0.2,
         )
     )
-    learner_log = run_dir / "logs" / "learner-0.log"
-    launch.wait_for("actor(s) started", 60)
-
-    def checkpointed_updates() -> int:
-        names = [p.name for p in (run_dir / "checkpoints").glob("ckpt-*")]
-        return max((int(n.split("-")[1]) for n in names if n.split("-")[1].isdigit()), default=0)
-
-    wait_until(lambda: checkpointed_updates() >= 1000, 120, "1000 updates checkpointed")
+    # When each incarnation is up (past start-up, training or waiting for replay), as the
+    # supervisor's snapshot shows it (within a heartbeat interval and a poll).
+    up = [0.0, 0.0]
+    run_state.wait_until_up(run_dir, "learner-0", 90, alive=launch.running)
+    up[0] = time.time()
+    wait_until(lambda: run_state.checkpointed_updates(run_dir) >= 1000, 120, "1000 updates checkpointed")
     os.kill(wait_for_pid(run_dir, "learner"), signal.SIGKILL)
     killed_wall = time.time()
+    run_state.wait_until_up(run_dir, "learner-0", 90, restarts=1, alive=launch.running)
+    up[1] = time.time()
     code = launch.finish(timeout=180)
     assert code == 0, launch.output
     learner = stats_of(run_dir)["learner"]
     assert learner["restarts"] == 1 and learner["updates"] == 3000
-    up = log_times(learner_log, "learner up:")
-    assert len(up) == 2
     ended = (run_dir / "learner-stats.json").stat().st_mtime
     first, second = killed_wall - up[0], ended - up[1]
     print(
@@ -457,7 +461,6 @@ def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> lis
             learner__eval_interval=0,
         )
     )
-    incarnation = {i: 1 for i in range(3)}
     up_since: dict[int, float] = {}
     pending: dict[int, tuple[float, int, str]] = {}  # actor -> (fault time, old pid, signal)
     current: dict[int, int | None] = {}  # actor -> the pid last seen in its slot
@@ -465,7 +468,7 @@ def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> lis
     done: list[Fault] = []
     every = seconds / faults
     try:
-        launch.wait_for("actor(s) started", 90)
+        run_state.wait_for_launched_endpoints(run_dir, 90, launch.proc)  # the actors start now
         started = time.monotonic()
         next_fault = started
         while len(done) < faults:
@@ -479,17 +482,23 @@ def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> lis
                     if pid is not None and pid != old:
                         done.append(Fault(i, how, now - at))
                         del pending[i]
-                        incarnation[i] += 1
                     elif now - at > 30:
                         raise AssertionError(f"actor {i} not replaced 30 s after {how}:\n{launch.output}")
                 elif pid is not None and current.get(i) not in (None, pid):
                     unprovoked.append(f"actor {i}: pid {current[i]} -> {pid}")
-                    incarnation[i] += 1
                     up_since.pop(i, None)
                 current[i] = pid if pid is not None else current.get(i)
+            snap = run_state.snapshot(run_dir)
+            rows = {row.name: row for row in snap.processes} if snap is not None else {}
             for i in range(3):
-                ups = log_count(run_dir / "logs" / f"actor-{i}.log", f"actor {i} up")
-                if i not in pending and i not in up_since and ups >= incarnation[i]:
+                row = rows.get(f"actor-{i}")
+                # Up: the process now in its slot is past its start-up.
+                if (
+                    i not in pending
+                    and i not in up_since
+                    and run_state.is_up(row)
+                    and row.pid == current.get(i)
+                ):
                     up_since[i] = now
             ready = [i for i, t in up_since.items() if now - t >= HEALTHY_MARGIN and i not in pending]
             if now >= next_fault and ready and len(done) + len(pending) < faults:
