@@ -14,6 +14,8 @@ from zmqrl.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "configuration.md"
+# README's length limit (issue 24): quick start, results, one picture, the Python API, links.
+README_MAX_LINES = 350
 
 
 @dataclasses.dataclass
@@ -114,8 +116,57 @@ def test_the_module_runs_as_a_script() -> None:
 def test_readme_links_to_docs_that_exist() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     linked = set(re.findall(r"\]\((docs/[^)#]+)", readme))
-    assert {"docs/configuration.md", "docs/metrics.md", "docs/protocol.md"} <= linked
+    assert {"docs/configuration.md", "docs/metrics.md", "docs/protocol.md", "docs/performance.md"} <= linked
     assert [name for name in linked if not (REPO / name).is_file()] == []
+
+
+def test_readme_is_at_most_350_lines() -> None:
+    """The overview stays an overview: reference material goes to docs/ (issue 24)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/"
+
+
+def _section(path: Path, heading: str) -> str:
+    """The text under ``heading`` (a ``## `` line) up to the next heading of that level."""
+    text = path.read_text(encoding="utf-8")
+    section = text[text.index(f"\n{heading}\n") + len(heading) + 2 :]
+    end = section.find("\n## ")
+    return section if end < 0 else section[:end]
+
+
+def _code_blocks(path: Path, heading: str) -> list[str]:
+    return re.findall(r"```\n(.*?)```", _section(path, heading), re.DOTALL)
+
+
+def test_readme_draws_the_picture_of_docs_architecture() -> None:
+    readme = _code_blocks(REPO / "README.md", "## Architecture")
+    architecture = _code_blocks(REPO / "docs" / "architecture.md", "## Processes")
+    assert readme and architecture and readme[0] == architecture[0]
+
+
+def test_every_package_has_its_line_in_readme_and_docs_architecture() -> None:
+    """README's module map and docs/architecture.md's package list name each package of zmqrl/ once
+    each: a package added without a line, or a line left behind by a removed one, fails here."""
+    packages = sorted(p.parent.name for p in (REPO / "zmqrl").glob("*/__init__.py"))
+    module_map = _code_blocks(REPO / "README.md", "## Architecture")[1]  # after the picture
+    in_readme = re.findall(r"^zmqrl/(\w+)/ ", module_map, re.MULTILINE)
+    listed = _section(REPO / "docs" / "architecture.md", "## Packages")
+    in_docs = re.findall(r"^\| `zmqrl/(\w+)/` \|", listed, re.MULTILINE)
+    assert sorted(in_readme) == packages, "README's module map"
+    assert sorted(in_docs) == packages, "docs/architecture.md's Packages"
+
+
+def test_docs_name_only_source_paths_that_exist() -> None:
+    """A module or folder that moved leaves no stale path behind in README.md, docs/ or docker/."""
+    pages = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "docker").glob("*.md")]
+    stale = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for match in re.finditer(r"(?<![\w/.])zmqrl/[\w./-]*[\w/]", text):
+            if not (REPO / match.group(0)).exists():
+                line = text.count("\n", 0, match.start()) + 1
+                stale.append(f"{page.relative_to(REPO)}:{line}: {match.group(0)}")
+    assert stale == []
 
 
 def test_docs_links_between_pages_resolve() -> None:

@@ -51,9 +51,7 @@ def register(app: typer.Typer) -> None:
 def launch(
     config: Annotated[
         Path | None,
-        typer.Argument(
-            help="YAML config file (see configs/ and README 'Configuration'); omit with --resume."
-        ),
+        typer.Argument(help="YAML config file (see configs/ and docs/configuration.md); omit with --resume."),
     ] = None,
     resume: Annotated[
         Path | None,

@@ -25,9 +25,7 @@ EXAMPLE_CONFIG = "configs/cartpole_dqn.yaml"
 # At most this many "did you mean" file names for a config path that does not exist.
 CLOSE_CONFIG_NAMES = 3
 
-ConfigArg = Annotated[
-    Path, typer.Argument(help="YAML config file (see configs/ and README 'Configuration').")
-]
+ConfigArg = Annotated[Path, typer.Argument(help="YAML config file (see configs/ and docs/configuration.md).")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -62,7 +60,7 @@ InsecureOpt = Annotated[
     typer.Option(
         "--insecure",
         help="Allow binding a non-loopback address without Curve keys (prints a "
-        "warning): only on a trusted network. See README 'Security'.",
+        "warning): only on a trusted network. See docs/deployment.md 'Security'.",
     ),
 ]
 
