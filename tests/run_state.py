@@ -54,6 +54,21 @@ def snapshot(run_dir: Path, timeout: float = 1.0) -> RunSnapshot | None:
         return None
 
 
+def wait_for_snapshot(
+    run_dir: Path, ok: Callable[[RunSnapshot], bool], timeout: float, what: str
+) -> RunSnapshot:
+    """Poll the run's snapshot until ``ok``; returns it."""
+    deadline = time.monotonic() + timeout
+    last: RunSnapshot | None = None
+    while True:
+        last = snapshot(run_dir) or last
+        if last is not None and ok(last):
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last snapshot: {last}")
+        time.sleep(POLL_SECONDS)
+
+
 def process(run_dir: Path, name: str) -> ProcessRow | None:
     """Row ``name`` ("learner-0", "actor-1") of the run's snapshot; None without an answer."""
     snap = snapshot(run_dir)
@@ -217,3 +232,21 @@ def published_version(run_dir: Path) -> int:
 def noticed(row: ProcessRow) -> bool:
     """The supervisor has judged the slot's process gone (down, a restart due, or done)."""
     return row.restarts >= 1 or row.state in ("down", "given up") or row.state.startswith("restarting")
+
+
+def metric_steps(run_dir: Path, source: str, tag: str) -> list[int]:
+    """The steps at which ``source`` ("learner", "actor-0") reported ``tag`` in ``metrics.jsonl``
+    (a partly written last line is skipped)."""
+    try:
+        text = (run_dir / "metrics.jsonl").read_text()
+    except FileNotFoundError:
+        return []
+    steps = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("source") == source and row.get("tag") == tag:
+            steps.append(int(row["step"]))
+    return steps

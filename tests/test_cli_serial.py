@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import run_state
 from tests.conftest import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +105,8 @@ def test_ctrl_c_stops_a_serial_run_after_its_final_checkpoint_and_launch_continu
     reader.start()
     try:
         deadline = time.monotonic() + 120
-        while not any("updates " in line and "/1000000" in line for line in stderr):
+        # Training: the learner's first scalars (learner.log_interval updates) are in metrics.jsonl.
+        while not run_state.metric_steps(tmp_path / "t", "learner", "learner/weights_version"):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(stderr)
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)

@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import wait_until
+from tests import run_state
 from zmqrl.agents import make_learner
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.errors import ConfigError
@@ -79,7 +80,7 @@ def test_make_agent_reports_settings_that_cannot_work_here_as_config_errors() ->
     with pytest.raises(ConfigError, match="needs a continuous"):
         make_learner(SACConfig(), CARTPOLE)
     with pytest.raises(ConfigError, match="finite action bounds"):
-        make_learner(SACConfig(), PENDULUM, action_low=np.array([-np.inf]), action_high=np.array([1.0]))
+        make_learner(SACConfig(), replace(PENDULUM, action_low=-np.inf, action_high=1.0))
     with pytest.raises(ConfigError, match=r"agent.gamma"):
         make_learner(DQNConfig(gamma=2.0), CARTPOLE)
 
@@ -154,12 +155,16 @@ def test_a_role_stopped_by_sigterm_from_outside_exits_143_not_0(tmp_path: Path) 
     args = role_args(tmp_path, "actor", "actor.max_steps=100000000", "transport.connect_timeout=null")
     log_path = tmp_path / "actor.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_")}
+    health = tmp_path / "actor-health.json"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "zmqrl", *args, "--id", "0"], stdout=out, stderr=out, env=env
+            [sys.executable, "-m", "zmqrl", *args, "--id", "0"],
+            stdout=out,
+            stderr=out,
+            env=run_state.with_health_file(health, env),
         )
     try:
-        wait_until(lambda: "actor 0 up" in log_path.read_text(), 60, "the actor to start")
+        run_state.wait_until_role_up(health, 60, proc)  # past start-up: its main loop runs
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 143, log_path.read_text()
     finally:
