@@ -1,4 +1,4 @@
-"""Structural decoding of wire headers: limits, field parsers, array descriptors, fingerprints.
+"""Structural decoding of wire headers: key sets, array descriptors, episodes, fingerprints.
 
 What :func:`zmqrl.transport.wire.load` runs on every message before any array is viewed: the header
 map is well-formed, every field is typed and bounded, the descriptors say exactly how many bytes
@@ -6,18 +6,27 @@ each array frame must have, and a samples message names its columns in the proto
 never looks at array contents (that is :mod:`zmqrl.transport.validation`). The encoder runs the
 same :func:`parse_header` on what it is about to send, so sender and receiver cannot disagree.
 
-Every check raises :class:`~zmqrl.transport.messages.WireError` through :func:`fail`, with a short
-reason that never quotes more than a bounded piece of the foreign value (:func:`short`).
+The limits and the field checks it applies (each raising :class:`~zmqrl.transport.messages.WireError`
+with a short reason) are in :mod:`zmqrl.transport.fields`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple, NoReturn
-
-import numpy as np
+from typing import Any, NamedTuple
 
 from zmqrl.spec import ALLOWED_DTYPES, MAX_NDIM
+from zmqrl.transport.fields import (
+    INT64_MIN,
+    LE_DTYPES,
+    MAX_ARRAYS,
+    MAX_EPISODES,
+    MAX_MESSAGE_BYTES,
+    fail,
+    float_field,
+    int_field,
+    short,
+    str_field,
+)
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
     KIND_SAMPLES,
@@ -27,43 +36,8 @@ from zmqrl.transport.messages import (
     PROTO_VERSION,
     Fingerprint,
     FingerprintScalar,
-    WireError,
 )
 from zmqrl.types import BATCH_FIELDS, EpisodeStat
-
-# --------------------------------------------------------------------------------------------
-# Limits
-# --------------------------------------------------------------------------------------------
-
-# Largest header frame accepted, checked before msgpack sees it, so a hostile peer cannot make
-# the receiver parse megabytes of metadata. 4096 episode records fit comfortably inside it.
-MAX_HEADER_BYTES = 64 * 1024
-
-# Most array frames one message may carry (samples use 5; weights one per parameter tensor).
-MAX_ARRAYS = 64
-
-
-# Longest string (in characters) accepted anywhere in a header: names, roles, reasons, info values.
-MAX_STRING = 256
-
-# Most finished-episode records one samples message may carry.
-MAX_EPISODES = 4096
-
-# Most entries in a heartbeat's "counters" or "info" map. Not part of the brief's list but needed
-# to bound msgpack's map allocation; the header size limit would bound it anyway.
-MAX_MAP_ENTRIES = 256
-
-# Largest total size of all array frames of one message (the sum of their byte lengths). Also
-# bounds every single dimension, so shape arithmetic stays in small integers.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-
-# Integers in headers must fit a signed 64-bit integer, so every language can hold them natively.
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-
-# Little-endian dtype for each allowed name: decoding always interprets bytes as little-endian,
-# whatever the host's byte order ("|" for single-byte types, "<" otherwise).
-LE_DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}
 
 # Exact key set of each kind's header. Unknown keys are rejected rather than ignored: a typo in
 # another language's encoder should fail at once, and additions go with a PROTO_VERSION bump.
@@ -87,20 +61,6 @@ MAX_FINGERPRINT_ENTRIES = 64
 MAX_FINGERPRINT_LIST = 64  # longest list value (an observation shape, per-dimension action bounds)
 _DESCRIPTOR_KEYS = frozenset(("name", "dtype", "shape"))
 
-# Options for msgpack.unpackb. The max_*_len limits make msgpack refuse oversized containers
-# before allocating them; a string may take up to 4 UTF-8 bytes per character; the header must
-# not contain binary blobs or extension types at all (ext objects are rejected by the hook).
-UNPACK_LIMITS: dict[str, Any] = {
-    "raw": False,
-    "strict_map_key": True,
-    "use_list": True,
-    "max_str_len": 4 * MAX_STRING,
-    "max_bin_len": 0,
-    "max_array_len": MAX_EPISODES,
-    "max_map_len": MAX_MAP_ENTRIES,
-    "max_ext_len": 0,
-}
-
 
 class ArrayDesc(NamedTuple):
     """One validated array descriptor from a header."""
@@ -112,52 +72,8 @@ class ArrayDesc(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------
-# Small checkers (all raise WireError with a short reason)
+# Header keys and fingerprints
 # --------------------------------------------------------------------------------------------
-
-
-def fail(reason: str) -> NoReturn:
-    """Raise the wire's one error type; every check in the wire modules ends up here."""
-    raise WireError(reason)
-
-
-def short(value: Any) -> str:
-    """A bounded description of a foreign value for error messages (never a huge or nested repr)."""
-    if value is None or isinstance(value, (bool, int, float)):
-        text = repr(value)
-    elif isinstance(value, (str, bytes)):
-        text = repr(value[:40])
-    else:
-        text = type(value).__name__
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _int(value: Any, what: str, minimum: int = 0) -> int:
-    """A real msgpack integer (bool rejected: True would otherwise pass as 1) within int64."""
-    if type(value) is not int:
-        fail(f"{what} must be an integer, got {short(value)}")
-    if value < minimum or value > _INT64_MAX:
-        fail(f"{what} out of range: {value}")
-    return value
-
-
-def _float(value: Any, what: str) -> float:
-    """A finite number; integers are accepted because other encoders may shrink 3.0 to 3."""
-    if type(value) is float:
-        if not math.isfinite(value):
-            fail(f"{what} must be finite, got {value}")
-        return value
-    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
-        return float(value)
-    fail(f"{what} must be a finite number, got {short(value)}")
-
-
-def _str(value: Any, what: str) -> str:
-    if type(value) is not str:
-        fail(f"{what} must be a string, got {short(value)}")
-    if len(value) > MAX_STRING:
-        fail(f"{what} longer than {MAX_STRING} characters")
-    return value
 
 
 def _keys(
@@ -174,11 +90,11 @@ def _fingerprint_scalar(value: Any, what: str) -> FingerprintScalar:
     if type(value) is bool:
         return value
     if type(value) is str:
-        return _str(value, what)
+        return str_field(value, what)
     if type(value) is int:
-        return _int(value, what, minimum=_INT64_MIN)
+        return int_field(value, what, minimum=INT64_MIN)
     if type(value) is float:
-        return _float(value, what)
+        return float_field(value, what)
     fail(f"{what} must be a string, number or bool, got {short(value)}")
 
 
@@ -190,7 +106,7 @@ def parse_fingerprint(value: Any) -> Fingerprint:
         fail(f"fingerprint has {len(value)} entries > {MAX_FINGERPRINT_ENTRIES}")
     out: Fingerprint = {}
     for key, item in value.items():
-        name = _str(key, "fingerprint key")
+        name = str_field(key, "fingerprint key")
         if type(item) is list:
             if len(item) > MAX_FINGERPRINT_LIST:
                 fail(f"fingerprint {name!r} has {len(item)} items > {MAX_FINGERPRINT_LIST}")
@@ -198,11 +114,6 @@ def parse_fingerprint(value: Any) -> Fingerprint:
         else:
             out[name] = _fingerprint_scalar(item, f"fingerprint {name!r}")
     return out
-
-
-def reject_ext(code: int, data: bytes) -> NoReturn:
-    """msgpack ext_hook: extension types have no meaning in this protocol."""
-    raise WireError(f"msgpack extension type {code} not allowed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +184,7 @@ def _check_descriptors(arrays: Any) -> list[ArrayDesc]:
         if type(d) is not dict:
             fail(f"array descriptor {i} must be a map, got {short(d)}")
         _keys(d, _DESCRIPTOR_KEYS, f"array descriptor {i}")
-        name = _str(d["name"], f"array {i} name")
+        name = str_field(d["name"], f"array {i} name")
         dtype = d["dtype"]
         if type(dtype) is not str or dtype not in ALLOWED_DTYPES:
             fail(f"array {name!r}: dtype {short(dtype)} not allowed")
@@ -305,7 +216,7 @@ def parse_episodes(value: Any) -> list[EpisodeStat]:
     for rec in value:
         if type(rec) is not list or len(rec) != 2:
             fail(f"episode record must be [return, length], got {short(rec)}")
-        out.append(EpisodeStat(_float(rec[0], "episode return"), _int(rec[1], "episode length")))
+        out.append(EpisodeStat(float_field(rec[0], "episode return"), int_field(rec[1], "episode length")))
     return out
 
 
@@ -343,70 +254,47 @@ def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
     _keys(header, _HEADER_KEYS[kind], f"{kind} header", _OPTIONAL_KEYS.get(kind, frozenset()))
     descs = _descriptors(header["arrays"])
     if kind == KIND_SAMPLES:
-        _int(header["actor_id"], "actor_id")
-        _int(header["seq"], "seq")
-        _int(header["weights_version"], "weights_version")
+        int_field(header["actor_id"], "actor_id")
+        int_field(header["seq"], "seq")
+        int_field(header["weights_version"], "weights_version")
         if id(descs) not in _SAMPLE_LAYOUTS:
             _check_sample_columns(descs)
             if id(descs) in _CACHED:
                 _SAMPLE_LAYOUTS.add(id(descs))
     elif kind == KIND_WEIGHTS:
-        _int(header["version"], "version")
-        _str(header["agent"], "agent")
+        int_field(header["version"], "version")
+        str_field(header["agent"], "agent")
         if "fingerprint" in header:
             parse_fingerprint(header["fingerprint"])
         if "env_steps" in header:
-            _int(header["env_steps"], "env_steps")
+            int_field(header["env_steps"], "env_steps")
         if len({d.name for d in descs}) != len(descs):
             fail("weights array names are not unique")
     elif kind == KIND_HEARTBEAT:
         if descs:
             fail("heartbeat must not carry arrays")
         for key in ("role", "state"):
-            _str(header[key], key)
-        _int(header["id"], "id")
-        _int(header["pid"], "pid")
-        _float(header["time"], "time")
+            str_field(header[key], key)
+        int_field(header["id"], "id")
+        int_field(header["pid"], "pid")
+        float_field(header["time"], "time")
         counters = header["counters"]
         if type(counters) is not dict:
             fail(f"'counters' must be a map, got {short(counters)}")
         for k, v in counters.items():
-            _str(k, "counter name")
+            str_field(k, "counter name")
             if type(v) is int:
-                _int(v, f"counter {k!r}", minimum=_INT64_MIN)
+                int_field(v, f"counter {k!r}", minimum=INT64_MIN)
             else:
-                _float(v, f"counter {k!r}")
+                float_field(v, f"counter {k!r}")
         info = header["info"]
         if type(info) is not dict:
             fail(f"'info' must be a map, got {short(info)}")
         for k, v in info.items():
-            _str(k, "info key")
-            _str(v, f"info {k!r}")
+            str_field(k, "info key")
+            str_field(v, f"info {k!r}")
     else:  # KIND_STOP
         if descs:
             fail("stop must not carry arrays")
-        _str(header["reason"], "reason")
+        str_field(header["reason"], "reason")
     return kind, descs
-
-
-# --------------------------------------------------------------------------------------------
-# Values bound for a header (the encoder's side: numpy scalars become builtins, bools are refused)
-# --------------------------------------------------------------------------------------------
-
-
-def py_int(value: Any, what: str) -> int:
-    """Python int from an int or numpy integer (msgpack cannot pack numpy scalars); no bools."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        fail(f"{what} must be an integer, got {short(value)}")
-    return int(value)
-
-
-def py_number(value: Any, what: str) -> int | float:
-    """Python int or float from a builtin or numpy number, keeping ints as ints; no bools."""
-    if isinstance(value, (bool, np.bool_)):
-        fail(f"{what} must be a number, got a bool")
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    fail(f"{what} must be a number, got {short(value)}")

@@ -20,7 +20,7 @@ from typing import cast
 import zmq
 
 from zmqrl.transport.exposure import check_bind_allowed
-from zmqrl.transport.header import MAX_HEADER_BYTES
+from zmqrl.transport.fields import MAX_HEADER_BYTES
 from zmqrl.transport.keys import Security, SecurityError
 from zmqrl.transport.peers import MonitoredSocket
 from zmqrl.transport.security import authenticator_running, curve_options, watch_handshakes

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.spec import SampleSpec
-from zmqrl.transport.header import MAX_EPISODES, fail, py_int, short
+from zmqrl.transport.fields import MAX_EPISODES, fail, py_int, short
 from zmqrl.transport.messages import SamplesMsg, WeightsMsg, WireError
 from zmqrl.types import BATCH_FIELDS, TransitionBatch
 

@@ -23,9 +23,10 @@ Two levels of checking, split so the hot path pays only for what it needs:
   should always use these; plain :func:`load` is for heartbeats and control.
 
 Where the pieces live: the message dataclasses, version and kinds in :mod:`zmqrl.transport.messages`,
-header structure and limits in :mod:`zmqrl.transport.header`, content checks in
-:mod:`zmqrl.transport.validation`. This module frames and unframes messages and re-exports what
-users need, so ``from zmqrl.transport import wire`` stays the one import.
+limits and field checks in :mod:`zmqrl.transport.fields`, header structure in
+:mod:`zmqrl.transport.header`, content checks in :mod:`zmqrl.transport.validation`. This module
+frames and unframes messages and re-exports what users need, so ``from zmqrl.transport import
+wire`` stays the one import.
 """
 
 from __future__ import annotations
@@ -37,25 +38,27 @@ import msgpack
 import numpy as np
 
 from zmqrl.spec import ALLOWED_DTYPES, SampleSpec
-from zmqrl.transport.header import (
+from zmqrl.transport.fields import (
     LE_DTYPES,
     MAX_ARRAYS,
     MAX_EPISODES,
-    MAX_FINGERPRINT_ENTRIES,
-    MAX_FINGERPRINT_LIST,
     MAX_HEADER_BYTES,
     MAX_MAP_ENTRIES,
     MAX_MESSAGE_BYTES,
     MAX_STRING,
     UNPACK_LIMITS,
-    ArrayDesc,
     fail,
-    is_known_layout,
-    parse_episodes,
-    parse_header,
     py_int,
     py_number,
     reject_ext,
+)
+from zmqrl.transport.header import (
+    MAX_FINGERPRINT_ENTRIES,
+    MAX_FINGERPRINT_LIST,
+    ArrayDesc,
+    is_known_layout,
+    parse_episodes,
+    parse_header,
 )
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
