@@ -47,8 +47,3 @@ class EpisodeStat(NamedTuple):
 
     ret: float  # undiscounted return
     length: int  # env steps
-
-
-def concat_batches(batches: list[TransitionBatch]) -> TransitionBatch:
-    """Concatenate batches column by column (used when flushing several windows at once)."""
-    return TransitionBatch(*(np.concatenate(cols) for cols in zip(*batches, strict=True)))

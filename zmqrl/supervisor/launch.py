@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import replace
 from typing import Any
 
-from zmqrl.config import save_config
+from zmqrl.config import Config, save_config
 from zmqrl.runtime.link import END_ACTORS_DONE
 from zmqrl.supervisor import restarts
 from zmqrl.supervisor.liveness import os_stopped
@@ -41,16 +41,12 @@ log = logging.getLogger("zmqrl.supervisor")
 
 
 class Supervisor(Oversight):
-    def __init__(self, cfg: Any, *, resume: bool = False, **kwargs: Any) -> None:
+    def __init__(self, cfg: Config, *, resume: bool = False, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self.resume = resume  # the learner continues from the run directory's checkpoints
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restart_policy = RestartPolicy.from_config(cfg.supervisor)
         self._actors_done_asked = False  # END_ACTORS_DONE sent to the learner
-
-    @property
-    def children(self) -> dict[str, Slot]:
-        return self.slots
 
     def _run(self) -> int:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)

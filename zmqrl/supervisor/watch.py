@@ -21,6 +21,7 @@ import logging
 import re
 from typing import Any
 
+from zmqrl.config import Config
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
 from zmqrl.supervisor.summary import Slot
@@ -38,7 +39,7 @@ class Watcher(Oversight):
 
     command = "supervise"
 
-    def __init__(self, cfg: Any, **kwargs: Any) -> None:
+    def __init__(self, cfg: Config, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self._reported: dict[str, str] = {}  # slot name -> the verdict last reported for it
         self._expected = {"learner-0", *(f"actor-{i}" for i in range(cfg.actor.num_actors))}
