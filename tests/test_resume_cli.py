@@ -5,9 +5,7 @@ checkpoint, and a learner killed between a replay snapshot and its checkpoint (i
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import resource
 import shutil
 import signal
@@ -17,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import run_state
 from tests.conftest import tiny_overrides, wait_until
-from tests.test_launch import Launch, assert_nothing_left, learner_pid, wait_for_log
+from tests.test_launch import Launch, assert_nothing_left, learner_pid
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -29,9 +28,6 @@ SMALL = {
     "learner__eval_interval": 0,
     "learner__min_replay_size": 300,
 }
-RESUME_LINE = re.compile(
-    r"resumed from (\S+): (\d+) updates, \d+ samples, weights version \d+; replay: (.*)$"
-)
 
 
 def zmqrl(*args: str, limit_file_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
@@ -56,8 +52,9 @@ def sets(run_root: Path, **extra: object) -> list[str]:
     return [arg for item in tiny_overrides(run_root, **{**SMALL, **extra}) for arg in ("--set", item)]
 
 
-def resume_line(log: str) -> re.Match[str]:
-    found = [m for m in map(RESUME_LINE.search, log.splitlines()) if m]
+def resume_line(log: str, checkpoint: Path) -> str:
+    """The one line that tells the user which checkpoint the run resumed from."""
+    found = [line for line in log.splitlines() if f"resumed from {checkpoint}" in line]
     assert len(found) == 1, f"one resume line expected in:\n{log}"
     return found[0]
 
@@ -88,11 +85,11 @@ def run_dir(finished_run: Path, tmp_path: Path) -> Path:
 def test_a_resumed_run_gets_its_replay_back_by_default_and_says_so_in_its_resume_line(run_dir: Path) -> None:
     resumed = zmqrl("launch", "--serial", "--resume", str(run_dir), "--set", "learner.max_updates=140")
     assert resumed.returncode == 0, resumed.stderr
-    line = resume_line(resumed.stderr)
-    assert line[1] == str(run_dir / "checkpoints" / "latest") and line[2] == "120"
-    rows = re.fullmatch(r"(\d+) rows from replay-0000000120\.npz", line[3])
-    assert rows and int(rows[1]) >= 300, line[0]
-    assert "waiting for" not in resumed.stderr.split(line[0])[1], "trains at once from the restored replay"
+    line = resume_line(resumed.stderr, run_dir / "checkpoints" / "latest")
+    found = run_state.learner_stats(run_dir)["resumed_from"]
+    assert found["path"] == str(run_dir / "checkpoints" / "latest") and found["updates"] == 120
+    assert found["replay_file"] == "replay-0000000120.npz" and found["replay_rows"] >= 300, found
+    assert "waiting for" not in resumed.stderr.split(line)[1], "trains at once from the restored replay"
 
 
 def test_resuming_with_a_changed_gamma_or_n_step_is_refused_in_one_line_naming_them(run_dir: Path) -> None:
@@ -154,8 +151,7 @@ def test_a_learner_killed_between_a_snapshot_and_its_checkpoint_resumes_the_prev
             supervisor__restart_backoff=0.2,
         )
     )
-    log = run_dir / "logs" / "learner-0.log"
-    wait_for_log(log, "test hook: the checkpoint writer stops before ckpt at 200 updates", 90)
+    wait_until((run_root / "torn-pair-fired").exists, 90, "the checkpoint writer to stop (the hook's marker)")
     checkpoints = run_dir / "checkpoints"
     wait_until((checkpoints / "replay-0000000200.npz").is_file, 10, "the snapshot of the torn pair")
     assert not (checkpoints / "ckpt-0000000200").exists()
@@ -163,11 +159,10 @@ def test_a_learner_killed_between_a_snapshot_and_its_checkpoint_resumes_the_prev
 
     assert launch.finish(timeout=180) == 0, launch.output
     assert_nothing_left(run_dir)
-    line = resume_line(log.read_text())
-    assert line[2] == "100"
-    rows = re.fullmatch(r"(\d+) rows from replay-0000000100\.npz", line[3])
-    assert rows and int(rows[1]) > 0, line[0]
-    stats = json.loads((run_dir / "stats.json").read_text())["learner"]
+    stats = run_state.run_stats(run_dir)["learner"]
+    found = stats["resumed_from"]
+    assert found["updates"] == 100, found
+    assert found["replay_file"] == "replay-0000000100.npz" and found["replay_rows"] > 0, found
     assert stats["state"] == "finished" and stats["updates"] == 600
     left = sorted(p.name for p in checkpoints.iterdir())
     assert not [name for name in left if name.startswith(".")], left
