@@ -22,6 +22,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from tests.conftest import ANY_PORT, tiny_config, wait_until
 from zmqrl.checkpoints.files import LATEST, load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.policy import make_eval_agent
 from zmqrl.config import Config
 from zmqrl.envs.factory import make_env
 from zmqrl.evaluator.greedy import (
@@ -29,7 +30,6 @@ from zmqrl.evaluator.greedy import (
     VideoUnavailable,
     evaluate,
     evaluate_checkpoint,
-    make_eval_agent,
 )
 from zmqrl.evaluator.main import Evaluator
 from zmqrl.metrics import NullLogger

@@ -1,16 +1,30 @@
-"""A trained policy for deployment: ``zmqrl.load_policy(checkpoint).act(obs)``, greedy, on CPU."""
+"""A trained policy for deployment: ``zmqrl.load_policy(checkpoint).act(obs)``, greedy, on CPU.
+
+Also how any checkpoint is read back into an agent (by load_policy, ``zmqrl eval`` and the
+evaluator): the config to play it with (:func:`checkpoint_config`: a stored config is data from
+elsewhere and may not choose code to import, see :mod:`zmqrl.code_trust`), the agent it loads
+into (:func:`make_eval_agent`) and the loading itself (:func:`load_checkpoint_weights`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zmqrl.config import Config
+from zmqrl.core import LearningAgent, Policy
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 # Which checkpoint of a run directory load_policy reads when given the directory.
 CHECKPOINT_CHOICES = ("latest", "best")
+# ``payload["contents"]`` of a weights-only checkpoint (the evaluator's ``best``): just the acting
+# network as published, no optimiser or counters. (``format`` is the checkpoint layout version,
+# set by ``save_checkpoint``.) Full-state checkpoints have no ``contents`` and hold ``agent``.
+WEIGHTS_ONLY = "weights"
 
 
 class DeployedPolicy:
@@ -69,7 +83,6 @@ def load_policy(
     Registered gymnasium ids, built-in agents and installed plugins load without either."""
     from zmqrl.checkpoints.files import load_checkpoint
     from zmqrl.envs.factory import make_env
-    from zmqrl.evaluator.greedy import checkpoint_config, load_checkpoint_weights, make_eval_agent
 
     path = checkpoint_path(checkpoint, which)
     payload = load_checkpoint(path)
@@ -81,3 +94,75 @@ def load_policy(
         return DeployedPolicy(agent, cfg, path, env.observation_space, env.action_space)
     finally:
         env.close()
+
+
+def checkpoint_config(
+    payload: dict[str, Any],
+    path: Path,
+    config: Config | str | Path | None = None,
+    overrides: list[str] | None = None,
+    trust_config: bool = False,
+) -> Config:
+    """The config to play the checkpoint at ``path`` with, ``overrides`` applied last.
+
+    ``config`` is the caller's, trusted like any config they pass: a ``Config`` built in code, or a
+    YAML file read as ``zmqrl launch`` reads one (environment variables too). Without it the config
+    stored in the checkpoint is used, which may name code to import (``env.id`` or ``agent.kind``
+    as ``module:...``) only with ``trust_config`` or where ``overrides`` give that key: anything
+    else raises :class:`~zmqrl.code_trust.UntrustedCode` before any module is imported.
+    Registered names (gymnasium ids, built-in and installed agents) need neither.
+    """
+    from zmqrl.config import config_from_dict, load_config
+
+    if isinstance(config, Config):
+        return config_from_dict(config.to_dict(), "<config built in code>", overrides, trusted=True)
+    if config is not None:
+        return load_config(config, overrides)
+    stored = payload.get("config")
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path}: holds no config to play it with; give one (--config FILE, config=...)")
+    return config_from_dict(stored, f"{path} (stored config)", overrides, trusted=trust_config)
+
+
+def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> LearningAgent:
+    """The agent's learning side on the CPU, sized for ``env``: what a full-state checkpoint
+    (``load_state_dict``) loads into (a continuous policy also needs the env's action bounds)."""
+    from zmqrl.agents import make_learner
+    from zmqrl.envs.factory import action_bounds, sample_spec
+
+    bounds = action_bounds(env)
+    return make_learner(
+        cfg.agent,
+        sample_spec(env),
+        device="cpu",
+        seed=seed,
+        action_low=bounds.get("action_low"),
+        action_high=bounds.get("action_high"),
+    )
+
+
+def load_checkpoint_weights(agent: Policy, payload: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint's policy into ``agent``: a weights-only payload (``checkpoints/best`` of
+    an evaluator) through ``import_weights``, which any policy has; a full training state through
+    ``load_state_dict``, which only a learning agent (:func:`make_eval_agent`) has."""
+    from zmqrl.types import Weights
+
+    if payload.get("contents") == WEIGHTS_ONLY:
+        arrays = {name: tensor.numpy() for name, tensor in payload["weights"].items()}
+        # A fresh agent holds version 0 and import_weights only takes newer versions.
+        version = max(int(payload.get("version", 1)), 1)
+        if not agent.import_weights(Weights(version, arrays)):
+            raise ValueError(f"{path}: the agent refused the stored weights")
+    elif "agent" in payload:
+        if not isinstance(agent, LearningAgent):
+            raise ValueError(f"{path}: a full training state needs the learning agent (make_eval_agent)")
+        try:
+            agent.load_state_dict(payload["agent"])
+        except RuntimeError as exc:  # torch: a header line, then one line per missing key or size
+            first = (str(exc).splitlines()[1:] or [str(exc)])[0].strip()
+            raise ValueError(
+                f"{path}: the stored network does not fit the one this config builds ({first}); "
+                "play it with the config it was trained with (its run's config.yaml)"
+            ) from None
+    else:
+        raise ValueError(f"{path}: holds neither an agent state nor weights")

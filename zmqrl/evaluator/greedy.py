@@ -2,8 +2,8 @@
 
 Also how a saved policy is played again: ``evaluate_checkpoint`` reads both checkpoint kinds (the
 learner's full training state, and the evaluator's weights-only ``best``), optionally on video,
-with the config stored in it or the caller's own (:func:`checkpoint_config`: a stored config is
-data from elsewhere and may not choose code to import, see :mod:`zmqrl.code_trust`).
+with the config stored in it or the caller's own (what reads a checkpoint back into an agent is
+:mod:`zmqrl.checkpoints.policy`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.core import LearningAgent, Policy
+from zmqrl.core import Policy
 
 if TYPE_CHECKING:
     from zmqrl.config import Config, EnvConfig
 
-# ``payload["contents"]`` of a weights-only checkpoint (the evaluator's ``best``): just the acting
-# network as published, no optimiser or counters. (``format`` is the checkpoint layout version,
-# set by ``save_checkpoint``.) Full-state checkpoints have no ``contents`` and hold ``agent``.
-WEIGHTS_ONLY = "weights"
 # Eval env seeds start here (+ run.seed), far from actor seeds, so evaluation never replays a
 # training episode; the learner's own evaluations use the same offset.
 EVAL_SEED_OFFSET = 999_999
@@ -143,23 +139,6 @@ def evaluate(
     return EvalResult(float(np.mean(returns)), float(np.std(returns)), returns, lengths)
 
 
-def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> LearningAgent:
-    """The agent's learning side on the CPU, sized for ``env``: what a full-state checkpoint
-    (``load_state_dict``) loads into (a continuous policy also needs the env's action bounds)."""
-    from zmqrl.agents import make_learner
-    from zmqrl.envs.factory import action_bounds, sample_spec
-
-    bounds = action_bounds(env)
-    return make_learner(
-        cfg.agent,
-        sample_spec(env),
-        device="cpu",
-        seed=seed,
-        action_low=bounds.get("action_low"),
-        action_high=bounds.get("action_high"),
-    )
-
-
 def make_eval_policy(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> Policy:
     """The agent's acting side (torch-free where the agent allows), greedy, sized for ``env``: all
     an evaluator of published weights needs."""
@@ -176,33 +155,6 @@ def make_eval_policy(cfg: Config, env: gym.Env[Any, Any], seed: int | None = Non
     )
 
 
-def load_checkpoint_weights(agent: Policy, payload: dict[str, Any], path: Path) -> None:
-    """Load a checkpoint's policy into ``agent``: a weights-only payload (``checkpoints/best`` of
-    an evaluator) through ``import_weights``, which any policy has; a full training state through
-    ``load_state_dict``, which only a learning agent (:func:`make_eval_agent`) has."""
-    from zmqrl.types import Weights
-
-    if payload.get("contents") == WEIGHTS_ONLY:
-        arrays = {name: tensor.numpy() for name, tensor in payload["weights"].items()}
-        # A fresh agent holds version 0 and import_weights only takes newer versions.
-        version = max(int(payload.get("version", 1)), 1)
-        if not agent.import_weights(Weights(version, arrays)):
-            raise ValueError(f"{path}: the agent refused the stored weights")
-    elif "agent" in payload:
-        if not isinstance(agent, LearningAgent):
-            raise ValueError(f"{path}: a full training state needs the learning agent (make_eval_agent)")
-        try:
-            agent.load_state_dict(payload["agent"])
-        except RuntimeError as exc:  # torch: a header line, then one line per missing key or size
-            first = (str(exc).splitlines()[1:] or [str(exc)])[0].strip()
-            raise ValueError(
-                f"{path}: the stored network does not fit the one this config builds ({first}); "
-                "play it with the config it was trained with (its run's config.yaml)"
-            ) from None
-    else:
-        raise ValueError(f"{path}: holds neither an agent state nor weights")
-
-
 def require_video_support() -> None:
     """Fail before anything is played when episodes cannot be written as video."""
     try:
@@ -211,34 +163,6 @@ def require_video_support() -> None:
         raise VideoUnavailable(
             'recording videos needs moviepy, which is not installed: pip install -e ".[video]"'
         ) from None
-
-
-def checkpoint_config(
-    payload: dict[str, Any],
-    path: Path,
-    config: Config | str | Path | None = None,
-    overrides: list[str] | None = None,
-    trust_config: bool = False,
-) -> Config:
-    """The config to play the checkpoint at ``path`` with, ``overrides`` applied last.
-
-    ``config`` is the caller's, trusted like any config they pass: a ``Config`` built in code, or a
-    YAML file read as ``zmqrl launch`` reads one (environment variables too). Without it the config
-    stored in the checkpoint is used, which may name code to import (``env.id`` or ``agent.kind``
-    as ``module:...``) only with ``trust_config`` or where ``overrides`` give that key: anything
-    else raises :class:`~zmqrl.code_trust.UntrustedCode` before any module is imported.
-    Registered names (gymnasium ids, built-in and installed agents) need neither.
-    """
-    from zmqrl.config import Config, config_from_dict, load_config
-
-    if isinstance(config, Config):
-        return config_from_dict(config.to_dict(), "<config built in code>", overrides, trusted=True)
-    if config is not None:
-        return load_config(config, overrides)
-    stored = payload.get("config")
-    if not isinstance(stored, dict):
-        raise ValueError(f"{path}: holds no config to play it with; give one (--config FILE, config=...)")
-    return config_from_dict(stored, f"{path} (stored config)", overrides, trusted=trust_config)
 
 
 def evaluate_checkpoint(
@@ -252,14 +176,15 @@ def evaluate_checkpoint(
     trust_config: bool = False,
 ) -> EvalResult:
     """Greedy episodes of a saved policy, on envs built from the config stored in the checkpoint,
-    or from ``config`` (see :func:`checkpoint_config`: a stored ``env.id`` / ``agent.kind`` that
-    names code to import needs ``trust_config``), with ``overrides`` (e.g. ``env.kwargs``) applied
-    last. Episode i resets with ``seed + i``.
+    or from ``config`` (see :func:`zmqrl.checkpoints.policy.checkpoint_config`: a stored
+    ``env.id`` / ``agent.kind`` that names code to import needs ``trust_config``), with
+    ``overrides`` (e.g. ``env.kwargs``) applied last. Episode i resets with ``seed + i``.
 
     With ``video_dir`` every episode is recorded to ``video_dir/eval-episode-<i>.mp4``
     (``result.videos``); the episodes are then played one after another in a single rendering env
     rather than in lockstep, same seeds."""
     from zmqrl.checkpoints.files import load_checkpoint
+    from zmqrl.checkpoints.policy import checkpoint_config, load_checkpoint_weights, make_eval_agent
     from zmqrl.envs.factory import make_env
 
     if video_dir is not None:

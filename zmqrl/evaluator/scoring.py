@@ -19,11 +19,11 @@ import gymnasium as gym
 import torch
 
 from zmqrl.checkpoints.files import load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.policy import WEIGHTS_ONLY, load_checkpoint_weights, make_eval_agent
 from zmqrl.config import Config
 from zmqrl.core import Policy
 from zmqrl.evaluator.greedy import (
     EVAL_SEED_OFFSET,
-    WEIGHTS_ONLY,
     EvalResult,
     EvalTracker,
     EvaluationAborted,
@@ -59,7 +59,6 @@ def stored_best_score(path: Path) -> float | None:
 def final_weights(cfg: Config, checkpoint: Path) -> WeightsMsg:
     """A learner checkpoint's acting weights as the weights message the learner would publish."""
     from zmqrl.envs.factory import make_env
-    from zmqrl.evaluator.greedy import load_checkpoint_weights, make_eval_agent
 
     payload = load_checkpoint(checkpoint)
     env = make_env(cfg.env, training=False)
