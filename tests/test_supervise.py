@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import run_state
 from tests.conftest import processes_mentioning, tiny_overrides, wait_until
 
 pytestmark = pytest.mark.slow
@@ -99,20 +100,30 @@ def test_supervise_watches_roles_it_did_not_start_reports_a_stopped_one_and_ends
     learner = Proc(["learner"], overrides, supervised=True)
     actors = [Proc(["actor", "--id", "auto"], overrides, supervised=True) for _ in range(2)]
     procs.extend([learner, *actors])
-    for name in ("learner-0", "actor-0", "actor-1"):
-        wait_until(lambda n=name: f"{n} joined" in supervisor.output, 60, f"{name} to announce itself")
-    wait_until(lambda: "training:" in learner.output, 60, "the learner to train")
+    run_dir = run_root / "t"
+    for name in ("learner-0", "actor-0", "actor-1"):  # heard from: each announced itself
+        run_state.wait_for_process_row(
+            run_dir, name, lambda row: row.pid is not None, 60, "to announce itself"
+        )
+    run_state.wait_for_snapshot(run_dir, lambda snap: snap.updates > 0, 60, "the learner to train")
 
-    os.kill(actors[1].proc.pid, signal.SIGSTOP)  # it cannot be restarted from here: only reported
-    wait_until(lambda: "cannot restart it" in supervisor.output, 15, "the stopped actor to be reported")
-    os.kill(actors[1].proc.pid, signal.SIGCONT)
-    wait_until(lambda: "is healthy again" in supervisor.output, 15, "the actor's recovery to be reported")
+    stopped = actors[1].proc.pid
+    os.kill(stopped, signal.SIGSTOP)  # it cannot be restarted from here: only reported
+    row = run_state.wait_for_process_row(
+        run_dir, "actor-1", lambda row: row.pid == stopped and row.state == "down", 15, "judged down"
+    )
+    os.kill(stopped, signal.SIGCONT)
+    run_state.wait_for_process_row(
+        run_dir, "actor-1", lambda row: row.pid == stopped and run_state.is_up(row), 15, "back up"
+    )
+    assert row.restarts == 0, "a watch-only supervisor restarts nothing"
 
     assert supervisor.wait(120) == 0, supervisor.output
     assert learner.wait(30) == 0 and all(a.wait(30) == 0 for a in actors), [p.output for p in procs]
     out = supervisor.output
     assert "learner finished; stopping actors" in out and "== learner ==" in out
     assert out.count("cannot restart it") == 1, "a verdict is reported once, not on every loop"
+    assert "is healthy again" in out, "the operator is told of the recovery"
     stats = json.loads((run_root / "t" / "stats.json").read_text())
     assert stats["learner"]["updates"] == 2500
     assert sorted(r["actor_id"] for r in stats["actors"]) == [0, 1]  # --id auto: distinct ids
@@ -133,7 +144,7 @@ def test_a_supervised_role_waits_for_a_late_supervisor_then_leaves_when_none_com
 def test_supervise_stops_on_sigterm_with_the_documented_code(run_root: Path, procs: list[Proc]) -> None:
     supervisor = Proc(["supervise"], fixed_ports(run_root), supervised=False)
     procs.append(supervisor)
-    wait_until(lambda: "watching run" in supervisor.output, 30, "the supervisor to bind")
+    run_state.wait_for_snapshot(run_root / "t", lambda snap: True, 30, "the supervisor to answer")
     supervisor.proc.send_signal(signal.SIGTERM)
     assert supervisor.wait(30) == 143, supervisor.output
     assert "SIGTERM received" in supervisor.output
@@ -154,7 +165,7 @@ def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_i
     overrides = [*fixed_ports(run_root), f"transport.control_token_file={token}"]
     supervisor = Proc(["supervise"], overrides, supervised=False)
     procs.append(supervisor)
-    wait_until(lambda: "watching run" in supervisor.output, 60, "the supervisor to bind")
+    run_state.wait_for_snapshot(run_root / "t", lambda snap: True, 60, "the supervisor to answer")
     assert token.is_file() and (token.stat().st_mode & 0o077) == 0, "made private for the roles"
     heartbeat = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.heartbeat="))
     ctx = zmq.Context()
