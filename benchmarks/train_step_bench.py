@@ -19,6 +19,7 @@ import torch
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.replay import PrioritizedReplay, UniformReplay
+from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
 ROWS = 50_000
@@ -41,7 +42,8 @@ def filled(buffer: UniformReplay, rng: np.random.Generator) -> UniformReplay:
 
 
 def best_seconds(step: Callable[[DQNAgent], None]) -> float:
-    agent = DQNAgent(DQNConfig(hidden_sizes=[128, 128], batch_size=BATCH, device="cpu"), (4,), 2, seed=0)
+    spec = SampleSpec((4,), "float32", (), "int64", num_actions=2)
+    agent = DQNAgent(DQNConfig(hidden_sizes=[128, 128], batch_size=BATCH, device="cpu"), spec, seed=0)
     for _ in range(WARMUP):
         step(agent)
     best = float("inf")
@@ -65,8 +67,7 @@ def main() -> None:
 
     def per_step(agent: DQNAgent) -> None:
         batch, ids, weights = per.sample_prioritized(BATCH, beta=0.5)
-        agent.update(batch, weights)
-        per.update_priorities(ids, agent.last_td_errors)
+        per.update_priorities(ids, agent.update(batch, weights).td_errors)
 
     u = best_seconds(uniform_step)
     p = best_seconds(per_step)

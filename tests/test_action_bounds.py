@@ -10,8 +10,9 @@ import pytest
 
 from zmqrl.agents import make_policy
 from zmqrl.agents.configs import SACConfig
+from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.config import EnvConfig
-from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.wire import SamplesMsg, WireError, validate_samples
 from zmqrl.types import TransitionBatch
@@ -67,19 +68,12 @@ def test_sample_spec_takes_the_bounds_from_a_box_action_space() -> None:
 def test_a_sac_actors_actions_pass_the_learners_bounds_check() -> None:
     env = make_env(EnvConfig(id="Pendulum-v1"))
     run_spec = sample_spec(env)
-    bounds = action_bounds(env)
     config = SACConfig(hidden_sizes=[8], device="cpu")
-    agent = make_policy(  # what an actor acts with
-        config,
-        run_spec,
-        seed=0,
-        epsilon=0.3,
-        action_low=bounds["action_low"],
-        action_high=bounds["action_high"],
-    )
+    policy = make_policy(config, run_spec, seed=0)  # what an actor acts with, and explores around
+    agent = EpsilonExplorer(policy, run_spec, seed=0, epsilon=0.3)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((512, 3)).astype(np.float32) * 50  # far from anything seen: saturated tanh
-    actions = agent.act(obs, explore=True)
+    actions = agent.act(obs)
     n = len(obs)
     limits = run_spec.obs_limits()
     assert limits is not None

@@ -14,14 +14,14 @@ import pytest
 
 from tests.conftest import launch_to_the_end, tiny_overrides
 from tests.plugins.linear_q import PLUGIN, LinearQAgent, LinearQConfig
-from zmqrl.agents import make_learner, make_policy, registry
+from zmqrl.agents import make_learner, make_policy, make_priorities, registry
 from zmqrl.agents.configs import AgentConfigBase
 from zmqrl.agents.registry import AgentPlugin, agent_names, get_agent, register_agent, unregister_agent
 from zmqrl.config import load_config
-from zmqrl.core import LearningAgent, Policy
+from zmqrl.core import LearningAgent, Policy, UpdateResult
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec
-from zmqrl.types import TransitionBatch
+from zmqrl.types import TransitionBatch, Weights
 
 KIND_PATH = "tests.plugins.linear_q:PLUGIN"
 CARTPOLE = SampleSpec((4,), "float32", (), "int64", num_actions=2)
@@ -64,11 +64,14 @@ def batch(n: int = 8) -> TransitionBatch:
 def test_an_agent_registered_in_code_is_built_through_the_registry(registered: AgentPlugin) -> None:
     assert "linear_q" in agent_names() and get_agent("linear_q") is registered
     learner = make_learner(LinearQConfig(), CARTPOLE, seed=0)
-    policy = make_policy(LinearQConfig(), CARTPOLE, seed=1, epsilon=0.25)
+    policy = make_policy(LinearQConfig(), CARTPOLE, seed=1)
     assert isinstance(learner, LinearQAgent) and isinstance(learner, LearningAgent)
-    assert isinstance(policy, Policy) and policy.epsilon == 0.25
-    learner.update(batch())
-    assert policy.import_weights(learner.export_weights())
+    assert isinstance(policy, Policy)
+    result = learner.update(batch())
+    assert isinstance(result, UpdateResult) and result.td_errors.shape == (8,) and not result.skipped
+    policy.load_weights(learner.export_weights())
+    priorities = make_priorities(LinearQConfig(), policy)
+    assert priorities is not None and np.shape(priorities(batch())) == (8,)
     np.testing.assert_array_equal(policy.act(batch().obs, False), learner.act(batch().obs, False))
     with pytest.raises(ConfigError, match="needs a Discrete action space"):
         make_learner(LinearQConfig(), PENDULUM)
@@ -85,12 +88,77 @@ def test_a_plugin_without_a_policy_acts_with_its_learner_on_the_cpu() -> None:
         dataclasses.replace(PLUGIN, name="learner_only", config_class=LearnerOnlyConfig, make_policy=None)
     )
     try:
-        policy = make_policy(LearnerOnlyConfig(), CARTPOLE, seed=0, epsilon=0.5)
-        assert isinstance(policy, LinearQAgent) and policy.epsilon == 0.5
+        policy = make_policy(LearnerOnlyConfig(), CARTPOLE, seed=0)
+        assert isinstance(policy, LinearQAgent)
         with pytest.raises(ValueError, match="already registered"):
             register_agent(dataclasses.replace(plugin, description="another"))
     finally:
         unregister_agent("learner_only")
+
+
+class OldLinearQ:
+    """An agent of the previous, wider contract: it numbers its weights, holds an epsilon, keeps
+    the last TD errors beside update's metrics; its factories take action bounds and epsilon."""
+
+    def __init__(self, config: LinearQConfig, epsilon: float) -> None:
+        self.inner = LinearQAgent(config, 4, 2)
+        self.epsilon, self.weights_version, self.last_td_errors = epsilon, 0, np.zeros(0, np.float32)
+
+    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
+        return self.inner.act(obs, explore)
+
+    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> dict[str, float]:
+        result = self.inner.update(batch, importance)
+        self.last_td_errors = result.td_errors
+        return dict(result.metrics)
+
+    def import_weights(self, weights: Weights) -> bool:
+        if weights.version <= self.weights_version:
+            return False
+        self.inner.load_weights(weights.arrays)
+        self.weights_version = weights.version
+        return True
+
+    def export_weights(self) -> Weights:
+        self.weights_version += 1
+        return Weights(self.weights_version, self.inner.export_weights())
+
+    def state_dict(self) -> dict[str, object]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.inner.load_state_dict(state)
+
+
+def test_an_agent_of_the_previous_contract_still_works_with_a_deprecation_warning() -> None:
+    @dataclasses.dataclass
+    class OldConfig(LinearQConfig):
+        kind: str = "old_linear_q"
+
+    def old_learner(config: OldConfig, spec: SampleSpec, *, seed: int | None, device: str | None,
+                    action_low: np.ndarray | None, action_high: np.ndarray | None) -> OldLinearQ:  # fmt: skip
+        assert action_low is None and action_high is None  # given from the spec (Discrete: none)
+        return OldLinearQ(config, epsilon=0.0)
+
+    def old_policy(config: OldConfig, spec: SampleSpec, *, seed: int | None, epsilon: float,
+                   action_low: np.ndarray | None, action_high: np.ndarray | None) -> OldLinearQ:  # fmt: skip
+        return OldLinearQ(config, epsilon=epsilon)
+
+    old = AgentPlugin("old_linear_q", OldConfig, make_learner=old_learner, make_policy=old_policy)  # type: ignore[arg-type]
+    register_agent(old)
+    try:
+        with pytest.warns(DeprecationWarning):
+            learner = make_learner(OldConfig(), CARTPOLE, seed=0)
+            policy = make_policy(OldConfig(), CARTPOLE, seed=0)
+        result = learner.update(batch())
+        assert result.td_errors.shape == (8,) and "loss" in result.metrics and not result.skipped
+        arrays = learner.export_weights()
+        assert set(arrays) == {"weight", "bias"}
+        policy.load_weights(arrays)
+        policy.load_weights(arrays)  # versions are numbered for it: a second load is not "older"
+        np.testing.assert_array_equal(policy.act(batch().obs, True), learner.act(batch().obs, False))
+    finally:
+        unregister_agent("old_linear_q")
 
 
 def test_a_plugin_missing_what_the_roles_read_is_refused_when_made() -> None:

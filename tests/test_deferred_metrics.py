@@ -55,8 +55,9 @@ def test_metrics_read_after_later_updates_still_describe_their_own_update(kind: 
     eager, lazy = make(seed=3), make(seed=3)  # twins: the same weights, the same draws
     first, second = batch(seed=5), batch(seed=6)
 
-    read_at_once = dict(eager.update(first))
-    td_at_once = eager.last_td_errors.copy()
+    result = eager.update(first)
+    read_at_once = dict(result.metrics)
+    td_at_once = result.td_errors.copy()
     kept = lazy.update(first)
     lazy.update(second)  # a later step changes the networks; the kept metrics must not follow
 

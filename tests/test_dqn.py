@@ -1,4 +1,4 @@
-"""Behaviour of the DQN agent: the weight-sync contract, the TD update, networks and checkpoints."""
+"""Behaviour of the DQN agent: export and load of weights, the TD update, networks and checkpoints."""
 
 from __future__ import annotations
 
@@ -10,20 +10,27 @@ import torch
 from torch import nn
 
 from zmqrl.agents.dqn import DQNAgent, DQNConfig
+from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.nets import QNetwork, mlp, polyak_update, resolve_device
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy
-from zmqrl.core import LearningAgent, Policy
-from zmqrl.types import TransitionBatch, Weights
+from zmqrl.core import LearningAgent, Policy, UpdateResult
+from zmqrl.spec import SampleSpec
+from zmqrl.types import TransitionBatch
 
 torch.set_num_threads(1)
 
 OBS_SHAPE = (4,)
 N_ACTIONS = 3
+SPEC = SampleSpec(OBS_SHAPE, "float32", (), "int64", num_actions=N_ACTIONS)
+
+
+def discrete(obs_shape: tuple[int, ...], n_actions: int, obs_dtype: str = "float32") -> SampleSpec:
+    return SampleSpec(obs_shape, obs_dtype, (), "int64", num_actions=n_actions)
 
 
 def make_agent(seed: int = 0, **overrides: object) -> DQNAgent:
     config = DQNConfig(hidden_sizes=[32, 32], device="cpu", **overrides)  # type: ignore[arg-type]
-    return DQNAgent(config, OBS_SHAPE, N_ACTIONS, seed=seed)
+    return DQNAgent(config, SPEC, seed=seed)
 
 
 def random_obs(n: int, seed: int = 1) -> np.ndarray:
@@ -56,67 +63,45 @@ def test_agent_satisfies_the_core_protocol() -> None:
     assert isinstance(make_agent(), LearningAgent) and isinstance(make_agent(), Policy)
 
 
-def test_export_import_round_trip_makes_actor_act_like_learner() -> None:
+def test_export_load_round_trip_makes_actor_act_like_learner() -> None:
     learner, actor = make_agent(seed=0), make_agent(seed=1)
     learner.update(fake_batch())
     obs = random_obs(256)
     assert not np.array_equal(learner.q_values(obs), actor.q_values(obs))
 
-    weights = learner.export_weights()
-    assert actor.import_weights(weights) is True
-    assert actor.weights_version == learner.weights_version == weights.version
+    actor.load_weights(learner.export_weights())
     np.testing.assert_array_equal(actor.act(obs, explore=False), learner.act(obs, explore=False))
     np.testing.assert_array_equal(actor.q_values(obs), learner.q_values(obs))
 
 
-def test_exported_arrays_are_float32_contiguous_copies_matching_spec() -> None:
+def test_exported_arrays_are_float32_contiguous_copies_of_the_online_net() -> None:
     agent = make_agent()
-    weights = agent.export_weights()
-    spec = agent.weights_spec()
-    assert list(weights.arrays) == list(spec)
-    for name, array in weights.arrays.items():
-        assert (array.shape, str(array.dtype)) == spec[name]
+    arrays = agent.export_weights()
+    assert list(arrays) == list(agent.online.state_dict())
+    for name, array in arrays.items():
+        assert (array.shape, array.dtype) == (tuple(agent.online.state_dict()[name].shape), np.float32)
         assert array.flags.c_contiguous
     before = agent.q_values(random_obs(8))
-    for array in weights.arrays.values():
+    for array in arrays.values():
         array[...] = 0.0  # mutating the snapshot must not reach the agent
     np.testing.assert_array_equal(agent.q_values(random_obs(8)), before)
 
 
-def test_import_of_older_or_equal_version_is_ignored() -> None:
-    learner, actor = make_agent(seed=0), make_agent(seed=1)
-    learner.update(fake_batch())
-    learner.export_weights()
-    learner.update(fake_batch(seed=3))
-    newer = learner.export_weights()
-    assert actor.import_weights(newer)
-    before = params(actor.online)
-
-    equal = Weights(newer.version, {k: np.zeros_like(v) for k, v in newer.arrays.items()})
-    older = Weights(newer.version - 1, equal.arrays)
-    assert actor.import_weights(equal) is False
-    assert actor.import_weights(older) is False
-    assert actor.weights_version == newer.version
-    assert same(params(actor.online), before)
-
-
-def test_versions_start_at_one_and_bump_only_after_updates() -> None:
+def test_exporting_changes_nothing_and_gives_the_same_arrays_until_an_update() -> None:
+    """Versions are the publisher's (zmqrl.transport.weights_versions): exporting is a plain read."""
     agent = make_agent()
-    assert agent.weights_version == 0
-    assert agent.export_weights().version == 1
-    assert agent.export_weights().version == 1
+    first, second = agent.export_weights(), agent.export_weights()
+    assert all(np.array_equal(first[k], second[k]) for k in first)
     agent.update(fake_batch())
-    assert agent.weights_version == 1  # not bumped until exported
-    assert agent.export_weights().version == 2
-    assert agent.export_weights().version == 2
+    assert not all(np.array_equal(first[k], v) for k, v in agent.export_weights().items())
 
 
-def test_import_accepts_read_only_arrays_as_from_the_wire() -> None:
+def test_load_accepts_read_only_arrays_as_from_the_wire() -> None:
     learner, actor = make_agent(seed=0), make_agent(seed=1)
-    weights = learner.export_weights()
-    for array in weights.arrays.values():
+    arrays = learner.export_weights()
+    for array in arrays.values():
         array.flags.writeable = False
-    assert actor.import_weights(weights)
+    actor.load_weights(arrays)
     obs = random_obs(4)
     obs.flags.writeable = False
     np.testing.assert_array_equal(actor.act(obs, explore=False), learner.act(obs, explore=False))
@@ -132,8 +117,7 @@ def test_import_accepts_read_only_arrays_as_from_the_wire() -> None:
 )
 def test_mismatched_weights_raise_and_leave_weights_unchanged(corruption: str, message: str) -> None:
     learner, actor = make_agent(seed=0), make_agent(seed=1)
-    weights = learner.export_weights()
-    arrays = dict(weights.arrays)
+    arrays = learner.export_weights()
     last = list(arrays)[-1]
     if corruption == "shape":
         arrays[last] = np.zeros(arrays[last].shape[0] + 1, dtype=np.float32)
@@ -143,9 +127,8 @@ def test_mismatched_weights_raise_and_leave_weights_unchanged(corruption: str, m
         arrays["bogus.weight"] = np.zeros(3, dtype=np.float32)
     before = params(actor.online)
     with pytest.raises(ValueError, match=message):
-        actor.import_weights(Weights(weights.version, arrays))
+        actor.load_weights(arrays)
     assert same(params(actor.online), before)
-    assert actor.weights_version == 0
 
 
 # ---------------------------------------------------------------------------------------- update
@@ -191,7 +174,7 @@ def test_polyak_with_half_tau_moves_target_halfway() -> None:
 def _linear_agent(double: bool) -> DQNAgent:
     """2-d obs, 2 actions, no hidden layers: Q_online(x) = x, Q_target(x) = [10, 3] for every x."""
     config = DQNConfig(hidden_sizes=[], device="cpu", double=double, huber_delta=1.0)
-    agent = DQNAgent(config, (2,), 2, seed=0)
+    agent = DQNAgent(config, discrete((2,), 2), seed=0)
     with torch.no_grad():
         agent.online.head.weight.copy_(torch.eye(2))
         agent.online.head.bias.zero_()
@@ -251,30 +234,14 @@ def test_gradient_clipping_scales_gradients_and_reports_the_unclipped_norm() -> 
 # ------------------------------------------------------------------------------------ acting
 
 
-def test_epsilon_one_explores_all_actions_and_epsilon_zero_is_greedy() -> None:
+def test_act_is_greedy_whether_or_not_it_explores() -> None:
+    """DQN's exploration is the actor's explorer's epsilon-random rows (tests/test_exploring.py)."""
     agent = make_agent()
-    obs = np.repeat(random_obs(1), 3000, axis=0)
-    agent.epsilon = 1.0
-    actions = agent.act(obs, explore=True)
-    assert actions.dtype == np.int64 and actions.shape == (3000,)
-    counts = np.bincount(actions, minlength=N_ACTIONS)
-    assert counts.min() > 800  # ~1000 each
-
-    agent.epsilon = 0.0
+    obs = random_obs(300)
     greedy = agent.act(obs, explore=True)
-    np.testing.assert_array_equal(greedy, agent.act(obs, explore=True))
+    assert greedy.dtype == np.int64 and greedy.shape == (300,)
     np.testing.assert_array_equal(greedy, agent.q_values(obs).argmax(axis=1))
-    agent.epsilon = 1.0
-    np.testing.assert_array_equal(agent.act(obs, explore=False), greedy)  # explore=False ignores epsilon
-
-
-def test_partial_epsilon_mixes_greedy_and_random_rows() -> None:
-    agent = make_agent()
-    agent.epsilon = 0.5
-    obs = np.repeat(random_obs(1), 3000, axis=0)
-    greedy = int(agent.q_values(obs[:1]).argmax())
-    off_greedy = float(np.mean(agent.act(obs, explore=True) != greedy))
-    assert off_greedy == pytest.approx(0.5 * (N_ACTIONS - 1) / N_ACTIONS, abs=0.05)
+    np.testing.assert_array_equal(agent.act(obs, explore=False), greedy)
 
 
 def test_numpy_act_path_tracks_updates_and_imports() -> None:
@@ -286,7 +253,7 @@ def test_numpy_act_path_tracks_updates_and_imports() -> None:
     mirrored = agent._numpy_q_values(agent._online_arrays, obs)
     np.testing.assert_allclose(mirrored, agent.q_values(obs), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(agent.act(obs, explore=False), agent.q_values(obs).argmax(axis=1))
-    agent.import_weights(make_agent(seed=7, dueling=True).export_weights())
+    agent.load_weights(make_agent(seed=7, dueling=True).export_weights())
     np.testing.assert_array_equal(agent.act(obs, explore=False), agent.q_values(obs).argmax(axis=1))
 
 
@@ -299,15 +266,17 @@ def test_cpu_acting_is_the_numpy_policys_own_code_bit_for_bit(dueling: bool) -> 
     for seed in range(3):
         learner.update(fake_batch(seed=seed))
     actor = make_agent(seed=4, dueling=dueling)
-    policy = NumpyDQNPolicy(actor.config, OBS_SHAPE, N_ACTIONS, seed=4)
+    policy = NumpyDQNPolicy(actor.config, SPEC, seed=4)
     weights = learner.export_weights()
-    assert actor.import_weights(weights) and policy.import_weights(weights)
+    actor.load_weights(weights)
+    policy.load_weights(weights)
     obs = random_obs(64)
     assert actor._online_arrays is not None
     np.testing.assert_array_equal(actor._numpy_q_values(actor._online_arrays, obs), policy.q_values(obs))
     for epsilon in (0.0, 0.5, np.linspace(0.0, 1.0, 64)):
-        actor.epsilon = policy.epsilon = epsilon
-        np.testing.assert_array_equal(actor.act(obs, explore=True), policy.act(obs, explore=True))
+        mine = EpsilonExplorer(actor, SPEC, seed=9, epsilon=epsilon)
+        theirs = EpsilonExplorer(policy, SPEC, seed=9, epsilon=epsilon)
+        np.testing.assert_array_equal(mine.act(obs), theirs.act(obs))
     batch = fake_batch(n=64, seed=5)
     np.testing.assert_array_equal(actor.initial_priorities(batch), policy.initial_priorities(batch))
 
@@ -339,8 +308,7 @@ def test_same_seed_same_initial_weights_without_touching_global_rng() -> None:
     assert same(params(a.online), params(b.online))
     assert same(params(a.online), params(a.target))
     assert not same(params(a.online), params(c.online))
-    obs = np.repeat(random_obs(1), 50, axis=0)
-    a.epsilon = b.epsilon = 0.5
+    obs = random_obs(50)
     np.testing.assert_array_equal(a.act(obs, explore=True), b.act(obs, explore=True))
 
 
@@ -384,9 +352,7 @@ def test_state_dict_round_trip_through_torch_save_restores_everything() -> None:
     agent = make_agent(seed=0)
     for seed in range(3):
         agent.update(fake_batch(seed=seed))
-    agent.export_weights()
-    agent.update(fake_batch(seed=9))  # dirty again: the restored agent must bump on next export
-    agent.epsilon = 0.3
+    agent.update(fake_batch(seed=9))
 
     buffer = io.BytesIO()
     torch.save(agent.state_dict(), buffer)
@@ -396,9 +362,8 @@ def test_state_dict_round_trip_through_torch_save_restores_everything() -> None:
 
     obs = np.repeat(random_obs(1), 64, axis=0)
     np.testing.assert_array_equal(restored.q_values(obs), agent.q_values(obs))
-    np.testing.assert_array_equal(restored.act(obs, explore=True), agent.act(obs, explore=True))  # same rng
-    assert (restored.updates, restored.weights_version, restored.epsilon) == (4, 1, 0.3)
-    assert restored.export_weights().version == agent.export_weights().version == 2
+    np.testing.assert_array_equal(restored.act(obs, explore=True), agent.act(obs, explore=True))
+    assert restored.updates == 4
     step = restored.optimizer.state_dict()["state"][0]["step"]
     assert float(step) == 4
     restored.update(fake_batch(seed=10))
@@ -430,7 +395,7 @@ def test_q_values_converge_to_the_analytical_solution_on_a_two_state_problem() -
         discount.astype(np.float32),
     )
     config = DQNConfig(hidden_sizes=[32], lr=1e-2, target_update_interval=20, device="cpu")
-    agent = DQNAgent(config, (2,), 2, seed=0)
+    agent = DQNAgent(config, discrete((2,), 2), seed=0)
     for _ in range(400):
         agent.update(batch)
     q = agent.q_values(np.array([s0, s1], np.float32))
@@ -495,9 +460,8 @@ def test_importance_of_the_wrong_shape_is_refused() -> None:
         make_agent().update(fake_batch(), np.ones((16, 1), np.float32))
 
 
-def test_last_td_errors_are_the_rows_absolute_td_errors_before_the_step() -> None:
+def test_update_gives_the_rows_absolute_td_errors_before_the_step() -> None:
     agent = _linear_agent(double=True)
-    assert agent.last_td_errors.shape == (0,)
     batch = TransitionBatch(  # Q_online(obs) = obs; Q_target(next) = [10, 3]; online argmax on next
         obs=np.array([[0.0, 0.0], [2.0, -1.0], [0.5, 4.0]], np.float32),
         action=np.array([0, 0, 1]),
@@ -506,8 +470,9 @@ def test_last_td_errors_are_the_rows_absolute_td_errors_before_the_step() -> Non
         discount=np.array([0.5, 0.9, 0.0], np.float32),
     )
     # targets: 1 + 0.5 * 3 = 2.5; -1 + 0.9 * 10 = 8; 0.5 (terminal). Q taken: 0, 2, 4.
-    metrics = agent.update(batch)
-    td = agent.last_td_errors
+    result = agent.update(batch)
+    assert isinstance(result, UpdateResult) and not result.skipped
+    metrics, td = result.metrics, result.td_errors
     assert td.dtype == np.float32 and td.shape == (3,)
     np.testing.assert_allclose(td, [2.5, 6.0, 3.5], rtol=1e-6)
     assert metrics["td_abs_mean"] == pytest.approx(float(td.mean()))
@@ -523,17 +488,17 @@ def test_initial_priorities_match_the_td_errors_update_computes(numpy_path: bool
         agent._online_arrays = agent._target_arrays = None  # the torch path, as on a GPU or with a CNN
     batch = fake_batch(n=64, seed=5)
     priorities = agent.initial_priorities(batch)
-    agent.update(batch)
+    td_errors = agent.update(batch).td_errors
     assert priorities.dtype == np.float32 and priorities.shape == (64,)
-    np.testing.assert_allclose(priorities, agent.last_td_errors, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(priorities, td_errors, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("numpy_path", [True, False])
-def test_actor_priorities_after_import_use_the_imported_net_as_target(numpy_path: bool) -> None:
+def test_actor_priorities_after_a_load_use_the_loaded_net_as_target(numpy_path: bool) -> None:
     learner, actor = make_agent(seed=0), make_agent(seed=1)
     for seed in range(3):
         learner.update(fake_batch(seed=seed))
-    actor.import_weights(learner.export_weights())
+    actor.load_weights(learner.export_weights())
     if not numpy_path:
         actor._online_arrays = actor._target_arrays = None
     batch = fake_batch(n=64, seed=5)
@@ -575,7 +540,7 @@ def test_nature_cnn_torso_forward_shapes_and_dueling(dueling: bool) -> None:
 def test_dqn_agent_with_nature_cnn_acts_and_learns_on_uint8_frames() -> None:
     pytest.importorskip("zmqrl.agents.conv")
     config = DQNConfig(torso="nature_cnn", dueling=True, device="cpu", target_update_interval=1000)
-    agent = DQNAgent(config, ATARI_SHAPE, 6, seed=0)
+    agent = DQNAgent(config, discrete(ATARI_SHAPE, 6, "uint8"), seed=0)
     assert agent._online_arrays is None  # the numpy path is MLP-only
     actions = agent.act(_frames(2), explore=False)
     assert actions.dtype == np.int64 and actions.shape == (2,)
@@ -587,6 +552,6 @@ def test_dqn_agent_with_nature_cnn_acts_and_learns_on_uint8_frames() -> None:
         discount=np.full(4, 0.99, np.float32),
     )
     priorities = agent.initial_priorities(batch)
-    metrics = agent.update(batch)
-    assert np.isfinite(metrics["loss"])
-    np.testing.assert_allclose(priorities, agent.last_td_errors, rtol=1e-5, atol=1e-5)
+    result = agent.update(batch)
+    assert np.isfinite(result.metrics["loss"])
+    np.testing.assert_allclose(priorities, result.td_errors, rtol=1e-5, atol=1e-5)

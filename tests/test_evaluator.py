@@ -138,7 +138,7 @@ def evaluator_config(
 def initial_weights(cfg: Config) -> dict[str, np.ndarray]:
     env = make_env(cfg.env, training=False)
     try:
-        return make_eval_agent(cfg, env, seed=cfg.run.seed).export_weights().arrays
+        return make_eval_agent(cfg, env, seed=cfg.run.seed).export_weights()
     finally:
         env.close()
 
@@ -323,7 +323,7 @@ def test_evaluate_calls_tick_every_step_and_aborts_when_it_says_so(tmp_path: Pat
     cfg = tiny_config(tmp_path, env__max_episode_steps=EPISODE_CAP)
     envs = [make_env(cfg.env, training=False) for _ in range(2)]
     agent = make_eval_agent(cfg, envs[0], seed=0)
-    assert agent.import_weights(Weights(2, balancing_weights(agent.export_weights().arrays)))
+    agent.load_weights(balancing_weights(agent.export_weights()))
     ticks = 0
 
     def tick(abort_after: int | None = None) -> bool:
@@ -391,10 +391,15 @@ def test_an_evaluator_that_heard_no_weights_before_the_run_finished_scores_the_f
     env = make_env(cfg.env, training=False)
     agent = make_eval_agent(cfg, env, seed=0)
     env.close()
-    agent.import_weights(Weights(7, balancing_weights(agent.export_weights().arrays)))
+    agent.load_weights(balancing_weights(agent.export_weights()))
     save_checkpoint(
         cfg.run_dir / "checkpoints" / LATEST,
-        {"agent": agent.state_dict(), "config": cfg.to_dict(), "counters": {"samples": 1234}},
+        {
+            "agent": agent.state_dict(),
+            "weights_version": 7,  # as the learner saves what it published last
+            "config": cfg.to_dict(),
+            "counters": {"samples": 1234},
+        },
     )
     evaluator = Evaluator(cfg, ctx=ctx, logger=NullLogger())
     thread = start(evaluator.run)

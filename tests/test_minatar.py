@@ -192,7 +192,7 @@ def test_dqn_config_picks_the_minatar_torso_and_checks_the_observations() -> Non
 def trained_agent(dueling: bool) -> DQNAgent:
     """A torch DQN after a few updates on random grids (no parameter left at its initial value)."""
     config = DQNConfig(torso="minatar_cnn", dueling=dueling, device="cpu", batch_size=16)
-    agent = DQNAgent(config, GRID, 3, seed=0)
+    agent = DQNAgent(config, GRIDS, seed=0)
     rng = np.random.default_rng(0)
     for _ in range(5):
         agent.update(
@@ -210,9 +210,10 @@ def trained_agent(dueling: bool) -> DQNAgent:
 @pytest.mark.parametrize("dueling", [False, True])
 def test_the_numpy_policy_computes_the_torch_q_values_on_the_same_weights(dueling: bool) -> None:
     learner = trained_agent(dueling)
-    policy = NumpyDQNPolicy(learner.config, GRID, 3, seed=1)
-    assert list(policy.weights_spec().items()) == list(learner.weights_spec().items())
-    assert policy.import_weights(learner.export_weights())
+    policy = NumpyDQNPolicy(learner.config, GRIDS, seed=1)
+    exported = learner.export_weights()
+    assert [(k, v.shape) for k, v in policy.arrays.items()] == [(k, v.shape) for k, v in exported.items()]
+    policy.load_weights(exported)
     grids = random_grids(np.random.default_rng(2), 200)
     expected = learner.q_values(grids)  # torch's modules
     np.testing.assert_allclose(policy.q_values(grids), expected, rtol=1e-5, atol=1e-5)
@@ -223,10 +224,11 @@ def test_the_numpy_policy_computes_the_torch_q_values_on_the_same_weights(duelin
 
 def test_numpy_initial_priorities_match_the_torch_agents() -> None:
     learner = trained_agent(dueling=False)
-    actor = DQNAgent(learner.config, GRID, 3, seed=4)
-    policy = NumpyDQNPolicy(learner.config, GRID, 3, seed=4)
+    actor = DQNAgent(learner.config, GRIDS, seed=4)
+    policy = NumpyDQNPolicy(learner.config, GRIDS, seed=4)
     weights = learner.export_weights()
-    assert actor.import_weights(weights) and policy.import_weights(weights)
+    actor.load_weights(weights)
+    policy.load_weights(weights)
     rng = np.random.default_rng(5)
     batch = TransitionBatch(
         obs=random_grids(rng, 32),
@@ -243,7 +245,7 @@ def test_numpy_initial_priorities_match_the_torch_agents() -> None:
 
 
 def test_numpy_initial_weights_follow_the_torch_default_bounds() -> None:
-    arrays = NumpyDQNPolicy(DQNConfig(torso="minatar_cnn"), GRID, 3, seed=0).arrays
+    arrays = NumpyDQNPolicy(DQNConfig(torso="minatar_cnn"), GRIDS, seed=0).arrays
     conv_bound, fc_bound = 1 / np.sqrt(4 * 3 * 3), 1 / np.sqrt(1024)
     for name, bound in [("torso.convs.0", conv_bound), ("torso.fc.0", fc_bound)]:
         for part in ("weight", "bias"):
@@ -279,8 +281,9 @@ def test_minatar_actors_act_in_numpy_without_importing_torch() -> None:
         from zmqrl.agents import make_policy
         from zmqrl.agents.configs import DQNConfig
         from zmqrl.spec import SampleSpec
-        policy = make_policy(DQNConfig(torso="minatar_cnn"), {GRIDS!r}, seed=0, epsilon=0.5)
-        policy.act(np.zeros((2, 4, 10, 10), np.uint8), explore=True)
+        from zmqrl.agents.exploring import EpsilonExplorer
+        policy = make_policy(DQNConfig(torso="minatar_cnn"), {GRIDS!r}, seed=0)
+        EpsilonExplorer(policy, {GRIDS!r}, seed=0, epsilon=0.5).act(np.zeros((2, 4, 10, 10), np.uint8))
         print(type(policy).__name__, sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
         """
     )

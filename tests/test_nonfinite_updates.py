@@ -30,6 +30,7 @@ from zmqrl.agents.sac import SACAgent
 from zmqrl.checkpoints.files import load_checkpoint
 from zmqrl.learner.nonfinite import NonFiniteTraining, NonFiniteUpdates
 from zmqrl.learner.trainer import Trainer
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import TransitionBatch
@@ -66,7 +67,8 @@ def all_finite(module: torch.nn.Module) -> bool:
 
 
 def dqn() -> DQNAgent:
-    agent = DQNAgent(DQNConfig(hidden_sizes=(16, 16), target_update_interval=1), (4,), 2, seed=0)
+    spec = SampleSpec((4,), "float32", (), "int64", num_actions=2)
+    agent = DQNAgent(DQNConfig(hidden_sizes=(16, 16), target_update_interval=1), spec, seed=0)
     agent.update(batch())  # optimiser state exists: a skip must leave it as it is too
     return agent
 
@@ -91,7 +93,8 @@ def test_a_dqn_update_that_is_not_finite_changes_nothing_and_says_so(column: str
 
 def sac() -> SACAgent:
     config = SACConfig(hidden_sizes=(16, 16))
-    return SACAgent(config, (3,), 1, seed=0, action_low=np.array([-2.0]), action_high=np.array([2.0]))
+    spec = SampleSpec((3,), "float32", (1,), "float32", action_low=-2.0, action_high=2.0)
+    return SACAgent(config, spec, seed=0)
 
 
 def test_a_sac_update_on_a_1e30_observation_leaves_every_parameter_finite() -> None:
@@ -165,7 +168,7 @@ def test_the_trainer_never_publishes_nor_checkpoints_nonfinite_weights(tmp_path:
         assert isinstance(agent, DQNAgent)
         with torch.no_grad():
             agent.online.head.bias[0] = float("nan")
-        agent._sync.dirty = True
+        trainer.numbering.changed()
         with pytest.raises(NonFiniteTraining, match="refused to publish"):
             trainer.publish()
         with pytest.raises(NonFiniteTraining, match="refused to checkpoint"):

@@ -18,7 +18,7 @@ from tests.conftest import tiny_config, wait_until
 from zmqrl.actor.main import Actor
 from zmqrl.agents import make_learner
 from zmqrl.config import Config
-from zmqrl.envs.factory import action_bounds, make_env, sample_spec
+from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.learner.main import Learner
 from zmqrl.runtime.link import SupervisorLink
 from zmqrl.runtime.run_fingerprint import run_fingerprint
@@ -90,10 +90,9 @@ class FakeLearner:
         if self._greeting is None:
             env = make_env(cfg.env)
             spec = sample_spec(env)
-            bounds = action_bounds(env)
             env.close()
-            agent = make_learner(cfg.agent, spec, device="cpu", **bounds)
-            initial = Weights(0, agent.export_weights().arrays)
+            agent = make_learner(cfg.agent, spec, device="cpu")
+            initial = Weights(0, agent.export_weights())
             msg = WeightsMsg(initial, cfg.agent.kind, run_fingerprint(cfg, spec))
             self._greeting = wire.dump(msg)
         self.pub.send_multipart(self._greeting)
@@ -255,7 +254,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
 
     first = fake.first_sample(cfg)
     assert first.actor_id == 0 and first.weights_version == 0  # acting with its own initial weights
-    reference = {k: np.zeros(shape, dtype) for k, (shape, dtype) in actor.agent.weights_spec().items()}
+    reference = {k: np.zeros_like(v) for k, v in actor.agent.arrays.items()}  # type: ignore[attr-defined]
     newer = Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()})
     older = Weights(3, {k: np.zeros_like(v) for k, v in reference.items()})
 
@@ -272,7 +271,7 @@ def test_actor_follows_newer_weights_only_and_stamps_samples(ctx: zmq.Context, t
     seqs = [recv_sample() for _ in range(5)]
     assert all(m.weights_version == 5 for m in seqs[1:]), "an older version must never be applied"
     assert [m.seq for m in seqs] == sorted(m.seq for m in seqs)
-    assert actor.agent.weights_version == 5
+    assert actor.weights_client.version == 5
     np.testing.assert_allclose(actor.agent.arrays[next(iter(reference))], 0.01)
     assert actor.weights.bad.count >= 1
     sup.stop()
@@ -329,7 +328,7 @@ def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_wit
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
     wait_until(lambda: actor.steps == 3 * envs_per_actor, 20, "the first n-step window to fill")
-    reference = {k: np.zeros(shape, dtype) for k, (shape, dtype) in actor.agent.weights_spec().items()}
+    reference = {k: np.zeros_like(v) for k, v in actor.agent.arrays.items()}  # type: ignore[attr-defined]
     v5 = wire.dump(WeightsMsg(Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()}), "dqn"))
 
     def loaded() -> bool:
@@ -350,7 +349,7 @@ def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_wit
     sup.close()
     assert not any(m.episodes for m in msgs), "an episode end in the first steps would change the windows"
     assert [m.batch.size for m in msgs] == [envs_per_actor] * 4  # one transition per sub-env each
-    assert actor.agent.weights_version == 5
+    assert actor.weights_client.version == 5
     assert [m.weights_version for m in msgs] == [0, 0, 0, 5], "steps 1-3 were acted with version 0"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,12 +16,13 @@ import torch
 from tests.test_dqn import params, same
 from zmqrl.agents import make_learner
 from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.numpy_policies import NumpySACPolicy
 from zmqrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, SACAgent
 from zmqrl.agents.sac_nets import squashed_gaussian_log_prob
 from zmqrl.core import LearningAgent, Policy
 from zmqrl.spec import SampleSpec
-from zmqrl.types import TransitionBatch, Weights
+from zmqrl.types import TransitionBatch
 
 torch.set_num_threads(1)
 
@@ -28,11 +30,18 @@ OBS_SHAPE = (5,)
 LOW = np.array([-1.0, 0.0, 2.0], np.float32)  # asymmetric, offset bounds catch a missing rescale
 HIGH = np.array([3.0, 0.5, 2.5], np.float32)
 ACT_DIM = 3
+SPEC = SampleSpec(OBS_SHAPE, "float32", (ACT_DIM,), "float32", action_low=tuple(LOW), action_high=tuple(HIGH))
+
+
+def box(
+    act_dim: int, low: object = None, high: object = None, obs_shape: tuple[int, ...] = OBS_SHAPE
+) -> SampleSpec:
+    return SampleSpec(obs_shape, "float32", (act_dim,), "float32", action_low=low, action_high=high)  # type: ignore[arg-type]
 
 
 def make_sac(seed: int = 0, **overrides: object) -> SACAgent:
     config = SACConfig(hidden_sizes=[32, 32], device="cpu", **overrides)  # type: ignore[arg-type]
-    return SACAgent(config, OBS_SHAPE, ACT_DIM, action_low=LOW, action_high=HIGH, seed=seed)
+    return SACAgent(config, SPEC, seed=seed)
 
 
 def random_obs(n: int, seed: int = 1) -> np.ndarray:
@@ -67,8 +76,8 @@ def test_actions_are_float32_within_asymmetric_bounds(explore: bool, epsilon: fl
     with torch.no_grad():  # a wide policy: many samples squash onto the bounds themselves
         agent.policy.log_std.bias.fill_(LOG_STD_MAX)
         agent.policy.mean.weight.mul_(50.0)
-    agent.epsilon = epsilon
-    actions = agent.act(random_obs(2000), explore=explore)
+    explorer = EpsilonExplorer(agent, SPEC, seed=0, epsilon=epsilon)
+    actions = explorer.act(random_obs(2000)) if explore else agent.act(random_obs(2000), explore=False)
     assert actions.dtype == np.float32 and actions.shape == (2000, ACT_DIM)
     assert in_bounds(actions)
     if explore:  # the spread reaches (nearly) both ends of every dimension
@@ -76,27 +85,23 @@ def test_actions_are_float32_within_asymmetric_bounds(explore: bool, epsilon: fl
         assert np.all(HIGH - actions.max(axis=0) < 0.05 * (HIGH - LOW))
 
 
-def test_epsilon_one_is_uniform_on_the_box_and_ignored_when_greedy() -> None:
-    agent = make_sac()
-    agent.epsilon = 1.0
+def test_the_explorers_epsilon_one_is_uniform_on_the_box() -> None:
+    explorer = EpsilonExplorer(make_sac(), SPEC, seed=0, epsilon=1.0)
     obs = np.repeat(random_obs(1), 4000, axis=0)
-    actions = agent.act(obs, explore=True)
+    actions = explorer.act(obs)
     assert np.all(np.abs(actions.mean(axis=0) - (LOW + HIGH) / 2) < 0.03 * (HIGH - LOW))
     np.testing.assert_allclose(actions.std(axis=0), (HIGH - LOW) / math.sqrt(12), rtol=0.05)
-    greedy = agent.act(obs[:1], explore=False)
-    agent.epsilon = 0.0
-    np.testing.assert_array_equal(agent.act(obs[:1], explore=False), greedy)
 
 
-def test_partial_epsilon_replaces_that_share_of_rows() -> None:
+def test_the_explorers_partial_epsilon_replaces_that_share_of_rows() -> None:
     agent = make_sac()
-    agent.epsilon = 0.3
+    explorer = EpsilonExplorer(agent, SPEC, seed=0, epsilon=0.3)
     obs = np.repeat(random_obs(1), 4000, axis=0)
     greedy = agent.act(obs[:1], explore=False)[0]
     with torch.no_grad():
         agent.policy.log_std.bias.fill_(LOG_STD_MIN)  # sampled rows sit on the greedy action
         agent.policy.log_std.weight.zero_()
-    actions = agent.act(obs, explore=True)
+    actions = explorer.act(obs)
     on_policy = np.all(np.abs(actions - greedy) < 0.05, axis=1)
     assert float(np.mean(~on_policy)) == pytest.approx(0.3, abs=0.04)
 
@@ -128,28 +133,33 @@ def test_cpu_acting_is_the_numpy_policys_own_code_bit_for_bit() -> None:
     agent = make_sac(seed=4)
     for seed in range(3):  # updates draw learning noise only, never the acting RNG
         agent.update(fake_batch(seed=seed))
-    policy = NumpySACPolicy(agent.config, OBS_SHAPE, ACT_DIM, action_low=LOW, action_high=HIGH, seed=4)
-    assert policy.import_weights(agent.export_weights())
+    policy = NumpySACPolicy(agent.config, SPEC, seed=4)
+    policy.load_weights(agent.export_weights())
     obs = random_obs(64)
     np.testing.assert_array_equal(agent._policy_outputs(obs), policy.policy_outputs(obs))
     for epsilon in (0.0, 0.5, np.linspace(0.0, 1.0, 64)):
-        agent.epsilon = policy.epsilon = epsilon
-        np.testing.assert_array_equal(agent.act(obs, explore=True), policy.act(obs, explore=True))
+        mine = EpsilonExplorer(agent, SPEC, seed=9, epsilon=epsilon)
+        theirs = EpsilonExplorer(policy, SPEC, seed=9, epsilon=epsilon)
+        np.testing.assert_array_equal(mine.act(obs), theirs.act(obs))
         np.testing.assert_array_equal(agent.act(obs, explore=False), policy.act(obs, explore=False))
 
 
 def test_default_bounds_are_minus_one_to_one_and_bad_bounds_are_refused() -> None:
-    agent = SACAgent(SACConfig(hidden_sizes=[8], device="cpu"), OBS_SHAPE, 2, seed=0, epsilon=1.0)
+    agent = SACAgent(SACConfig(hidden_sizes=[8], device="cpu"), box(2), seed=0)
+    with torch.no_grad():  # a wide policy: many samples squash onto the bounds themselves
+        agent.policy.log_std.bias.fill_(LOG_STD_MAX)
+        agent.policy.mean.weight.mul_(50.0)
     actions = agent.act(random_obs(1000), explore=True)
     assert actions.min() >= -1.0 and actions.max() <= 1.0 and actions.min() < -0.9 and actions.max() > 0.9
     config = SACConfig(hidden_sizes=[8], device="cpu")
     for low, high, message in [
-        (np.array([-np.inf, -1.0]), np.ones(2), "finite"),
-        (np.ones(2), np.ones(2), "action_low must be < action_high"),
-        (-np.ones(3), np.ones(3), r"shape \(2,\)"),
+        ((-np.inf, -1.0), (1.0, 1.0), "finite"),
+        ((1.0, 1.0), (1.0, 1.0), "action_low must be < action_high"),
     ]:
         with pytest.raises(ValueError, match=message):
-            SACAgent(config, OBS_SHAPE, 2, action_low=low, action_high=high)
+            SACAgent(config, box(2, low, high))
+    with pytest.raises(ValueError, match="1-D Box"):
+        SACAgent(config, SampleSpec(OBS_SHAPE, "float32", (2, 2), "float32"))
 
 
 # ----------------------------------------------------------------------------- log-probability
@@ -197,67 +207,49 @@ def test_policy_samples_come_with_their_own_log_probs() -> None:
 # --------------------------------------------------------------------------------- weight sync
 
 
-def test_export_import_round_trip_makes_actor_act_like_learner() -> None:
+def test_export_load_round_trip_makes_actor_act_like_learner() -> None:
     learner, actor = make_sac(seed=0), make_sac(seed=1)
     learner.update(fake_batch())
     obs = random_obs(128)
     assert not np.array_equal(learner.act(obs, explore=False), actor.act(obs, explore=False))
-    weights = learner.export_weights()
-    assert actor.import_weights(weights) is True
-    assert actor.weights_version == learner.weights_version == weights.version == 1
+    actor.load_weights(learner.export_weights())
     np.testing.assert_array_equal(actor.act(obs, explore=False), learner.act(obs, explore=False))
     assert not same(params(actor.critic), params(learner.critic))  # critics never travel
 
 
 def test_weights_cover_only_the_policy_as_float32_copies() -> None:
     agent = make_sac()
-    spec = agent.weights_spec()
-    assert list(spec) == list(agent.policy.state_dict())
-    assert not any(name.startswith(("q1", "q2", "critic")) for name in spec)
-    assert sum(math.prod(shape) for shape, _ in spec.values()) == sum(
-        p.numel() for p in agent.policy.parameters()
-    )
-    weights = agent.export_weights()
-    assert list(weights.arrays) == list(spec)
-    for name, array in weights.arrays.items():
-        assert (array.shape, str(array.dtype)) == spec[name] and array.flags.c_contiguous
+    arrays = agent.export_weights()
+    assert list(arrays) == list(agent.policy.state_dict())
+    assert not any(name.startswith(("q1", "q2", "critic")) for name in arrays)
+    assert sum(a.size for a in arrays.values()) == sum(p.numel() for p in agent.policy.parameters())
+    for array in arrays.values():
+        assert array.dtype == np.float32 and array.flags.c_contiguous
     before = agent.act(random_obs(8), explore=False)
-    for array in weights.arrays.values():
+    for array in arrays.values():
         array[...] = 0.0  # mutating the snapshot must not reach the agent
     np.testing.assert_array_equal(agent.act(random_obs(8), explore=False), before)
 
 
-def test_versions_bump_only_when_the_policy_changed() -> None:
+def test_the_exported_policy_changes_only_with_policy_steps() -> None:
+    """What a new weights version means (zmqrl.transport.weights_versions numbers them)."""
     agent = make_sac(policy_update_interval=2)
-    assert agent.weights_version == 0
-    assert agent.export_weights().version == 1
-    assert agent.export_weights().version == 1
+    first = agent.export_weights()
     agent.update(fake_batch())  # critic step only: the exported policy is unchanged
-    assert agent.export_weights().version == 1
+    assert all(np.array_equal(first[k], v) for k, v in agent.export_weights().items())
     agent.update(fake_batch())  # policy steps
-    assert agent.weights_version == 1  # not bumped until exported
-    assert agent.export_weights().version == 2
-    agent.continue_versions_after(10)
-    assert agent.export_weights().version == 11
-    agent.continue_versions_after(5)
-    assert agent.export_weights().version == 11
+    assert not all(np.array_equal(first[k], v) for k, v in agent.export_weights().items())
 
 
-def test_import_of_older_or_equal_version_is_ignored_and_read_only_arrays_load() -> None:
+def test_read_only_arrays_load() -> None:
     learner, actor = make_sac(seed=0), make_sac(seed=1)
-    learner.update(fake_batch())
-    learner.export_weights()
     learner.update(fake_batch(seed=3))
-    newer = learner.export_weights()
-    for array in newer.arrays.values():
+    arrays = learner.export_weights()
+    for array in arrays.values():
         array.flags.writeable = False
-    assert actor.import_weights(newer)
-    before = params(actor.policy)
-    zeros = {k: np.zeros_like(v) for k, v in newer.arrays.items()}
-    assert actor.import_weights(Weights(newer.version, zeros)) is False
-    assert actor.import_weights(Weights(newer.version - 1, zeros)) is False
-    assert actor.weights_version == newer.version
-    assert same(params(actor.policy), before)
+    actor.load_weights(arrays)
+    obs = random_obs(16)
+    np.testing.assert_array_equal(actor.act(obs, explore=False), learner.act(obs, explore=False))
 
 
 @pytest.mark.parametrize(
@@ -270,7 +262,7 @@ def test_import_of_older_or_equal_version_is_ignored_and_read_only_arrays_load()
 )
 def test_mismatched_weights_raise_and_leave_the_policy_unchanged(corruption: str, message: str) -> None:
     learner, actor = make_sac(seed=0), make_sac(seed=1)
-    arrays = dict(learner.export_weights().arrays)
+    arrays = learner.export_weights()
     last = list(arrays)[-1]
     if corruption == "shape":
         arrays[last] = np.zeros(arrays[last].shape[0] + 1, dtype=np.float32)
@@ -280,13 +272,14 @@ def test_mismatched_weights_raise_and_leave_the_policy_unchanged(corruption: str
         arrays["q1.0.weight"] = np.zeros(3, dtype=np.float32)
     before = params(actor.policy)
     with pytest.raises(ValueError, match=message):
-        actor.import_weights(Weights(1, arrays))
+        actor.load_weights(arrays)
     assert same(params(actor.policy), before)
-    assert actor.weights_version == 0
 
 
 def test_actors_have_no_initial_priorities() -> None:
-    assert make_sac().initial_priorities(fake_batch()) is None
+    from zmqrl.agents import make_priorities
+
+    assert make_priorities(SACConfig(), make_sac()) is None, "actors hold no critic"
 
 
 # -------------------------------------------------------------------------------------- update
@@ -333,10 +326,10 @@ def test_delayed_policy_steps_catch_up_and_targets_follow_their_interval() -> No
 
 def test_last_td_errors_average_the_two_critics_per_row() -> None:
     agent = make_sac()
-    assert agent.last_td_errors.shape == (0,)
     batch = fake_batch(n=16, discount=0.0)  # target = reward: independent of the sampled next actions
     critic = copy.deepcopy(agent.critic)
-    metrics = agent.update(batch)
+    result = agent.update(batch)
+    metrics = result.metrics
     actions = (torch.from_numpy(batch.action) - torch.from_numpy((LOW + HIGH) / 2)) / torch.from_numpy(
         (HIGH - LOW) / 2
     )
@@ -344,7 +337,7 @@ def test_last_td_errors_average_the_two_critics_per_row() -> None:
         q1, q2 = critic(torch.from_numpy(batch.obs), actions)
     reward = torch.from_numpy(batch.reward)
     expected = ((q1 - reward).abs() + (q2 - reward).abs()).numpy() / 2
-    td = agent.last_td_errors
+    td = result.td_errors
     assert td.dtype == np.float32 and td.shape == (16,)
     np.testing.assert_allclose(td, expected, rtol=1e-5, atol=1e-6)
     assert metrics["td_abs_mean"] == pytest.approx(float(td.mean()), rel=1e-5)
@@ -419,9 +412,7 @@ def test_state_dict_round_trip_gives_identical_subsequent_updates() -> None:
     agent = make_sac(seed=0, policy_update_interval=2)
     for seed in range(3):
         agent.update(fake_batch(seed=seed))
-    agent.export_weights()
     agent.update(fake_batch(seed=9))
-    agent.epsilon = 0.3
 
     buffer = io.BytesIO()
     torch.save(agent.state_dict(), buffer)
@@ -429,16 +420,16 @@ def test_state_dict_round_trip_gives_identical_subsequent_updates() -> None:
     restored = make_sac(seed=123, policy_update_interval=2)
     restored.load_state_dict(torch.load(buffer, weights_only=True))
 
-    assert (restored.updates, restored.weights_version, restored.epsilon) == (4, 1, 0.3)
+    assert restored.updates == 4
     assert restored.alpha == agent.alpha
     obs = random_obs(32)
     np.testing.assert_array_equal(restored.act(obs, explore=True), agent.act(obs, explore=True))
     for seed in (10, 11):
-        assert restored.update(fake_batch(seed=seed)) == agent.update(fake_batch(seed=seed))
+        mine, theirs = restored.update(fake_batch(seed=seed)), agent.update(fake_batch(seed=seed))
+        assert mine.metrics == theirs.metrics
+        np.testing.assert_array_equal(mine.td_errors, theirs.td_errors)
     for name in ("policy", "critic", "critic_target"):
         assert same(params(getattr(restored, name)), params(getattr(agent, name))), name
-    np.testing.assert_array_equal(restored.last_td_errors, agent.last_td_errors)
-    assert restored.export_weights().version == agent.export_weights().version == 2
 
 
 # ------------------------------------------------------------------------------------ make_learner
@@ -450,10 +441,7 @@ def test_make_agent_dispatches_on_kind_and_checks_the_action_space() -> None:
         obs_shape=(4,), obs_dtype="float32", action_shape=(), action_dtype="int64", num_actions=2
     )
     sac = make_learner(
-        SACConfig(hidden_sizes=[8], device="cpu"),
-        box,
-        action_low=np.array([-2.0]),
-        action_high=np.array([2.0]),
+        SACConfig(hidden_sizes=[8], device="cpu"), replace(box, action_low=-2.0, action_high=2.0)
     )
     assert isinstance(sac, SACAgent)
     assert sac.act(np.zeros((1, 3), np.float32), explore=False).shape == (1, 1)
@@ -500,8 +488,9 @@ def test_sac_learns_pendulum_in_a_few_thousand_steps() -> None:
     config = SACConfig(
         hidden_sizes=[64, 64], batch_size=batch_size, actor_lr=1e-3, critic_lr=1e-3, device="cpu"
     )
-    space = env.action_space
-    agent = SACAgent(config, (3,), 1, action_low=space.low, action_high=space.high, seed=0, epsilon=1.0)
+    spec = SampleSpec((3,), "float32", (1,), "float32", action_low=-2.0, action_high=2.0)
+    agent = SACAgent(config, spec, seed=0)
+    explorer = EpsilonExplorer(agent, spec, seed=0, epsilon=1.0)  # the actors' random warm-up
     before = _greedy_return(agent, eval_env, episodes=5)
 
     columns: list[np.ndarray] = [np.zeros((total, 3), np.float32), np.zeros((total, 1), np.float32)]
@@ -509,8 +498,8 @@ def test_sac_learns_pendulum_in_a_few_thousand_steps() -> None:
     rng = np.random.default_rng(0)
     obs, _ = env.reset(seed=0)
     for step in range(total):
-        agent.epsilon = 1.0 if step < warmup else 0.0
-        action = agent.act(obs[None], explore=True)[0]
+        explorer.epsilon = 1.0 if step < warmup else 0.0
+        action = explorer.act(obs[None])[0]
         next_obs, reward, terminated, truncated, _ = env.step(action)
         for column, value in zip(
             columns, (obs, action, reward, next_obs, 0.0 if terminated else config.gamma), strict=True

@@ -25,6 +25,7 @@ from zmqrl.actor.main import Actor
 from zmqrl.actor.sampler import ACTOR_SEED_STRIDE, ActedVersions
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
+from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.sac import SACAgent
 from zmqrl.config import Config
 from zmqrl.envs.factory import make_env, sample_spec
@@ -246,7 +247,7 @@ def test_dqn_actor_sends_initial_priorities_only_for_prioritized_replay(
         assert p is not None and p.dtype == np.float32 and p.shape == (msg.batch.size,)
         assert np.isfinite(p).all() and (p >= 0).all()
         # No weights were published, so the actor's copy still holds the weights it scored with.
-        expected = actor.agent.initial_priorities(msg.batch)
+        expected = actor.agent.initial_priorities(msg.batch)  # type: ignore[attr-defined]
         assert expected is not None
         np.testing.assert_allclose(p, expected, rtol=1e-5, atol=1e-6)
 
@@ -279,32 +280,28 @@ def test_sac_vector_actor_sends_no_priorities_and_bounded_actions(ctx: zmq.Conte
 
 
 def test_per_row_epsilon_mixes_random_actions_into_dqn_rows() -> None:
-    agent = DQNAgent(DQNConfig(hidden_sizes=[8], device="cpu"), (3,), 5, seed=0)
+    spec = SampleSpec((3,), "float32", (), "int64", num_actions=5)
+    agent = DQNAgent(DQNConfig(hidden_sizes=[8], device="cpu"), spec, seed=0)
     obs = np.zeros((3, 3), np.float32)
     greedy = int(agent.act(obs[:1], explore=False)[0])
-    agent.epsilon = np.array([0.0, 1.0, 0.5])  # one per row, as a vector actor's sub-envs
-    rows = np.stack([agent.act(obs, explore=True) for _ in range(2000)])
+    # One epsilon per row, as a vector actor's sub-envs.
+    explorer = EpsilonExplorer(agent, spec, seed=0, epsilon=np.array([0.0, 1.0, 0.5]))
+    rows = np.stack([explorer.act(obs) for _ in range(2000)])
     assert rows.dtype == np.int64 and (rows[:, 0] == greedy).all(), "epsilon 0: always the agent's action"
     assert set(rows[:, 1].tolist()) == set(range(5)) and abs((rows[:, 1] == greedy).mean() - 0.2) < 0.05
     assert abs((rows[:, 2] != greedy).mean() - 0.5 * 0.8) < 0.05
-    agent.epsilon = np.ones(3)
-    agent._numpy_q = None  # would be needed only if the network were evaluated
+    explorer.epsilon = np.ones(3)
+    agent._online_arrays = None  # would be needed only if the network were evaluated
     agent.online = None  # type: ignore[assignment]
-    assert agent.act(obs, explore=True).shape == (3,), "when every row explores, the network is not called"
+    assert explorer.act(obs).shape == (3,), "when every row explores, the network is not called"
 
 
 def test_per_row_epsilon_gives_uniform_actions_in_bounds_for_sac() -> None:
-    agent = SACAgent(
-        SACConfig(hidden_sizes=[8], device="cpu"),
-        (3,),
-        2,
-        action_low=np.full(2, -2.0, np.float32),
-        action_high=np.full(2, 2.0, np.float32),
-        seed=0,
-    )
+    spec = SampleSpec((3,), "float32", (2,), "float32", action_low=-2.0, action_high=2.0)
+    agent = SACAgent(SACConfig(hidden_sizes=[8], device="cpu"), spec, seed=0)
     obs = np.zeros((2, 3), np.float32)
-    agent.epsilon = np.array([0.0, 1.0])
-    rows = np.stack([agent.act(obs, explore=True) for _ in range(200)])
+    explorer = EpsilonExplorer(agent, spec, seed=0, epsilon=np.array([0.0, 1.0]))
+    rows = np.stack([explorer.act(obs) for _ in range(200)])
     assert rows.dtype == np.float32 and rows.shape == (200, 2, 2)
     assert (np.abs(rows) <= 2.0).all() and rows[:, 1].std() > 0.5  # uniform over [-2, 2]
 

@@ -19,9 +19,11 @@ import zmq
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy
+from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages, WeightsPublisher, WeightsSubscriber
 from zmqrl.transport.fingerprint import FingerprintMismatch, check_fingerprint
+from zmqrl.transport.weights_versions import WeightsClient
 from zmqrl.transport.wire import Fingerprint, WeightsMsg, WireError
 from zmqrl.types import TransitionBatch, Weights
 
@@ -38,10 +40,13 @@ _endpoints = itertools.count()
 Policy = NumpyDQNPolicy | DQNAgent
 
 
+SPEC = SampleSpec((4,), "float32", (), "int64", num_actions=2)
+
+
 def make_policy(kind: str) -> Policy:
     if kind == "numpy":
-        return NumpyDQNPolicy(CONFIG, (4,), 2, seed=0)
-    return DQNAgent(CONFIG, (4,), 2, seed=0)
+        return NumpyDQNPolicy(CONFIG, SPEC, seed=0)
+    return DQNAgent(CONFIG, SPEC, seed=0)
 
 
 def published(version: int, policy: Policy, seed: int = 1, special: bool = True) -> Weights:
@@ -49,8 +54,8 @@ def published(version: int, policy: Policy, seed: int = 1, special: bool = True)
     float32 values that a copy through another type would change: -0.0, the largest finite value,
     a subnormal."""
     rng = np.random.default_rng(seed)
-    spec = policy.weights_spec()
-    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, (shape, _) in spec.items()}
+    shapes = {name: array.shape for name, array in applied(policy).items()}
+    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
     if special:
         first = next(iter(arrays.values())).reshape(-1)
         first[:3] = np.array([-0.0, np.finfo(np.float32).max, 1e-45], np.float32)
@@ -79,7 +84,8 @@ def ctx() -> Iterator[zmq.Context]:
 
 
 class Channel:
-    """A learner's publisher and an actor's subscriber, checking against ``policy``'s network."""
+    """A learner's publisher and an actor's subscriber and weights client (the policy checks
+    names and shapes, the client versions)."""
 
     def __init__(self, ctx: zmq.Context, policy: Policy, fingerprint: Fingerprint = FINGERPRINT) -> None:
         self.pub_sock, endpoint = sockets.weights_pub(
@@ -88,11 +94,12 @@ class Channel:
         self.publisher = WeightsPublisher(self.pub_sock, "dqn", fingerprint=fingerprint)
         self.sub = WeightsSubscriber(
             sockets.weights_sub(ctx, endpoint, LIMITS),
-            policy.weights_spec(),
+            None,
             BadMessages("test weights"),
             expected_fingerprint=dict(FINGERPRINT),
         )
         self.policy = policy
+        self.client = WeightsClient(policy, self.sub.bad)
 
     def connect(self) -> WeightsMsg:
         """Publish version 1, 2, ... until the subscription is through; the message that arrived."""
@@ -106,9 +113,9 @@ class Channel:
         raise AssertionError("no weights arrived")
 
     def apply_latest(self) -> bool:
-        """As an actor's weights sync does: the newest valid message, imported if newer."""
+        """As an actor's weights sync does: the newest valid message, loaded if newer."""
         msg = self.sub.latest()
-        return msg is not None and self.policy.import_weights(msg.weights)
+        return msg is not None and self.client.offer(msg.weights)
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
@@ -118,7 +125,7 @@ def test_the_applied_weights_are_the_published_ones_bit_for_bit(ctx: zmq.Context
     weights = published(channel.publisher.version + 1, channel.policy, seed=7)
     channel.publisher.publish(weights)
     assert channel.apply_latest()
-    assert channel.policy.weights_version == weights.version
+    assert channel.client.version == weights.version
     assert_bitwise_equal(applied(channel.policy), weights.arrays)
     assert channel.sub.bad.count == 0
 
@@ -129,7 +136,7 @@ def test_applied_weights_are_copies_not_views_of_the_received_frames(ctx: zmq.Co
     channel.connect()
     channel.publisher.publish(published(channel.publisher.version + 1, channel.policy, seed=3))
     msg = channel.sub.latest()
-    assert msg is not None and channel.policy.import_weights(msg.weights)
+    assert msg is not None and channel.client.offer(msg.weights)
     mine = (
         channel.policy.arrays if isinstance(channel.policy, NumpyDQNPolicy) else channel.policy._online_arrays
     )
@@ -138,13 +145,13 @@ def test_applied_weights_are_copies_not_views_of_the_received_frames(ctx: zmq.Co
         assert not np.shares_memory(mine[name], array), name
 
 
-def test_a_numpy_policy_imports_into_the_arrays_it_already_holds() -> None:
+def test_a_numpy_policy_loads_into_the_arrays_it_already_holds() -> None:
     policy = make_policy("numpy")
     assert isinstance(policy, NumpyDQNPolicy)
     held = dict(policy.arrays)
     weights = published(1, policy)
-    assert policy.import_weights(weights)
-    assert all(policy.arrays[name] is held[name] for name in held), "no new arrays per import"
+    policy.load_weights(weights.arrays)
+    assert all(policy.arrays[name] is held[name] for name in held), "no new arrays per load"
     assert_bitwise_equal(applied(policy), weights.arrays)
 
 
@@ -187,12 +194,12 @@ def test_an_invalid_snapshot_is_counted_dropped_and_never_applied(
 ) -> None:
     channel = Channel(ctx, make_policy(kind))
     channel.connect()
-    before, version = applied(channel.policy), channel.policy.weights_version
+    before, version = applied(channel.policy), channel.client.version
     bad = corrupt(published(channel.publisher.version + 1, channel.policy, seed=5))  # type: ignore[operator]
     channel.publisher.publish(bad)
     assert not channel.apply_latest()
     assert channel.sub.bad.count == 1
-    assert channel.policy.weights_version == version
+    assert channel.client.version == version
     assert_bitwise_equal(applied(channel.policy), before)
 
 
@@ -210,7 +217,7 @@ def test_a_truncated_frame_is_counted_and_the_older_valid_snapshot_wins(ctx: zmq
     channel.pub_sock.send_multipart(frames)
     assert channel.apply_latest()
     assert channel.sub.bad.count == 1
-    assert channel.policy.weights_version == good.version
+    assert channel.client.version == good.version
     assert_bitwise_equal(applied(channel.policy), good.arrays)
 
 
@@ -236,7 +243,7 @@ def test_a_snapshot_with_another_fingerprint_is_refused_before_anything_is_appli
             channel.publisher.publish(published(channel.publisher.version + 1, policy))
             channel.sub._sock.poll(20)
             channel.apply_latest()
-    assert policy.weights_version == 0
+    assert channel.client.version == 0
 
 
 def test_fingerprints_compare_numbers_by_value_and_bools_by_type() -> None:
@@ -249,25 +256,26 @@ def test_fingerprints_compare_numbers_by_value_and_bools_by_type() -> None:
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
 def test_an_older_or_equal_version_is_never_applied(ctx: zmq.Context, kind: str) -> None:
     policy = make_policy(kind)
+    client = WeightsClient(policy)
     newest = published(5, policy, seed=2)
-    assert policy.import_weights(newest)
+    assert client.offer(newest)
     for version in (5, 4):
-        assert not policy.import_weights(published(version, policy, seed=9))
-    assert policy.weights_version == 5
+        assert not client.offer(published(version, policy, seed=9))
+    assert client.version == 5
     assert_bitwise_equal(applied(policy), newest.arrays)
 
 
-def test_the_torch_agents_target_equals_the_imported_weights_whenever_it_is_used() -> None:
+def test_the_torch_agents_target_equals_the_loaded_weights_whenever_it_is_used() -> None:
     agent = DQNAgent(
-        DQNConfig(hidden_sizes=[16, 16], device="cpu", target_update_interval=1000), (4,), 2, seed=0
+        DQNConfig(hidden_sizes=[16, 16], device="cpu", target_update_interval=1000), SPEC, seed=0
     )
     weights = published(1, agent, seed=4)
-    assert agent.import_weights(weights)
+    agent.load_weights(weights.arrays)
     target = {name: t.detach().numpy().copy() for name, t in agent.target.state_dict().items()}
     assert_bitwise_equal(target, weights.arrays)
-    # A learner that imported (not an actor) trains on: the target is the imported net, not the
+    # A learner that loaded (not an actor) trains on: the target is the loaded net, not the
     # online net after the step.
-    agent.import_weights(published(2, agent, seed=6))
+    agent.load_weights(published(2, agent, seed=6).arrays)
     rng = np.random.default_rng(0)
     batch = TransitionBatch(
         obs=rng.standard_normal((8, 4)).astype(np.float32),
@@ -279,9 +287,9 @@ def test_the_torch_agents_target_equals_the_imported_weights_whenever_it_is_used
     agent.update(batch)
     target = {name: t.detach().numpy().copy() for name, t in agent.target.state_dict().items()}
     assert_bitwise_equal(target, published(2, agent, seed=6).arrays)
-    restored = DQNAgent(CONFIG, (4,), 2, seed=1)
-    agent.import_weights(published(3, agent, seed=8))
-    restored.load_state_dict(agent.state_dict())  # a checkpoint holds the target as imported
+    restored = DQNAgent(CONFIG, SPEC, seed=1)
+    agent.load_weights(published(3, agent, seed=8).arrays)
+    restored.load_state_dict(agent.state_dict())  # a checkpoint holds the target as loaded
     saved = {name: t.detach().numpy().copy() for name, t in restored.target.state_dict().items()}
     assert_bitwise_equal(saved, published(3, agent, seed=8).arrays)
 
@@ -308,29 +316,28 @@ def test_numpy_scalars_in_a_fingerprint_go_out_as_plain_values() -> None:
     assert [type(v) for v in back.fingerprint["b"]] == [float, int]  # type: ignore[union-attr]
 
 
-def test_the_torch_agent_imports_into_its_own_parameter_storage_and_acts_with_it() -> None:
+def test_the_torch_agent_loads_into_its_own_parameter_storage_and_acts_with_it() -> None:
     agent = make_policy("torch")
     assert isinstance(agent, DQNAgent)
     pointers = {name: p.data_ptr() for name, p in agent.online.named_parameters()}
     weights = published(1, agent, seed=12, special=False)
-    assert agent.import_weights(weights)
+    agent.load_weights(weights.arrays)
     assert {name: p.data_ptr() for name, p in agent.online.named_parameters()} == pointers
     numpy_twin = make_policy("numpy")
-    assert numpy_twin.import_weights(weights)
+    numpy_twin.load_weights(weights.arrays)
     obs = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     assert isinstance(numpy_twin, NumpyDQNPolicy)
     np.testing.assert_allclose(agent.q_values(obs), numpy_twin.q_values(obs), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
-def test_an_import_that_fails_on_its_last_parameter_changes_nothing(kind: str) -> None:
+def test_a_load_that_fails_on_its_last_parameter_changes_nothing(kind: str) -> None:
     policy = make_policy(kind)
-    assert policy.import_weights(published(1, policy, seed=13))
+    policy.load_weights(published(1, policy, seed=13).arrays)
     before = applied(policy)
     arrays = dict(published(2, policy, seed=14).arrays)
     last = next(reversed(arrays))
     arrays[last] = np.full(arrays[last].shape, "x")  # right shape, not numbers
-    with pytest.raises(ValueError, match="not real numbers"):
-        policy.import_weights(Weights(2, arrays))
-    assert policy.weights_version == 1
+    with pytest.raises(ValueError, match="not float32"):
+        policy.load_weights(arrays)
     assert_bitwise_equal(applied(policy), before)

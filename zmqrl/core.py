@@ -1,108 +1,116 @@
 """The contracts that the rest of zmqrl is written against, and nothing else.
 
 This module imports neither torch nor zmq: roles, tests and other languages' ports can read the
-whole system's shape here. The intended call loops::
+whole system's shape here. An agent is six members: acting (``act``, ``load_weights``), learning
+(``update``, ``export_weights``) and checkpoint state (``state_dict``, ``load_state_dict``).
+Everything else a role needs is built beside the agent, not asked of it: weight versions and
+their stamping (``zmqrl.transport.weights_versions``), epsilon exploration
+(``zmqrl.agents.exploring``), Ape-X initial priorities (``zmqrl.agents.make_priorities``), the
+action space and its bounds (``zmqrl.spec.SampleSpec``). The intended call loops::
 
     # actor process                                  # learner process
-    policy = plugin.make_policy(...)                 agent = plugin.make_learner(...)
-    while running:                                   publish(agent.export_weights())
-        if (w := weights_sub.latest()):              while updates < max_updates:
-            policy.import_weights(w)                     drawn = replay.sample(batch_size, updates)
-        a = policy.act(obs[None], explore=True)[0]       metrics = agent.update(drawn.batch,
-        obs2, r, term, trunc, _ = env.step(a)                                   drawn.importance)
-        for t in steps.step(obs, a, r, term,             replay.update_priorities(drawn.ids, ...)
-                            trunc, obs2): ...            if updates % sync_interval == 0:
-                                                             publish(agent.export_weights())
+    policy = make_policy(config, spec)               agent = make_learner(config, spec)
+    client = WeightsClient(policy)                   numbering = WeightsNumbering(floor)
+    while running:                                   publish(numbering.stamp(agent.export_weights()))
+        if (msg := weights_sub.latest()):            while updates < max_updates:
+            client.offer(msg.weights)                    drawn = replay.sample(batch_size, updates)
+        a = explorer.act(obs[None])[0]                   result = agent.update(drawn.batch,
+        obs2, r, term, trunc, _ = env.step(a)                                  drawn.importance)
+        for t in steps.step(obs, a, r, term,             replay.update_priorities(drawn.ids,
+                            trunc, obs2): ...                                     result.td_errors)
+                                                         numbering.changed()
+                                                         if updates % sync_interval == 0:
+                                                             publish(numbering.stamp(...))
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from zmqrl.types import TransitionBatch, Weights
+from zmqrl.types import TransitionBatch
 
 
 @runtime_checkable
 class Policy(Protocol):
     """The acting side of an agent: what an actor and the evaluator hold.
 
-    The *sync-model* contract, receiving half: ``import_weights`` loads a snapshot only if its
-    version is newer than what the policy holds, so a late or duplicated publish can never roll an
-    actor back. A policy need not import torch (actors then start in a fraction of a second).
+    It knows nothing of versions (the weights client decides which snapshot is newer) nor of
+    epsilon (the actor's explorer replaces rows by random actions): it acts, and it takes weights.
+    A policy need not import torch (actors then start in a fraction of a second).
     """
 
-    epsilon: float | np.ndarray
-    """Probability that ``act(explore=True)`` takes a uniformly random action (set by the actor):
-    one for every row, or one per row of ``obs`` (a vector actor's sub-envs)."""
+    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
+        """Actions for a batch of observations ``(B, *obs_shape)``: ``explore=True`` is the
+        policy's own exploration (SAC samples its Gaussian; DQN has none and is greedy),
+        ``explore=False`` its best guess."""
+        ...
+
+    def load_weights(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Act with ``arrays`` (by parameter name, as ``export_weights`` of the learning side
+        gives them) from now on. All or nothing: a missing, unexpected or misshapen array raises
+        ValueError and changes nothing. The arrays may be read-only views of a message's frames:
+        copy what is kept."""
+        ...
+
+
+@runtime_checkable
+class UpdateResult(Protocol):
+    """What one ``update`` did. The learner reads ``metrics`` only every ``learner.log_interval``
+    updates and ``td_errors`` only with prioritized replay, so an agent may compute them when
+    first read (``zmqrl.agents.deferred``); ``skipped`` is read after every update."""
 
     @property
-    def weights_version(self) -> int:
-        """Version of the weights the policy acts with now (0: initial, never synced)."""
+    def metrics(self) -> Mapping[str, float]:
+        """Scalar metrics of the update (e.g. ``loss``, ``q_mean``), from before its step."""
         ...
 
-    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        """Actions for a batch of observations ``(B, *obs_shape)``; explore=False is greedy."""
+    @property
+    def td_errors(self) -> np.ndarray:
+        """``|TD error|`` per row ``(B,)`` float32 of the batch: the rows' new priorities."""
         ...
 
-    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Name -> (shape, dtype) of the weights this policy imports, for wire validation."""
+    @property
+    def skipped(self) -> bool:
+        """True when a NaN or infinity in the loss or a gradient made the update change nothing."""
         ...
 
-    def import_weights(self, weights: Weights) -> bool:
-        """Load ``weights`` if newer than the current version; return whether it was loaded."""
-        ...
 
-    def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
-        """Ape-X: ``|TD error|`` of fresh transitions under this copy's weights, or None when the
-        policy cannot compute them (e.g. SAC actors hold no critic)."""
-        ...
+@dataclass(frozen=True)
+class Updated:
+    """A plain :class:`UpdateResult`, for agents that compute everything at once."""
+
+    metrics: Mapping[str, float]
+    td_errors: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    skipped: bool = False
 
 
 @runtime_checkable
 class LearningAgent(Policy, Protocol):
     """The learning side of an agent: what the learner holds (it also acts, to evaluate).
 
-    The *sync-model* contract, publishing half: ``export_weights`` returns the acting network's
-    parameters stamped with a version that increases whenever they changed since the previous
-    export, in exactly the layout the agent's :class:`Policy` imports.
+    ``export_weights`` returns the acting network's parameters in exactly the layout the agent's
+    :class:`Policy` loads; the learner numbers what it publishes, so exporting has no side effect.
     """
 
-    @property
-    def device(self) -> str:
-        """Where updates run (e.g. ``cpu``, ``cuda:0``), for the learner's log."""
+    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> UpdateResult:
+        """One gradient step on ``batch``. ``importance``: per-row loss weights ``(B,)`` from
+        prioritized replay (None: all 1)."""
         ...
 
-    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> Mapping[str, float]:
-        """One gradient step on ``batch``; returns scalar metrics (e.g. ``loss``, ``q_mean``).
-
-        ``importance``: per-row loss weights ``(B,)`` from prioritized replay (None: all 1). The
-        learner reads the metrics only every ``learner.log_interval`` updates, so a mapping that
-        computes them on first read (``zmqrl.agents.deferred``) saves their cost on the others."""
-        ...
-
-    @property
-    def last_td_errors(self) -> np.ndarray:
-        """``|TD error|`` per row ``(B,)`` float32 of the batch of the last ``update``: the new
-        priorities of the rows it was sampled from (read only with prioritized replay)."""
-        ...
-
-    def export_weights(self) -> Weights:
-        """Snapshot of the acting weights (numpy, CPU) with their version."""
-        ...
-
-    def continue_versions_after(self, floor: int) -> None:
-        """After a learner restart: number the next export above ``floor``."""
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The acting weights now, as C-contiguous numpy copies on the CPU, by parameter name."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume training (networks, optimiser, counters, version)."""
+        """Everything needed to resume training (networks, optimiser, counters)."""
         ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Inverse of ``state_dict``."""
+        """Inverse of ``state_dict`` (also of the states of earlier releases)."""
         ...
 
 

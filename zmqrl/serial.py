@@ -24,17 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from zmqrl.actor.sampler import Collected, Sampler, actor_seed
-from zmqrl.agents import make_policy
+from zmqrl.agents import make_policy, make_priorities
 from zmqrl.checkpoints.choice import choose_deployment
 from zmqrl.config import Config, save_config
 from zmqrl.core import Policy
-from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.learner.reporting import LearnerReports, write_stats
 from zmqrl.learner.trainer import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_MAX_UPDATES, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.replay import RateLimiter
 from zmqrl.transport import wire
 from zmqrl.transport.sequence import SequenceTracker
+from zmqrl.transport.weights_versions import WeightsClient
 from zmqrl.transport.wire import SamplesMsg, WeightsMsg
 from zmqrl.types import Weights
 
@@ -48,14 +49,8 @@ class SerialActor:
         num_envs = cfg.actor.envs_per_actor
         env: Any = make_env(cfg.env) if num_envs == 1 else make_vector_env(cfg.env, num_envs, training=True)
         spec = sample_spec(env)
-        bounds = action_bounds(env)
-        self.policy: Policy = make_policy(
-            cfg.agent,
-            spec,
-            seed=actor_seed(cfg, actor_id),
-            action_low=bounds.get("action_low"),
-            action_high=bounds.get("action_high"),
-        )
+        self.policy: Policy = make_policy(cfg.agent, spec, seed=actor_seed(cfg, actor_id))
+        self.weights = WeightsClient(self.policy)  # newer versions only, as an actor's
         self.inbox: list[bytes | memoryview] | None = None
         self.started = time.monotonic()
         self.weights_loaded = 0
@@ -66,16 +61,17 @@ class SerialActor:
             self.policy,
             env,
             spec,
-            initial_priorities=cfg.replay.prioritized,
+            weights=self.weights,
+            priorities=make_priorities(cfg.agent, self.policy) if cfg.replay.prioritized else None,
         )
 
     def take_weights(self) -> None:
         """Import the newest published weights, if any arrived since the last poll."""
         if self.inbox is None:
             return
-        msg = wire.load_weights(self.inbox, self.policy.weights_spec())
+        msg = wire.load_weights(self.inbox)
         self.inbox = None
-        if self.policy.import_weights(msg.weights):
+        if self.weights.offer(msg.weights):
             self.weights_loaded += 1
 
     def next_batch(self) -> list[bytes | memoryview]:

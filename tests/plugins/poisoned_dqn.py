@@ -8,10 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from zmqrl.agents.builtin import check_dqn, make_dqn_policy
+from zmqrl.agents.builtin import check_dqn, dqn_priorities, make_dqn_policy
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.registry import AgentPlugin
@@ -47,16 +46,9 @@ class PoisonedDQN(DQNAgent):
 
 
 def make_learner(
-    config: PoisonedDQNConfig,
-    spec: SampleSpec,
-    *,
-    seed: int | None,
-    device: str | None,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
+    config: PoisonedDQNConfig, spec: SampleSpec, *, seed: int | None, device: str | None
 ) -> LearningAgent:
-    assert spec.num_actions is not None
-    return PoisonedDQN(config, spec.obs_shape, spec.num_actions, device=device, seed=seed)
+    return PoisonedDQN(config, spec, device=device, seed=seed)
 
 
 PLUGIN = AgentPlugin(
@@ -67,4 +59,5 @@ PLUGIN = AgentPlugin(
     check=check_dqn,
     fingerprint_fields=("kind", "hidden_sizes", "dueling", "torso", "n_step", "gamma"),
     description="test double: DQN whose TD targets turn NaN after a few updates",
+    make_priorities=dqn_priorities,
 )

@@ -12,14 +12,15 @@ from typing import Any
 import zmq
 
 from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, Sampler, actor_seed
-from zmqrl.agents import make_policy
+from zmqrl.agents import make_policy, make_priorities
 from zmqrl.config import Config
-from zmqrl.envs.factory import action_bounds, make_env, make_vector_env, sample_spec
+from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.runtime import testhooks
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
+from zmqrl.transport.weights_versions import WeightsClient
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50
@@ -126,14 +127,7 @@ class Actor:
             else make_vector_env(cfg.env, self.num_envs, training=True)
         )
         spec = sample_spec(env)
-        bounds = action_bounds(env)
-        self.agent = make_policy(
-            cfg.agent,
-            spec,
-            seed=actor_seed(cfg, self.actor_id),
-            action_low=bounds.get("action_low"),
-            action_high=bounds.get("action_high"),
-        )
+        self.agent = make_policy(cfg.agent, spec, seed=actor_seed(cfg, self.actor_id))
         one_torch_thread()
         limits = socket_limits(cfg)
         security = transport_security(cfg)
@@ -141,20 +135,21 @@ class Actor:
         weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
         self.sender = SampleSender(samples_sock, cfg.transport.samples, cfg.transport.connect_timeout, log)
         self._weights_sock = weights_sock
+        bad_weights = BadMessages(f"actor-{self.actor_id} weights", log)
         self.weights = WeightsSubscriber(
-            weights_sock,
-            self.agent.weights_spec(),
-            BadMessages(f"actor-{self.actor_id} weights", log),
-            expected_fingerprint=run_fingerprint(cfg, spec),
+            weights_sock, None, bad_weights, expected_fingerprint=run_fingerprint(cfg, spec)
         )
+        # Newer versions only; snapshots the policy refuses are counted with the channel's.
+        self.weights_client = WeightsClient(self.agent, bad_weights)
         self.sampler = Sampler(
             cfg,
             self.actor_id,
             self.agent,
             env,
             spec,
+            weights=self.weights_client,
             replacement=self.replacement,
-            initial_priorities=cfg.replay.prioritized,
+            priorities=make_priorities(cfg.agent, self.agent) if cfg.replay.prioritized else None,
         )
         self.link = self._link or SupervisorLink(self._ctx, cfg, "actor", self.actor_id)
         self.link.attach(self.stop_event)
@@ -235,9 +230,9 @@ class Actor:
         """Block until published weights are loaded (the learner republishes about every second);
         returns False if told to stop meanwhile."""
         log.info("replacement actor: waiting for the learner's current weights before acting")
-        if not self._await_learner(lambda: self.agent.weights_version > 0):
+        if not self._await_learner(lambda: self.weights_client.version > 0):
             return False
-        log.info("weights version %d loaded; starting", self.agent.weights_version)
+        log.info("weights version %d loaded; starting", self.weights_client.version)
         return True
 
     def _await_learner(self, ready: Callable[[], bool]) -> bool:
@@ -285,7 +280,7 @@ class Actor:
         msg = self.weights.latest()  # raises FingerprintMismatch for a learner with other settings
         if msg is not None:
             self._learner_heard = True
-            if self.agent.import_weights(msg.weights):
+            if self.weights_client.offer(msg.weights):
                 self.weights_loaded += 1
         if self.weights.stop is not None and self.link.outlives(self.weights.stop.reason):
             log.warning("the learner failed; acting on until the supervisor's replacement publishes")

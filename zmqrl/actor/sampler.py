@@ -27,9 +27,12 @@ import numpy as np
 
 from zmqrl.actor.exploration import LinearSchedule, apex_epsilon
 from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
+from zmqrl.agents import PriorityFn
+from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.config import Config
 from zmqrl.core import Policy
 from zmqrl.spec import SampleSpec
+from zmqrl.transport.weights_versions import WeightsClient
 from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import EpisodeStat, TransitionBatch
 
@@ -192,11 +195,13 @@ class Sampler:
         env: Any,
         spec: SampleSpec,
         *,
+        weights: WeightsClient,
         replacement: bool = False,
-        initial_priorities: bool = False,
+        priorities: PriorityFn | None = None,
     ) -> None:
         self.actor_id = actor_id
         self.policy = policy
+        self.weights = weights  # which version the policy acts with (the role offers it newer ones)
         self.spec = spec
         self.num_envs = cfg.actor.envs_per_actor
         self._send_batch = cfg.actor.send_batch
@@ -206,14 +211,14 @@ class Sampler:
         # replacement joins a run under way, at its rung at once.
         self.epsilon_decay = 0 if replacement else cfg.actor.epsilon_decay_steps
         self._schedule = LinearSchedule(1.0, float(self.epsilons[0]), self.epsilon_decay)
-        self._apex = initial_priorities  # compute Ape-X initial priorities for each batch
+        self._priority_fn = priorities  # Ape-X initial priorities for each batch (None: none)
         self.steps = 0
         self.episodes = 0
         self.priority_seconds = 0.0
         self.recent_returns: deque[float] = deque(maxlen=20)
         self._seq = 0
         self._pending: list[Transition] = []
-        self._pending_version = policy.weights_version  # the oldest version acted with among pending
+        self._pending_version = weights.version  # the oldest version acted with among pending
         self._finished: list[EpisodeStat] = []
         self._bad_priorities_logged = False
         seed, n_step, gamma = actor_seed(cfg, actor_id), cfg.agent.n_step, cfg.agent.gamma
@@ -222,7 +227,8 @@ class Sampler:
             if self.num_envs == 1
             else VectorEnvStepper(env, seed, self.num_envs, n_step, gamma)
         )
-        policy.epsilon = self._epsilon()
+        # Epsilon-random rows around the policy's own acting, on this actor's rungs.
+        self.explorer = EpsilonExplorer(policy, spec, seed=seed, epsilon=self._epsilon())
         self._next_poll = 0
         self._next_epsilon = HOUSEKEEPING_EVERY
 
@@ -253,7 +259,7 @@ class Sampler:
             weights_version=self._pending_version,
             batch=batch,
             episodes=self._finished,
-            priorities=self._priorities(batch) if self._apex else None,
+            priorities=self._priorities(batch) if self._priority_fn is not None else None,
         )
         self._seq += 1
         self._pending, self._finished = [], []
@@ -269,9 +275,9 @@ class Sampler:
             "envs": self.num_envs,
             "steps": self.steps,
             "episodes": self.episodes,
-            "weights_version": self.policy.weights_version,
+            "weights_version": self.weights.version,
             # A vector actor reports the mean of its sub-envs' epsilons.
-            "epsilon": float(np.mean(self.policy.epsilon)),
+            "epsilon": float(np.mean(self.explorer.epsilon)),
             "steps_per_s": self.steps / max(elapsed, 1e-9),
             "priority_seconds": self.priority_seconds,
             "recent_return": float(np.mean(recent)) if recent else float("nan"),
@@ -280,17 +286,17 @@ class Sampler:
     def _act(self, until: int) -> bool:
         """The acting loop, for one env or a vector of them: act, step, fold, until ``until`` steps
         or a full batch; True if it stopped because weights are due."""
-        policy, envs = self.policy, self.envs
+        explorer, weights, envs = self.explorer, self.weights, self.envs
         pending, send_batch = self._pending, self._send_batch
         while self.steps < until and len(pending) < send_batch:
             if self.steps >= self._next_poll:
                 self._next_poll = self.steps + self._poll_every
                 return True
             if self.steps >= self._next_epsilon:
-                policy.epsilon = self._epsilon()
+                explorer.epsilon = self._epsilon()
                 self._next_epsilon = self.steps + HOUSEKEEPING_EVERY
-            version = policy.weights_version
-            actions = policy.act(envs.obs, explore=True)  # each row explores at its sub-env's epsilon
+            version = weights.version
+            actions = explorer.act(envs.obs)  # each row explores at its sub-env's epsilon
             emitted, oldest, real_steps, ended = envs.step(actions, version)
             if oldest is not None:
                 self._pending_version = oldest if not pending else min(self._pending_version, oldest)
@@ -318,11 +324,13 @@ class Sampler:
         return 1.0 + (self.epsilons - 1.0) * frac
 
     def _priorities(self, batch: TransitionBatch) -> np.ndarray | None:
-        """``policy.initial_priorities(batch)`` as float32 (B,), or None when the policy has none or
-        they are unusable (NaN, inf, negative: the learner then gives the rows its max priority)."""
+        """The Ape-X initial priorities of ``batch`` under the weights held now, as float32 (B,), or
+        None when there are none or they are unusable (NaN, inf, negative: the learner then gives
+        the rows its max priority)."""
+        assert self._priority_fn is not None
         started = time.perf_counter()
         try:
-            raw = self.policy.initial_priorities(batch)
+            raw = self._priority_fn(batch)
         finally:
             self.priority_seconds += time.perf_counter() - started
         if raw is None:

@@ -7,14 +7,12 @@ act in numpy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from zmqrl.agents.configs import DQNConfig, SACConfig
-from zmqrl.agents.registry import AgentPlugin
+from zmqrl.agents.registry import AgentPlugin, PriorityFn
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from zmqrl.core import LearningAgent, Policy
     from zmqrl.spec import SampleSpec
 
@@ -36,13 +34,7 @@ def device_problem(name: str) -> str | None:
 # -------------------------------------------------------------------------------------- dqn
 
 
-def check_dqn(
-    config: Any,
-    spec: SampleSpec,
-    device: str | None,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
-) -> str | None:
+def check_dqn(config: DQNConfig, spec: SampleSpec, device: str | None) -> str | None:
     """DQN needs Discrete actions, and image frames big enough for its kernels when its torso is a CNN."""
     if spec.num_actions is None:
         return (
@@ -77,53 +69,37 @@ def _cnn_problem(torso_name: str, obs_shape: tuple[int, ...]) -> str | None:
 
 
 def make_dqn_learner(
-    config: Any,
-    spec: SampleSpec,
-    *,
-    seed: int | None,
-    device: str | None,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
+    config: DQNConfig, spec: SampleSpec, *, seed: int | None, device: str | None
 ) -> LearningAgent:
     from zmqrl.agents.dqn import DQNAgent
 
-    assert spec.num_actions is not None  # check_dqn: DQN needs Discrete actions
-    return DQNAgent(config, spec.obs_shape, spec.num_actions, device=device, seed=seed)
+    return DQNAgent(config, spec, device=device, seed=seed)
 
 
-def make_dqn_policy(
-    config: Any,
-    spec: SampleSpec,
-    *,
-    seed: int | None,
-    epsilon: float | np.ndarray,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
-) -> Policy:
+def make_dqn_policy(config: DQNConfig, spec: SampleSpec, *, seed: int | None) -> Policy:
     """The numpy Q-network for the MLP and MinAtar CNN torsos (no torch in the actor); the torch
     agent for the Nature CNN, whose 84x84 convolutions numpy would run many times slower."""
     from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS
 
-    assert spec.num_actions is not None  # check_dqn
     if config.torso in NUMPY_DQN_TORSOS:
         from zmqrl.agents.numpy_policies import NumpyDQNPolicy
 
-        return NumpyDQNPolicy(config, spec.obs_shape, spec.num_actions, epsilon=epsilon, seed=seed)
+        return NumpyDQNPolicy(config, spec, seed=seed)
     from zmqrl.agents.dqn import DQNAgent
 
-    return DQNAgent(config, spec.obs_shape, spec.num_actions, epsilon=epsilon, device="cpu", seed=seed)
+    return DQNAgent(config, spec, device="cpu", seed=seed)
+
+
+def dqn_priorities(policy: Policy) -> PriorityFn:
+    """Ape-X initial priorities: ``|TD error|`` of fresh transitions under the actor's Q-network,
+    which both DQN policies (``NumpyDQNPolicy``, ``DQNAgent``) compute as ``update`` does."""
+    return cast(PriorityFn, getattr(policy, "initial_priorities"))  # noqa: B009 (both classes have it)
 
 
 # -------------------------------------------------------------------------------------- sac
 
 
-def check_sac(
-    config: Any,
-    spec: SampleSpec,
-    device: str | None,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
-) -> str | None:
+def check_sac(config: SACConfig, spec: SampleSpec, device: str | None) -> str | None:
     """SAC needs a 1-D Box action space with finite bounds (its tanh policy is rescaled onto them)."""
     if spec.num_actions is not None:
         return (
@@ -137,57 +113,27 @@ def check_sac(
         )
     import numpy as np
 
-    for name, bound in (("low", action_low), ("high", action_high)):
+    for name, bound in (("low", spec.action_low), ("high", spec.action_high)):
         if bound is not None and not np.all(np.isfinite(np.asarray(bound, np.float64))):
             return (
                 f"agent.kind 'sac' needs finite action bounds (its tanh policy is rescaled onto "
-                f"them); this env's action_space.{name} is {bound}"
+                f"them); this env's action_space.{name} is {np.asarray(bound, np.float32)}"
             )
     return device_problem(device if device is not None else config.device)
 
 
 def make_sac_learner(
-    config: Any,
-    spec: SampleSpec,
-    *,
-    seed: int | None,
-    device: str | None,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
+    config: SACConfig, spec: SampleSpec, *, seed: int | None, device: str | None
 ) -> LearningAgent:
     from zmqrl.agents.sac import SACAgent
 
-    return SACAgent(
-        config,
-        spec.obs_shape,
-        spec.action_shape[0],
-        action_low=action_low,
-        action_high=action_high,
-        device=device,
-        seed=seed,
-    )
+    return SACAgent(config, spec, device=device, seed=seed)
 
 
-def make_sac_policy(
-    config: Any,
-    spec: SampleSpec,
-    *,
-    seed: int | None,
-    epsilon: float | np.ndarray,
-    action_low: np.ndarray | None,
-    action_high: np.ndarray | None,
-) -> Policy:
+def make_sac_policy(config: SACConfig, spec: SampleSpec, *, seed: int | None) -> Policy:
     from zmqrl.agents.numpy_policies import NumpySACPolicy
 
-    return NumpySACPolicy(
-        config,
-        spec.obs_shape,
-        spec.action_shape[0],
-        action_low=action_low,
-        action_high=action_high,
-        epsilon=epsilon,
-        seed=seed,
-    )
+    return NumpySACPolicy(config, spec, seed=seed)
 
 
 DQN_PLUGIN = AgentPlugin(
@@ -195,6 +141,7 @@ DQN_PLUGIN = AgentPlugin(
     config_class=DQNConfig,
     make_learner=make_dqn_learner,
     make_policy=make_dqn_policy,
+    make_priorities=dqn_priorities,
     check=check_dqn,
     # Fields that change the acting network or the meaning of a transition.
     fingerprint_fields=("kind", "hidden_sizes", "dueling", "torso", "n_step", "gamma"),

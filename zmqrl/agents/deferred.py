@@ -16,7 +16,8 @@ import torch
 
 
 class DeferredUpdate(Mapping[str, float]):
-    """``update()``'s metrics as a read-only mapping, plus the batch's ``|TD error|`` per row.
+    """``update()``'s result (a :class:`~zmqrl.core.UpdateResult`): its metrics, as this read-only
+    mapping itself, and the batch's ``|TD error|`` per row.
 
     ``compute`` returns the scalar metrics (0-d tensors, in ``names`` order) and the per-row TD
     errors ``(B,)``; it runs at most once, under ``torch.no_grad``, the first time either is read.
@@ -52,6 +53,11 @@ class DeferredUpdate(Mapping[str, float]):
         self._td_errors = host[n:]
 
     @property
+    def metrics(self) -> Mapping[str, float]:
+        """The scalar metrics (this mapping: reading one computes them all)."""
+        return self
+
+    @property
     def td_errors(self) -> np.ndarray:
         """``|TD error|`` per row ``(B,)`` float32, before the update's step."""
         self._materialize()
@@ -66,12 +72,3 @@ class DeferredUpdate(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._names)
-
-
-def update_skipped(metrics: Mapping[str, float]) -> bool:
-    """Whether the update that returned ``metrics`` was skipped for a non-finite loss or gradient.
-
-    The built-in agents return a :class:`DeferredUpdate`, which says so; an agent plugin's plain
-    mapping never reports a skip (the learner's last guard, which refuses to publish or save
-    non-finite weights, still covers it)."""
-    return bool(getattr(metrics, "skipped", False))

@@ -1,7 +1,8 @@
 """DQN (Mnih et al., 2015) with optional double-Q targets (van Hasselt et al., 2016) and dueling heads.
 
 The learner calls ``update`` on n-step batches and publishes ``export_weights``; actors hold a copy
-of the same agent, ``import_weights`` what is published and call ``act``. The n-step return and its
+of the same network (``NumpyDQNPolicy``, or this agent for the Nature CNN), ``load_weights`` what
+is published and call ``act``. The n-step return and its
 discount are computed by the actors' step processor, so ``update`` never sees ``gamma`` or ``n``.
 """
 
@@ -19,39 +20,38 @@ from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.deferred import DeferredUpdate
 from zmqrl.agents.finite import any_found, guarded_step
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
-from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values, epsilon_greedy, explores
+from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sync import PublishedModule
-from zmqrl.types import TransitionBatch, Weights
+from zmqrl.spec import SampleSpec
+from zmqrl.types import TransitionBatch
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean")
 
 
 class DQNAgent:
-    """Online and target Q-networks, an Adam optimiser, epsilon-greedy acting and versioned weights.
-
-    ``epsilon`` is a plain attribute: whoever owns the schedule (the actor) sets it between calls.
-    """
+    """Online and target Q-networks, an Adam optimiser and greedy acting (epsilon-random rows are
+    the actor's explorer's)."""
 
     def __init__(
         self,
         config: DQNConfig,
-        obs_shape: tuple[int, ...],
-        n_actions: int,
+        spec: SampleSpec,
         *,
-        epsilon: float | np.ndarray = 0.0,
         device: str | None = None,
         seed: int | None = None,
     ) -> None:
         config.check()
+        if spec.num_actions is None:
+            raise ValueError("DQN needs a Discrete action space (spec.num_actions)")
+        n_actions = spec.num_actions
         self.config = config
-        self.obs_shape = tuple(obs_shape)
+        self.obs_shape = tuple(spec.obs_shape)
         self.n_actions = n_actions
         self._device = resolve_device(device if device is not None else config.device)
-        # Private generators: seeding must not depend on, or disturb, the process-global RNGs.
+        # Private generator: seeding must not depend on, or disturb, the process-global RNGs.
         init_generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        self.rng = np.random.default_rng(seed)
 
         self.online = QNetwork(
             self.obs_shape,
@@ -66,14 +66,11 @@ class DQNAgent:
         self._target_behind = False
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
 
-        # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
-        self.epsilon: float | np.ndarray = epsilon
         self.updates = 0
-        self._sync = PublishedModule(self.online)  # version and dirty flag of what actors get
+        self._sync = PublishedModule(self.online)  # export and load of what actors get
         self._params = list(self.online.parameters())
         self._one_pass = config.double and config.torso == "mlp"  # see _online_q
-        self._last = DeferredUpdate()  # the latest update's metrics and TD errors
-        # True while target == online exactly (fresh, just imported or hard-copied): an actor's
+        # True while target == online exactly (fresh, just loaded or hard-copied): an actor's
         # initial_priorities then needs one forward pass over obs and next_obs together, not two.
         self._target_is_online = True
         self._on_cpu = self._device.type == "cpu"
@@ -90,16 +87,11 @@ class DQNAgent:
         return str(self._device)
 
     @property
-    def weights_version(self) -> int:
-        """Version of the weights the agent acts with now (0: initial, never synced)."""
-        return self._sync.version
-
-    @property
     def target(self) -> QNetwork:
-        """The target Q-network. ``import_weights`` makes it equal to the online network, but the
-        copy is made here, on first use after the import: an actor that only acts never uses it
+        """The target Q-network. ``load_weights`` makes it equal to the online network, but the
+        copy is made here, on first use after the load: an actor that only acts never uses it
         (its ``initial_priorities`` take the target to be the online net), and copying the Nature
-        CNN's 6.7 MB on every import cost an actor more than the import itself."""
+        CNN's 6.7 MB on every load cost an actor more than the load itself."""
         if self._target_behind:
             self._target.load_state_dict(self.online.state_dict())
             self._target_behind = False
@@ -108,15 +100,8 @@ class DQNAgent:
     # ----------------------------------------------------------------------------------- acting
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        """Epsilon-greedy (``explore=True``) or greedy int64 actions ``(B,)`` for obs ``(B, *obs_shape)``.
-
-        Each row explores independently. When every row explores, the network is not evaluated.
-        """
-        if explore and explores(self.epsilon):
-            return epsilon_greedy(self.rng, self.epsilon, obs, self.n_actions, self._greedy)
-        return self._greedy(obs)
-
-    def _greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy int64 actions ``(B,)`` for obs ``(B, *obs_shape)``, whatever ``explore`` says:
+        DQN explores only by the epsilon-random rows of the actor's explorer."""
         if self._online_arrays is not None:
             return self._numpy_q_values(self._online_arrays, obs).argmax(axis=1).astype(np.int64, copy=False)
         with torch.inference_mode():
@@ -146,16 +131,17 @@ class DQNAgent:
     # --------------------------------------------------------------------------------- learning
 
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> DeferredUpdate:
-        """One Adam step on the Huber TD loss; returns the pre-step metrics (a mapping to floats).
+        """One Adam step on the Huber TD loss; returns its pre-step metrics and the rows'
+        ``|td_target - q_taken|`` (the new priorities), computed when first read, in a single
+        device->host transfer.
 
         A loss or gradient holding NaN or infinity skips the step (``zmqrl.agents.finite``): no
-        parameter, optimiser state, target network or update count changes, and the returned
-        mapping's ``skipped`` is True.
+        parameter, optimiser state, target network or update count changes, and the result's
+        ``skipped`` is True.
 
         ``batch.discount`` already holds ``gamma**k`` (0 on termination), so it is not multiplied
         by gamma again here. ``importance`` (prioritized replay's bias correction, ``(B,)``) weights
-        each row's loss. Metrics and the rows' ``|TD error|`` (``last_td_errors``, the new
-        priorities) are computed when first read, in a single device->host transfer.
+        each row's loss.
         """
         cfg = self.config
         obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
@@ -191,7 +177,6 @@ class DQNAgent:
             if self.updates % cfg.target_update_interval == 0:
                 polyak_update(self.target, self.online, cfg.tau)
                 self._target_is_online = cfg.tau >= 1.0
-            self._sync.dirty = True
 
         q_taken, loss = q_taken.detach(), loss.detach()
 
@@ -199,21 +184,14 @@ class DQNAgent:
             td_abs = (td_target - q_taken).abs()
             return [loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()], td_abs
 
-        self._last = DeferredUpdate(_METRICS, metrics, skipped=skipped)
-        return self._last
-
-    @property
-    def last_td_errors(self) -> np.ndarray:
-        """``|td_target - q_taken|`` per row ``(B,)`` float32 of the last ``update``'s batch, before
-        its step (empty before the first update)."""
-        return self._last.td_errors
+        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
 
     def initial_priorities(self, batch: TransitionBatch) -> np.ndarray:
         """``|TD error|`` per row ``(B,)`` float32 under the current weights, with ``update``'s target.
 
         Ape-X actors send these with fresh transitions so that replay need not give every new row
         the largest priority seen. No gradient; on CPU with the MLP or MinAtar CNN torso it runs in
-        numpy. An actor's target equals its online net (both are overwritten by ``import_weights``),
+        numpy. An actor's target equals its online net (both are overwritten by ``load_weights``),
         so one forward pass over ``obs`` and ``next_obs`` together serves both nets.
         """
         if self._online_arrays is not None and self._target_arrays is not None:
@@ -315,27 +293,15 @@ class DQNAgent:
 
     # ------------------------------------------------------------------------------ weight sync
 
-    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Parameter name -> (shape, dtype) of what ``export_weights`` sends: the online Q-network."""
-        return self._sync.spec()
-
-    def export_weights(self) -> Weights:
-        """The online Q-network as float32 numpy copies, stamped with the version (see
-        ``zmqrl.agents.sync``: bumped only when the weights changed since the last export)."""
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The online Q-network as float32 numpy copies."""
         return self._sync.export()
 
-    def continue_versions_after(self, floor: int) -> None:
-        """Learner side, after a restart: number the next export above ``floor``."""
-        self._sync.continue_after(floor)
-
-    def import_weights(self, weights: Weights) -> bool:
-        """Load ``weights`` if strictly newer (all names and shapes checked first); False changes
-        nothing, so a late or duplicated publish cannot roll an actor back."""
-        if not self._sync.load(weights):
-            return False
+    def load_weights(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Act with ``arrays`` (all names and shapes checked first; ValueError changes nothing)."""
+        self._sync.load(arrays)
         self._target_behind = True  # copied from the online net when first used (see ``target``)
         self._target_is_online = True
-        return True
 
     # ------------------------------------------------------------------------------ checkpoints
 
@@ -349,20 +315,15 @@ class DQNAgent:
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
-            "version": self._sync.version,
-            "dirty": self._sync.dirty,
-            "epsilon": float(np.mean(self.epsilon)),
-            "rng": self.rng.bit_generator.state,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Inverse of ``state_dict``; the optimiser keeps its saved hyperparameters (torch convention)."""
+        """Inverse of ``state_dict``; the optimiser keeps its saved hyperparameters (torch convention).
+
+        States of earlier releases also hold ``version``, ``dirty``, ``epsilon`` and ``rng``: the
+        learner's checkpoint reads the version; the rest no longer means anything to the agent."""
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
         self._target_is_online = False  # not known to hold; the slower exact path is always right
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
-        self._sync.version = int(state["version"])
-        self._sync.dirty = bool(state["dirty"])
-        self.epsilon = float(state["epsilon"])
-        self.rng.bit_generator.state = state["rng"]

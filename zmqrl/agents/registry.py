@@ -1,8 +1,10 @@
 """The agent registry: every algorithm, built-in or a plugin, is found by the name in ``agent.kind``.
 
 An agent is an :class:`AgentPlugin`: its config dataclass plus factories for the learning side
-(the learner's :class:`~zmqrl.core.LearningAgent`) and, optionally, a lighter acting side (the
-actors' :class:`~zmqrl.core.Policy`). Plugins come from three places, looked up in this order:
+(the learner's :class:`~zmqrl.core.LearningAgent`), optionally a lighter acting side (the
+actors' :class:`~zmqrl.core.Policy`) and, for Ape-X, the actors' initial priorities. Every
+factory takes the run's :class:`~zmqrl.spec.SampleSpec` (spaces and action bounds). Plugins come
+from three places, looked up in this order:
 
 1. ``register_agent(plugin)`` in code (the built-in ``dqn`` and ``sac`` register this way);
 2. the entry-point group ``zmqrl.agents`` of installed packages (each entry point's object is an
@@ -25,8 +27,9 @@ import difflib
 import importlib
 import importlib.metadata
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from zmqrl.agents.configs import BASE_FIELDS
 from zmqrl.code_trust import MODULE_SEPARATOR
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from zmqrl.agents.configs import AgentConfigBase
     from zmqrl.core import LearningAgent, Policy
     from zmqrl.spec import SampleSpec
+    from zmqrl.types import TransitionBatch
 
 # The entry-point group installed packages declare their agents in (pyproject.toml:
 # [project.entry-points."zmqrl.agents"] linear_q = "mypkg.agents:PLUGIN").
@@ -52,48 +56,40 @@ DEFAULT_KIND = "dqn"
 DEFAULT_FINGERPRINT_FIELDS = ("kind", "hidden_sizes", "n_step", "gamma")
 
 
-class LearnerFactory(Protocol):
+# A plugin's own config class (its factories take that class, not the base).
+ConfigT = TypeVar("ConfigT", contravariant=True)
+
+# Ape-X: ``|TD error|`` per row ``(B,)`` of fresh transitions under the actor's weights (None:
+# none for this batch; the learner gives the rows its largest priority).
+PriorityFn = Callable[["TransitionBatch"], "np.ndarray | None"]
+
+
+class LearnerFactory(Protocol[ConfigT]):
     """Builds the learning side, sized for the run's spaces, on ``device`` (None: the config's)."""
 
     def __call__(
-        self,
-        config: Any,
-        spec: SampleSpec,
-        *,
-        seed: int | None,
-        device: str | None,
-        action_low: np.ndarray | None,
-        action_high: np.ndarray | None,
+        self, config: ConfigT, spec: SampleSpec, *, seed: int | None, device: str | None
     ) -> LearningAgent: ...
 
 
-class PolicyFactory(Protocol):
-    """Builds the acting side (always on the CPU), acting with ``epsilon`` until an actor sets it."""
+class PolicyFactory(Protocol[ConfigT]):
+    """Builds the acting side, always on the CPU."""
 
-    def __call__(
-        self,
-        config: Any,
-        spec: SampleSpec,
-        *,
-        seed: int | None,
-        epsilon: float | np.ndarray,
-        action_low: np.ndarray | None,
-        action_high: np.ndarray | None,
-    ) -> Policy: ...
+    def __call__(self, config: ConfigT, spec: SampleSpec, *, seed: int | None) -> Policy: ...
 
 
-class SettingsCheck(Protocol):
+class SettingsCheck(Protocol[ConfigT]):
     """What in the user's settings cannot work with these spaces or on ``device`` (None: the
     config's own), as one line naming the key; None when the agent can be built."""
 
-    def __call__(
-        self,
-        config: Any,
-        spec: SampleSpec,
-        device: str | None,
-        action_low: np.ndarray | None,
-        action_high: np.ndarray | None,
-    ) -> str | None: ...
+    def __call__(self, config: ConfigT, spec: SampleSpec, device: str | None) -> str | None: ...
+
+
+class PrioritiesFactory(Protocol):
+    """The Ape-X initial priorities of fresh transitions under ``policy``'s weights: a function of
+    the policy this plugin's ``make_policy`` built (an actor keeps it beside the policy)."""
+
+    def __call__(self, policy: Policy) -> PriorityFn: ...
 
 
 @dataclass(frozen=True)
@@ -103,17 +99,20 @@ class AgentPlugin:
     ``make_policy`` None: actors and the evaluator act with ``make_learner(..., device="cpu")``.
     ``check`` says what in the settings cannot work with this env or machine (a discrete agent on
     continuous actions, ``cuda`` without a GPU), as one line for the user; it runs before either
-    factory. ``fingerprint_fields``: the config fields an actor must share with its learner (those
-    that shape the published weights or the meaning of a transition; see ``zmqrl.transport.fingerprint``).
+    factory. ``make_priorities`` None: Ape-X actors send no initial priorities (the learner gives
+    new rows its largest). ``fingerprint_fields``: the config fields an actor must share with its
+    learner (those that shape the published weights or the meaning of a transition; see
+    ``zmqrl.transport.fingerprint``).
     """
 
     name: str  # the agent.kind that selects it; its config class's default `kind`
     config_class: type  # a dataclass with the BASE_FIELDS (subclass AgentConfigBase), all defaulted
-    make_learner: LearnerFactory
-    make_policy: PolicyFactory | None = None
-    check: SettingsCheck | None = None
+    make_learner: LearnerFactory[Any]
+    make_policy: PolicyFactory[Any] | None = None
+    check: SettingsCheck[Any] | None = None
     fingerprint_fields: tuple[str, ...] = DEFAULT_FINGERPRINT_FIELDS
     description: str = ""  # one line for listings (`zmqrl config`, error messages)
+    make_priorities: PrioritiesFactory | None = None  # last: earlier releases' positional order holds
 
     def __post_init__(self) -> None:
         if problem := plugin_problem(self):
@@ -147,7 +146,7 @@ def plugin_problem(plugin: AgentPlugin) -> str | None:
             f"{cls.__name__}.kind defaults to {default_kind!r}: declare `kind: str = {plugin.name!r}` "
             f"so that a config built in code selects this plugin"
         )
-    for role in ("make_learner", "make_policy", "check"):
+    for role in ("make_learner", "make_policy", "check", "make_priorities"):
         value = getattr(plugin, role)
         if value is not None and not callable(value):
             return f"{role} must be callable, got {value!r}"

@@ -2,7 +2,7 @@
 
 The learner trains a tanh-squashed Gaussian policy, two Q critics and their Polyak-averaged
 targets (the networks are in ``zmqrl.agents.sac_nets``); actors hold only the policy
-(``export_weights`` sends nothing else) and act with it.
+(``export_weights`` gives nothing else) and act with it.
 Everything inside the agent works in the squashed space ``[-1, 1]^act_dim``: replay holds env
 actions, which ``update`` maps back linearly, so the critics see inputs of the same scale on
 every env and ``target_entropy = -act_dim`` means the same thing whatever the env's bounds
@@ -24,43 +24,42 @@ from zmqrl.agents.configs import SACConfig
 from zmqrl.agents.deferred import DeferredUpdate
 from zmqrl.agents.finite import Flag, any_found, guarded_step, step_unless
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
-from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN, SquashedActions, linear, relu_torso
-from zmqrl.agents.numpy_policies import squashed_action_bounds as _action_bounds
+from zmqrl.agents.numpy_policies import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    SquashedActions,
+    linear,
+    relu_torso,
+    sac_act_dim,
+    squashed_action_bounds,
+)
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
 from zmqrl.agents.sync import PublishedModule
-from zmqrl.types import TransitionBatch, Weights
+from zmqrl.spec import SampleSpec
+from zmqrl.types import TransitionBatch
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "entropy", "td_abs_mean")
 
 
 class SACAgent:
-    """Policy, twin critics with targets, entropy weight, three Adam optimisers and versioned weights.
-
-    ``epsilon`` is a plain attribute, as for DQN: the probability that ``act(explore=True)`` takes
-    a uniformly random action in ``[low, high]`` (the actors' random warm-up sets it to 1, then 0).
-    """
+    """Policy, twin critics with targets, entropy weight and three Adam optimisers; actions are
+    rescaled onto the spec's action bounds (the actors' random warm-up is their explorer's)."""
 
     def __init__(
         self,
         config: SACConfig,
-        obs_shape: tuple[int, ...],
-        act_dim: int,
+        spec: SampleSpec,
         *,
-        action_low: np.ndarray | None = None,
-        action_high: np.ndarray | None = None,
-        epsilon: float | np.ndarray = 0.0,
         device: str | None = None,
         seed: int | None = None,
     ) -> None:
         config.check()
-        if act_dim < 1:
-            raise ValueError(f"act_dim must be >= 1, got {act_dim}")
         self.config = config
-        self.obs_shape = tuple(obs_shape)
-        self.act_dim = act_dim
-        self.action_low, self.action_high = _action_bounds(action_low, action_high, act_dim)
+        self.obs_shape = tuple(spec.obs_shape)
+        self.act_dim = act_dim = sac_act_dim(spec)
+        self.action_low, self.action_high = squashed_action_bounds(spec)
         self._device = resolve_device(device if device is not None else config.device)
         # Private generators: seeding must not depend on, or disturb, the process-global RNGs.
         init_generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -93,11 +92,8 @@ class SACAgent:
         self._scale_t = torch.as_tensor(self._actions.scale, device=self._device)
         self._shift_t = torch.as_tensor(self._actions.shift, device=self._device)
 
-        # One probability for every row, or one per row (a vector actor's sub-envs on their rungs).
-        self.epsilon: float | np.ndarray = epsilon
         self.updates = 0
-        self._sync = PublishedModule(self.policy)  # version and dirty flag of what actors get
-        self._last = DeferredUpdate()  # the latest update's metrics and TD errors
+        self._sync = PublishedModule(self.policy)  # export and load of what actors get
         # actor_loss, alpha_loss, entropy of the latest policy step (NaN until the first one): the
         # metrics of an update that skips the policy step (policy_update_interval > 1) repeat them.
         self._policy_stats = torch.full((3,), float("nan"), device=self._device)
@@ -110,11 +106,6 @@ class SACAgent:
         return str(self._device)
 
     @property
-    def weights_version(self) -> int:
-        """Version of the weights the agent acts with now (0: initial, never synced)."""
-        return self._sync.version
-
-    @property
     def alpha(self) -> float:
         """The entropy weight the next update will use."""
         return float(self.log_alpha.detach().exp())
@@ -122,13 +113,9 @@ class SACAgent:
     # ----------------------------------------------------------------------------------- acting
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        """Float32 actions ``(B, act_dim)`` in ``[low, high]`` for obs ``(B, *obs_shape)``.
-
-        ``explore=True`` samples the squashed Gaussian, except that each row independently is a
-        uniformly random action with probability ``epsilon``; ``explore=False`` is ``tanh(mean)``.
-        When every row is random, the network is not evaluated.
-        """
-        return self._actions(self.rng, self.epsilon, obs, explore, self._policy_outputs)
+        """Float32 actions ``(B, act_dim)`` in ``[low, high]`` for obs ``(B, *obs_shape)``:
+        ``explore=True`` samples the squashed Gaussian, ``explore=False`` is ``tanh(mean)``."""
+        return self._actions(self.rng, obs, explore, self._policy_outputs)
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, clamped log_std)`` of the pre-tanh Gaussian as float32 numpy, computed by torch.
@@ -155,12 +142,12 @@ class SACAgent:
 
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> DeferredUpdate:
         """One critic step, then (every ``policy_update_interval`` updates, as many) policy and alpha
-        steps; returns the metrics as a mapping to floats, computed when first read (with
-        ``last_td_errors``, in one device->host transfer).
+        steps; returns the metrics and the rows' TD errors, computed when first read (in one
+        device->host transfer).
 
         ``batch.discount`` already holds ``gamma**k`` (0 on termination). ``importance`` weights the
-        critic loss per row (prioritized replay); ``last_td_errors`` is then the mean over the two
-        critics of ``|Q_i - target|`` per row.
+        critic loss per row (prioritized replay); the result's ``td_errors`` are the mean over the
+        two critics of ``|Q_i - target|`` per row.
 
         A step whose loss or gradients hold NaN or infinity is skipped (``zmqrl.agents.finite``),
         and then the update also leaves the critic targets and its count alone and says
@@ -194,7 +181,6 @@ class SACAgent:
             # Delayed policy steps catch up on the ones skipped (as in CleanRL's TD3-style loop).
             for _ in range(cfg.policy_update_interval):
                 alpha = self._policy_and_alpha_step(obs, alpha, flags)
-            self._sync.dirty = True  # even if some were skipped: others may have been taken
         # The update's one host read of the flags (on an accelerator each step above was skipped,
         # or not, on the device): a non-finite step leaves the targets and the count alone, and
         # the learner knows.
@@ -213,8 +199,7 @@ class SACAgent:
             q_mean = 0.5 * (q1.mean() + q2.mean())
             return [critic_loss, actor_loss, used_alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
 
-        self._last = DeferredUpdate(_METRICS, metrics, skipped=skipped)
-        return self._last
+        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
 
     def _policy_and_alpha_step(
         self, obs: torch.Tensor, alpha: torch.Tensor, flags: list[Flag]
@@ -269,35 +254,16 @@ class SACAgent:
             raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
         return to_device(np.asarray(importance), self._device, torch.float32)
 
-    @property
-    def last_td_errors(self) -> np.ndarray:
-        """Mean over the two critics of ``|Q_i - target|`` per row ``(B,)`` float32 of the last
-        ``update``'s batch, before its step (empty before the first update)."""
-        return self._last.td_errors
-
-    def initial_priorities(self, batch: TransitionBatch) -> np.ndarray | None:
-        """None: actors hold the policy only, not the critics a TD error needs."""
-        return None
-
     # ------------------------------------------------------------------------------ weight sync
 
-    def weights_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Parameter name -> (shape, dtype) of what ``export_weights`` sends: the policy only."""
-        return self._sync.spec()
-
-    def export_weights(self) -> Weights:
-        """The policy (the critics stay on the learner) as float32 numpy copies, stamped with the
-        version (see ``zmqrl.agents.sync``: bumped only when the policy changed since the last export)."""
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The policy (the critics stay on the learner) as float32 numpy copies."""
         return self._sync.export()
 
-    def continue_versions_after(self, floor: int) -> None:
-        """Learner side, after a restart: number the next export above ``floor``."""
-        self._sync.continue_after(floor)
-
-    def import_weights(self, weights: Weights) -> bool:
-        """Load ``weights`` if strictly newer (all names and shapes checked first); False changes
-        nothing, so a late or duplicated publish cannot roll an actor back. Critics are untouched."""
-        return self._sync.load(weights)
+    def load_weights(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Act with ``arrays`` (all names and shapes checked first; ValueError changes nothing).
+        Critics are untouched."""
+        self._sync.load(arrays)
 
     # ------------------------------------------------------------------------------ checkpoints
 
@@ -318,9 +284,6 @@ class SACAgent:
             "log_alpha": self.log_alpha.detach().clone(),
             "policy_stats": self._policy_stats.clone(),
             "updates": self.updates,
-            "version": self._sync.version,
-            "dirty": self._sync.dirty,
-            "epsilon": float(np.mean(self.epsilon)),
             "rng": self.rng.bit_generator.state,
             "noise_device": self._device.type,
             "noise": self._noise.get_state(),
@@ -328,6 +291,8 @@ class SACAgent:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Inverse of ``state_dict``; the optimisers keep their saved hyperparameters (torch convention).
+        States of earlier releases also hold ``version``, ``dirty`` and ``epsilon``: the learner's
+        checkpoint reads the version; the rest no longer means anything to the agent.
 
         The learning-noise generator is restored only onto the same kind of device it was saved
         from (a CUDA generator's state means nothing to a CPU one, e.g. when evaluating on CPU).
@@ -343,9 +308,6 @@ class SACAgent:
             self.log_alpha.copy_(state["log_alpha"])
             self._policy_stats.copy_(state["policy_stats"])
         self.updates = int(state["updates"])
-        self._sync.version = int(state["version"])
-        self._sync.dirty = bool(state["dirty"])
-        self.epsilon = float(state["epsilon"])
         self.rng.bit_generator.state = state["rng"]
         if state["noise_device"] == self._device.type:
             self._noise.set_state(state["noise"].cpu())

@@ -137,7 +137,7 @@ class FakeLearnerSide:
 def greeting(cfg: Config) -> list[bytes]:
     """A learner's first weights message to this actor: version 0 (never loaded) and the run's
     fingerprint, which is what the actor waits for before sending."""
-    from zmqrl.agents import make_policy
+    from zmqrl.agents import make_learner
     from zmqrl.envs.factory import make_env, sample_spec
     from zmqrl.runtime.run_fingerprint import run_fingerprint
     from zmqrl.transport import wire
@@ -147,8 +147,8 @@ def greeting(cfg: Config) -> list[bytes]:
     env = make_env(cfg.env)
     spec = sample_spec(env)
     env.close()
-    policy = make_policy(cfg.agent, spec)
-    arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in policy.weights_spec().items()}
+    exported = make_learner(cfg.agent, spec, device="cpu").export_weights()
+    arrays = {name: np.zeros_like(array) for name, array in exported.items()}
     msg = WeightsMsg(Weights(0, arrays), cfg.agent.kind, run_fingerprint(cfg, spec))
     return [bytes(f) for f in wire.dump(msg)]
 
@@ -244,12 +244,13 @@ def _steps_per_second(step: Callable[[], int], seconds: float) -> float:
 def measure_bare(envs: int, seconds: float) -> float:
     """Env transitions per second of the bare loop: the actor's env and policy, nothing else."""
     from zmqrl.actor.sampler import actor_seed, ladder
+    from zmqrl.agents.exploring import EpsilonExplorer
 
-    cfg, env, _, policy = _acting_parts(envs)
+    cfg, env, spec, policy = _acting_parts(envs)
     epsilons = ladder(cfg, 0)
-    policy.epsilon = float(epsilons[0]) if envs == 1 else epsilons
     seed = actor_seed(cfg, 0)
-    step = _single_loop(policy, env, seed) if envs == 1 else _vector_loop(policy, env, envs, seed)
+    explorer = EpsilonExplorer(policy, spec, seed=seed, epsilon=float(epsilons[0]) if envs == 1 else epsilons)
+    step = _single_loop(explorer.act, env, seed) if envs == 1 else _vector_loop(explorer.act, env, envs, seed)
     try:
         return _steps_per_second(step, seconds)
     finally:
@@ -263,11 +264,21 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
     message, in this process, sent nowhere. Between the bare loop and the real actor, it splits
     what zmqrl's acting costs from what its process, socket and threads cost."""
     from zmqrl.actor.sampler import Collected, Sampler
+    from zmqrl.agents import make_priorities
     from zmqrl.transport import wire
+    from zmqrl.transport.weights_versions import WeightsClient
 
     cfg, env, spec, policy = _acting_parts(envs)
     prioritized = priorities and cfg.replay.prioritized
-    sampler = Sampler(cfg, 0, policy, env, spec, initial_priorities=prioritized)
+    sampler = Sampler(
+        cfg,
+        0,
+        policy,
+        env,
+        spec,
+        weights=WeightsClient(policy),
+        priorities=make_priorities(cfg.agent, policy) if prioritized else None,
+    )
     encoded = 0
 
     def step() -> int:
@@ -286,13 +297,13 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
         sampler.close()
 
 
-def _single_loop(policy: Any, env: Any, seed: int) -> Callable[[], int]:
+def _single_loop(act: Callable[[np.ndarray], np.ndarray], env: Any, seed: int) -> Callable[[], int]:
     obs = env.reset(seed=seed)[0]
 
     def step() -> int:
         nonlocal obs
         for _ in range(CLOCK_EVERY):
-            action = policy.act(obs[None], explore=True)[0]
+            action = act(obs[None])[0]
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 obs = env.reset()[0]
@@ -301,7 +312,9 @@ def _single_loop(policy: Any, env: Any, seed: int) -> Callable[[], int]:
     return step
 
 
-def _vector_loop(policy: Any, env: Any, envs: int, seed: int) -> Callable[[], int]:
+def _vector_loop(
+    act: Callable[[np.ndarray], np.ndarray], env: Any, envs: int, seed: int
+) -> Callable[[], int]:
     obs = env.reset(seed=[seed + j for j in range(envs)])[0]
     resetting = np.zeros(envs, bool)  # rows in their NEXT_STEP autoreset step are not transitions
 
@@ -309,7 +322,7 @@ def _vector_loop(policy: Any, env: Any, envs: int, seed: int) -> Callable[[], in
         nonlocal obs, resetting
         real = 0
         for _ in range(CLOCK_EVERY // envs or 1):
-            actions = policy.act(obs, explore=True)
+            actions = act(obs)
             obs, _, terminated, truncated, _ = env.step(actions)
             real += envs - int(resetting.sum())
             resetting = terminated | truncated

@@ -2,8 +2,8 @@
 
 The subscriber is a spawned process, as an actor is. *Ours* goes through the real
 ``WeightsPublisher`` (encode, PUB socket as ``sockets.weights_pub`` makes it) and, on the other
-side, the real ``WeightsSubscriber`` (drain, decode, fingerprint check, validation against the
-policy's own ``weights_spec``) and the actor's import path, ``policy.import_weights`` (the numpy
+side, the real ``WeightsSubscriber`` (drain, decode, fingerprint check, validation) and the
+actor's load path, ``WeightsClient.offer`` into ``policy.load_weights`` (the numpy
 policy for the CartPole MLP; the CPU torch agent for the Nature CNN, as actors of that config
 use). The *reference* sends the very same bytes over a plain pyzmq PUB/SUB pair and stops the
 clock when they are received. Each measurement is one message with nothing queued (lockstep,
@@ -71,6 +71,7 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
     from zmqrl.runtime.run_fingerprint import run_fingerprint
     from zmqrl.transport import sockets
     from zmqrl.transport.channels import BadMessages, WeightsSubscriber
+    from zmqrl.transport.weights_versions import WeightsClient
 
     cfg = load_config(net.config)
     spec = _spec(net)
@@ -86,10 +87,11 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
     report.connect(report_ep)
     subscriber = WeightsSubscriber(
         ours,
-        policy.weights_spec(),
+        None,
         BadMessages("bench weights", logging.getLogger("zmqrl.bench")),
         expected_fingerprint=run_fingerprint(cfg, spec),
     )
+    client = WeightsClient(policy, subscriber.bad)
     poller = zmq.Poller()
     poller.register(ours, zmq.POLLIN)
     poller.register(raw, zmq.POLLIN)
@@ -102,7 +104,7 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
                     msg = subscriber.latest()
                     if msg is None:
                         continue
-                    policy.import_weights(msg.weights)
+                    client.offer(msg.weights)
                     version = msg.weights.version
                 else:
                     raw.recv_multipart()
@@ -258,7 +260,7 @@ def run(settings: BenchSettings) -> list[Comparison]:
                         reference=Stat.of(raw_q),
                         target=2.0 if label == "p95" else None,
                         higher_is_better=False,
-                        notes="WeightsPublisher -> WeightsSubscriber + import_weights in a spawned "
+                        notes="WeightsPublisher -> WeightsSubscriber + load_weights in a spawned "
                         "process vs raw PUB/SUB of the same bytes",
                         extra={"message_bytes": float(side.bytes), "messages_per_repeat": float(count)},
                     )

@@ -16,7 +16,7 @@ import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -115,6 +115,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: not a zmqrl checkpoint (format {CHECKPOINT_FORMAT})")
     return payload
+
+
+def checkpoint_weights_version(payload: Mapping[str, Any]) -> int:
+    """The weights version a checkpoint's weights were published as (0: none): a learner's
+    ``weights_version`` (an agent's state held it as ``version`` in earlier releases), an
+    evaluator's weights-only ``version``."""
+    for version in (payload.get("weights_version"), payload.get("version")):
+        if version is not None:
+            return int(version)
+    agent = payload.get("agent")
+    return int(agent.get("version", 0)) if isinstance(agent, Mapping) else 0
 
 
 def periodic_name(updates: int) -> str:

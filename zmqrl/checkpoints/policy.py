@@ -31,18 +31,21 @@ class DeployedPolicy:
     """Acts greedily with a checkpoint's weights; knows the spaces and the config it was trained with."""
 
     def __init__(
-        self, agent: Any, config: Config, path: Path, observation_space: Any, action_space: Any
+        self,
+        agent: Any,
+        config: Config,
+        path: Path,
+        observation_space: Any,
+        action_space: Any,
+        weights_version: int = 0,
     ) -> None:
         self._agent = agent
+        self.weights_version = weights_version  # as the checkpoint says it was published
         self.config = config
         self.path = path  # the checkpoint file it was read from
         self.observation_space = observation_space
         self.action_space = action_space
         self._obs_ndim = len(observation_space.shape)
-
-    @property
-    def weights_version(self) -> int:
-        return int(self._agent.weights_version)
 
     def act(self, obs: Any) -> Any:
         """The greedy action for one observation, or actions ``(B, ...)`` for a batch of them."""
@@ -81,7 +84,7 @@ def load_policy(
     import (``module:...``), loading raises :class:`~zmqrl.code_trust.UntrustedCode` (a
     ConfigError) before importing anything, unless ``trust_config=True`` or ``config`` is given.
     Registered gymnasium ids, built-in agents and installed plugins load without either."""
-    from zmqrl.checkpoints.files import load_checkpoint
+    from zmqrl.checkpoints.files import checkpoint_weights_version, load_checkpoint
     from zmqrl.envs.factory import make_env
 
     path = checkpoint_path(checkpoint, which)
@@ -91,7 +94,8 @@ def load_policy(
     try:
         agent = make_eval_agent(cfg, env)
         load_checkpoint_weights(agent, payload, path)
-        return DeployedPolicy(agent, cfg, path, env.observation_space, env.action_space)
+        version = checkpoint_weights_version(payload)
+        return DeployedPolicy(agent, cfg, path, env.observation_space, env.action_space, version)
     finally:
         env.close()
 
@@ -126,33 +130,25 @@ def checkpoint_config(
 
 def make_eval_agent(cfg: Config, env: gym.Env[Any, Any], seed: int | None = None) -> LearningAgent:
     """The agent's learning side on the CPU, sized for ``env``: what a full-state checkpoint
-    (``load_state_dict``) loads into (a continuous policy also needs the env's action bounds)."""
+    (``load_state_dict``) loads into (a continuous policy also needs the env's action bounds,
+    which the spec carries)."""
     from zmqrl.agents import make_learner
-    from zmqrl.envs.factory import action_bounds, sample_spec
+    from zmqrl.envs.factory import sample_spec
 
-    bounds = action_bounds(env)
-    return make_learner(
-        cfg.agent,
-        sample_spec(env),
-        device="cpu",
-        seed=seed,
-        action_low=bounds.get("action_low"),
-        action_high=bounds.get("action_high"),
-    )
+    return make_learner(cfg.agent, sample_spec(env), device="cpu", seed=seed)
 
 
 def load_checkpoint_weights(agent: Policy, payload: dict[str, Any], path: Path) -> None:
     """Load a checkpoint's policy into ``agent``: a weights-only payload (``checkpoints/best`` of
-    an evaluator) through ``import_weights``, which any policy has; a full training state through
-    ``load_state_dict``, which only a learning agent (:func:`make_eval_agent`) has."""
-    from zmqrl.types import Weights
-
+    an evaluator) through ``load_weights``, which any policy has; a full training state through
+    ``load_state_dict``, which only a learning agent (:func:`make_eval_agent`) has. (Which version
+    that was: ``zmqrl.checkpoints.files.checkpoint_weights_version``.)"""
     if payload.get("contents") == WEIGHTS_ONLY:
         arrays = {name: tensor.numpy() for name, tensor in payload["weights"].items()}
-        # A fresh agent holds version 0 and import_weights only takes newer versions.
-        version = max(int(payload.get("version", 1)), 1)
-        if not agent.import_weights(Weights(version, arrays)):
-            raise ValueError(f"{path}: the agent refused the stored weights")
+        try:
+            agent.load_weights(arrays)
+        except ValueError as exc:
+            raise ValueError(f"{path}: the agent refused the stored weights ({exc})") from None
     elif "agent" in payload:
         if not isinstance(agent, LearningAgent):
             raise ValueError(f"{path}: a full training state needs the learning agent (make_eval_agent)")

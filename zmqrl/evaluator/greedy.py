@@ -143,16 +143,9 @@ def make_eval_policy(cfg: Config, env: gym.Env[Any, Any], seed: int | None = Non
     """The agent's acting side (torch-free where the agent allows), greedy, sized for ``env``: all
     an evaluator of published weights needs."""
     from zmqrl.agents import make_policy
-    from zmqrl.envs.factory import action_bounds, sample_spec
+    from zmqrl.envs.factory import sample_spec
 
-    bounds = action_bounds(env)
-    return make_policy(
-        cfg.agent,
-        sample_spec(env),
-        seed=seed,
-        action_low=bounds.get("action_low"),
-        action_high=bounds.get("action_high"),
-    )
+    return make_policy(cfg.agent, sample_spec(env), seed=seed)
 
 
 def require_video_support() -> None:

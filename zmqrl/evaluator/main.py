@@ -118,7 +118,7 @@ class Evaluator:
         # network or n-step raises FingerprintMismatch (exit 2) instead of being scored.
         self.weights = WeightsSubscriber(
             weights_sock,
-            policy.weights_spec(),
+            None,  # the policy checks names and shapes itself (see the Scorer's weights client)
             BadMessages(f"{ROLE} weights", log),
             expected_fingerprint=run_fingerprint(cfg, sample_spec(envs[0])),
         )
@@ -131,7 +131,9 @@ class Evaluator:
             cfg.transport.weights,
         )
         self.started = time.monotonic()
-        self.scorer = scorer = Scorer(cfg, policy, envs, tb, self.run_dir, launched=launched, best=best)
+        self.scorer = scorer = Scorer(
+            cfg, policy, envs, tb, self.run_dir, launched=launched, best=best, bad=self.weights.bad
+        )
         state = "failed"
         try:
             self._loop(scorer)

@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from zmqrl.checkpoints.files import load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.files import checkpoint_weights_version, load_checkpoint, save_checkpoint
 from zmqrl.checkpoints.policy import WEIGHTS_ONLY, load_checkpoint_weights, make_eval_agent
 from zmqrl.config import Config
 from zmqrl.core import Policy
@@ -30,6 +30,8 @@ from zmqrl.evaluator.greedy import (
     evaluate,
 )
 from zmqrl.metrics import Logger, fmt_value
+from zmqrl.transport.bad_messages import BadMessages
+from zmqrl.transport.weights_versions import WeightsClient
 from zmqrl.transport.wire import WeightsMsg
 from zmqrl.types import Weights
 
@@ -67,11 +69,9 @@ def final_weights(cfg: Config, checkpoint: Path) -> WeightsMsg:
     finally:
         env.close()
     load_checkpoint_weights(agent, payload, checkpoint)
-    weights = agent.export_weights()
+    version = max(checkpoint_weights_version(payload), 1)
     steps = int(payload.get("counters", {}).get("samples", 0))
-    return WeightsMsg(
-        weights=Weights(max(weights.version, 1), weights.arrays), agent=cfg.agent.kind, env_steps=steps
-    )
+    return WeightsMsg(weights=Weights(version, agent.export_weights()), agent=cfg.agent.kind, env_steps=steps)
 
 
 class Scorer:
@@ -93,9 +93,12 @@ class Scorer:
         *,
         launched: float,
         best: float | None = None,
+        bad: BadMessages | None = None,
     ) -> None:
         self.cfg = cfg
         self.policy = policy
+        # Hands the policy newer weights only; what it refuses is counted with the channel's.
+        self.weights = WeightsClient(policy, bad)
         self.envs = envs
         self._tb = tb
         self.run_dir = run_dir
@@ -118,7 +121,7 @@ class Scorer:
     @property
     def received_version(self) -> int:
         """The newest weights version received from the learner (0: none yet)."""
-        return self._pending.weights.version if self._pending is not None else self.policy.weights_version
+        return self._pending.weights.version if self._pending is not None else self.weights.version
 
     def offer(self, msg: WeightsMsg | None) -> None:
         """Keep ``msg`` if it is newer than the weights received so far; it is loaded when its
@@ -139,11 +142,11 @@ class Scorer:
         Loaded only now: versions superseded while waiting are never even imported."""
         pending = self._pending
         assert pending is not None, "evaluate_pending() without due()"
-        if self.policy.import_weights(pending.weights):
+        if self.weights.offer(pending.weights):
             self._loaded = pending.weights
         self._env_steps = pending.env_steps or 0
         self._pending = None
-        version = self.policy.weights_version
+        version = self.weights.version
         episodes = len(self.envs)
         # Seeds as the learner's own evaluations use them: far from any actor's, new ones each time.
         seed = self.cfg.run.seed + EVAL_SEED_OFFSET + self.evaluations * episodes

@@ -15,6 +15,7 @@ from zmqrl.checkpoints.files import (
     LEGACY_REPLAY,
     PERIODIC_PREFIX,
     REPLAY_PREFIX,
+    checkpoint_weights_version,
     load_resumable,
     prune,
     remove_stale_temps,
@@ -122,6 +123,7 @@ class Checkpoints:
         t = self.trainer
         return {
             "agent": t.agent.state_dict(),
+            "weights_version": t.numbering.version,  # the last published (agents number nothing)
             "counters": t.counters.to_checkpoint(),
             "eval": t.evals.state(),
             "replay_rng": t.replay.rng_state(),
@@ -173,6 +175,7 @@ class Checkpoints:
             return
         self._check_settings(path, payload.get("config"))
         t.agent.load_state_dict(payload["agent"])
+        t.numbering.continue_after(checkpoint_weights_version(payload))
         t.counters.restore(payload["counters"])
         t.evals.load_state(payload.get("eval", {}))
         if payload.get("replay_rng"):
@@ -182,7 +185,7 @@ class Checkpoints:
             "path": str(path),
             "updates": t.counters.updates,
             "samples": t.counters.samples,
-            "weights_version": t.agent.weights_version,
+            "weights_version": t.numbering.version,
             "replay_rows": len(t.replay),
             "replay_file": self._replay_file,
         }
@@ -191,7 +194,7 @@ class Checkpoints:
             path,
             t.counters.updates,
             t.counters.samples,
-            t.agent.weights_version,
+            t.numbering.version,
             replay,
         )
 

@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from zmqrl.agents import make_learner
-from zmqrl.agents.deferred import update_skipped
 from zmqrl.config import Config
-from zmqrl.envs.factory import action_bounds, make_env, sample_spec
+from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.errors import ConfigError
 from zmqrl.evaluator.greedy import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
 from zmqrl.learner.checkpointing import VERSION_FILE, Checkpoints, PublishedVersions
@@ -36,6 +35,7 @@ from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import wire
 from zmqrl.transport.control import TARGET_HELD
+from zmqrl.transport.weights_versions import WeightsNumbering
 from zmqrl.transport.wire import MAX_ARRAYS, Fingerprint, WeightsMsg
 from zmqrl.types import Weights
 
@@ -60,7 +60,7 @@ def check_weights_fit(
     ``transport.max_message_mb`` over all its frames is dropped as it is read (and ZeroMQ itself
     refuses any one frame above it), so actors and the evaluator would act with their initial
     weights forever without a word. Measured on the message as encoded, from the agent's
-    ``weights_spec()`` (zeros of those shapes: exporting would bump the agent's version). A
+    exported weights (zeros of those shapes, names and dtypes). A
     network of more tensors than one message may carry (the wire format's MAX_ARRAYS) is
     refused the same way, before the encoder would fail on it."""
     if len(spec) > MAX_ARRAYS:
@@ -127,17 +127,15 @@ class Trainer:
             log=log,
             max_add_rows=largest_add(self.spec, cfg.transport.max_message_mb),
         )
-        bounds = action_bounds(self.eval_envs[0])
-        self.agent = make_learner(
-            cfg.agent,
-            self.spec,
-            seed=cfg.run.seed,
-            action_low=bounds.get("action_low"),
-            action_high=bounds.get("action_high"),
-        )
+        self.agent = make_learner(cfg.agent, self.spec, seed=cfg.run.seed)
         check_weights_fit(
-            self.agent.weights_spec(), cfg.agent.kind, self.fingerprint, cfg.transport.max_message_mb
+            {name: (a.shape, a.dtype.name) for name, a in self.agent.export_weights().items()},
+            cfg.agent.kind,
+            self.fingerprint,
+            cfg.transport.max_message_mb,
         )
+        # Numbers what is published: a new version after updates, above any published before.
+        self.numbering = WeightsNumbering()
         self.limiter = make_rate_limiter(
             lcfg.samples_per_insert, lcfg.samples_per_insert_tolerance, lcfg.min_replay_size
         )
@@ -158,7 +156,7 @@ class Trainer:
         self.limiter.reset(inserted=min(len(self.replay), lcfg.min_replay_size))
         # Number above anything published before in this run (a previous learner may have got
         # further than its last checkpoint), so actors never see the version go backwards.
-        self.agent.continue_versions_after(self.versions.highest)
+        self.numbering.continue_after(self.versions.highest)
         self.ingest = Ingest(
             self.replay,
             self.limiter,
@@ -175,7 +173,8 @@ class Trainer:
         # Why the run is ending (one of the ENDED_* reasons), once something decided it is: the
         # loops that drive the trainer check it after every update and then finish as at their end.
         self.ended: str | None = None
-        log.info("agent %s on %s", cfg.agent.kind, self.agent.device)
+        # Where updates run, for agents that say (the built-in ones do); else the configured device.
+        log.info("agent %s on %s", cfg.agent.kind, getattr(self.agent, "device", cfg.agent.device))
 
     @property
     def evaluates(self) -> bool:
@@ -188,7 +187,7 @@ class Trainer:
         self.counters.start_clock()
 
     def publish(self) -> None:
-        weights = self.agent.export_weights()
+        weights = self.numbering.stamp(self.agent.export_weights())
         self._refuse(refuse_nonfinite_weights, weights.arrays, "publish weights")  # the last guard
         self.versions.reserve(weights.version)  # on disk before any actor can hold it
         self.published_version = weights.version
@@ -209,20 +208,21 @@ class Trainer:
         lcfg = self.cfg.learner
         batch_size = self.cfg.agent.batch_size
         drawn = self.replay.sample(batch_size, self.counters.updates)
-        metrics = self.agent.update(drawn.batch, drawn.importance)
+        result = self.agent.update(drawn.batch, drawn.importance)
+        self.numbering.changed()  # even if skipped: an update may have changed part of the weights
         if drawn.ids is not None:  # prioritized: the rows' new priorities (agents may defer them)
-            td_errors = self.agent.last_td_errors
+            td_errors = result.td_errors
             if not np.isfinite(td_errors).all():
                 td_errors = np.nan_to_num(td_errors, nan=0.0, posinf=0.0, neginf=0.0)
             self.replay.update_priorities(drawn.ids, td_errors)
         self.limiter.sampled(batch_size)
         self.counters.updates += 1
         updates = self.counters.updates
-        self._refuse(self.nonfinite.record, update_skipped(metrics), updates)
+        self._refuse(self.nonfinite.record, result.skipped, updates)
         if updates % lcfg.sync_interval == 0:
             self.publish()
         if updates % lcfg.log_interval == 0:  # only now are the update's metrics read
-            self.on_scalars({**metrics, **drawn.metrics})
+            self.on_scalars({**result.metrics, **drawn.metrics})
         if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
             self.evaluate()
         if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:
