@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import zmq
 
+from tests import run_state
 from tests.conftest import processes_mentioning, tiny_overrides
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg, StopMsg
@@ -211,20 +212,21 @@ def start_learner(
     for item in overrides:
         cmd += ["--set", item]
     env = {k: v for k, v in os.environ.items() if k != "ZMQRL_SUPERVISED"}  # a learner run by hand
+    env = run_state.with_health_file(health_file(stderr_path), env)
     with stderr_path.open("wb") as err, stdout_path.open("wb") as out:
         return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**env, "PYTHONUNBUFFERED": "1"})
 
 
+def health_file(stderr_path: Path) -> Path:
+    return stderr_path.with_suffix(".health.json")
+
+
 def wait_for_samples_endpoint(proc: subprocess.Popen[bytes], stderr_path: Path) -> str:
-    """The endpoint the learner really bound (port 0 asked the OS), from its 'learner up' line."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        match = re.search(r"learner up: samples (\S+),", stderr_path.read_text(errors="replace"))
-        if match:
-            return match.group(1)
-        assert proc.poll() is None, f"learner exited with {proc.returncode}:\n{stderr_path.read_text()}"
-        time.sleep(0.05)
-    raise AssertionError(f"learner never came up:\n{stderr_path.read_text()}")
+    """The endpoint the learner really bound (port 0 asked the OS), from its health file."""
+    try:
+        return run_state.wait_for_endpoints(health_file(stderr_path), STARTUP_TIMEOUT, proc)["samples"]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its log:\n{stderr_path.read_text(errors='replace')}") from None
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int | None:
@@ -313,7 +315,7 @@ def test_learner_memory_stays_bounded_and_it_keeps_training_under_a_samples_floo
 
     log_tail = stderr_path.read_text(errors="replace")[-3000:]
     assert died_at is None and alive_at_end, f"learner died {died_at} s into the flood:\n{log_tail}"
-    # A clean stop: a role run by hand exits 0 after SIGTERM today; 143 (README "Exit codes") is
+    # A clean stop: a role run by hand exits 0 after SIGTERM today; 143 (docs/fault-tolerance.md "Exit codes") is
     # accepted too, so this test does not pin which.
     assert code in (0, 128 + signal.SIGTERM), f"learner exited with {code} after SIGTERM:\n{log_tail}"
 

@@ -1,7 +1,7 @@
 """Two hosts on one machine: the learner in one Linux network namespace, the actors in another,
 joined by a veth pair, talking TCP over CurveZMQ on the namespaces' own addresses.
 
-This is the by-hand multi-host setup of README "Running on several machines" for real: separate
+This is the by-hand multi-host setup of docs/deployment.md "Running on several machines" for real: separate
 network stacks, so loopback cannot stand in for the wire, the learner must bind a non-loopback
 address (which needs keys), and the actors hold only the three key files an actor host is given.
 A stranger on the actors' host, with no keys or with a key the learner never listed, is refused.
@@ -131,7 +131,7 @@ class Hosts:
                 stdout=out,
                 stderr=err,
                 # Config comes from the arguments alone: ZMQRL_* variables of whoever runs the test
-                # would be read as config (README "Configuration") and change the run.
+                # would be read as config (docs/configuration.md) and change the run.
                 env={
                     **{k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_")},
                     "PYTHONUNBUFFERED": "1",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import pytest
 import torch
 import zmq
 
+from tests import run_state
 from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
 from tests.test_roles import FakeSupervisor, start, with_transport
 from zmqrl.actor.main import Actor
@@ -182,18 +182,9 @@ def test_a_cartpole_run_with_prioritized_replay_learns_beside_a_poisoning_peer(r
     ctx = zmq.Context()
     peer: Peer | None = None
     try:
-        found: list[str] = []
-
-        def bound() -> bool:
-            logs = list((run_dir / "logs").glob("learner*.log")) if (run_dir / "logs").is_dir() else []
-            text = "".join(p.read_text(errors="replace") for p in logs)
-            found[:] = re.findall(r"learner up: samples (tcp://\S+),", text)
-            return bool(found) or proc.poll() is not None
-
-        wait_until(bound, 90, "the learner to bind")
-        assert found, "the learner never came up"
+        samples = run_state.wait_for_launched_endpoints(run_dir, 90, proc)["samples"]
         version = [1]
-        peer = Peer(ctx, found[-1], lambda: version[0], priorities=True)
+        peer = Peer(ctx, samples, lambda: version[0], priorities=True)
         out, _ = proc.communicate(timeout=240)
     finally:
         if peer is not None:

@@ -670,7 +670,7 @@ def test_rejects_priority_in_the_wrong_place() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Continuous action bounds (README "Validation and limits")
+# Continuous action bounds (docs/protocol.md "Validation and limits")
 # ---------------------------------------------------------------------------------------------
 
 # Pendulum-like: dimension 0 in [-2, 2], dimension 1 in [0, 1].

@@ -764,7 +764,7 @@ def test_valid_heartbeats_and_stops_round_trip_exactly(sent: HeartbeatMsg | Stop
 
 @pytest.mark.parametrize("dtype", sorted(ALLOWED_DTYPES))
 def test_zero_dimensional_arrays_keep_their_shape_on_the_wire(dtype: str) -> None:
-    # README "Framing": "A 0-d array has one element" -- and must stay 0-d, or a receiver whose
+    # docs/protocol.md "Framing": "A 0-d array has one element" -- and must stay 0-d, or a receiver whose
     # network has a scalar parameter refuses every snapshot (shape () vs (1,)).
     sent = WeightsMsg(Weights(1, {"scalar": np.zeros((), dtype)}), agent="dqn")
     assert msgpack.unpackb(frames_of(sent)[0])["arrays"][0]["shape"] == []

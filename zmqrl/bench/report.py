@@ -155,7 +155,7 @@ HEADERS = [
 
 
 def markdown_table(comparisons: Sequence[Comparison]) -> str:
-    """The table as markdown (README "Performance" is pasted from this)."""
+    """The table as markdown (docs/performance.md is pasted from this)."""
     lines = ["| " + " | ".join(h or "result" for h in HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(comparisons)]
     return "\n".join(lines)

@@ -1,9 +1,9 @@
 """The supervisor behind ``zmqrl launch``: starts the learner and N actors as OS processes,
 watches their heartbeats and exits, restarts what fails, and shuts everything down in order.
 
-Each process is judged by ``supervision/liveness.py``: dead (silent, or stopped by a signal), hung
+Each process is judged by ``supervisor/liveness.py``: dead (silent, or stopped by a signal), hung
 (alive but no progress) or healthy; dead and hung ones are killed and replaced, with a backoff that
-only a crash loop makes grow. How children are started and stopped: ``supervision/processes.py``.
+only a crash loop makes grow. How children are started and stopped: ``supervisor/processes.py``.
 With ``learner.stop_at_target`` and an evaluator, the evaluator decides when the target is held and
 the supervisor tells the learner in its control heartbeats (``Reporter.end_request``); the learner
 then ends the run as at its end, and the rest stops as after any finished learner.
@@ -225,7 +225,7 @@ class Supervisor(Oversight):
             self._pump(100)
 
     def _check(self, slot: Slot, now: float) -> bool:
-        """Judge one slot: replace its process if it died, is dead or hung (zmqrl/supervision/
+        """Judge one slot: replace its process if it died, is dead or hung (zmqrl/supervisor/
         restarts.py decides when); False when the slot is given up (for the learner that ends
         the run)."""
         scfg = self.cfg.supervisor

@@ -1,8 +1,8 @@
 """What every supervisor does, whether it started the processes (``launch``) or only watches them
 (``supervise``): bind the heartbeat, control and status sockets, hear heartbeats into slots,
-heartbeat on the control channel (from a thread of its own: ``supervision/beacon.py``), handle
+heartbeat on the control channel (from a thread of its own: ``supervisor/beacon.py``), handle
 Ctrl-C / SIGTERM, show the run (a live dashboard on a terminal, progress lines elsewhere:
-``supervision/monitor.py``) and print the final summary.
+``supervisor/monitor.py``) and print the final summary.
 
 The signal handlers only record the signal; the loop says what happened and acts (a handler
 that printed deadlocked on the console's lock when the signal landed mid-redraw). A loop that

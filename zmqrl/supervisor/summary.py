@@ -1,5 +1,5 @@
 """What a supervisor writes when a run ends: the final summary on the console and ``stats.json``
-(what it shows while the run goes is ``supervision/monitor.py``'s). Shared by ``launch``
+(what it shows while the run goes is ``supervisor/monitor.py``'s). Shared by ``launch``
 (processes it started) and the watch-only ``supervise`` (processes it only hears), so both show
 the same view."""
 

@@ -5,7 +5,7 @@ Who binds and who connects (see docs/architecture.md "Sockets and ports"):
   supervisor binds PULL heartbeat, PUB control
   actor      connects PUSH samples, SUB weights, PUSH heartbeat, SUB control
 
-Security (README "Security"): every constructor takes ``security``. None (the default) means
+Security (docs/deployment.md "Security"): every constructor takes ``security``. None (the default) means
 plaintext, which binding constructors allow on loopback only unless ``insecure`` is set. With
 keys, binding sockets are CurveZMQ servers and connecting sockets CurveZMQ clients; a context
 must run :func:`zmqrl.transport.security.start_authenticator` before it binds a secured socket.
