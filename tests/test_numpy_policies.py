@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +15,11 @@ from zmqrl.agents import make_policy, make_priorities
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.exploring import EpsilonExplorer
-from zmqrl.agents.numpy_policies import NumpyDQNPolicy, NumpySACPolicy
+from zmqrl.agents.layers import ActingNet, dqn_net, sac_policy_net
+from zmqrl.agents.nets import QNetwork
+from zmqrl.agents.numpy_policies import NumpyDQNPolicy, NumpySACPolicy, dqn_q_values
 from zmqrl.agents.sac import SACAgent
+from zmqrl.agents.sac_nets import SquashedGaussianPolicy
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -166,3 +170,38 @@ def test_an_mlp_policy_is_built_and_acts_without_importing_torch(config: str, sp
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("net", "obs_shape", "module"),
+    [
+        (dqn_net("mlp", [16, 8], 3, False), (5,), lambda: QNetwork((5,), [16, 8], 3)),
+        (dqn_net("mlp", [], 2, True), (2, 3), lambda: QNetwork((2, 3), [], 2, dueling=True)),
+        (
+            dqn_net("minatar_cnn", [], 4, True),
+            (4, 10, 10),
+            lambda: QNetwork((4, 10, 10), [], 4, True, torso="minatar_cnn"),
+        ),
+        (
+            dqn_net("nature_cnn", [], 6, False),
+            (4, 84, 84),
+            lambda: QNetwork((4, 84, 84), [], 6, torso="nature_cnn"),
+        ),
+        (sac_policy_net([16, 16], 2), (3,), lambda: SquashedGaussianPolicy(3, 2, [16, 16])),
+    ],
+)
+def test_the_torch_networks_are_built_from_the_tables_the_numpy_policies_read(
+    net: ActingNet, obs_shape: tuple[int, ...], module: Any
+) -> None:
+    """One table per acting network (zmqrl.agents.layers): the torch module's parameters are,
+    name for name and shape for shape, in order, the layout the numpy policy loads and runs."""
+    torch_layout = [(name, tuple(t.shape)) for name, t in module().state_dict().items()]
+    assert torch_layout == list(net.layout(obs_shape).items())
+
+
+def test_the_numpy_forward_of_a_table_is_the_torch_forward() -> None:
+    module = QNetwork((5,), [16, 8], 3, dueling=True, generator=torch.Generator().manual_seed(0))
+    arrays = {name: t.detach().numpy() for name, t in module.state_dict().items()}
+    obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+    numpy_q = dqn_q_values(dqn_net("mlp", [16, 8], 3, True), arrays, obs)
+    np.testing.assert_allclose(numpy_q, module(torch.from_numpy(obs)).detach().numpy(), rtol=1e-5, atol=1e-5)

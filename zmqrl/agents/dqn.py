@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.deferred import DeferredUpdate
 from zmqrl.agents.finite import any_found, guarded_step
+from zmqrl.agents.layers import dqn_net
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values
 from zmqrl.agents.numpy_views import parameter_views
@@ -61,6 +62,7 @@ class DQNAgent:
             generator=init_generator,
             torso=config.torso,
         ).to(self._device)
+        self._net = dqn_net(config.torso, config.hidden_sizes, n_actions, config.dueling)  # the table
         self._target = copy.deepcopy(self.online).requires_grad_(False)
         # True after an import until the target is first used: see the ``target`` property.
         self._target_behind = False
@@ -120,7 +122,7 @@ class DQNAgent:
 
     def _numpy_q_values(self, arrays: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
         """The Q-network's values in numpy, as ``NumpyDQNPolicy.q_values`` computes them."""
-        return dqn_q_values(self.config, arrays, obs)
+        return dqn_q_values(self._net, arrays, obs)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from zmqrl.agents.configs import DEVICE_NAMES, TORSOS
+from zmqrl.agents.layers import MLP, ActingNet, dqn_net
 
 
 def resolve_device(name: str) -> torch.device:
@@ -103,6 +104,9 @@ class QNetwork(nn.Module):
     """
 
     torso: nn.Module
+    head: nn.Linear  # without dueling
+    value: nn.Linear  # with dueling
+    advantage: nn.Linear
 
     def __init__(
         self,
@@ -140,18 +144,8 @@ class QNetwork(nn.Module):
         activation: type[nn.Module],
         generator: torch.Generator | None,
     ) -> None:
-        if self.torso_kind != "mlp":
-            from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
-
-            cnn = CONV_NETS[self.torso_kind](self.obs_shape, generator=generator)
-            self.torso, width = cnn, int(cnn.out_features)
-        else:
-            self.torso, width = hidden_layers(math.prod(self.obs_shape), hidden, activation)
-        if self.dueling:
-            self.value = nn.Linear(width, 1)
-            self.advantage = nn.Linear(width, n_actions)
-        else:
-            self.head = nn.Linear(width, n_actions)
+        net = dqn_net(self.torso_kind, hidden, n_actions, self.dueling)
+        build_acting(self, net, self.obs_shape, activation, generator)
 
     def _heads(self) -> nn.ModuleList:
         return nn.ModuleList([self.value, self.advantage] if self.dueling else [self.head])
@@ -166,6 +160,27 @@ class QNetwork(nn.Module):
         value = self.value(features)
         advantage = self.advantage(features)
         return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def build_acting(
+    module: nn.Module,
+    net: ActingNet,
+    obs_shape: tuple[int, ...],
+    activation: type[nn.Module] = nn.ReLU,
+    generator: torch.Generator | None = None,
+) -> None:
+    """Give ``module`` the layers of the table ``net`` (``zmqrl.agents.layers``): ``module.torso``,
+    then one ``nn.Linear`` attribute per head, named as the table names it, so its state dict is
+    exactly ``net.layout(obs_shape)``, the layout the numpy policies load."""
+    if net.torso != MLP:
+        from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
+
+        module.torso = CONV_NETS[net.torso](obs_shape, generator=generator)
+    else:
+        module.torso, _ = hidden_layers(math.prod(obs_shape), net.hidden, activation)
+    width = net.torso_width(obs_shape)
+    for name, out in net.heads:
+        setattr(module, name, nn.Linear(width, out))
 
 
 @torch.no_grad()

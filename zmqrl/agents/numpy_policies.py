@@ -15,12 +15,13 @@ numpy generator; they are not the torch agent's initial values, only as random.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from zmqrl.agents.configs import DQNConfig, SACConfig
-from zmqrl.agents.torsos import CONV_TORSOS, conv_features, fan_in
+from zmqrl.agents.layers import ActingNet, dqn_net, dueling_q, sac_policy_net
+from zmqrl.agents.torsos import CONV_TORSOS, fan_in
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -67,64 +68,28 @@ def imported_array(arrays: Mapping[str, np.ndarray], name: str, shape: tuple[int
     return source
 
 
-def mlp_layout(prefix: str, in_dim: int, hidden: Sequence[int]) -> tuple[dict[str, tuple[int, ...]], int]:
-    """Names and shapes of ``nn.Sequential(Linear, ReLU, ...)`` as torch's state_dict lists them
-    (``torso.0.weight``, ``torso.0.bias``, ``torso.2.weight``, ...), and the output width."""
-    layout: dict[str, tuple[int, ...]] = {}
-    width = in_dim
-    for i, size in enumerate(hidden):
-        layout[f"{prefix}.{2 * i}.weight"] = (size, width)
-        layout[f"{prefix}.{2 * i}.bias"] = (size,)
-        width = size
-    return layout, width
-
-
-def relu_torso(obs: np.ndarray, arrays: dict[str, np.ndarray], prefix: str, depth: int) -> np.ndarray:
-    """Forward pass of ``depth`` Linear -> ReLU layers on observations ``(B, ...)``, flattened and
-    cast to float32 as the torch networks do."""
-    x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
-    for i in range(depth):
-        x = x @ arrays[f"{prefix}.{2 * i}.weight"].T + arrays[f"{prefix}.{2 * i}.bias"]
-        np.maximum(x, 0.0, out=x)
-    return x
-
-
-def linear(x: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
-    return x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"]
-
-
 # DQN torsos whose acting runs in numpy: the MLP, and the CNNs whose tables say it is cheap.
 NUMPY_DQN_TORSOS = ("mlp", *(name for name, torso in CONV_TORSOS.items() if torso.numpy_acting))
 
 
-def dqn_layout(config: DQNConfig, obs_shape: tuple[int, ...], n_actions: int) -> dict[str, tuple[int, ...]]:
-    """Parameter names and shapes of ``QNetwork`` (torso, then the plain or dueling heads)."""
-    if config.torso == "mlp":
-        layout, width = mlp_layout("torso", math.prod(obs_shape), config.hidden_sizes)
-    else:
-        torso = CONV_TORSOS[config.torso]
-        layout, width = torso.layout("torso", obs_shape), torso.hidden
-    heads = {"value": 1, "advantage": n_actions} if config.dueling else {"head": n_actions}
-    for name, out in heads.items():
-        layout[f"{name}.weight"] = (out, width)
-        layout[f"{name}.bias"] = (out,)
-    return layout
-
-
-def dqn_q_values(config: DQNConfig, arrays: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
-    """``QNetwork``'s action values ``(B, n_actions)`` in numpy, from weights named as it names them.
+def dqn_q_values(net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
+    """``QNetwork``'s action values ``(B, n_actions)`` in numpy, from its table (``dqn_net``) and
+    weights named as it names them.
 
     Shared by NumpyDQNPolicy and DQNAgent's CPU acting (on views of its tensors), so both run one
     copy of the forward code.
     """
-    if config.torso == "mlp":
-        x = relu_torso(obs, arrays, "torso", len(config.hidden_sizes))
-    else:
-        x = conv_features(obs, arrays, "torso", CONV_TORSOS[config.torso])
-    if not config.dueling:
-        return linear(x, arrays, "head")
-    value, advantage = linear(x, arrays, "value"), linear(x, arrays, "advantage")
-    return value + advantage - advantage.mean(axis=1, keepdims=True)
+    heads = net.forward(arrays, obs)
+    return heads["head"] if "head" in heads else dueling_q(heads["value"], heads["advantage"])
+
+
+def sac_policy_outputs(
+    net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``SquashedGaussianPolicy``'s ``(mean, clamped log_std)`` in numpy, from its table
+    (``sac_policy_net``): shared by NumpySACPolicy and SACAgent's CPU acting."""
+    heads = net.forward(arrays, obs)
+    return heads["mean"], np.clip(heads["log_std"], LOG_STD_MIN, LOG_STD_MAX)
 
 
 class SquashedActions:
@@ -188,11 +153,12 @@ class NumpyDQNPolicy(LoadedArrays):
         self.obs_shape = tuple(spec.obs_shape)
         self.n_actions = spec.num_actions
         self.dueling = config.dueling
-        self._params = NamedArrays(dqn_layout(config, self.obs_shape, self.n_actions), seed)
+        self.net = dqn_net(config.torso, config.hidden_sizes, self.n_actions, config.dueling)
+        self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Action values ``(B, n_actions)`` float32 for obs ``(B, *obs_shape)``."""
-        return dqn_q_values(self.config, self._params.arrays, obs)
+        return dqn_q_values(self.net, self._params.arrays, obs)
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Greedy int64 actions ``(B,)``, whatever ``explore`` says: DQN explores only by the
@@ -252,20 +218,13 @@ class NumpySACPolicy(LoadedArrays):
         self.act_dim = sac_act_dim(spec)
         self.action_low, self.action_high = squashed_action_bounds(spec)
         self._actions = SquashedActions(self.action_low, self.action_high)
-        self._depth = len(config.hidden_sizes)
-        layout, width = mlp_layout("torso", math.prod(self.obs_shape), config.hidden_sizes)
-        for name in ("mean", "log_std"):
-            layout[f"{name}.weight"] = (self.act_dim, width)
-            layout[f"{name}.bias"] = (self.act_dim,)
-        self._params = NamedArrays(layout, seed)
+        self.net = sac_policy_net(config.hidden_sizes, self.act_dim)
+        self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
         self.rng = np.random.default_rng(seed)  # acting draws, in SACAgent's order
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, clamped log_std)`` of the pre-tanh Gaussian, each ``(B, act_dim)`` float32."""
-        arrays = self._params.arrays
-        x = relu_torso(obs, arrays, "torso", self._depth)
-        log_std = np.clip(linear(x, arrays, "log_std"), LOG_STD_MIN, LOG_STD_MAX)
-        return linear(x, arrays, "mean"), log_std
+        return sac_policy_outputs(self.net, self._params.arrays, obs)
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Float32 actions ``(B, act_dim)`` in ``[low, high]`` (see SquashedActions)."""

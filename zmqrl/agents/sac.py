@@ -23,14 +23,14 @@ from torch import nn
 from zmqrl.agents.configs import SACConfig
 from zmqrl.agents.deferred import DeferredUpdate
 from zmqrl.agents.finite import Flag, any_found, guarded_step, step_unless
+from zmqrl.agents.layers import sac_policy_net
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.numpy_policies import LOG_STD_MAX as LOG_STD_MAX  # the policy's log-std bounds
+from zmqrl.agents.numpy_policies import LOG_STD_MIN as LOG_STD_MIN
 from zmqrl.agents.numpy_policies import (
-    LOG_STD_MAX,
-    LOG_STD_MIN,
     SquashedActions,
-    linear,
-    relu_torso,
     sac_act_dim,
+    sac_policy_outputs,
     squashed_action_bounds,
 )
 from zmqrl.agents.numpy_views import parameter_views
@@ -99,6 +99,7 @@ class SACAgent:
         self._policy_stats = torch.full((3,), float("nan"), device=self._device)
         # CPU acting runs NumpySACPolicy's forward code on views of the policy (see numpy_views).
         self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None
+        self._net = sac_policy_net(config.hidden_sizes, act_dim)  # the policy's table, for numpy
 
     @property
     def device(self) -> str:
@@ -130,8 +131,7 @@ class SACAgent:
         arrays = self._policy_arrays
         if arrays is None:
             return self.policy_outputs(obs)
-        x = relu_torso(obs, arrays, "torso", len(self.config.hidden_sizes))
-        return linear(x, arrays, "mean"), np.clip(linear(x, arrays, "log_std"), LOG_STD_MIN, LOG_STD_MAX)
+        return sac_policy_outputs(self._net, arrays, obs)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zmqrl.agents.nets import hidden_layers, init_linear_, mlp
+from zmqrl.agents.layers import sac_policy_net
+from zmqrl.agents.nets import build_acting, init_linear_, mlp
 from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN
 
 # Bounds of the policy's log standard deviation (LOG_STD_MIN, LOG_STD_MAX, shared with the
@@ -36,16 +37,20 @@ def squashed_gaussian_log_prob(
 
 
 class SquashedGaussianPolicy(nn.Module):
-    """``obs -> (mean, log_std)`` of a diagonal Gaussian whose samples are squashed by tanh into [-1, 1]."""
+    """``obs -> (mean, log_std)`` of a diagonal Gaussian whose samples are squashed by tanh into [-1, 1].
+
+    Its layers are the table ``zmqrl.agents.layers.sac_policy_net``, which actors run in numpy."""
+
+    torso: nn.Module
+    mean: nn.Linear
+    log_std: nn.Linear
 
     def __init__(
         self, obs_dim: int, act_dim: int, hidden: list[int], generator: torch.Generator | None = None
     ) -> None:
         super().__init__()
         with torch.random.fork_rng(devices=[], enabled=generator is not None):
-            self.torso, width = hidden_layers(obs_dim, hidden, nn.ReLU)
-            self.mean = nn.Linear(width, act_dim)
-            self.log_std = nn.Linear(width, act_dim)
+            build_acting(self, sac_policy_net(hidden, act_dim), (obs_dim,))
         if generator is not None:
             init_linear_(self, generator)
 

@@ -126,7 +126,7 @@ class Publisher:
 
     def __init__(self, ctx: zmq.Context, net: Network) -> None:
         from zmqrl.agents.configs import DQNConfig
-        from zmqrl.agents.numpy_policies import dqn_layout
+        from zmqrl.agents.layers import dqn_net
         from zmqrl.runtime.link import socket_limits
         from zmqrl.runtime.run_fingerprint import run_fingerprint
         from zmqrl.transport import sockets, wire
@@ -138,7 +138,8 @@ class Publisher:
         spec = _spec(net)
         rng = np.random.default_rng(0)
         assert isinstance(cfg.agent, DQNConfig), f"{net.config} is not a DQN config"
-        layout = dqn_layout(cfg.agent, net.obs_shape, net.n_actions)
+        agent = cfg.agent
+        layout = dqn_net(agent.torso, agent.hidden_sizes, net.n_actions, agent.dueling).layout(net.obs_shape)
         self.arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in layout.items()}
         self.weights_cls = Weights
         fingerprint = run_fingerprint(cfg, spec)

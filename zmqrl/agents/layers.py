@@ -1,0 +1,93 @@
+"""The acting networks as data: one table each, from which both the torch and the numpy network are built.
+
+An actor acts in numpy (no torch in its process) with weights the learner's torch network
+exported, so the two must agree on every layer, name and shape. Instead of two definitions kept
+in step by hand, each acting network is an :class:`ActingNet`: a torso (the MLP of
+``hidden_sizes``, or a convolutional torso of ``zmqrl.agents.torsos``) and named linear heads.
+The torch modules build their layers from it (``zmqrl.agents.nets.build_acting``), the numpy
+policies take their parameter layout and forward pass from it (:meth:`ActingNet.layout`,
+:meth:`ActingNet.forward`); what each algorithm does with its heads (DQN's dueling combination,
+SAC's clamped log-std) is a few lines on either side, checked for parity by the tests. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zmqrl.agents.torsos import CONV_TORSOS, conv_features
+
+# The torso value of an MLP (any other is a CONV_TORSOS name).
+MLP = "mlp"
+# Prefix of the torso's parameters ("torso.0.weight", "torso.convs.0.weight", ...).
+TORSO = "torso"
+
+
+@dataclass(frozen=True)
+class ActingNet:
+    """A torso, then one linear layer per head (in this order: the parameters' order too).
+
+    ``torso``: ``"mlp"`` (Linear -> ReLU per width of ``hidden``, on flattened float32
+    observations) or the name of a convolutional torso (``hidden`` unused). ``heads``: (name,
+    width) pairs, each a Linear on the torso's features with no activation.
+    """
+
+    torso: str
+    hidden: tuple[int, ...]
+    heads: tuple[tuple[str, int], ...]
+
+    def torso_width(self, obs_shape: tuple[int, ...]) -> int:
+        """Features the torso gives the heads."""
+        if self.torso != MLP:
+            return CONV_TORSOS[self.torso].hidden
+        return self.hidden[-1] if self.hidden else math.prod(obs_shape)
+
+    def layout(self, obs_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """Parameter names and shapes, in order, as the torch module's state dict lists them: the
+        names and shapes of the weights the learner exports and an actor loads."""
+        if self.torso == MLP:
+            layout: dict[str, tuple[int, ...]] = {}
+            width = math.prod(obs_shape)
+            for i, size in enumerate(self.hidden):
+                # Each Linear is followed by a ReLU in the Sequential, hence index 2 * i.
+                layout[f"{TORSO}.{2 * i}.weight"] = (size, width)
+                layout[f"{TORSO}.{2 * i}.bias"] = (size,)
+                width = size
+        else:
+            layout = CONV_TORSOS[self.torso].layout(TORSO, obs_shape)
+        width = self.torso_width(obs_shape)
+        for name, out in self.heads:
+            layout[f"{name}.weight"] = (out, width)
+            layout[f"{name}.bias"] = (out,)
+        return layout
+
+    def forward(self, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> dict[str, np.ndarray]:
+        """Each head's outputs ``(B, width)`` float32 for observations ``(B, *obs_shape)``, in numpy,
+        from weights named as :meth:`layout` names them."""
+        if self.torso == MLP:
+            x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
+            for i in range(len(self.hidden)):
+                x = x @ arrays[f"{TORSO}.{2 * i}.weight"].T + arrays[f"{TORSO}.{2 * i}.bias"]
+                np.maximum(x, 0.0, out=x)
+        else:
+            x = conv_features(obs, dict(arrays), TORSO, CONV_TORSOS[self.torso])
+        return {name: x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"] for name, _ in self.heads}
+
+
+def dqn_net(torso: str, hidden: Sequence[int], n_actions: int, dueling: bool) -> ActingNet:
+    """DQN's Q-network: a plain ``head``, or dueling ``value`` and ``advantage`` heads."""
+    heads = (("value", 1), ("advantage", n_actions)) if dueling else (("head", n_actions),)
+    return ActingNet(torso, tuple(hidden), heads)
+
+
+def dueling_q(value: np.ndarray, advantage: np.ndarray) -> np.ndarray:
+    """``Q = V + A - mean_a A`` (Wang et al., 2016), as the torch network combines its heads."""
+    return value + advantage - advantage.mean(axis=1, keepdims=True)
+
+
+def sac_policy_net(hidden: Sequence[int], act_dim: int) -> ActingNet:
+    """SAC's policy: an MLP torso, then the Gaussian's ``mean`` and ``log_std`` heads."""
+    return ActingNet(MLP, tuple(hidden), (("mean", act_dim), ("log_std", act_dim)))
