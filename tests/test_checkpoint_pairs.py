@@ -33,7 +33,7 @@ class Crash(BaseException):
 
 
 def trainer(cfg: Config, resume: bool = False) -> Trainer:
-    return Trainer(cfg, cfg.run_dir, lambda weights, steps: None, resume=resume, background_checkpoints=False)
+    return Trainer(cfg, cfg.run_dir, resume=resume, background_checkpoints=False)
 
 
 def transitions(t: Trainer, rows: int, first: float) -> TransitionBatch:

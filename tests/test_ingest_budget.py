@@ -113,7 +113,7 @@ def test_a_flooding_sender_is_held_back_while_training_runs(tmp_path: Path) -> N
             "learner.samples_per_insert=null",  # a flood no replay ratio holds back
         ],
     )
-    trainer = Trainer(cfg, tmp_path, lambda weights, samples: None, background_checkpoints=False)
+    trainer = Trainer(cfg, tmp_path, background_checkpoints=False)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.LINGER, 0)

@@ -160,9 +160,9 @@ def test_a_run_of_skipped_updates_gives_up_and_a_finite_one_resets_it() -> None:
 def test_the_trainer_never_publishes_nor_checkpoints_nonfinite_weights(tmp_path: Path) -> None:
     """The last guard, whatever the agent (a plugin's update may not check)."""
     published: list[int] = []
-    trainer = Trainer(tiny_config(tmp_path), tmp_path / "run", lambda w, steps: published.append(w.version))
+    trainer = Trainer(tiny_config(tmp_path), tmp_path / "run")
     try:
-        trainer.publish()
+        published.append(trainer.publish().weights.version)
         trainer.checkpoints.save_latest(final=True)
         agent = trainer.agent
         assert isinstance(agent, DQNAgent)
@@ -170,7 +170,7 @@ def test_the_trainer_never_publishes_nor_checkpoints_nonfinite_weights(tmp_path:
             agent.online.head.bias[0] = float("nan")
         trainer.numbering.changed()
         with pytest.raises(NonFiniteTraining, match="refused to publish"):
-            trainer.publish()
+            published.append(trainer.publish().weights.version)
         with pytest.raises(NonFiniteTraining, match="refused to checkpoint"):
             trainer.save_latest(final=True)
         with pytest.raises(NonFiniteTraining, match="refused to checkpoint"):

@@ -17,7 +17,6 @@ can), serial mode makes one update per batch received once replay holds ``min_re
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,14 +29,14 @@ from zmqrl.config import Config, save_config
 from zmqrl.core import Policy
 from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.learner.reporting import LearnerReports, write_stats
-from zmqrl.learner.trainer import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_MAX_UPDATES, Trainer
+from zmqrl.learner.stopping import ENDED_MAX_STEPS
+from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.replay import RateLimiter
 from zmqrl.transport import wire
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.weights_versions import WeightsClient
 from zmqrl.transport.wire import SamplesMsg, WeightsMsg
-from zmqrl.types import Weights
 
 log = logging.getLogger("zmqrl.serial")
 
@@ -97,7 +96,7 @@ class SerialRun:
 
     It ends at ``learner.max_updates``, ``learner.max_seconds``, every actor at ``actor.max_steps``
     or, with ``learner.stop_at_target``, once the learner's evaluations held the target (the
-    Trainer decides, as in the learner process); the learner stats' ``ended`` says which."""
+    trainer's StopPolicy decides, as in the learner process); the learner stats' ``ended`` says which."""
 
     def __init__(
         self, cfg: Config, *, run_dir: Path | None = None, logger: Logger | None = None, resume: bool = False
@@ -123,21 +122,19 @@ class SerialRun:
         save_config(cfg, self.run_dir / "config.yaml")
         self.actors: list[SerialActor] = []
         self.seqs = SequenceTracker()
-        self.trainer = trainer = Trainer(
-            cfg, self.run_dir, self._deliver, resume=self.resume, background_checkpoints=False
-        )
+        self.trainer = trainer = Trainer(cfg, self.run_dir, resume=self.resume, background_checkpoints=False)
         launched = time.time()  # serial mode is its own launch: "time" in metrics.jsonl counts from here
         tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
-        trainer.tb = tb
-        reports = LearnerReports(trainer, tb, bad_messages=lambda: 0, seqs=self.seqs)
-        trainer.on_scalars = reports.log_scalars
+        self.reports = reports = LearnerReports(trainer, tb, bad_messages=lambda: 0, seqs=self.seqs)
         state = "failed"
         try:
             self.actors = [SerialActor(cfg, i) for i in range(cfg.actor.num_actors)]
             trainer.start(launched)
-            trainer.publish()
-            finished = self._loop(reports)
-            trainer.finish(finished)
+            self._deliver(trainer.publish())
+            finished = self._loop()
+            self._deliver(trainer.publish())  # the last weights, then the final evaluation of them
+            reports.log_eval(trainer.final_evaluation(finished))
+            trainer.save_latest(final=True)
             state = "finished" if finished else "stopped"
         finally:
             learner = {**reports.final_stats(state, {}), **trainer.end_stats(state)}
@@ -153,39 +150,42 @@ class SerialRun:
             "deploy": choose_deployment(self.run_dir, learner).to_dict(),
         }
 
-    def _deliver(self, weights: Weights, env_steps: int) -> None:
+    def _deliver(self, published: Published) -> None:
         msg = WeightsMsg(
-            weights=weights,
+            weights=published.weights,
             agent=self.cfg.agent.kind,
             fingerprint=self.trainer.fingerprint,
-            env_steps=env_steps,
+            env_steps=published.env_steps,
         )
         frames = wire.dump(msg)
         for actor in self.actors:
             actor.inbox = frames  # a newer publish replaces one not yet polled, as actors keep the latest
 
-    def _loop(self, reports: LearnerReports) -> bool:
+    def _train_step(self) -> None:
+        """One update; then deliver and log what it made due, and the evaluation and checkpoint."""
+        report = self.trainer.train_step()
+        if report.published is not None:
+            self._deliver(report.published)
+        if report.scalars is not None:
+            self.reports.log_scalars(report.scalars)
+        self.reports.log_eval(self.trainer.follow_up(report))
+
+    def _loop(self) -> bool:
         """Alternate batches and updates until the run's end (its reason in ``trainer.ended``);
         False if stopped (request_stop)."""
         cfg, trainer = self.cfg, self.trainer
-        lcfg = cfg.learner
+        lcfg, stop = cfg.learner, trainer.stop
         batch_size = cfg.agent.batch_size
         ratio = isinstance(trainer.limiter, RateLimiter)
-        deadline = time.monotonic() + lcfg.max_seconds if lcfg.max_seconds else math.inf
         max_steps = cfg.actor.max_steps
         turn = 0
-        while trainer.counters.updates < lcfg.max_updates:
-            if self.stopped:
-                return False
-            if trainer.ended is not None:  # the target held (learner.stop_at_target)
-                return True
-            if time.monotonic() > deadline:  # learner.max_seconds: an end of the run, as in processes
-                trainer.end(ENDED_MAX_SECONDS)
+        while not self.stopped:
+            if stop.check(trainer.counters.updates, time.monotonic()) is not None:
                 return True
             live = [a for a in self.actors if max_steps is None or a.sampler.steps < max_steps]
             if not live:
                 log.info("every actor reached actor.max_steps: ending the run")
-                trainer.end(ENDED_MAX_STEPS)
+                stop.end(ENDED_MAX_STEPS)
                 return True
             actor = live[turn % len(live)]
             turn += 1
@@ -198,12 +198,11 @@ class SerialRun:
                     and trainer.ended is None
                     and trainer.limiter.can_sample(batch_size)
                 ):
-                    trainer.train_step()
+                    self._train_step()
             elif trainer.ingest.replay_ready.is_set():
-                trainer.train_step()
-            reports.progress_line_if_due()
-        trainer.end(ENDED_MAX_UPDATES)
-        return True
+                self._train_step()
+            self.reports.progress_line_if_due()
+        return False
 
     def _insert(self, msg: SamplesMsg, batch_size: int) -> None:
         """Hand one batch to ingest; first train as long as the replay ratio would refuse it."""
@@ -214,7 +213,7 @@ class SerialRun:
             # No deadlock (zmqrl/replay/ratelimit.py): a limiter refusing an insert admits a sample.
             if not trainer.limiter.can_sample(batch_size):
                 raise RuntimeError(f"replay ratio deadlock: {trainer.limiter!r}")
-            trainer.train_step()
+            self._train_step()
         self.seqs.observe(msg.actor_id, msg.seq, msg.batch.size)
         accepted = trainer.ingest.accept(msg)
         assert accepted, "the limiter admitted this insert"

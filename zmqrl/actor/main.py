@@ -15,9 +15,9 @@ from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, Sampler, actor_se
 from zmqrl.agents import make_policy, make_priorities
 from zmqrl.config import Config
 from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
-from zmqrl.runtime import testhooks
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.runtime.run_fingerprint import run_fingerprint
+from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
 from zmqrl.transport.weights_versions import WeightsClient
@@ -81,6 +81,9 @@ class Actor:
     Nothing is sent before the learner was heard from: the first batch waits until a valid
     weights message arrived, which carries the learner's run fingerprint. An actor whose settings
     differ raises ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition.
+
+    ``faults`` are a test's (zmqrl.runtime.testhooks; the process main builds them from the
+    environment): none by default, and then no fault code runs.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Actor:
         ctx: zmq.Context | None = None,
         replacement: bool = False,
         link: SupervisorLink | None = None,
+        faults: Faults | None = None,
     ) -> None:
         if not 0 <= actor_id < max(cfg.actor.num_actors, actor_id + 1):
             raise ValueError(f"actor id {actor_id} must be >= 0")
@@ -101,6 +105,7 @@ class Actor:
         self.replacement = replacement
         self._ctx = ctx or zmq.Context.instance()
         self._link = link  # made by the process main before torch loaded, or here in run()
+        self._faults = faults
         self.stop_event = threading.Event()
         self.stats: dict[str, Any] = {}
         self.samples_sent = 0
@@ -164,8 +169,8 @@ class Actor:
         )
         self.started = time.monotonic()
         self.pacer = Pacer(cfg.actor.max_steps_per_s)
-        # Test hook: this one process's main loop hangs once it has taken that many env steps.
-        self._hang_hook = testhooks.hang_after_steps(testhooks.ACTOR_HANG_ONCE)
+        # A test's fault: this one process's main loop hangs once it has taken that many env steps.
+        self._hang_at = self._faults.actor_hang_at() if self._faults is not None else None
         state = "failed"
         try:
             reached_max_steps = (not self.replacement or self._await_weights()) and self._loop()
@@ -195,9 +200,8 @@ class Actor:
                 self.pacer.pace(sampler.steps - paced_steps, tick=lambda: self.link.tick(self._counters))
                 paced_steps = sampler.steps
                 next_housekeeping = sampler.steps + HOUSEKEEPING_EVERY
-                if self._hang_hook is not None and sampler.steps >= self._hang_hook:
-                    log.warning("test hook: the main loop hangs now")
-                    testhooks.block_forever()
+                if self._hang_at is not None and sampler.steps >= self._hang_at and self._faults is not None:
+                    self._faults.actor_hangs()
             if max_steps is not None and sampler.steps >= max_steps:
                 return True
             budget = next_housekeeping - sampler.steps

@@ -45,7 +45,7 @@ class _Rig:
                 *overrides,
             ],
         )
-        self.trainer = Trainer(cfg, run_dir, lambda weights, samples: None, background_checkpoints=False)
+        self.trainer = Trainer(cfg, run_dir, background_checkpoints=False)
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)

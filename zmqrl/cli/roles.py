@@ -81,9 +81,11 @@ def learner(
     cfg = with_role_key(cfg, "learner", 0)  # with keys: the client pair bound to this role
     link = start_link(cfg, "learner", 0)
     from zmqrl.learner.main import Learner
+    from zmqrl.runtime.testhooks import Faults
 
     received: list[int] = []
-    stats = run_role(lambda: Learner(cfg, resume=resume, link=link), received)
+    faults = Faults.from_env()  # a test's injected faults (ZMQRL_TEST_HOOKS), read here only
+    stats = run_role(lambda: Learner(cfg, resume=resume, link=link, faults=faults), received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"learner": stats}))
     raise typer.Exit(role_exit_code(stats, received))
@@ -129,9 +131,13 @@ def actor(
     cfg = with_role_key(cfg, "actor", actor_id)  # with keys: the client pair bound to this role
     link = start_link(cfg, "actor", actor_id)
     from zmqrl.actor.main import Actor
+    from zmqrl.runtime.testhooks import Faults
 
     received: list[int] = []
-    stats = run_role(lambda: Actor(cfg, actor_id, replacement=replacement, link=link), received)
+    faults = Faults.from_env()  # a test's injected faults (ZMQRL_TEST_HOOKS), read here only
+    stats = run_role(
+        lambda: Actor(cfg, actor_id, replacement=replacement, link=link, faults=faults), received
+    )
     typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
     raise typer.Exit(role_exit_code(stats, received))
 

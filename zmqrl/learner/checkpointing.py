@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from zmqrl.checkpoints.files import (
     BEST,
@@ -24,17 +24,21 @@ from zmqrl.checkpoints.files import (
     write_failure,
 )
 from zmqrl.checkpoints.snapshots import CheckpointWriter, detached, read_replay_snapshot
+from zmqrl.config import Config
+from zmqrl.core import LearningAgent, Replay
 from zmqrl.errors import ConfigError
+from zmqrl.evaluator.greedy import EvalTracker
+from zmqrl.learner.state import LearnerCounters
 from zmqrl.learner.versions import VERSION_FILE as VERSION_FILE  # re-exported for the trainer
 from zmqrl.learner.versions import PublishedVersions as PublishedVersions
 from zmqrl.replay import replay_footprint
 from zmqrl.replay.memory import format_bytes
-from zmqrl.runtime import testhooks
+from zmqrl.runtime.testhooks import Faults
+from zmqrl.spec import SampleSpec
 from zmqrl.transport.fingerprint import FingerprintMismatch, fingerprint_mismatch
+from zmqrl.transport.weights_versions import WeightsNumbering
+from zmqrl.transport.wire import Fingerprint
 from zmqrl.types import TransitionBatch
-
-if TYPE_CHECKING:
-    from zmqrl.learner.trainer import Trainer
 
 # Payload key: the paired replay snapshot's row count and total_added, or None when none was saved.
 REPLAY_ENTRY = "replay_snapshot"
@@ -45,20 +49,49 @@ SETTING_SECTIONS = ("env", "agent")
 log = logging.getLogger("zmqrl.learner")
 
 
+class Checkpointed(Protocol):
+    """What a checkpoint is made of and restored into: the trainer, as this module sees it (so
+    that it needs no import of the trainer, which builds it)."""
+
+    cfg: Config
+    run_dir: Path
+    spec: SampleSpec
+    fingerprint: Fingerprint
+    agent: LearningAgent
+    counters: LearnerCounters
+    evals: EvalTracker
+    replay: Replay
+    numbering: WeightsNumbering
+
+    @property
+    def evaluates(self) -> bool: ...
+
+
 class Checkpoints:
     """Writes the trainer's state: ``latest`` periodically (in the background when asked, from
     copies taken under the counters' lock) and at the end, each with its replay snapshot, and
     ``best`` after an improved evaluation; restores the newest readable pair on resume."""
 
-    def __init__(self, trainer: Trainer, on_crash: Callable[[BaseException], None], background: bool) -> None:
+    def __init__(
+        self,
+        trainer: Checkpointed,
+        on_crash: Callable[[BaseException], None],
+        background: bool,
+        faults: Faults | None = None,
+    ) -> None:
         self.trainer = trainer
+        self._faults = faults
         self.directory = trainer.run_dir / "checkpoints"
         self.background = background  # serial mode writes each checkpoint before going on
         cfg = trainer.cfg.checkpoint
         row_bytes = replay_footprint(1, trainer.spec, prioritized=False)
         self._replay_rows = int(cfg.replay_max_mb * 2**20 // row_bytes) if cfg.replay else 0
         self.writer = CheckpointWriter(
-            self.directory, cfg.keep, on_crash, _slow_checkpoint_hook, between=self._torn_pair_hook
+            self.directory,
+            cfg.keep,
+            on_crash,
+            faults.slow_checkpoint if faults is not None else None,
+            between=self._torn_pair if faults is not None else None,
         )
         self.held_seconds = 0.0  # how long the last save_latest held the training thread (copies)
         # What restore() brought back (None: a fresh start), for the final stats: a restarted
@@ -217,12 +250,11 @@ class Checkpoints:
             f"(checkpoint.force_resume=true), or start a new run (another run.name)"
         )
 
-    def _torn_pair_hook(self, updates: int) -> None:
+    def _torn_pair(self, updates: int) -> None:
         """The worst moment for a crash, in a test: the second pair's snapshot is on disk and its
         checkpoint is not; the writer stops there for good (the training thread goes on)."""
-        if self.writer.written and testhooks.fire_once(testhooks.TORN_PAIR_ONCE):
-            log.warning("test hook: the checkpoint writer stops before ckpt at %d updates", updates)
-            testhooks.block_forever()
+        if self._faults is not None and self.writer.written:
+            self._faults.torn_pair(updates)
 
     def _restore_replay(self, payload: dict[str, Any]) -> str:
         """Fill replay from the checkpoint's own snapshot; says what it restored, or why nothing."""
@@ -272,10 +304,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     return f"<{type(value).__name__}>"
-
-
-def _slow_checkpoint_hook() -> None:
-    delay = testhooks.hook(testhooks.SLOW_CHECKPOINT)
-    if delay:
-        log.warning("test hook: checkpoint write sleeps %s s", delay)
-        time.sleep(float(delay))

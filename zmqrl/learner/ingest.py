@@ -11,7 +11,7 @@ from zmqrl.config import Config
 from zmqrl.core import Replay
 from zmqrl.learner.state import LearnerCounters
 from zmqrl.replay import NoLimit, RateLimiter
-from zmqrl.runtime import testhooks
+from zmqrl.runtime.testhooks import Faults
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
 from zmqrl.transport.groups import SampleGroup
@@ -136,6 +136,7 @@ class Ingest:
         min_replay_size: int,
         max_policy_lag: int | None,
         max_share: float | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.spec = spec
         # Messages refused here when no receiver's tally is given (serial mode, benchmarks).
@@ -148,8 +149,8 @@ class Ingest:
         self._max_policy_lag = max_policy_lag
         self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
         self.budget = IngestBudget(max_share)  # learner.ingest_max_share
-        # Test hook, looked up once: the ingest path must not read the environment per batch.
-        self._fault_armed = testhooks.hook(testhooks.INGEST_FAULT_ONCE) is not None
+        # A test's injected fault, kept only when it is for ingest (none: no fault code per batch).
+        self._faults = faults if faults is not None and faults.ingest_armed() else None
         self.note_replay_size()
 
     def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
@@ -172,9 +173,8 @@ class Ingest:
         group = admitted
         n = group.size
         counters = self.counters
-        second_batch = counters.samples > 0 or len(group.messages) > 1  # the hook's moment
-        if self._fault_armed and second_batch and testhooks.fire_once(testhooks.INGEST_FAULT_ONCE):
-            raise RuntimeError("test hook: replay add failed")
+        if self._faults is not None and (counters.samples > 0 or len(group.messages) > 1):
+            self._faults.before_insert()  # from the second batch on
         while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
             if stop is None or stop.is_set():
                 return False

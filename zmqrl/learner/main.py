@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -17,16 +16,9 @@ from zmqrl.checkpoints.files import CheckpointWriteError
 from zmqrl.config import Config
 from zmqrl.learner.ingest import warn_if_queues_hide_lag
 from zmqrl.learner.reporting import LearnerReports, write_stats
-from zmqrl.learner.trainer import (
-    ENDED_MAX_SECONDS,
-    ENDED_MAX_STEPS,
-    ENDED_MAX_UPDATES,
-    ENDED_TARGET_HELD,
-    Trainer,
-    stops_at_target,
-)
+from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
+from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
-from zmqrl.runtime import testhooks
 from zmqrl.runtime.guard import ThreadDied, start_guarded
 from zmqrl.runtime.link import (
     END_ACTORS_DONE,
@@ -35,10 +27,10 @@ from zmqrl.runtime.link import (
     socket_limits,
     transport_security,
 )
+from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
 from zmqrl.transport.security import start_authenticator
-from zmqrl.types import Weights
 
 # Main loop: updates between (cheap, time-gated) housekeeping calls.
 HOUSEKEEPING_EVERY = 8
@@ -59,7 +51,8 @@ class Learner:
     ``run()`` blocks until ``learner.max_updates``, ``learner.max_seconds``, the target held
     (``learner.stop_at_target``: its own evaluations, or the supervisor's word for the evaluator's),
     a stop broadcast or ``request_stop()``; then it evaluates once more, checkpoints, reports and
-    closes everything.
+    closes everything. ``faults`` are a test's (zmqrl.runtime.testhooks; the process main builds
+    them from the environment): none by default, and then no fault code runs.
     """
 
     def __init__(
@@ -71,8 +64,10 @@ class Learner:
         run_dir: Path | None = None,
         resume: bool = False,
         link: SupervisorLink | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.cfg = cfg
+        self._faults = faults
         self.resume = resume  # continue from the run directory's newest readable checkpoint
         self._ctx = ctx or zmq.Context.instance()
         self._link = link  # made by the process main before torch loaded, or here in run()
@@ -123,10 +118,10 @@ class Learner:
             self.trainer = trainer = Trainer(
                 cfg,
                 self.run_dir,
-                self._send_weights,
                 resume=self.resume,
                 on_thread_death=self._background_died,
-                progress=lambda: self.link.progress(),
+                progress=self.link.progress,
+                faults=self._faults,
             )
             built.callback(trainer.close)
             self.agent = trainer.agent
@@ -150,7 +145,7 @@ class Learner:
             self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
             built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
             launched = launch_time(log)
-            trainer.tb = tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
+            tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
             built.callback(tb.close)
             self.reports = reports = LearnerReports(
                 trainer,
@@ -159,7 +154,6 @@ class Learner:
                 seqs=self.receiver.seqs,
                 extra=self._extra,
             )
-            trainer.on_scalars = reports.log_scalars
             trainer.start(launched)
             self.started = time.monotonic()
             ingest = start_guarded(
@@ -170,13 +164,15 @@ class Learner:
             built.callback(self._stop_ingest, ingest)
             self.ready.set()
             log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
-            trainer.publish()  # first publish: actors adopt the learner's weights
+            self._publish(trainer.publish())  # first publish: actors adopt the learner's weights
             self._wait_for_replay()
             if not self.stop_event.is_set() and trainer.ended is None:
                 self._train()
             self._raise_if_thread_died()
             finished = not self.stop_event.is_set()  # max_updates, max_seconds or the target held
-            trainer.finish(finished)
+            self._publish(trainer.publish())  # the last weights, then the final evaluation of them
+            reports.log_eval(trainer.final_evaluation(finished))
+            trainer.save_latest(final=True)  # on disk before returning
             self._state = "finished" if finished else "stopped"
         return self.stats
 
@@ -201,8 +197,18 @@ class Learner:
             counters = self._counters() if self.reports is not None else {}
             self.link.final(state, counters, self.endpoints)
 
-    def _send_weights(self, weights: Weights, env_steps: int) -> None:
-        self.publisher.publish(weights, env_steps=env_steps)
+    def _publish(self, published: Published) -> None:
+        self.publisher.publish(published.weights, env_steps=published.env_steps)
+
+    def _train_step(self) -> None:
+        """One update; then publish and log what it made due, and the evaluation and checkpoint."""
+        assert self.trainer is not None and self.reports is not None
+        report = self.trainer.train_step()
+        if report.published is not None:
+            self._publish(report.published)
+        if report.scalars is not None:
+            self.reports.log_scalars(report.scalars)
+        self.reports.log_eval(self.trainer.follow_up(report))
 
     def _extra(self) -> dict[str, float | int]:
         # Curve handshakes refused (unknown or revoked keys).
@@ -251,13 +257,12 @@ class Learner:
         request = self.link.control.end_request
         if request is None or self.trainer.ended is not None or request == self._ignored_end:
             return
-        if request == END_ACTORS_DONE:
-            log.info("every actor reached actor.max_steps: ending the run")
-            self.trainer.end(ENDED_MAX_STEPS)
-            return
-        if request == ENDED_TARGET_HELD and stops_at_target(self.cfg):
-            log.info("the supervisor reports the evaluator held the target return")
-            self.trainer.end(request)
+        reason = ENDED_MAX_STEPS if request == END_ACTORS_DONE else request
+        if self.trainer.stop.end_requested(reason):
+            if reason == ENDED_TARGET_HELD:
+                log.info("the supervisor reports the evaluator held the target return")
+            else:
+                log.info("every actor reached actor.max_steps: ending the run")
             return
         self._ignored_end = request
         log.warning(
@@ -282,40 +287,26 @@ class Learner:
 
     def _train(self) -> None:
         assert self.trainer is not None
-        trainer, lcfg = self.trainer, self.cfg.learner
-        deadline = self.started + lcfg.max_seconds if lcfg.max_seconds else math.inf
+        trainer, lcfg, faults = self.trainer, self.cfg.learner, self._faults
         log.info("training: %d updates of batch %d", lcfg.max_updates, self.cfg.agent.batch_size)
-        crash_after = testhooks.crash_after_updates()
-        if crash_after is not None:  # this process's own updates, whatever it resumed from
-            crash_after += trainer.counters.updates
-        while trainer.counters.updates < lcfg.max_updates:
+        crash_at = faults.crash_at(trainer.counters.updates) if faults is not None else None
+        while not self._leaving():
             if not trainer.can_train(TRAIN_WAIT_SECONDS):
                 self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
-                if self._leaving(deadline):
-                    return
                 continue
-            trainer.train_step()
+            self._train_step()
             if trainer.ended is not None:  # the evaluation in this step held the target
                 return
             updates = trainer.counters.updates
-            if updates == 1 and testhooks.fire_once(testhooks.DEADLOCK_ONCE):
-                log.warning("test hook: the main loop deadlocks now")
-                testhooks.block_forever()
-            if updates == crash_after:
-                raise RuntimeError(f"test hook: the learner fails at update {updates}")
+            if faults is not None:
+                faults.after_update(updates, crash_at)
             if updates % HOUSEKEEPING_EVERY == 0:
                 self._housekeeping(useful=True)
-                if self._leaving(deadline):
-                    return
-        trainer.end(ENDED_MAX_UPDATES)
 
-    def _leaving(self, deadline: float) -> bool:
-        """Whether the training loop ends now: stopped, at an end already decided, or past
-        ``learner.max_seconds`` (which is then the end's reason)."""
+    def _leaving(self) -> bool:
+        """Whether the training loop ends now: stopped, or the run is at its end (the trainer's
+        StopPolicy: an end already decided, learner.max_updates or learner.max_seconds)."""
         assert self.trainer is not None
-        if self.stop_event.is_set() or self.trainer.ended is not None:
+        if self.stop_event.is_set():
             return True
-        if time.monotonic() > deadline:
-            self.trainer.end(ENDED_MAX_SECONDS)
-            return True
-        return False
+        return self.trainer.stop.check(self.trainer.counters.updates, time.monotonic()) is not None

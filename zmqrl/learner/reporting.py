@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zmqrl import strictjson
+from zmqrl.evaluator.greedy import EvalResult
 from zmqrl.metrics import Logger, fmt_value
 from zmqrl.transport.sequence import SequenceTracker
 
@@ -129,6 +130,14 @@ class LearnerReports:
             c["weights_version"],
             *(() if separate else (fmt_value(c["eval_return"]), fmt_value(c["eval_best"]))),
         )
+
+    def log_eval(self, result: EvalResult | None) -> None:
+        """An evaluation's return (if one was made), indexed by env steps (transitions received),
+        as the evaluator's are."""
+        if result is not None:
+            samples = self.trainer.counters.samples
+            self.tb.scalar("charts/eval_return", result.mean, samples)
+            self.tb.scalar("charts/eval_return_std", result.std, samples)
 
     def log_scalars(self, metrics: dict[str, float]) -> None:
         """Every learner tag of docs/metrics.md: returns at env steps, the rest at updates.

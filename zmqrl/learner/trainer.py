@@ -1,7 +1,9 @@
 """The learner without sockets or threads: builds replay and agent from the config, trains, evaluates.
 
 The learner process and serial mode drive the same ``Trainer``: they differ only in where samples
-come from and where published weights go (``publish_to``), and in whether ingest runs on a thread.
+come from, where published weights and reports go, and in whether ingest runs on a thread. The
+trainer returns what each step made due (weights to publish, scalars to log, an evaluation's
+result) and its role sends and logs them: nothing here calls back into a role.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -29,25 +32,34 @@ from zmqrl.learner.nonfinite import (
     refuse_nonfinite_weights,
 )
 from zmqrl.learner.state import LearnerCounters
-from zmqrl.metrics import Logger
+from zmqrl.learner.stopping import ENDED_MAX_UPDATES, StopPolicy
 from zmqrl.replay import make_rate_limiter, make_replay
 from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.run_fingerprint import run_fingerprint
+from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import wire
-from zmqrl.transport.control import TARGET_HELD
 from zmqrl.transport.weights_versions import WeightsNumbering
 from zmqrl.transport.wire import MAX_ARRAYS, Fingerprint, WeightsMsg
 from zmqrl.types import Weights
 
 log = logging.getLogger("zmqrl.learner")
 
-# Receives each published snapshot and the env steps (transitions received) it was trained on.
-PublishTo = Callable[[Weights, int], None]
-# Why a run reached its end, as the final stats' "ended" says (a stopped or failed run says its state).
-ENDED_MAX_UPDATES = "max_updates"
-ENDED_MAX_SECONDS = "max_seconds"
-ENDED_MAX_STEPS = "actor max_steps"  # serial mode: every actor reached actor.max_steps
-ENDED_TARGET_HELD = TARGET_HELD  # learner.stop_at_target: the target return held target_hold times
+
+class Published(NamedTuple):
+    """Weights for the role to publish: guarded against non-finite values, their version reserved
+    on disk, and the env steps (transitions received) they were trained on."""
+
+    weights: Weights
+    env_steps: int
+
+
+@dataclass
+class UpdateReport:
+    """What one update made due at its count, for the role to act on before ``follow_up``."""
+
+    updates: int
+    published: Published | None = None  # learner.sync_interval: weights to send now
+    scalars: dict[str, float] | None = None  # learner.log_interval: the update's metrics to log
 
 
 def check_weights_fit(
@@ -85,25 +97,30 @@ def check_weights_fit(
 class Trainer:
     """Replay, agent, rate limiter, counters, evaluations and checkpoints of one learner.
 
+    Its role drives it: ``train_step()`` returns an ``UpdateReport`` (weights to publish, scalars to
+    log), the role publishes and logs them, then ``follow_up(report)`` runs the evaluation and the
+    checkpoint due at that count (after the publish, so actors act with the new weights meanwhile)
+    and returns the evaluation made. When the run ends is ``stop``'s to say (``StopPolicy``).
+
     ``progress`` is called while long work (an evaluation, the final checkpoint) runs, so a
     supervised learner keeps reporting progress; ``on_thread_death`` receives the exception of a
-    background checkpoint write that failed.
+    background checkpoint write that failed; ``faults`` are a test's (zmqrl.runtime.testhooks),
+    handed to ingest and the checkpoint writer.
     """
 
     def __init__(
         self,
         cfg: Config,
         run_dir: Path,
-        publish_to: PublishTo,
         *,
         resume: bool = False,
         background_checkpoints: bool = True,
         on_thread_death: Callable[[BaseException], None] | None = None,
         progress: Callable[[], None] = lambda: None,
+        faults: Faults | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self._publish_to = publish_to
         self._progress = progress
         lcfg = cfg.learner
         # With a separate evaluator process the learner keeps one env, only to read the spaces.
@@ -147,7 +164,7 @@ class Trainer:
         self.published_version = self.versions.highest
         self.nonfinite = NonFiniteUpdates(lcfg.max_nonfinite_updates)
         self.failure: str | None = None  # why the learner gave up (NonFiniteTraining), for the stats
-        self.checkpoints = Checkpoints(self, on_thread_death or _reraise, background_checkpoints)
+        self.checkpoints = Checkpoints(self, on_thread_death or _reraise, background_checkpoints, faults)
         if resume:
             self.checkpoints.restore()
         # Count the ratio from what replay holds now: a restored snapshot of at least min_replay_size
@@ -166,15 +183,18 @@ class Trainer:
             min_replay_size=lcfg.min_replay_size,
             max_policy_lag=lcfg.max_policy_lag,
             max_share=lcfg.ingest_max_share,
+            faults=faults,
         )
-        self.tb: Logger | None = None  # set by the caller before training (reports use it)
-        self.on_scalars: Callable[[dict[str, float]], None] = lambda metrics: None
         self.launched = time.time()  # "seconds" in the eval history count from here (see start)
-        # Why the run is ending (one of the ENDED_* reasons), once something decided it is: the
-        # loops that drive the trainer check it after every update and then finish as at their end.
-        self.ended: str | None = None
+        # When the run ends, and why: the loops that drive the trainer ask it after every update.
+        self.stop = StopPolicy(lcfg)
         # Where updates run, for agents that say (the built-in ones do); else the configured device.
         log.info("agent %s on %s", cfg.agent.kind, getattr(self.agent, "device", cfg.agent.device))
+
+    @property
+    def ended(self) -> str | None:
+        """Why the run is at its end (one of the ENDED_* reasons), once something decided it is."""
+        return self.stop.ended
 
     @property
     def evaluates(self) -> bool:
@@ -185,20 +205,23 @@ class Trainer:
         """Start the training clock; ``launched`` (wall time) is what eval "seconds" count from."""
         self.launched = launched
         self.counters.start_clock()
+        self.stop.start(time.monotonic())
 
-    def publish(self) -> None:
+    def publish(self) -> Published:
+        """The weights to publish now (the role sends them): refused if not finite, and their
+        version reserved on disk before any actor can hold it."""
         weights = self.numbering.stamp(self.agent.export_weights())
         self._refuse(refuse_nonfinite_weights, weights.arrays, "publish weights")  # the last guard
         self.versions.reserve(weights.version)  # on disk before any actor can hold it
         self.published_version = weights.version
-        self._publish_to(weights, self.counters.samples)
+        return Published(weights, self.counters.samples)
 
     def can_train(self, timeout: float = 0.0) -> bool:
         """Whether the replay ratio (and min_replay_size) admits the next update."""
         return self.limiter.await_sample(self.cfg.agent.batch_size, timeout)
 
-    def train_step(self) -> None:
-        """One update, then whatever falls due at its count: publish, scalars, eval, checkpoint.
+    def train_step(self) -> UpdateReport:
+        """One update, and what falls due at its count for the role: weights to publish, scalars.
 
         With prioritized replay the update is importance-weighted and the batch's rows get their
         new |TD error| priorities (rows overwritten meanwhile are skipped by the buffer). An
@@ -219,14 +242,23 @@ class Trainer:
         self.counters.updates += 1
         updates = self.counters.updates
         self._refuse(self.nonfinite.record, result.skipped, updates)
+        report = UpdateReport(updates)
         if updates % lcfg.sync_interval == 0:
-            self.publish()
+            report.published = self.publish()
         if updates % lcfg.log_interval == 0:  # only now are the update's metrics read
-            self.on_scalars({**result.metrics, **drawn.metrics})
+            report.scalars = {**result.metrics, **drawn.metrics}
+        return report
+
+    def follow_up(self, report: UpdateReport) -> EvalResult | None:
+        """After the role acted on ``report``: the evaluation and the checkpoint due at its count;
+        returns the evaluation made, if any (the role logs it)."""
+        lcfg, updates = self.cfg.learner, report.updates
+        result = None
         if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
-            self.evaluate()
+            result = self.evaluate()
         if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:
             self.save_latest()
+        return result
 
     def evaluate(self) -> EvalResult:
         envs = self.eval_envs
@@ -236,10 +268,6 @@ class Trainer:
         _, improved = self.evals.add(
             result, updates=c.updates, samples=c.samples, seconds=time.time() - self.launched
         )
-        if self.tb is not None:
-            # Returns are indexed by env steps (transitions received), as the evaluator's are.
-            self.tb.scalar("charts/eval_return", result.mean, c.samples)
-            self.tb.scalar("charts/eval_return_std", result.std, c.samples)
         if improved:
             self.save_best()
         log.info(
@@ -250,33 +278,22 @@ class Trainer:
             len(envs),
             " (new best)" if improved else "",
         )
-        if stops_at_target(self.cfg) and self.evals.holding:
-            self.end(ENDED_TARGET_HELD)
+        if self.stop.evaluated(self.evals.holding):
+            lcfg = self.cfg.learner
+            log.info(
+                "target return %g held for %d evaluations in a row: ending the run (learner.stop_at_target)",
+                lcfg.target_return,
+                lcfg.target_hold,
+            )
         return result
 
-    def end(self, reason: str) -> None:
-        """Mark the run as at its end for ``reason``; the first reason given is the one kept (the
-        final evaluation of a run that reached max_updates may hold the target too: it still
-        ended at max_updates)."""
-        if self.ended is None:
-            self.ended = reason
-            if reason == ENDED_TARGET_HELD:
-                lcfg = self.cfg.learner
-                log.info(
-                    "target return %g held for %d evaluations in a row: ending the run "
-                    "(learner.stop_at_target)",
-                    lcfg.target_return,
-                    lcfg.target_hold,
-                )
-
-    def finish(self, finished: bool) -> None:
-        """The run's end: a last publish, the final evaluation (if the run reached its end and the
-        last one is not of these weights) and the final checkpoint, written before returning."""
-        self.publish()
+    def final_evaluation(self, finished: bool) -> EvalResult | None:
+        """At the run's end, after the last publish: the final evaluation, if the run reached its
+        end and the last one is not of these weights (then the role saves ``latest``, final)."""
         last_eval = self.evals.history[-1]["updates"] if self.evals.history else -1
         if self.evaluates and finished and last_eval != self.counters.updates:
-            self.evaluate()
-        self.save_latest(final=True)
+            return self.evaluate()
+        return None
 
     def save_latest(self, final: bool = False) -> None:
         """Checkpoint ``latest`` (the final one on disk before returning), unless the agent's state
@@ -297,7 +314,7 @@ class Trainer:
         """What the final stats add about the run's end: ``ended`` (why a finished run ended; a
         stopped or failed one says its state), the record that first held the target, and for a
         resumed learner ``resumed_from`` (the checkpoint, its counts, the replay rows restored)."""
-        ended = (self.ended or ENDED_MAX_UPDATES) if state == "finished" else state
+        ended = (self.stop.ended or ENDED_MAX_UPDATES) if state == "finished" else state
         stats: dict[str, Any] = {"ended": ended, "target_held": self.evals.held}
         if self.failure is not None:
             stats["failure"] = self.failure
@@ -326,11 +343,6 @@ class Trainer:
         """Progress during an evaluation (minutes of Atari episodes are not a hang); never abandons it."""
         self._progress()
         return False
-
-
-def stops_at_target(cfg: Config) -> bool:
-    """Whether this run ends once the target is held (validated: it then has a target_return)."""
-    return cfg.learner.stop_at_target and cfg.learner.target_return is not None
 
 
 def _reraise(exc: BaseException) -> None:

@@ -3,7 +3,9 @@
 Liveness and recovery can only be tested end to end by making a real learner fail in the ways a
 review found: a background thread that raises, a checkpoint that takes longer than the heartbeat
 timeout, a main loop that deadlocks. ``ZMQRL_TEST_HOOKS`` holds ``name=value`` pairs separated
-by commas; unset (always, outside tests) every hook is off and costs one dict lookup.
+by commas. It is read once, at a role process's main (``Faults.from_env``), and the ``Faults``
+built from it are handed to the role, which hands them to its parts: a role given none (always,
+outside tests, and whenever a role runs in a thread) runs no fault code on its main path.
 
 Hooks that fire once take a marker file as their value: the first process to find it absent
 creates it and fires, so the supervisor's replacement runs normally.
@@ -11,8 +13,11 @@ creates it and fires, so the supervisor's replacement runs normally.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 HOOKS_ENV = "ZMQRL_TEST_HOOKS"
@@ -23,48 +28,111 @@ SLOW_CHECKPOINT = "slow_checkpoint"  # each learner checkpoint write first sleep
 DEADLOCK_ONCE = "deadlock_once"  # the learner's main loop blocks forever after its first update
 ACTOR_HANG_ONCE = "actor_hang_once"  # the first actor process to start hangs after ACTOR_HANG_STEPS
 CRASH_AFTER_UPDATES = "crash_after_updates"  # every learner process raises after this many updates
+TORN_PAIR_ONCE = "torn_pair_once"  # the checkpoint writer stops between a snapshot and its ckpt (marker)
 
 # Env steps an actor takes (so it has done useful work) before ACTOR_HANG_ONCE hangs its main loop.
 ACTOR_HANG_STEPS = 200
-TORN_PAIR_ONCE = "torn_pair_once"  # the checkpoint writer stops between a snapshot and its ckpt (marker)
+
+# Each fault says so in the log of the role it happens in.
+learner_log = logging.getLogger("zmqrl.learner")
+actor_log = logging.getLogger("zmqrl.actor")
 
 
-def hook(name: str) -> str | None:
-    """The value of hook ``name``, or None when it is off."""
-    spec = os.environ.get(HOOKS_ENV)
-    if not spec:
-        return None
+def parse(spec: str) -> dict[str, str]:
+    """``name=value`` pairs separated by commas, as ``ZMQRL_TEST_HOOKS`` holds them."""
+    hooks: dict[str, str] = {}
     for item in spec.split(","):
         key, _, value = item.partition("=")
-        if key.strip() == name:
-            return value.strip()
-    return None
-
-
-def fire_once(name: str) -> bool:
-    """Whether hook ``name`` fires in this process (its marker file did not exist; now it does)."""
-    marker = hook(name)
-    if not marker:
-        return False
-    try:
-        fd = os.open(Path(marker), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
-
-
-def hang_after_steps(name: str) -> int | None:
-    """The env steps after which this actor's main loop hangs, if hook ``name`` fires here."""
-    return ACTOR_HANG_STEPS if fire_once(name) else None
-
-
-def crash_after_updates() -> int | None:
-    """The updates of its own after which this learner process raises, when the hook is on."""
-    value = hook(CRASH_AFTER_UPDATES)
-    return int(value) if value else None
+        if key.strip():
+            hooks.setdefault(key.strip(), value.strip())
+    return hooks
 
 
 def block_forever() -> None:
     """A deadlock, as far as the caller can tell."""
     threading.Event().wait()
+
+
+class Faults:
+    """The faults one role process was asked to show, each at the point of its part that names it.
+
+    Built at the process main (``from_env``) and injected into the role (``Learner``, ``Actor``),
+    which passes it on to its trainer, ingest and checkpoints; every method is a no-op for a hook
+    that is off.
+    """
+
+    def __init__(self, hooks: Mapping[str, str]) -> None:
+        self.hooks = dict(hooks)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Faults | None:
+        """The faults ``ZMQRL_TEST_HOOKS`` asks for, or None when it is unset (outside tests)."""
+        spec = environ.get(HOOKS_ENV)
+        return cls(parse(spec)) if spec else None
+
+    def value(self, name: str) -> str | None:
+        """The value of hook ``name``, or None when it is off."""
+        return self.hooks.get(name)
+
+    def fire_once(self, name: str) -> bool:
+        """Whether hook ``name`` fires in this process (its marker file did not exist; now it does)."""
+        marker = self.value(name)
+        if not marker:
+            return False
+        try:
+            fd = os.open(Path(marker), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    # The actor's main loop.
+    def actor_hang_at(self) -> int | None:
+        """The env steps after which this actor's main loop hangs, if ACTOR_HANG_ONCE fires here
+        (asked once, as the actor starts)."""
+        return ACTOR_HANG_STEPS if self.fire_once(ACTOR_HANG_ONCE) else None
+
+    def actor_hangs(self) -> None:
+        """The actor's main loop hangs (see ``actor_hang_at``)."""
+        actor_log.warning("test hook: the main loop hangs now")
+        block_forever()
+
+    # The learner's main loop.
+    def crash_at(self, updates_before: int) -> int | None:
+        """The update count at which this learner process raises (CRASH_AFTER_UPDATES counts its
+        own updates, whatever it resumed from: ``updates_before``)."""
+        value = self.value(CRASH_AFTER_UPDATES)
+        return updates_before + int(value) if value else None
+
+    def after_update(self, updates: int, crash_at: int | None) -> None:
+        """After each update of the learner's main loop: deadlock after the first (DEADLOCK_ONCE),
+        or raise at ``crash_at``."""
+        if updates == 1 and self.fire_once(DEADLOCK_ONCE):
+            learner_log.warning("test hook: the main loop deadlocks now")
+            block_forever()
+        if updates == crash_at:
+            raise RuntimeError(f"test hook: the learner fails at update {updates}")
+
+    # The learner's ingest thread.
+    def ingest_armed(self) -> bool:
+        return self.value(INGEST_FAULT_ONCE) is not None
+
+    def before_insert(self) -> None:
+        """Before a replay add from the second batch on: the ingest thread raises (once)."""
+        if self.fire_once(INGEST_FAULT_ONCE):
+            raise RuntimeError("test hook: replay add failed")
+
+    # The learner's checkpoint writer.
+    def slow_checkpoint(self) -> None:
+        """Before each checkpoint write: sleep SLOW_CHECKPOINT seconds."""
+        delay = self.value(SLOW_CHECKPOINT)
+        if delay:
+            learner_log.warning("test hook: checkpoint write sleeps %s s", delay)
+            time.sleep(float(delay))
+
+    def torn_pair(self, updates: int) -> None:
+        """Between a replay snapshot and its checkpoint, from the second pair on: the writer stops
+        there for good (TORN_PAIR_ONCE), the worst moment for a crash."""
+        if self.fire_once(TORN_PAIR_ONCE):
+            learner_log.warning("test hook: the checkpoint writer stops before ckpt at %d updates", updates)
+            block_forever()
