@@ -315,8 +315,8 @@ def test_learner_memory_stays_bounded_and_it_keeps_training_under_a_samples_floo
 
     log_tail = stderr_path.read_text(errors="replace")[-3000:]
     assert died_at is None and alive_at_end, f"learner died {died_at} s into the flood:\n{log_tail}"
-    # A clean stop: a role run by hand exits 0 after SIGTERM today; 143 (docs/fault-tolerance.md "Exit codes") is
-    # accepted too, so this test does not pin which.
+    # A clean stop: a role run by hand exits 0 after SIGTERM today; 143 (docs/fault-tolerance.md
+    # "Exit codes") is accepted too, so this test does not pin which.
     assert code in (0, 128 + signal.SIGTERM), f"learner exited with {code} after SIGTERM:\n{log_tail}"
 
     warm = next(mb for t, mb in rss if t >= WARMUP_SECONDS)
