@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from zmqrl.actor.exploration import EpsilonExplorer
 from zmqrl.agents import make_policy
 from zmqrl.agents.configs import SACConfig
-from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.config import EnvConfig
 from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.spec import SampleSpec

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from zmqrl.actor.exploration import EpsilonExplorer
 from zmqrl.agents.dqn import DQNAgent, DQNConfig
-from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.nets import QNetwork, mlp, polyak_update, resolve_device
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy
 from zmqrl.core import LearningAgent, Policy, UpdateResult

@@ -1,4 +1,4 @@
-"""The actor's epsilon exploration around any policy (zmqrl.agents.exploring): uniformly random
+"""The actor's epsilon exploration around any policy (zmqrl.actor.exploration): uniformly random
 actions of the spec's space, row by row, and the policy's own acting elsewhere."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zmqrl.agents.exploring import EpsilonExplorer, RandomActions
+from zmqrl.actor.exploration import EpsilonExplorer, RandomActions
 from zmqrl.spec import SampleSpec
 
 DISCRETE = SampleSpec((4,), "float32", (), "int64", num_actions=3)

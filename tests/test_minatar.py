@@ -281,7 +281,7 @@ def test_minatar_actors_act_in_numpy_without_importing_torch() -> None:
         from zmqrl.agents import make_policy
         from zmqrl.agents.configs import DQNConfig
         from zmqrl.spec import SampleSpec
-        from zmqrl.agents.exploring import EpsilonExplorer
+        from zmqrl.actor.exploration import EpsilonExplorer
         policy = make_policy(DQNConfig(torso="minatar_cnn"), {GRIDS!r}, seed=0)
         EpsilonExplorer(policy, {GRIDS!r}, seed=0, epsilon=0.5).act(np.zeros((2, 4, 10, 10), np.uint8))
         print(type(policy).__name__, sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))

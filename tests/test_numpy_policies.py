@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from zmqrl.actor.exploration import EpsilonExplorer
 from zmqrl.agents import make_policy, make_priorities
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
-from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.layers import ActingNet, dqn_net, sac_policy_net
 from zmqrl.agents.nets import QNetwork
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy, NumpySACPolicy, dqn_q_values
@@ -159,7 +159,7 @@ def test_an_mlp_policy_is_built_and_acts_without_importing_torch(config: str, sp
         from zmqrl.agents import make_policy
         from zmqrl.agents.configs import DQNConfig, SACConfig
         from zmqrl.spec import SampleSpec
-        from zmqrl.agents.exploring import EpsilonExplorer
+        from zmqrl.actor.exploration import EpsilonExplorer
         policy = make_policy({config}, {spec!r}, seed=0)
         explorer = EpsilonExplorer(policy, {spec!r}, seed=0, epsilon=0.5)
         explorer.act(np.zeros((2, {spec.obs_shape[0]}), np.float32))

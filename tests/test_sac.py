@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.test_dqn import params, same
+from zmqrl.actor.exploration import EpsilonExplorer
 from zmqrl.agents import make_learner
 from zmqrl.agents.configs import DQNConfig, SACConfig
-from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.numpy_policies import NumpySACPolicy
 from zmqrl.agents.sac import LOG_STD_MAX, LOG_STD_MIN, SACAgent
 from zmqrl.agents.sac_nets import squashed_gaussian_log_prob

@@ -20,12 +20,11 @@ import zmq
 
 from tests.conftest import tiny_config
 from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
-from zmqrl.actor.exploration import apex_epsilon
+from zmqrl.actor.exploration import EpsilonExplorer, apex_epsilon
 from zmqrl.actor.main import Actor
 from zmqrl.actor.sampler import ACTOR_SEED_STRIDE, ActedVersions
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
-from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.agents.sac import SACAgent
 from zmqrl.config import Config
 from zmqrl.envs.factory import make_env, sample_spec

@@ -25,10 +25,9 @@ from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
-from zmqrl.actor.exploration import LinearSchedule, apex_epsilon
+from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, apex_epsilon
 from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.agents import PriorityFn
-from zmqrl.agents.exploring import EpsilonExplorer
 from zmqrl.config import Config
 from zmqrl.core import Policy
 from zmqrl.spec import SampleSpec

@@ -6,7 +6,7 @@ without importing torch at all. Each policy imports weights in exactly the layou
 exports (``DQNAgent`` / ``SACAgent``: the same parameter names and shapes) and acts with the
 same rules and the same RNG draws: with the same seed and weights, ``act`` gives the same actions
 as the torch agent's. Epsilon exploration is not a policy's: the actor's explorer
-(``zmqrl.agents.exploring``) replaces rows by random actions around any policy.
+(``zmqrl.actor.exploration``) replaces rows by random actions around any policy.
 
 Initial weights (before the first publish) are drawn from torch's default distribution with a
 numpy generator; they are not the torch agent's initial values, only as random.

@@ -243,8 +243,8 @@ def _steps_per_second(step: Callable[[], int], seconds: float) -> float:
 
 def measure_bare(envs: int, seconds: float) -> float:
     """Env transitions per second of the bare loop: the actor's env and policy, nothing else."""
+    from zmqrl.actor.exploration import EpsilonExplorer
     from zmqrl.actor.sampler import actor_seed, ladder
-    from zmqrl.agents.exploring import EpsilonExplorer
 
     cfg, env, spec, policy = _acting_parts(envs)
     epsilons = ladder(cfg, 0)
