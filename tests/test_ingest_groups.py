@@ -13,8 +13,7 @@ import zmq
 
 from tests.conftest import wait_until
 from zmqrl.config import ReplayConfig
-from zmqrl.learner.ingest import INGEST_GROUP_MESSAGES, Ingest
-from zmqrl.learner.state import LearnerCounters
+from zmqrl.learner.ingest import INGEST_GROUP_MESSAGES, Ingest, LearnerCounters
 from zmqrl.replay import NoLimit, RateLimiter, make_replay
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire

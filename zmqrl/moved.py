@@ -40,7 +40,7 @@ MOVED: dict[str, str] = {
     "zmqrl.learning.ingest": "zmqrl.learner.ingest",
     "zmqrl.learning.nonfinite": "zmqrl.learner.nonfinite",
     "zmqrl.learning.reporting": "zmqrl.learner.reporting",
-    "zmqrl.learning.state": "zmqrl.learner.state",
+    "zmqrl.learning.state": "zmqrl.learner.ingest",
     "zmqrl.learning.trainer": "zmqrl.learner.trainer",
     "zmqrl.learning.versions": "zmqrl.learner.versions",
     "zmqrl.memory": "zmqrl.replay.memory",

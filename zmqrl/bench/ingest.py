@@ -69,8 +69,7 @@ class IngestSide:
     ``raw`` reads and discards for one; each returns transitions per second."""
 
     def __init__(self, ctx: zmq.Context, case: Case) -> None:
-        from zmqrl.learner.ingest import Ingest
-        from zmqrl.learner.state import LearnerCounters
+        from zmqrl.learner.ingest import Ingest, LearnerCounters
         from zmqrl.replay import NoLimit, make_replay
         from zmqrl.runtime.link import socket_limits
         from zmqrl.spec import SampleSpec

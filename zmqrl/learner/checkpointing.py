@@ -28,7 +28,7 @@ from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Replay
 from zmqrl.errors import ConfigError
 from zmqrl.evaluator.greedy import EvalTracker
-from zmqrl.learner.state import LearnerCounters
+from zmqrl.learner.ingest import LearnerCounters
 from zmqrl.learner.versions import VERSION_FILE as VERSION_FILE  # re-exported for the trainer
 from zmqrl.learner.versions import PublishedVersions as PublishedVersions
 from zmqrl.replay import replay_footprint

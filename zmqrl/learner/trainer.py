@@ -24,14 +24,13 @@ from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.errors import ConfigError
 from zmqrl.evaluator.greedy import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
 from zmqrl.learner.checkpointing import VERSION_FILE, Checkpoints, PublishedVersions
-from zmqrl.learner.ingest import Ingest, largest_add
+from zmqrl.learner.ingest import Ingest, LearnerCounters, largest_add
 from zmqrl.learner.nonfinite import (
     NonFiniteTraining,
     NonFiniteUpdates,
     refuse_nonfinite_state,
     refuse_nonfinite_weights,
 )
-from zmqrl.learner.state import LearnerCounters
 from zmqrl.learner.stopping import ENDED_MAX_UPDATES, StopPolicy
 from zmqrl.replay import make_rate_limiter, make_replay
 from zmqrl.replay.memory import format_bytes
