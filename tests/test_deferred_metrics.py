@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests import test_dqn, test_sac
-from zmqrl.agents.deferred import DeferredUpdate
+from zmqrl.agents.updates import DeferredUpdate
 
 
 def test_the_values_are_computed_on_first_read_and_only_once() -> None:

@@ -25,8 +25,8 @@ from tests import run_state
 from tests.conftest import REPO, tiny_config, tiny_overrides
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
-from zmqrl.agents.finite import guarded_step, step_unless
 from zmqrl.agents.sac import SACAgent
+from zmqrl.agents.updates import guarded_step, step_unless
 from zmqrl.checkpoints.files import load_checkpoint
 from zmqrl.learner.nonfinite import NonFiniteTraining, NonFiniteUpdates
 from zmqrl.learner.trainer import Trainer

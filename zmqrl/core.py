@@ -61,7 +61,7 @@ class Policy(Protocol):
 class UpdateResult(Protocol):
     """What one ``update`` did. The learner reads ``metrics`` only every ``learner.log_interval``
     updates and ``td_errors`` only with prioritized replay, so an agent may compute them when
-    first read (``zmqrl.agents.deferred``); ``skipped`` is read after every update."""
+    first read (``zmqrl.agents.updates``); ``skipped`` is read after every update."""
 
     @property
     def metrics(self) -> Mapping[str, float]:

@@ -21,6 +21,8 @@ from types import ModuleType
 MOVED: dict[str, str] = {
     "zmqrl.acting": "zmqrl.actor.sampler",
     "zmqrl.actor_ids": "zmqrl.actor.ids",
+    "zmqrl.agents.deferred": "zmqrl.agents.updates",
+    "zmqrl.agents.finite": "zmqrl.agents.updates",
     "zmqrl.checkpoint": "zmqrl.checkpoints.files",
     "zmqrl.cli_launch": "zmqrl.cli.launch",
     "zmqrl.cli_plot": "zmqrl.cli.plot",

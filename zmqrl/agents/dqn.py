@@ -17,13 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
-from zmqrl.agents.deferred import DeferredUpdate
-from zmqrl.agents.finite import any_found, guarded_step
 from zmqrl.agents.layers import dqn_net
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sync import PublishedModule
+from zmqrl.agents.updates import DeferredUpdate, any_found, guarded_step
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -137,7 +136,7 @@ class DQNAgent:
         ``|td_target - q_taken|`` (the new priorities), computed when first read, in a single
         device->host transfer.
 
-        A loss or gradient holding NaN or infinity skips the step (``zmqrl.agents.finite``): no
+        A loss or gradient holding NaN or infinity skips the step (``zmqrl.agents.updates``): no
         parameter, optimiser state, target network or update count changes, and the result's
         ``skipped`` is True.
 

@@ -21,8 +21,6 @@ import torch
 from torch import nn
 
 from zmqrl.agents.configs import SACConfig
-from zmqrl.agents.deferred import DeferredUpdate
-from zmqrl.agents.finite import Flag, any_found, guarded_step, step_unless
 from zmqrl.agents.layers import sac_policy_net
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import LOG_STD_MAX as LOG_STD_MAX  # the policy's log-std bounds
@@ -36,6 +34,7 @@ from zmqrl.agents.numpy_policies import (
 from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
 from zmqrl.agents.sync import PublishedModule
+from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step, step_unless
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -149,7 +148,7 @@ class SACAgent:
         critic loss per row (prioritized replay); the result's ``td_errors`` are the mean over the
         two critics of ``|Q_i - target|`` per row.
 
-        A step whose loss or gradients hold NaN or infinity is skipped (``zmqrl.agents.finite``),
+        A step whose loss or gradients hold NaN or infinity is skipped (``zmqrl.agents.updates``),
         and then the update also leaves the critic targets and its count alone and says
         ``skipped`` (the other steps, each checked on its own, may have been taken).
         """
@@ -205,7 +204,7 @@ class SACAgent:
         self, obs: torch.Tensor, alpha: torch.Tensor, flags: list[Flag]
     ) -> torch.Tensor:
         """One policy step, then one alpha step (if autotuned); returns the alpha to use next and
-        appends their skip flag (``zmqrl.agents.finite``) to ``flags``."""
+        appends their skip flag (``zmqrl.agents.updates``) to ``flags``."""
         # Policy: maximise the soft value min Q(s, a~pi) - alpha * log pi(a|s); the critics are
         # frozen for this backward pass, which then builds no gradients for their weights.
         pi_actions, log_prob = self.policy.sample(obs, self._noise)
@@ -242,7 +241,7 @@ class SACAgent:
     ) -> Flag:
         """Back-propagate ``loss`` into ``net`` and step, unless ``loss``, a gradient or ``also``
         is not finite or ``after`` is set; returns the flag as
-        :func:`zmqrl.agents.finite.guarded_step` does."""
+        :func:`zmqrl.agents.updates.guarded_step` does."""
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = self._critic_params if net is self.critic else self._policy_params

@@ -1,6 +1,6 @@
 """The learner's guards against non-finite numbers: skipped updates counted, and NaN never shipped.
 
-The agents skip an update whose loss or gradients hold a NaN or infinity (zmqrl.agents.finite)
+The agents skip an update whose loss or gradients hold a NaN or infinity (zmqrl.agents.updates)
 and say so; here the learner counts those skips, logs them (rate-limited), and gives up after
 ``learner.max_nonfinite_updates`` in a row: a network that produces nothing finite will not
 recover, and a learner that keeps "training" on it only looks healthy. Behind that, the last
