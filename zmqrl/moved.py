@@ -23,6 +23,8 @@ MOVED: dict[str, str] = {
     "zmqrl.actor_ids": "zmqrl.actor.ids",
     "zmqrl.agents.deferred": "zmqrl.agents.updates",
     "zmqrl.agents.finite": "zmqrl.agents.updates",
+    "zmqrl.agents.numpy_views": "zmqrl.agents.numpy_policies",
+    "zmqrl.agents.sync": "zmqrl.agents.numpy_policies",
     "zmqrl.checkpoint": "zmqrl.checkpoints.files",
     "zmqrl.cli_launch": "zmqrl.cli.launch",
     "zmqrl.cli_plot": "zmqrl.cli.plot",

@@ -19,9 +19,7 @@ import torch.nn.functional as F
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.layers import dqn_net
 from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
-from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, dqn_q_values
-from zmqrl.agents.numpy_views import parameter_views
-from zmqrl.agents.sync import PublishedModule
+from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, PublishedModule, dqn_q_values, parameter_views
 from zmqrl.agents.updates import DeferredUpdate, any_found, guarded_step
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
@@ -76,7 +74,7 @@ class DQNAgent:
         self._target_is_online = True
         self._on_cpu = self._device.type == "cpu"
         # CPU acting runs NumpyDQNPolicy's forward code on views of the network's weights (see
-        # numpy_views), for the MLP and the small MinAtar CNN. The Nature CNN's convolutions stay
+        # parameter_views), for the MLP and the small MinAtar CNN. The Nature CNN's convolutions stay
         # with torch: fast there, and the dispatch overhead negligible next to them.
         mirror = self._on_cpu and config.torso in NUMPY_DQN_TORSOS
         self._online_arrays = parameter_views(self.online) if mirror else None

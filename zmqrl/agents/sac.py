@@ -26,14 +26,14 @@ from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_devi
 from zmqrl.agents.numpy_policies import LOG_STD_MAX as LOG_STD_MAX  # the policy's log-std bounds
 from zmqrl.agents.numpy_policies import LOG_STD_MIN as LOG_STD_MIN
 from zmqrl.agents.numpy_policies import (
+    PublishedModule,
     SquashedActions,
+    parameter_views,
     sac_act_dim,
     sac_policy_outputs,
     squashed_action_bounds,
 )
-from zmqrl.agents.numpy_views import parameter_views
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
-from zmqrl.agents.sync import PublishedModule
 from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step, step_unless
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
@@ -96,7 +96,7 @@ class SACAgent:
         # actor_loss, alpha_loss, entropy of the latest policy step (NaN until the first one): the
         # metrics of an update that skips the policy step (policy_update_interval > 1) repeat them.
         self._policy_stats = torch.full((3,), float("nan"), device=self._device)
-        # CPU acting runs NumpySACPolicy's forward code on views of the policy (see numpy_views).
+        # CPU acting runs NumpySACPolicy's forward code on views of the policy (see parameter_views).
         self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None
         self._net = sac_policy_net(config.hidden_sizes, act_dim)  # the policy's table, for numpy
 
