@@ -88,7 +88,7 @@ def test_exported_arrays_are_float32_contiguous_copies_of_the_online_net() -> No
 
 
 def test_exporting_changes_nothing_and_gives_the_same_arrays_until_an_update() -> None:
-    """Versions are the publisher's (zmqrl.transport.weights_versions): exporting is a plain read."""
+    """Versions are the publisher's (zmqrl.transport.weights_channel): exporting is a plain read."""
     agent = make_agent()
     first, second = agent.export_weights(), agent.export_weights()
     assert all(np.array_equal(first[k], second[k]) for k in first)

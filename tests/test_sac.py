@@ -232,7 +232,7 @@ def test_weights_cover_only_the_policy_as_float32_copies() -> None:
 
 
 def test_the_exported_policy_changes_only_with_policy_steps() -> None:
-    """What a new weights version means (zmqrl.transport.weights_versions numbers them)."""
+    """What a new weights version means (zmqrl.transport.weights_channel numbers them)."""
     agent = make_sac(policy_update_interval=2)
     first = agent.export_weights()
     agent.update(fake_batch())  # critic step only: the exported policy is unchanged

@@ -23,7 +23,7 @@ from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import BadMessages, WeightsPublisher, WeightsSubscriber
 from zmqrl.transport.fingerprint import FingerprintMismatch, check_fingerprint
-from zmqrl.transport.weights_versions import WeightsClient
+from zmqrl.transport.weights_channel import WeightsClient
 from zmqrl.transport.wire import Fingerprint, WeightsMsg, WireError
 from zmqrl.types import TransitionBatch, Weights
 

@@ -1,4 +1,4 @@
-"""Weight versions live in transport (zmqrl.transport.weights_versions), not in the agents: the
+"""Weight versions live in transport (zmqrl.transport.weights_channel), not in the agents: the
 learner's numbering of what it publishes and the actor's client that loads newer weights only."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.numpy_policies import NumpyDQNPolicy
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.bad_messages import BadMessages
-from zmqrl.transport.weights_versions import WeightsClient, WeightsNumbering
+from zmqrl.transport.weights_channel import WeightsClient, WeightsNumbering
 from zmqrl.types import Weights
 
 SPEC = SampleSpec((4,), "float32", (), "int64", num_actions=2)

@@ -4,7 +4,7 @@ This module imports neither torch nor zmq: roles, tests and other languages' por
 whole system's shape here. An agent is six members: acting (``act``, ``load_weights``), learning
 (``update``, ``export_weights``) and checkpoint state (``state_dict``, ``load_state_dict``).
 Everything else a role needs is built beside the agent, not asked of it: weight versions and
-their stamping (``zmqrl.transport.weights_versions``), epsilon exploration
+their stamping (``zmqrl.transport.weights_channel``), epsilon exploration
 (``zmqrl.actor.exploration``), Ape-X initial priorities (``zmqrl.agents.make_priorities``), the
 action space and its bounds (``zmqrl.spec.SampleSpec``). The intended call loops::
 

@@ -35,7 +35,7 @@ from zmqrl.metrics import Logger, run_logger
 from zmqrl.replay import RateLimiter
 from zmqrl.transport import wire
 from zmqrl.transport.sequence import SequenceTracker
-from zmqrl.transport.weights_versions import WeightsClient
+from zmqrl.transport.weights_channel import WeightsClient
 from zmqrl.transport.wire import SamplesMsg, WeightsMsg
 
 log = logging.getLogger("zmqrl.serial")

@@ -20,7 +20,7 @@ from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
-from zmqrl.transport.weights_versions import WeightsClient
+from zmqrl.transport.weights_channel import WeightsClient
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50

@@ -31,7 +31,7 @@ from zmqrl.agents import PriorityFn
 from zmqrl.config import Config
 from zmqrl.core import Policy
 from zmqrl.spec import SampleSpec
-from zmqrl.transport.weights_versions import WeightsClient
+from zmqrl.transport.weights_channel import WeightsClient
 from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import EpisodeStat, TransitionBatch
 

@@ -14,7 +14,7 @@ numpy generator; they are not the torch agent's initial values, only as random.
 The torch agents' side of the same weights lives here too, because it is the same layout and the
 same code: :class:`PublishedModule` exports and loads the one network an agent publishes as named
 float32 arrays, checked as the numpy policies check them (which snapshot is newer is the weights
-client's business, ``zmqrl.transport.weights_versions``), and :func:`parameter_views` lets a torch
+client's business, ``zmqrl.transport.weights_channel``), and :func:`parameter_views` lets a torch
 agent on the CPU act through this module's forward functions. For one observation (or one row per
 sub-env), torch's per-op dispatch and module-call overhead dwarf a small MLP's arithmetic: ~30 µs
 against ~8 µs for DQN's 2x256 Q-network, ~37 µs against ~15 µs for SAC's policy; on numpy views

@@ -266,7 +266,7 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
     from zmqrl.actor.sampler import Collected, Sampler
     from zmqrl.agents import make_priorities
     from zmqrl.transport import wire
-    from zmqrl.transport.weights_versions import WeightsClient
+    from zmqrl.transport.weights_channel import WeightsClient
 
     cfg, env, spec, policy = _acting_parts(envs)
     prioritized = priorities and cfg.replay.prioritized

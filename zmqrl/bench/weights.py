@@ -71,7 +71,7 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
     from zmqrl.runtime.run_fingerprint import run_fingerprint
     from zmqrl.transport import sockets
     from zmqrl.transport.channels import BadMessages, WeightsSubscriber
-    from zmqrl.transport.weights_versions import WeightsClient
+    from zmqrl.transport.weights_channel import WeightsClient
 
     cfg = load_config(net.config)
     spec = _spec(net)

@@ -31,7 +31,7 @@ from zmqrl.evaluator.greedy import (
 )
 from zmqrl.metrics import Logger, fmt_value
 from zmqrl.transport.bad_messages import BadMessages
-from zmqrl.transport.weights_versions import WeightsClient
+from zmqrl.transport.weights_channel import WeightsClient
 from zmqrl.transport.wire import WeightsMsg
 from zmqrl.types import Weights
 

@@ -36,7 +36,7 @@ from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.fingerprint import FingerprintMismatch, fingerprint_mismatch
-from zmqrl.transport.weights_versions import WeightsNumbering
+from zmqrl.transport.weights_channel import WeightsNumbering
 from zmqrl.transport.wire import Fingerprint
 from zmqrl.types import TransitionBatch
 

@@ -37,7 +37,7 @@ from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import wire
-from zmqrl.transport.weights_versions import WeightsNumbering
+from zmqrl.transport.weights_channel import WeightsNumbering
 from zmqrl.transport.wire import MAX_ARRAYS, Fingerprint, WeightsMsg
 from zmqrl.types import Weights
 
