@@ -18,8 +18,8 @@ from zmqrl.replay import NoLimit, RateLimiter, make_replay
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.channels import BadMessages, SampleReceiver
-from zmqrl.transport.groups import SampleGroup
 from zmqrl.transport.messages import SamplesMsg
+from zmqrl.transport.sample_channel import SampleGroup
 from zmqrl.types import EpisodeStat, TransitionBatch
 
 SPEC = SampleSpec(obs_shape=(4,), obs_dtype="float32", action_shape=(), action_dtype="int64", num_actions=2)

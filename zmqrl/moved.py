@@ -73,6 +73,7 @@ MOVED: dict[str, str] = {
     "zmqrl.supervision.summary": "zmqrl.supervisor.summary",
     "zmqrl.supervision.watchdog": "zmqrl.runtime.watchdog",
     "zmqrl.testhooks": "zmqrl.runtime.testhooks",
+    "zmqrl.transport.groups": "zmqrl.transport.sample_channel",
     "zmqrl.learning": "zmqrl.learner",
     "zmqrl.roles": "zmqrl.runtime",
     "zmqrl.supervision": "zmqrl.supervisor",

@@ -21,7 +21,7 @@ from zmqrl.replay import NoLimit, RateLimiter
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
-from zmqrl.transport.groups import SampleGroup
+from zmqrl.transport.sample_channel import SampleGroup
 from zmqrl.transport.wire import SamplesMsg, WireError
 from zmqrl.types import EpisodeStat
 

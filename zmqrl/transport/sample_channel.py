@@ -1,28 +1,38 @@
-"""The samples channel (actor -> learner): :class:`SampleSender` and :class:`SampleReceiver`.
+"""The samples channel (actor -> learner): :class:`SampleSender` and :class:`SampleReceiver`, and
+the :class:`SampleGroup` the receiver hands the learner (several messages, their rows merged).
 
 The sender says when the learner's high-water mark holds a message back (backpressure), keeps it
 for retries while its caller does what it must meanwhile, and tells a learner that is connected
 but slow apart from one that is not there at all; the receiver reads each
 message within the channel's frame limit, decodes and validates it against the run's spec, and
 counts what it drops.
+
+Why groups: the learner's per-message costs (a replay transaction, the content scans, the lock and
+the counters) are fixed, not per row, and with CartPole-sized messages they were most of the
+ingest time. So the receiver takes the messages that are already queued, up to a limit, scans
+their merged rows once, and the learner inserts them as one all-or-nothing replay add. Each
+message still counts on its own: sequence numbers, policy lag, episodes, and a bad one is dropped
+alone.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import zmq
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.bad_messages import BadMessages, Clock
-from zmqrl.transport.groups import SampleGroup
 from zmqrl.transport.peers import PeerWatch
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import SamplesMsg, WireError
-from zmqrl.types import BATCH_FIELDS
+from zmqrl.types import BATCH_FIELDS, TransitionBatch
 
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
@@ -32,6 +42,39 @@ ZERO_COPY_MIN_OBS_BYTES = 1024
 SAMPLES_MAX_FRAMES = 1 + len(BATCH_FIELDS) + 1
 # The setting a samples (or weights) message's size limit comes from, named when one is refused.
 MESSAGE_SIZE_SETTING = "transport.max_message_mb"
+
+
+@dataclass(frozen=True)
+class SampleGroup:
+    """Valid messages in the order received, and their rows concatenated in that order."""
+
+    messages: tuple[SamplesMsg, ...]
+    batch: TransitionBatch
+    priorities: np.ndarray | None  # all the messages carry priorities, or none does
+
+    @property
+    def size(self) -> int:
+        return self.batch.size
+
+    @classmethod
+    def of(cls, messages: Sequence[SamplesMsg]) -> SampleGroup:
+        """Merge ``messages`` (at least one; all with priorities or all without)."""
+        if not messages:
+            raise ValueError("a sample group needs at least one message")
+        if len(messages) == 1:  # the common case under a replay ratio: nothing to copy
+            only = messages[0]
+            return cls((only,), only.batch, only.priorities)
+        with_priorities = {m.priorities is not None for m in messages}
+        if len(with_priorities) != 1:
+            raise ValueError("a sample group's messages must all carry priorities, or none")
+        columns = zip(*(m.batch for m in messages), strict=True)
+        batch = TransitionBatch(*(np.concatenate(col) for col in columns))
+        priorities = (
+            np.concatenate([m.priorities for m in messages if m.priorities is not None])
+            if with_priorities == {True}
+            else None
+        )
+        return cls(tuple(messages), batch, priorities)
 
 
 def channel_limit(sock: zmq.Socket, max_frames: int) -> FrameLimit:
