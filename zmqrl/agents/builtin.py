@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from zmqrl.agents.configs import DQNConfig, SACConfig
-from zmqrl.agents.registry import AgentPlugin, PriorityFn
+from zmqrl.agents.plugin import AgentPlugin, PriorityFn
 
 if TYPE_CHECKING:
     from zmqrl.core import LearningAgent, Policy
