@@ -381,11 +381,13 @@ def test_video_without_moviepy_fails_clearly_before_playing(
     assert not video_dir.exists()
 
 
+@pytest.mark.parametrize("end_heard_from", ["supervisor", "learner"])
 def test_an_evaluator_that_heard_no_weights_before_the_run_finished_scores_the_final_checkpoint(
-    ctx: zmq.Context, tmp_path: Path
+    ctx: zmq.Context, tmp_path: Path, end_heard_from: str
 ) -> None:
     """A run shorter than the evaluator's start-up still ends with its final policy evaluated: the
-    learner's last checkpoint holds exactly the weights it would have published last."""
+    learner's last checkpoint holds exactly the weights it would have published last. The end may
+    reach the evaluator as the supervisor's stop or first as the learner's own announcement."""
     sup, learner = SupervisorDouble(ctx), LearnerDouble(ctx)
     cfg = evaluator_config(tmp_path, sup, learner)
     env = make_env(cfg.env, training=False)
@@ -404,8 +406,11 @@ def test_an_evaluator_that_heard_no_weights_before_the_run_finished_scores_the_f
     evaluator = Evaluator(cfg, ctx=ctx, logger=NullLogger())
     thread = start(evaluator.run)
     wait_until(lambda: any(hb.state == "waiting" for hb in sup.drain()), 20, "the evaluator to wait")
-    while thread.is_alive():  # the supervisor's stop at the end of a run; no weights ever came
-        sup.stop("run finished")
+    while thread.is_alive():  # the end of a run; no weights ever came
+        if end_heard_from == "supervisor":
+            sup.stop("run finished")
+        else:
+            learner.publisher.announce_stop("learner finished")
         thread.join(timeout=0.1)
     sup.close()
     learner.close()

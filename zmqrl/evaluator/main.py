@@ -26,7 +26,13 @@ from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.evaluator.greedy import make_eval_policy
 from zmqrl.evaluator.scoring import BEST, Scorer, final_weights, stored_best_score
 from zmqrl.metrics import Logger, run_logger
-from zmqrl.runtime.link import SupervisorLink, launch_time, socket_limits, transport_security
+from zmqrl.runtime.link import (
+    LEARNER_FINISHED,
+    SupervisorLink,
+    launch_time,
+    socket_limits,
+    transport_security,
+)
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, WeightsSubscriber
@@ -157,7 +163,10 @@ class Evaluator:
 
     def _loop(self, scorer: Scorer) -> None:
         self._follow(scorer)
-        if self.link.stop_reason == RUN_FINISHED and scorer.received_version == 0:
+        # The normal end reaches an evaluator either way: the supervisor's stop, or first the
+        # learner's own announcement on the weights channel (a run shorter than our start-up).
+        finished = self.link.stop_reason in (RUN_FINISHED, LEARNER_FINISHED)
+        if finished and scorer.received_version == 0:
             self._score_final_checkpoint(scorer)
 
     def _score_final_checkpoint(self, scorer: Scorer) -> None:
