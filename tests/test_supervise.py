@@ -114,7 +114,12 @@ def test_supervise_watches_roles_it_did_not_start_reports_a_stopped_one_and_ends
     name = next(row.name for row in snap.processes if row.pid == stopped)
     os.kill(stopped, signal.SIGSTOP)  # it cannot be restarted from here: only reported
     row = run_state.wait_for_process_row(
-        run_dir, name, lambda row: row.pid == stopped and row.state == "down", 15, "judged down"
+        run_dir,
+        name,
+        lambda row: row.pid == stopped and row.state == "down",
+        15,
+        "judged down",
+        alive=lambda: supervisor.proc.poll() is None,
     )
     os.kill(stopped, signal.SIGCONT)
     # Back up in the snapshot, unless the learner ended the run first (10000 updates: ~12 s here, and
