@@ -127,6 +127,7 @@ class LearnerConfig:
     max_policy_lag: int | None = None  # drop batches acted with weights more than this many versions old
     ingest_max_share: float | None = 0.05  # CPU seconds per second the ingest thread may take (None: no cap)
     max_nonfinite_updates: int = 100  # updates in a row skipped for a NaN/inf loss or gradient: then exit 1
+    queue_steps: int | None = None  # on-policy: rollout steps queued before actors wait (None: 2 batches)
 
 
 @dataclass
@@ -140,6 +141,7 @@ class ActorConfig:
     weights_poll_steps: int = 32  # env steps between checks for newly published weights
     max_steps: int | None = None  # stop after this many env steps (None: until told to stop)
     envs_per_actor: int = 1  # sub-envs each actor steps together (a gymnasium vector env, batched acting)
+    rollout_length: int = 32  # on-policy agents: env steps per rollout (one rollout per sub-env per message)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from zmqrl.types import TransitionBatch
+from zmqrl.types import Batch, TransitionBatch
 
 
 @runtime_checkable
@@ -54,6 +54,21 @@ class Policy(Protocol):
         gives them) from now on. All or nothing: a missing, unexpected or misshapen array raises
         ValueError and changes nothing. The arrays may be read-only views of a message's frames:
         copy what is kept."""
+        ...
+
+
+@runtime_checkable
+class SamplingPolicy(Policy, Protocol):
+    """The acting side of an on-policy agent: its actions come with their log-probabilities.
+
+    An on-policy learner corrects for the lag between the policy that acted and the one it trains
+    (V-trace), which needs the probability the acting policy gave each action it took. Acting
+    with ``act(obs, explore=False)`` stays the evaluator's greedy play.
+    """
+
+    def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Actions drawn from the policy for a batch of observations ``(B, *obs_shape)``, and the
+        log-probability ``(B,)`` float32 the policy gave each (a density for continuous actions)."""
         ...
 
 
@@ -96,9 +111,10 @@ class LearningAgent(Policy, Protocol):
     :class:`Policy` loads; the learner numbers what it publishes, so exporting has no side effect.
     """
 
-    def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> UpdateResult:
-        """One gradient step on ``batch``. ``importance``: per-row loss weights ``(B,)`` from
-        prioritized replay (None: all 1)."""
+    def update(self, batch: Batch, importance: np.ndarray | None = None) -> UpdateResult:
+        """One gradient step on ``batch``: n-step transitions drawn from replay, or (an on-policy
+        agent, whose plugin says ``on_policy``) rollouts taken from the learner's queue.
+        ``importance``: per-row loss weights ``(B,)`` from prioritized replay (None: all 1)."""
         ...
 
     def export_weights(self) -> dict[str, np.ndarray]:
@@ -117,7 +133,7 @@ class LearningAgent(Policy, Protocol):
 class Sampled(NamedTuple):
     """One draw from replay: the batch, and what the learner needs to correct and re-prioritise it."""
 
-    batch: TransitionBatch
+    batch: Batch  # n-step transitions from replay; rollouts from the rollout queue
     importance: np.ndarray | None  # (B,) loss weights, max 1 (prioritized); None: uniform draw
     ids: np.ndarray | None  # (B,) row ids to hand back to ``update_priorities``; None: uniform
     metrics: dict[str, float]  # e.g. ``per_beta``, ``per_importance_min``; empty for uniform
@@ -148,9 +164,11 @@ class Replay(Protocol):
         """Transitions ever added (including those since overwritten)."""
         ...
 
-    def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None) -> None:
-        """Insert a batch, overwriting the oldest rows when full. ``priorities``: the actor's initial
-        ones (Ape-X), used by prioritized buffers (None: the largest seen), ignored otherwise."""
+    def add(self, batch: Batch, priorities: np.ndarray | None = None) -> None:
+        """Insert a batch (of the kind this store holds: transitions for replay, rollouts for the
+        rollout queue; TypeError for the other); replay overwrites its oldest rows when full.
+        ``priorities``: the actor's initial ones (Ape-X), used by prioritized buffers (None: the
+        largest seen), ignored otherwise."""
         ...
 
     def sample(self, batch_size: int, updates: int) -> Sampled:

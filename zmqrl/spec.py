@@ -65,6 +65,9 @@ class SampleSpec:
     max_abs_obs: float = DEFAULT_MAX_ABS_OBS  # |obs| limit where the declared bounds say nothing
     max_abs_reward: float = DEFAULT_MAX_ABS_REWARD  # |reward| limit of a transition as sent
     max_discount: float = 1.0  # a transition's discount is gamma ** k (k >= 1) or 0: at most gamma
+    # On-policy runs: every message is a RolloutBatch of exactly this many steps per row (and plain
+    # transitions are refused); None: transitions only (and rollouts are refused).
+    rollout_length: int | None = None
     # Derived from the fields above on construction (see obs_limits); not part of equality.
     _obs_limits: tuple[np.ndarray, np.ndarray] | None = field(
         init=False, repr=False, compare=False, default=None
@@ -90,6 +93,8 @@ class SampleSpec:
             if not (math.isfinite(limit) and limit > 0):
                 raise ValueError(f"SampleSpec.{name} must be finite and > 0, got {limit}")
             object.__setattr__(self, name, limit)
+        if self.rollout_length is not None and int(self.rollout_length) < 1:
+            raise ValueError(f"SampleSpec.rollout_length must be >= 1 or None, got {self.rollout_length}")
         if not 0.0 <= float(self.max_discount) <= 1.0:
             raise ValueError(f"SampleSpec.max_discount must be in [0, 1], got {self.max_discount}")
         object.__setattr__(self, "max_discount", float(self.max_discount))

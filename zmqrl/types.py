@@ -1,4 +1,4 @@
-"""Plain data that crosses module boundaries: transition batches, weights, episode stats.
+"""Plain data that crosses module boundaries: transition batches, rollouts, weights, episode stats.
 
 These are NamedTuples rather than dicts so that a misspelt column is an AttributeError at the
 point of use, not a silent KeyError three processes away.
@@ -33,6 +33,51 @@ class TransitionBatch(NamedTuple):
 
 # Column names in wire order; the wire format and replay buffer both iterate this.
 BATCH_FIELDS: tuple[str, ...] = TransitionBatch._fields
+
+
+class RolloutBatch(NamedTuple):
+    """R fixed-length on-policy rollouts of T steps, one row per (sub-)env: what an on-policy actor
+    sends and the learner's rollout queue holds (no replay; see ``zmqrl.agents.appo``).
+
+    Steps are stored as they happened, with the episode boundaries marked: after a step that
+    ``terminated`` or was ``truncated``, the next observation of the row is the new episode's first.
+    A terminated step bootstraps nothing; a truncated one bootstraps from the observation the
+    episode was cut at, which the reset replaced in ``obs``: those are ``final_obs``, one per
+    truncated step in row-major order (``final_obs[k]`` belongs to the k-th True of
+    ``truncated.reshape(-1)``). A step is never both: termination wins and the actor sends it as
+    terminated only.
+    """
+
+    obs: np.ndarray  # (R, T + 1, *obs_shape): obs[:, t] acted on at step t; obs[:, T] bootstraps the row
+    action: np.ndarray  # (R, T) int64 for discrete actions; (R, T, act_dim) float32 for continuous
+    reward: np.ndarray  # (R, T) float32: the env's reward of each step
+    terminated: np.ndarray  # (R, T) bool: the episode ended at this step (no bootstrap)
+    truncated: np.ndarray  # (R, T) bool: the episode was cut at this step (bootstrap from final_obs)
+    logp: np.ndarray  # (R, T) float32: log-probability of the action under the policy that acted
+    final_obs: np.ndarray  # (K, *obs_shape): the observation each truncated step was cut at
+
+    @property
+    def rows(self) -> int:
+        """Rollouts in the batch (R)."""
+        return int(self.reward.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Steps per rollout (T)."""
+        return int(self.reward.shape[1]) if self.reward.ndim == 2 else 0
+
+    @property
+    def size(self) -> int:
+        """Env transitions (R * T): what counters, replay ratios and env-step axes count, as a
+        ``TransitionBatch``'s size counts its transitions."""
+        return int(self.reward.size)
+
+
+# Column names in wire order of a rollouts message.
+ROLLOUT_FIELDS: tuple[str, ...] = RolloutBatch._fields
+
+# What an actor sends and a learner trains on: n-step transitions (replay) or rollouts (on-policy).
+Batch = TransitionBatch | RolloutBatch
 
 
 class Weights(NamedTuple):

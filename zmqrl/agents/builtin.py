@@ -1,4 +1,4 @@
-"""The built-in agents, dqn and sac, as registry plugins: their settings checks and factories.
+"""The built-in agents, dqn, sac and appo, as registry plugins: their settings checks and factories.
 
 Registered through the same :mod:`zmqrl.agents.registry` as any plugin. Nothing here imports
 torch until a learner (or a torch-backed policy) is built: actors with an MLP or the MinAtar CNN
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.agents.configs import APPOConfig, DQNConfig, SACConfig
 from zmqrl.agents.plugin import AgentPlugin, PriorityFn
 
 if TYPE_CHECKING:
@@ -73,7 +73,9 @@ def make_dqn_learner(
 ) -> LearningAgent:
     from zmqrl.agents.dqn import DQNAgent
 
-    return DQNAgent(config, spec, device=device, seed=seed)
+    # Its update takes transitions only, which is all a replay agent's learner gives it (the
+    # contract's update takes rollouts too, for on-policy agents).
+    return cast("LearningAgent", DQNAgent(config, spec, device=device, seed=seed))
 
 
 def make_dqn_policy(config: DQNConfig, spec: SampleSpec, *, seed: int | None) -> Policy:
@@ -127,7 +129,7 @@ def make_sac_learner(
 ) -> LearningAgent:
     from zmqrl.agents.sac import SACAgent
 
-    return SACAgent(config, spec, device=device, seed=seed)
+    return cast("LearningAgent", SACAgent(config, spec, device=device, seed=seed))  # as DQN's
 
 
 def make_sac_policy(config: SACConfig, spec: SampleSpec, *, seed: int | None) -> Policy:
@@ -156,4 +158,50 @@ SAC_PLUGIN = AgentPlugin(
     fingerprint_fields=("kind", "hidden_sizes", "n_step", "gamma"),
     description="soft actor-critic with twin critics and entropy tuning (1-D Box actions)",
 )
-BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN)
+
+
+# -------------------------------------------------------------------------------------- appo
+
+
+def check_appo(config: APPOConfig, spec: SampleSpec, device: str | None) -> str | None:
+    """APPO acts on Discrete actions (categorical policy) or a 1-D Box (Gaussian policy)."""
+    if spec.num_actions is None and len(spec.action_shape) != 1:
+        return (
+            f"agent.kind 'appo' needs Discrete actions or a 1-D Box; this env's actions have shape "
+            f"{spec.action_shape}"
+        )
+    if len(spec.obs_shape) != 1:
+        return (
+            f"agent.kind 'appo' has an MLP torso for flat observations; this env's observations have "
+            f"shape {tuple(spec.obs_shape)}"
+        )
+    return device_problem(device if device is not None else config.device)
+
+
+def make_appo_learner(
+    config: APPOConfig, spec: SampleSpec, *, seed: int | None, device: str | None
+) -> LearningAgent:
+    from zmqrl.agents.appo import APPOAgent
+
+    # Its update takes rollouts only, which is all an on-policy agent's learner gives it.
+    return cast("LearningAgent", APPOAgent(config, spec, device=device, seed=seed))
+
+
+def make_appo_policy(config: APPOConfig, spec: SampleSpec, *, seed: int | None) -> Policy:
+    from zmqrl.agents.appo_policy import NumpyAPPOPolicy
+
+    return NumpyAPPOPolicy(config, spec, seed=seed)
+
+
+APPO_PLUGIN = AgentPlugin(
+    name="appo",
+    config_class=APPOConfig,
+    make_learner=make_appo_learner,
+    make_policy=make_appo_policy,
+    check=check_appo,
+    # The acting network (widths, how the Gaussian's spread is made) and the discount of the targets.
+    fingerprint_fields=("kind", "hidden_sizes", "log_std", "gamma"),
+    description="asynchronous PPO / IMPALA on V-trace targets, on-policy (Discrete or 1-D Box actions)",
+    on_policy=True,
+)
+BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN, APPO_PLUGIN)

@@ -158,5 +158,83 @@ class SACConfig(AgentConfigBase):
             raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
 
 
+# Values of APPOConfig.log_std: how the Gaussian policy of continuous actions gets its spread.
+LOG_STD_MODES = ("param", "state")
+
+
+@dataclass
+class APPOConfig(AgentConfigBase):
+    """Hyperparameters of asynchronous PPO on V-trace targets (IMPALA with ``clip: null``).
+
+    Actors act with the policy network only and send rollouts of ``actor.rollout_length`` steps
+    with their log-probabilities; the learner trains the policy and a separate value network on
+    batches of them, correcting the actors' lag with V-trace (Espeholt et al., 2018) and, with
+    ``clip`` set, PPO's clipped surrogate on V-trace advantages (Schulman et al., 2017).
+    """
+
+    kind: str = "appo"  # agent family, used to pick the agent class from a config file
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])  # MLP widths (policy and value nets)
+    gamma: float = 0.99  # per-step discount of the V-trace targets
+    n_step: int = 1  # unused by on-policy agents (rollouts carry single steps); must stay 1
+    batch_size: int = 1024  # env steps per update: a multiple of actor.rollout_length (rollouts x T)
+    lr: float = 3e-4  # Adam learning rate (policy and value nets)
+    lr_final: float | None = None  # anneal lr linearly to this over lr_decay_updates (None: constant)
+    lr_decay_updates: int = 0  # updates over which lr moves from `lr` to `lr_final`
+    adam_eps: float = 1e-5  # Adam epsilon
+    clip: float | None = 0.2  # PPO ratio clip range; null: plain IMPALA policy gradient (no clip)
+    epochs: int = 1  # passes over each batch (ratios leave 1 from the second pass on)
+    minibatches: int = 1  # gradient steps per pass, each on a slice of the batch's rollouts
+    vf_coef: float = 0.5  # weight of the value loss (squared error to the V-trace targets)
+    ent_coef: float = 0.0  # weight of the entropy bonus
+    max_grad_norm: float = 0.5  # clip the global gradient norm to this; <= 0 disables clipping
+    rho_bar: float = 1.0  # V-trace: truncation of the importance weights in the value targets
+    c_bar: float = 1.0  # V-trace: truncation of the traces (how far corrections propagate back)
+    pg_rho_bar: float = 1.0  # V-trace: truncation of the importance weights of the policy advantages
+    normalize_advantages: bool = True  # advantages to zero mean, unit variance per minibatch
+    log_std: str = "param"  # continuous actions: "param" (state-independent) or "state" (a head)
+    log_std_init: float = 0.0  # continuous actions: initial log standard deviation
+    device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+
+    def check(self) -> None:
+        """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value."""
+        super().check()
+        if self.kind != "appo":
+            raise ValueError(f"agent.kind: expected 'appo', got {self.kind!r}")
+        sizes = self.hidden_sizes
+        if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+            raise ValueError(f"agent.hidden_sizes: every size must be a positive int, got {sizes!r}")
+        if self.n_step != 1:
+            raise ValueError(
+                f"agent.n_step: must be 1 (on-policy rollouts are single steps), got {self.n_step}"
+            )
+        if not self.lr > 0.0:
+            raise ValueError(f"agent.lr: must be > 0, got {self.lr}")
+        if self.lr_final is not None and not self.lr_final >= 0.0:
+            raise ValueError(f"agent.lr_final: must be >= 0 or null, got {self.lr_final}")
+        if self.lr_decay_updates < 0:
+            raise ValueError(f"agent.lr_decay_updates: must be >= 0, got {self.lr_decay_updates}")
+        if self.lr_final is not None and self.lr_decay_updates == 0:
+            raise ValueError("agent.lr_decay_updates: must be > 0 when agent.lr_final is set")
+        if not self.adam_eps > 0.0:
+            raise ValueError(f"agent.adam_eps: must be > 0, got {self.adam_eps}")
+        if self.clip is not None and not self.clip > 0.0:
+            raise ValueError(f"agent.clip: must be > 0, or null for no clipping, got {self.clip}")
+        for name in ("epochs", "minibatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"agent.{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("vf_coef", "ent_coef"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"agent.{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("rho_bar", "c_bar", "pg_rho_bar"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"agent.{name}: must be > 0, got {getattr(self, name)}")
+        if self.log_std not in LOG_STD_MODES:
+            raise ValueError(
+                f"agent.log_std: must be one of {', '.join(LOG_STD_MODES)}, got {self.log_std!r}"
+            )
+        if not -20.0 <= self.log_std_init <= 2.0:
+            raise ValueError(f"agent.log_std_init: must be in [-20, 2], got {self.log_std_init}")
+
+
 # The type of a config's `agent` section: whichever plugin's config class its `kind` selects.
 AgentConfig = AgentConfigBase

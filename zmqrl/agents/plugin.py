@@ -77,7 +77,7 @@ class AgentPlugin:
     factory. ``make_priorities`` None: Ape-X actors send no initial priorities (the learner gives
     new rows its largest). ``fingerprint_fields``: the config fields an actor must share with its
     learner (those that shape the published weights or the meaning of a transition; see
-    ``zmqrl.transport.fingerprint``).
+    ``zmqrl.transport.fingerprint``). ``on_policy``: see the field.
     """
 
     name: str  # the agent.kind that selects it; its config class's default `kind`
@@ -88,6 +88,10 @@ class AgentPlugin:
     fingerprint_fields: tuple[str, ...] = DEFAULT_FINGERPRINT_FIELDS
     description: str = ""  # one line for listings (`zmqrl config`, error messages)
     make_priorities: PrioritiesFactory | None = None  # last: earlier releases' positional order holds
+    # Learns on-policy from fixed-length rollouts (actors send RolloutBatch with their policy's
+    # log-probabilities; the learner keeps a bounded queue, not replay); its make_policy then builds
+    # a zmqrl.core.SamplingPolicy. False: n-step transitions into replay.
+    on_policy: bool = False
 
     def __post_init__(self) -> None:
         if problem := plugin_problem(self):

@@ -19,7 +19,7 @@ import numpy as np
 from zmqrl.core import Sampled
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.storage import UniformReplay
-from zmqrl.types import TransitionBatch
+from zmqrl.types import Batch, TransitionBatch
 
 S = TypeVar("S", bound=UniformReplay)
 
@@ -38,6 +38,14 @@ class BetaSchedule:
     def __call__(self, updates: int) -> float:
         frac = min(1.0, max(0, updates) / self.updates) if self.updates > 0 else 1.0
         return self.start + frac * (1.0 - self.start)
+
+
+def transitions(batch: Batch) -> TransitionBatch:
+    """``batch``, which replay stores only as n-step transitions: rollouts of an on-policy agent
+    go to the learner's rollout queue (``zmqrl.replay.rollout_queue``), never here."""
+    if not isinstance(batch, TransitionBatch):
+        raise TypeError(f"replay stores TransitionBatch rows, not {type(batch).__name__}")
+    return batch
 
 
 class _Buffer(Generic[S]):
@@ -88,8 +96,8 @@ class _Buffer(Generic[S]):
 class UniformBuffer(_Buffer[UniformReplay]):
     """``UniformReplay`` or ``SharedFramesReplay`` behind ``Replay``: priorities are ignored."""
 
-    def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None) -> None:
-        self._storage.add(batch)  # actor priorities mean nothing to a uniform buffer
+    def add(self, batch: Batch, priorities: np.ndarray | None = None) -> None:
+        self._storage.add(transitions(batch))  # actor priorities mean nothing to a uniform buffer
 
     def sample(self, batch_size: int, updates: int) -> Sampled:
         return Sampled(self._storage.sample(batch_size), importance=None, ids=None, metrics={})
@@ -114,8 +122,8 @@ class PrioritizedBuffer(_Buffer[PrioritizedReplay]):
     def beta(self) -> BetaSchedule:
         return self._beta
 
-    def add(self, batch: TransitionBatch, priorities: np.ndarray | None = None) -> None:
-        self._storage.add_with_priorities(batch, priorities)
+    def add(self, batch: Batch, priorities: np.ndarray | None = None) -> None:
+        self._storage.add_with_priorities(transitions(batch), priorities)
 
     def sample(self, batch_size: int, updates: int) -> Sampled:
         beta = self._beta(updates)
