@@ -21,6 +21,10 @@ from zmqrl.bench.sb3_run import RunArgs, SolveWatch
 from zmqrl.bench.solve import Reached, SolveRun, markdown_table, summarise
 
 HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+needs_sb3 = pytest.mark.skipif(
+    not HAS_SB3, reason="stable-baselines3 is not installed (pip install 'zmqrl[sb3]')"
+)
 
 
 def run(side: str, seed: int, seconds: float | None, steps: int | None, status: str = "solved") -> SolveRun:
@@ -121,7 +125,7 @@ def test_sb3_schedule_evaluates_every_n_env_steps_and_keeps_the_first_record_at_
         SolveWatch(every=0, target=1.0, started=0.0)
 
 
-@pytest.mark.skipif(not HAS_SB3, reason="stable-baselines3 is not installed (pip install 'zmqrl[sb3]')")
+@needs_sb3
 def test_sb3_run_stops_at_the_first_evaluation_at_target_and_reports_it(tmp_path: Path) -> None:
     from zmqrl.bench import sb3_run
 
@@ -133,6 +137,67 @@ def test_sb3_run_stops_at_the_first_evaluation_at_target_and_reports_it(tmp_path
     never = sb3_run.train(RunArgs(seed=0, out=out, eval_every=100, episodes=1, target=1e9, timesteps=256))
     assert never["reached_time"] is None and [r["steps"] for r in never["history"]] == [100, 200]
     assert never["finished"] and never["steps"] == 256  # whole train_freq rollouts
+
+
+@needs_sb3
+def test_sb3_ppo_run_steps_8_envs_and_evaluates_every_n_env_steps_summed_over_them(tmp_path: Path) -> None:
+    from zmqrl.bench import sb3_run
+
+    out = tmp_path / "ppo.json"
+    args = RunArgs(seed=0, out=out, eval_every=64, episodes=2, target=1.0, timesteps=1_000, algo="ppo")
+    report = sb3_run.train(args)  # 8 vector steps of the 8 envs: 64 env steps, the first evaluation
+    assert report["reached_steps"] == 64 and report["steps"] == 64
+    never = RunArgs(seed=0, out=out, eval_every=128, episodes=1, target=1e9, timesteps=512, algo="ppo")
+    report = sb3_run.train(never)  # two rollouts of 32 steps x 8 envs, each trained on 20 epochs
+    assert report["reached_time"] is None and report["finished"] and report["steps"] == 512
+    assert [r["steps"] for r in report["history"]] == [128, 256, 384, 512]
+
+
+@needs_sb3
+def test_ppo_is_built_with_the_zoo_cartpole_settings_and_its_linear_schedules() -> None:
+    from stable_baselines3 import PPO
+
+    from zmqrl.bench.sb3_zoo import ZOO_CARTPOLE, make_model
+
+    model = make_model("ppo", seed=0)
+    assert isinstance(model, PPO) and model.n_envs == 8 and model.gamma == 0.98
+    assert (model.n_steps, model.batch_size, model.n_epochs) == (32, 256, 20)
+    assert (model.gae_lambda, model.ent_coef) == (0.8, 0.0)
+    # lin_0.001 and lin_0.2: the start value at the start of learn, half at its middle, 0 at its end
+    assert model.lr_schedule(1.0) == pytest.approx(1e-3) and model.lr_schedule(0.5) == pytest.approx(5e-4)
+    assert callable(model.clip_range) and model.clip_range(0.5) == pytest.approx(0.1)
+    assert model.clip_range(0.0) == 0.0
+    meta = ZOO_CARTPOLE["ppo"].meta()
+    assert (meta["n_envs"], meta["n_timesteps"], meta["learning_rate"]) == (8, 100_000, "lin_0.001")
+    assert ZOO_CARTPOLE["dqn"].meta()["n_timesteps"] == 50_000
+
+
+def test_sb3_algorithm_follows_the_config_agent_kind_unless_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert solve.sb3_algo_for(CONFIGS / "cartpole_appo.yaml") == "ppo"
+    assert solve.sb3_algo_for(CONFIGS / "cartpole_dqn.yaml") == "dqn"
+    raced: list[str] = []
+
+    def fake_compare(*args: object, algo: str, **kwargs: object) -> list[SolveRun]:
+        raced.append(algo)
+        return canned()
+
+    monkeypatch.setattr(solve, "sb3_version", lambda: "2.9.9")
+    monkeypatch.setattr(solve, "compare", fake_compare)
+    out = tmp_path / "solve.json"
+    appo = ["solve", "--seeds", "1", "--config", str(CONFIGS / "cartpole_appo.yaml"), "--json", str(out)]
+    result = CliRunner().invoke(bench_app(), appo)
+    assert result.exit_code == 0, result.output
+    assert raced == ["ppo"] and "SB3 2.9.9 PPO" in result.output
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["sb3_algo"] == "ppo" and meta["sb3_hyperparameters"]["n_steps"] == 32
+    assert meta["sb3_hyperparameters"]["n_envs"] == 8
+    result = CliRunner().invoke(bench_app(), [*appo, "--sb3-algo", "dqn"])
+    assert result.exit_code == 0 and raced[-1] == "dqn"
+    assert json.loads(out.read_text())["meta"]["sb3_hyperparameters"]["train_freq"] == 256
+    result = CliRunner().invoke(bench_app(), [*appo, "--sb3-algo", "a2c"])
+    assert result.exit_code == 2 and "dqn, ppo" in result.output and raced[-1] == "dqn"
 
 
 def test_a_timed_out_run_is_stopped_with_its_children(tmp_path: Path) -> None:
@@ -182,5 +247,7 @@ def test_without_sb3_the_command_says_how_to_install_it_and_exits_1(monkeypatch:
 def test_help_explains_the_comparison_with_an_example() -> None:
     result = CliRunner().invoke(bench_app(), ["solve", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for text in ("475", "SB3/zmqrl", "--seeds", "--timeout", "--json", "Example: zmqrl bench solve"):
+    for text in ("475", "SB3/zmqrl", "--seeds", "--timeout", "--json", "--sb3-algo", "appo", "PPO"):
+        assert text in result.output
+    for text in ("Example: zmqrl bench solve", "cartpole_appo.yaml"):
         assert text in result.output

@@ -1,14 +1,16 @@
-"""One Stable-Baselines3 DQN run on CartPole-v1 with the RL-Zoo hyper-parameters, timed to a target.
+"""One Stable-Baselines3 run (DQN or PPO) on CartPole-v1 with the RL-Zoo hyper-parameters, timed
+to a target.
 
 The other side of ``zmqrl bench solve`` (zmqrl/bench/solve.py runs it as ``python -m
 zmqrl.bench.sb3_run``, one process per seed, so its start-up is counted as zmqrl's is). It trains on
-one torch thread, as zmqrl's learner does, and every ``--eval-every`` env steps plays
-``--episodes`` greedy episodes on an env of its own, inline, so the evaluations' cost is in its wall
-time just as the learner's inline evaluations are in zmqrl's. It stops at the first evaluation whose
-mean reaches ``--target`` (or at the Zoo's 5e4 steps) and keeps ``--out`` up to date after every
-evaluation, so a run killed at its timeout still leaves what it had measured.
+one torch thread, as zmqrl's learner does, and every ``--eval-every`` env steps (summed over PPO's 8
+envs) plays ``--episodes`` greedy episodes on an env of its own, inline, so the evaluations' cost is
+in its wall time just as the learner's inline evaluations are in zmqrl's. It stops at the first
+evaluation whose mean reaches ``--target`` (or at the Zoo's n_timesteps: 5e4 for DQN, 1e5 for PPO)
+and keeps ``--out`` up to date after every evaluation, so a run killed at its timeout still leaves
+what it had measured. The Zoo's settings are in zmqrl/bench/sb3_zoo.py.
 
-    python -m zmqrl.bench.sb3_run --seed 0 --out /tmp/sb3-s0.json
+    python -m zmqrl.bench.sb3_run --algo ppo --seed 0 --out /tmp/sb3-s0.json
 """
 
 from __future__ import annotations
@@ -25,22 +27,8 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, cast  # noqa: E402
 
-# rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (n_timesteps: 5e4, policy: MlpPolicy).
-ZOO_TIMESTEPS = 50_000
-ZOO_CARTPOLE_DQN: dict[str, Any] = {
-    "learning_rate": 2.3e-3,
-    "batch_size": 64,
-    "buffer_size": 100_000,
-    "learning_starts": 1_000,
-    "gamma": 0.99,
-    "target_update_interval": 10,
-    "train_freq": 256,
-    "gradient_steps": 128,
-    "exploration_fraction": 0.16,
-    "exploration_final_eps": 0.04,
-    "policy_kwargs": {"net_arch": [256, 256]},
-}
-ENV_ID = "CartPole-v1"
+from zmqrl.bench.sb3_zoo import ENV_ID, SB3_ALGOS, ZOO_CARTPOLE, make_model  # noqa: E402
+
 # The evaluation env's seeds start this far from the training seed (as zmqrl keeps them apart).
 EVAL_SEED_OFFSET = 10_000
 
@@ -100,7 +88,8 @@ class RunArgs:
     eval_every: int = 2_000
     episodes: int = 10
     target: float = 475.0
-    timesteps: int = ZOO_TIMESTEPS
+    timesteps: int | None = None  # env steps at most; None: the Zoo's n_timesteps for ``algo``
+    algo: str = "dqn"  # "dqn" or "ppo" (zmqrl/bench/sb3_zoo.py)
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:
@@ -114,7 +103,6 @@ def train(args: RunArgs) -> dict[str, Any]:
     """The run itself: SB3 imported here, after STARTED, so its import counts in the wall time."""
     import gymnasium as gym
     import torch
-    from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
@@ -136,8 +124,9 @@ def train(args: RunArgs) -> dict[str, Any]:
             write_report(args.out, watch.report(self.num_timesteps, finished=False))
             return not solved  # False ends model.learn
 
-    model = DQN("MlpPolicy", gym.make(ENV_ID), seed=args.seed, device="cpu", verbose=0, **ZOO_CARTPOLE_DQN)
-    model.learn(total_timesteps=args.timesteps, callback=SolveCallback())
+    model = make_model(args.algo, args.seed)
+    timesteps = ZOO_CARTPOLE[args.algo].n_timesteps if args.timesteps is None else args.timesteps
+    model.learn(total_timesteps=timesteps, callback=SolveCallback())
     report = watch.report(int(model.num_timesteps), finished=True)
     write_report(args.out, report)
     return report
@@ -150,9 +139,10 @@ def parse(argv: list[str] | None = None) -> RunArgs:
     p.add_argument("--eval-every", type=int, default=RunArgs.eval_every, help="env steps between evaluations")
     p.add_argument("--episodes", type=int, default=RunArgs.episodes, help="greedy episodes per evaluation")
     p.add_argument("--target", type=float, default=RunArgs.target, help="mean return that ends the run")
-    p.add_argument("--timesteps", type=int, default=RunArgs.timesteps, help="env steps at most")
+    p.add_argument("--timesteps", type=int, default=None, help="env steps at most (default: the Zoo's)")
+    p.add_argument("--algo", choices=SB3_ALGOS, default=RunArgs.algo, help="the SB3 algorithm")
     ns = p.parse_args(argv)
-    return RunArgs(ns.seed, ns.out, ns.eval_every, ns.episodes, ns.target, ns.timesteps)
+    return RunArgs(ns.seed, ns.out, ns.eval_every, ns.episodes, ns.target, ns.timesteps, ns.algo)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""``zmqrl bench solve``: time to solve CartPole with zmqrl against Stable-Baselines3 DQN.
+"""``zmqrl bench solve``: time to solve CartPole with zmqrl against Stable-Baselines3 (DQN or PPO).
 
 A solve is the first greedy evaluation (10 episodes) whose mean return reaches 475. Each side runs
 as its own process, started from here, so start-up (interpreter, imports, zmqrl's supervisor,
@@ -8,8 +8,11 @@ machine loads both alike; the table gives each seed, the medians and the ratios 
 (above 1: zmqrl solves sooner).
 
 zmqrl runs ``zmqrl launch CONFIG`` with ``learner.stop_at_target`` at the first evaluation at 475
-(nothing before it changes). SB3 runs zmqrl/bench/sb3_run.py: DQN with the RL-Zoo CartPole
-hyper-parameters on one torch thread, evaluating inline every ``--sb3-eval-every`` env steps.
+(nothing before it changes). SB3 runs zmqrl/bench/sb3_run.py with the RL-Zoo CartPole
+hyper-parameters (zmqrl/bench/sb3_zoo.py) on one torch thread, evaluating inline every
+``--sb3-eval-every`` env steps: DQN against zmqrl's off-policy configs, PPO (8 envs in one vector
+env) against an on-policy one (``agent.kind: appo``, APPO or IMPALA), or whichever ``--sb3-algo``
+names.
 ``register(app)`` adds the command to the ``zmqrl bench`` group.
 """
 
@@ -31,6 +34,7 @@ from typing import Annotated, Any
 import typer
 
 from zmqrl.bench.runs import Reached, reached_in_history, reached_in_run_dir, run_process
+from zmqrl.bench.sb3_zoo import SB3_ALGOS, ZOO_CARTPOLE
 
 TARGET_RETURN = 475.0  # CartPole-v1's "solved" (gymnasium's reward_threshold)
 DEFAULT_CONFIG = Path("configs/cartpole_dqn.yaml")
@@ -42,6 +46,10 @@ SB3_PIP = "pip install 'zmqrl[sb3]'"
 # Characters of a crashed run's log kept in its result.
 ERROR_TAIL = 2_000
 SIDES = ("zmqrl", "sb3")
+# The SB3 algorithm raced against a zmqrl agent kind when --sb3-algo does not name one: the
+# on-policy family against PPO, everything else (DQN) against DQN.
+SB3_ALGO_FOR_KIND = {"appo": "ppo"}
+DEFAULT_SB3_ALGO = "dqn"
 
 
 @dataclass(frozen=True)
@@ -99,12 +107,17 @@ def run_zmqrl(config: Path, seed: int, work: Path, timeout: float, target: float
 
 
 def run_sb3(
-    seed: int, work: Path, timeout: float, target: float = TARGET_RETURN, eval_every: int = SB3_EVAL_EVERY
+    seed: int,
+    work: Path,
+    timeout: float,
+    target: float = TARGET_RETURN,
+    eval_every: int = SB3_EVAL_EVERY,
+    algo: str = DEFAULT_SB3_ALGO,
 ) -> SolveRun:
     out = work / f"sb3-s{seed}.json"
     cmd = [
         *(sys.executable, "-m", "zmqrl.bench.sb3_run", "--seed", str(seed), "--out", str(out)),
-        *("--target", str(target), "--eval-every", str(eval_every)),
+        *("--target", str(target), "--eval-every", str(eval_every), "--algo", algo),
     ]
     log = work / f"sb3-s{seed}.log"
     started, code = run_process(cmd, log, timeout)
@@ -232,8 +245,22 @@ def sb3_version() -> str | None:
         return None
 
 
+def sb3_algo_for(config: Path) -> str:
+    """The SB3 algorithm to race zmqrl's ``config`` against: PPO for an on-policy agent
+    (``agent.kind: appo``), DQN otherwise. Raises ConfigError for a config zmqrl cannot load."""
+    from zmqrl.config import load_config
+
+    return SB3_ALGO_FOR_KIND.get(load_config(config).agent.kind, DEFAULT_SB3_ALGO)
+
+
 def compare(
-    config: Path, seeds: int, timeout: float, eval_every: int, work: Path, echo: Any = print
+    config: Path,
+    seeds: int,
+    timeout: float,
+    eval_every: int,
+    work: Path,
+    echo: Any = print,
+    algo: str = DEFAULT_SB3_ALGO,
 ) -> list[SolveRun]:
     """The runs, alternating sides seed by seed; each result is echoed as it comes."""
     runs: list[SolveRun] = []
@@ -242,7 +269,7 @@ def compare(
             if side == "zmqrl":
                 run = run_zmqrl(config, seed, work, timeout)
             else:
-                run = run_sb3(seed, work, timeout, eval_every=eval_every)
+                run = run_sb3(seed, work, timeout, eval_every=eval_every, algo=algo)
             runs.append(run)
             echo(
                 f"{side} seed {seed}: {run.status}, {_secs(run.seconds)}, {_steps(run.env_steps)} env steps, "
@@ -257,8 +284,10 @@ def register(app: typer.Typer) -> None:
     """Adds ``solve`` to ``app`` (the ``zmqrl bench`` group)."""
 
     @app.command(
-        short_help="Time to solve CartPole (eval >= 475): zmqrl against Stable-Baselines3 DQN, side by side.",
-        epilog="Example: zmqrl bench solve --seeds 3 --json solve.json",
+        short_help="Time to solve CartPole (eval >= 475): zmqrl against Stable-Baselines3 DQN or PPO, "
+        "side by side.",
+        epilog="Example: zmqrl bench solve --seeds 3 --json solve.json; "
+        "zmqrl bench solve --config configs/cartpole_appo.yaml (against PPO)",
     )
     def solve(
         seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds per side (0, 1, ...).")] = 3,
@@ -274,15 +303,26 @@ def register(app: typer.Typer) -> None:
         sb3_eval_every: Annotated[
             int, typer.Option("--sb3-eval-every", min=1, help="Env steps between SB3's evaluations.")
         ] = SB3_EVAL_EVERY,
+        sb3_algo: Annotated[
+            str | None,
+            typer.Option(
+                "--sb3-algo",
+                metavar="|".join(SB3_ALGOS),
+                help="SB3's algorithm. Default: from the config's agent.kind, ppo for appo "
+                "(on-policy), dqn otherwise.",
+            ),
+        ] = None,
     ) -> None:
-        """Run zmqrl's CartPole config and Stable-Baselines3 DQN (RL-Zoo CartPole hyper-parameters,
+        """Run zmqrl's CartPole config and Stable-Baselines3 (RL-Zoo CartPole hyper-parameters,
         one torch thread) one after the other, alternating seed by seed, and print for each seed
         and their median the wall time and env steps to the first greedy evaluation (10 episodes)
-        at a mean return >= 475, with the ratios SB3/zmqrl (above 1: zmqrl is faster). Wall time
-        counts from the start of each run's process, start-up included on both sides; both
-        evaluate inline, so evaluation time counts on both. A run that does not reach 475 (SB3
-        stops at the Zoo's 50k steps, zmqrl at learner.max_updates, either at --timeout) shows
-        as such. Needs Stable-Baselines3: pip install 'zmqrl\\[sb3]'."""
+        at a mean return >= 475, with the ratios SB3/zmqrl (above 1: zmqrl is faster). SB3 runs
+        DQN against a DQN config and PPO (the Zoo's 8 envs) against an on-policy one (agent.kind
+        appo), unless --sb3-algo says otherwise. Wall time counts from the start of each run's
+        process, start-up included on both sides; both evaluate inline, so evaluation time counts
+        on both. A run that does not reach 475 (SB3 stops at the Zoo's n_timesteps, 50k for DQN
+        and 100k for PPO, zmqrl at learner.max_updates, either at --timeout) shows as such.
+        Needs Stable-Baselines3: pip install 'zmqrl\\[sb3]'."""
         version = sb3_version()
         if version is None:
             typer.echo(f"error: zmqrl bench solve needs Stable-Baselines3: {SB3_PIP}", err=True)
@@ -290,19 +330,31 @@ def register(app: typer.Typer) -> None:
         if not config.is_file():
             typer.echo(f"error: {config}: no such config file", err=True)
             raise typer.Exit(2)
+        if sb3_algo is not None and sb3_algo not in SB3_ALGOS:
+            typer.echo(f"error: --sb3-algo: {sb3_algo!r}; choose from {', '.join(SB3_ALGOS)}", err=True)
+            raise typer.Exit(2)
+        from zmqrl.errors import ConfigError
+
+        try:
+            algo = sb3_algo or sb3_algo_for(config)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
         with tempfile.TemporaryDirectory(prefix="zmqrl-solve-") as tmp:
-            runs = compare(config.resolve(), seeds, timeout, sb3_eval_every, Path(tmp), echo=typer.echo)
+            runs = compare(
+                config.resolve(), seeds, timeout, sb3_eval_every, Path(tmp), echo=typer.echo, algo=algo
+            )
         summary = summarise(runs)
         machine = f"{platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}"
         z_every = summary["zmqrl"]["median_eval_every_steps"]
         typer.echo(
-            f"\n{machine}; SB3 {version}; evaluations every {sb3_eval_every} env steps (SB3) and "
+            f"\n{machine}; SB3 {version} {algo.upper()}; evaluations every {sb3_eval_every} env steps "
+            "(SB3) and "
             f"every {_steps(z_every)} env steps (zmqrl, median)\n"
         )
         typer.echo(markdown_table(runs, summary))
         if json_path is not None:
             from zmqrl import strictjson
-            from zmqrl.bench.sb3_run import ZOO_CARTPOLE_DQN, ZOO_TIMESTEPS
 
             meta = {
                 "machine": machine,
@@ -312,7 +364,8 @@ def register(app: typer.Typer) -> None:
                 "timeout": timeout,
                 "sb3_version": version,
                 "sb3_eval_every": sb3_eval_every,
-                "sb3_hyperparameters": {**ZOO_CARTPOLE_DQN, "n_timesteps": ZOO_TIMESTEPS},
+                "sb3_algo": algo,
+                "sb3_hyperparameters": ZOO_CARTPOLE[algo].meta(),
             }
             payload = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
             json_path.parent.mkdir(parents=True, exist_ok=True)
