@@ -24,20 +24,26 @@ from zmqrl.agents.torsos import CONV_TORSOS, conv_features
 MLP = "mlp"
 # Prefix of the torso's parameters ("torso.0.weight", "torso.convs.0.weight", ...).
 TORSO = "torso"
+# The MLP torso's activations (ActingNet.activation): ReLU (DQN, SAC) or tanh (APPO).
+RELU, TANH = "relu", "tanh"
 
 
 @dataclass(frozen=True)
 class ActingNet:
     """A torso, then one linear layer per head (in this order: the parameters' order too).
 
-    ``torso``: ``"mlp"`` (Linear -> ReLU per width of ``hidden``, on flattened float32
+    ``torso``: ``"mlp"`` (Linear -> ``activation`` per width of ``hidden``, on flattened float32
     observations) or the name of a convolutional torso (``hidden`` unused). ``heads``: (name,
-    width) pairs, each a Linear on the torso's features with no activation.
+    width) pairs, each a Linear on the torso's features with no activation. ``free``: (name,
+    width) vectors that belong to no layer (APPO's state-independent log-std), the module's own
+    parameters, which its state dict lists before any layer's.
     """
 
     torso: str
     hidden: tuple[int, ...]
     heads: tuple[tuple[str, int], ...]
+    activation: str = RELU  # of the MLP torso: RELU or TANH
+    free: tuple[tuple[str, int], ...] = ()
 
     def torso_width(self, obs_shape: tuple[int, ...]) -> int:
         """Features the torso gives the heads."""
@@ -48,16 +54,16 @@ class ActingNet:
     def layout(self, obs_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         """Parameter names and shapes, in order, as the torch module's state dict lists them: the
         names and shapes of the weights the learner exports and an actor loads."""
+        layout: dict[str, tuple[int, ...]] = {name: (width,) for name, width in self.free}
         if self.torso == MLP:
-            layout: dict[str, tuple[int, ...]] = {}
             width = math.prod(obs_shape)
             for i, size in enumerate(self.hidden):
-                # Each Linear is followed by a ReLU in the Sequential, hence index 2 * i.
+                # Each Linear is followed by its activation in the Sequential, hence index 2 * i.
                 layout[f"{TORSO}.{2 * i}.weight"] = (size, width)
                 layout[f"{TORSO}.{2 * i}.bias"] = (size,)
                 width = size
         else:
-            layout = CONV_TORSOS[self.torso].layout(TORSO, obs_shape)
+            layout.update(CONV_TORSOS[self.torso].layout(TORSO, obs_shape))
         width = self.torso_width(obs_shape)
         for name, out in self.heads:
             layout[f"{name}.weight"] = (out, width)
@@ -66,12 +72,16 @@ class ActingNet:
 
     def forward(self, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> dict[str, np.ndarray]:
         """Each head's outputs ``(B, width)`` float32 for observations ``(B, *obs_shape)``, in numpy,
-        from weights named as :meth:`layout` names them."""
+        from weights named as :meth:`layout` names them (free vectors are the caller's to use)."""
         if self.torso == MLP:
             x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
+            tanh = self.activation == TANH
             for i in range(len(self.hidden)):
                 x = x @ arrays[f"{TORSO}.{2 * i}.weight"].T + arrays[f"{TORSO}.{2 * i}.bias"]
-                np.maximum(x, 0.0, out=x)
+                if tanh:
+                    np.tanh(x, out=x)
+                else:
+                    np.maximum(x, 0.0, out=x)
         else:
             x = conv_features(obs, dict(arrays), TORSO, CONV_TORSOS[self.torso])
         return {name: x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"] for name, _ in self.heads}
@@ -91,3 +101,24 @@ def dueling_q(value: np.ndarray, advantage: np.ndarray) -> np.ndarray:
 def sac_policy_net(hidden: Sequence[int], act_dim: int) -> ActingNet:
     """SAC's policy: an MLP torso, then the Gaussian's ``mean`` and ``log_std`` heads."""
     return ActingNet(MLP, tuple(hidden), (("mean", act_dim), ("log_std", act_dim)))
+
+
+# APPO's policy heads: a categorical's ``logits``, or a Gaussian's ``mean`` (and a ``log_std`` head
+# or free vector, see appo_policy_net).
+LOGITS, MEAN, LOG_STD = "logits", "mean", "log_std"
+
+
+def appo_policy_net(hidden: Sequence[int], n_actions: int | None, act_dim: int, log_std: str) -> ActingNet:
+    """APPO's policy: a tanh MLP torso, then ``logits`` (Discrete: ``n_actions``) or a Gaussian's
+    ``mean`` with its log-std as a ``log_std`` head (``log_std="state"``) or a free ``log_std``
+    vector (``"param"``).
+
+    tanh rather than ReLU: bounded features keep the policy's outputs (and so the ratios of its
+    probabilities) from jumping on observations of unusual scale, and tanh is what PPO's reference
+    implementations use, where it was measured the better choice (Andrychowicz et al., 2021).
+    """
+    if n_actions is not None:
+        return ActingNet(MLP, tuple(hidden), ((LOGITS, n_actions),), activation=TANH)
+    if log_std == "state":
+        return ActingNet(MLP, tuple(hidden), ((MEAN, act_dim), (LOG_STD, act_dim)), activation=TANH)
+    return ActingNet(MLP, tuple(hidden), ((MEAN, act_dim),), activation=TANH, free=((LOG_STD, act_dim),))

@@ -1,0 +1,332 @@
+"""APPO: the numpy actor and the torch learner agree on weights, actions and log-probabilities;
+the update's targets, ratios, non-finite guard and checkpoints do what the agreement says."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from zmqrl.agents.appo import APPOAgent
+from zmqrl.agents.appo_policy import NumpyAPPOPolicy, appo_net
+from zmqrl.agents.configs import APPOConfig
+from zmqrl.spec import SampleSpec
+from zmqrl.types import RolloutBatch, TransitionBatch
+
+torch.set_num_threads(1)
+
+DISCRETE = SampleSpec((4,), "float32", (), "int64", num_actions=3)
+BOX = SampleSpec((3,), "float32", (2,), "float32", action_low=(-1.0, -0.5), action_high=(1.0, 2.0))
+UNBOUNDED = SampleSpec((3,), "float32", (2,), "float32")  # no bounds: nothing is clipped
+HALF_BOUNDED = SampleSpec((3,), "float32", (2,), "float32", action_low=(-math.inf, -1.0), action_high=1.0)
+
+# (spec, log_std mode) of every kind of policy.
+POLICIES = [
+    pytest.param(DISCRETE, "param", id="discrete"),
+    pytest.param(BOX, "param", id="box-param"),
+    pytest.param(BOX, "state", id="box-state"),
+    pytest.param(UNBOUNDED, "param", id="unbounded-param"),
+    pytest.param(HALF_BOUNDED, "state", id="half-bounded-state"),
+]
+
+
+def config(log_std: str = "param", **overrides: object) -> APPOConfig:
+    values: dict[str, object] = {"hidden_sizes": [16, 16], "device": "cpu", "log_std": log_std}
+    values.update(overrides)
+    return APPOConfig(**values)  # type: ignore[arg-type]
+
+
+def rollouts(
+    agent: APPOAgent, spec: SampleSpec, rows: int = 4, steps: int = 6, seed: int = 0
+) -> RolloutBatch:
+    """Rollouts the agent itself sampled (fresh data: behaviour == current policy), with random
+    terminations and truncations."""
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(rows, steps + 1, *spec.obs_shape)).astype(np.float32)
+    actions, logp = agent.sample(obs[:, :steps].reshape(rows * steps, *spec.obs_shape))
+    truncated = rng.random((rows, steps)) < 0.15
+    terminated = (rng.random((rows, steps)) < 0.15) & ~truncated
+    final_obs = rng.normal(size=(int(truncated.sum()), *spec.obs_shape)).astype(np.float32)
+    return RolloutBatch(
+        obs=obs,
+        action=actions.reshape(rows, steps, *actions.shape[1:]),
+        reward=rng.normal(size=(rows, steps)).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        logp=logp.reshape(rows, steps),
+        final_obs=final_obs,
+    )
+
+
+def trained(spec: SampleSpec, cfg: APPOConfig, seed: int = 0) -> APPOAgent:
+    """An agent a few updates in (no parameter at its initial value)."""
+    agent = APPOAgent(cfg, spec, seed=seed)
+    for i in range(3):
+        assert not agent.update(rollouts(agent, spec, seed=i)).skipped
+    return agent
+
+
+def copies(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+# ------------------------------------------------------------------------ acting side parity
+
+
+@pytest.mark.parametrize(("spec", "log_std"), POLICIES)
+def test_exported_weights_make_the_numpy_policy_sample_exactly_as_the_agent(
+    spec: SampleSpec, log_std: str
+) -> None:
+    cfg = config(log_std)
+    weights = trained(spec, cfg).export_weights()
+    assert list(weights) == list(appo_net(cfg, spec).layout(spec.obs_shape))
+    assert all(w.dtype == np.float32 and w.flags.c_contiguous for w in weights.values())
+    agent, policy = APPOAgent(cfg, spec, seed=7), NumpyAPPOPolicy(cfg, spec, seed=7)
+    agent.load_weights(weights)
+    policy.load_weights(weights)
+    assert [(k, v.shape) for k, v in policy.arrays.items()] == [(k, v.shape) for k, v in weights.items()]
+
+    obs = np.random.default_rng(1).normal(size=(300, *spec.obs_shape)).astype(np.float32)
+    for _ in range(2):  # the generators stay in step
+        actions, logp = agent.sample(obs)
+        want_actions, want_logp = policy.sample(obs)
+        np.testing.assert_array_equal(actions, want_actions)
+        np.testing.assert_array_equal(logp, want_logp)
+        assert logp.dtype == np.float32 and logp.shape == (300,)
+    np.testing.assert_array_equal(agent.act(obs, explore=False), policy.act(obs, explore=False))
+    np.testing.assert_array_equal(agent.act(obs, explore=True), policy.act(obs, explore=True))
+    if spec.num_actions is None:
+        assert actions.dtype == np.float32 and actions.shape == (300, 2)
+        low, high = policy._actions.low, policy._actions.high
+        assert ((actions >= low) & (actions <= high)).all()
+    else:
+        assert actions.dtype == np.int64 and set(np.unique(actions)) == {0, 1, 2}
+
+
+@pytest.mark.parametrize(("spec", "log_std"), POLICIES)
+def test_the_agents_torch_policy_matches_the_numpy_forward_pass(spec: SampleSpec, log_std: str) -> None:
+    agent = trained(spec, config(log_std))
+    policy = NumpyAPPOPolicy(config(log_std), spec)
+    policy.load_weights(agent.export_weights())
+    obs = np.random.default_rng(2).normal(size=(50, *spec.obs_shape)).astype(np.float32)
+    out, log_std_t = agent.policy(torch.from_numpy(obs))
+    want_out, want_log_std = policy.policy_outputs(obs)
+    np.testing.assert_allclose(out.detach().numpy(), want_out, rtol=1e-5, atol=1e-6)
+    assert (log_std_t is None) == (want_log_std is None)
+    if log_std_t is not None:
+        np.testing.assert_allclose(log_std_t.detach().numpy(), want_log_std, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("spec", "log_std"), POLICIES)
+def test_sampled_logp_is_the_distributions_log_probability_at_the_sent_action(
+    spec: SampleSpec, log_std: str
+) -> None:
+    """Checked against torch.distributions; continuous actions beyond a bound are sent clipped,
+    with the Gaussian density at the clipped action (the agreed semantics)."""
+    cfg = config(log_std, log_std_init=1.0)  # wide: many samples land beyond the bounds
+    agent = APPOAgent(cfg, spec, seed=3)
+    obs = np.random.default_rng(3).normal(size=(400, *spec.obs_shape)).astype(np.float32)
+    actions, logp = agent.sample(obs)
+    out, spread = agent.policy(torch.from_numpy(obs))
+    actions_t = torch.from_numpy(actions)
+    if spread is None:
+        want = torch.distributions.Categorical(logits=out).log_prob(actions_t)
+    else:
+        want = torch.distributions.Normal(out, spread.exp()).log_prob(actions_t).sum(-1)
+        low, high = agent._actions.low, agent._actions.high
+        clipped = (actions == low) | (actions == high)
+        if np.isfinite(low).any() or np.isfinite(high).any():
+            assert clipped.any(axis=1).mean() > 0.2
+        else:
+            assert not clipped.any()
+    np.testing.assert_allclose(logp, want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    learner_logp, _ = agent.policy.log_prob_entropy(torch.from_numpy(obs), actions_t)
+    np.testing.assert_allclose(learner_logp.detach().numpy(), logp, rtol=1e-6, atol=1e-6)
+    if spread is None:
+        np.testing.assert_array_equal(agent.act(obs, explore=False), out.argmax(1).numpy())
+    else:
+        greedy = np.clip(out.detach().numpy(), agent._actions.low, agent._actions.high)
+        np.testing.assert_allclose(agent.act(obs, explore=False), greedy, rtol=1e-6, atol=1e-6)
+
+
+def test_the_first_policy_is_near_uniform_with_the_configured_log_std() -> None:
+    for seed, log_std in enumerate(("param", "state")):
+        policy = NumpyAPPOPolicy(config(log_std, log_std_init=-0.5), BOX, seed=seed)
+        mean, spread = policy.policy_outputs(np.random.default_rng(0).normal(size=(20, 3)).astype(np.float32))
+        assert np.abs(mean).max() < 0.05 and spread is not None
+        np.testing.assert_allclose(spread, -0.5, atol=0.05)
+    agent = APPOAgent(config(), DISCRETE, seed=0)
+    logits, _ = agent.policy_outputs(np.ones((5, 4), np.float32))
+    assert np.abs(logits).max() < 0.05
+
+
+def test_load_weights_is_all_or_nothing() -> None:
+    policy = NumpyAPPOPolicy(config(), BOX, seed=0)
+    before = {k: v.copy() for k, v in policy.arrays.items()}
+    weights = trained(BOX, config()).export_weights()
+    for broken in (
+        {k: v for k, v in weights.items() if k != "log_std"},
+        {**weights, "log_std": np.zeros(3, np.float32)},
+        {**weights, "extra": np.zeros(1, np.float32)},
+        {**weights, "mean.bias": weights["mean.bias"].astype(np.float64)},
+    ):
+        with pytest.raises(ValueError):
+            policy.load_weights(broken)
+        for name, array in policy.arrays.items():
+            np.testing.assert_array_equal(array, before[name])
+
+
+def test_observations_must_be_flat_and_boxes_one_dimensional() -> None:
+    with pytest.raises(ValueError, match="flat observations"):
+        NumpyAPPOPolicy(config(), SampleSpec((2, 3), "float32", (), "int64", num_actions=2))
+    with pytest.raises(ValueError, match="1-D Box"):
+        APPOAgent(config(), SampleSpec((3,), "float32", (2, 2), "float32"))
+
+
+# -------------------------------------------------------------------------------- learning
+
+
+@pytest.mark.parametrize(("spec", "log_std"), POLICIES)
+def test_fresh_data_has_every_ratio_one_on_the_first_step(spec: SampleSpec, log_std: str) -> None:
+    """approx_kl is the mean of (r - 1) - log r, which is >= 0 per step and 0 only at r == 1: with
+    it ~0 every ratio of the (first and only) minibatch is 1, clipped continuous actions included."""
+    agent = APPOAgent(config(log_std, log_std_init=1.0), spec, seed=4)
+    metrics = agent.update(rollouts(agent, spec, rows=8, steps=8)).metrics
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["clip_fraction"] == 0.0
+    assert metrics["rho_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"epochs": 3, "minibatches": 2}, {"clip": None}, {"minibatches": 9}, {"max_grad_norm": 0.0}],
+)
+def test_updates_change_the_weights_and_report_finite_metrics(overrides: dict[str, object]) -> None:
+    agent = APPOAgent(config(**overrides), DISCRETE, seed=5)
+    before = copies(agent.policy)
+    result = agent.update(rollouts(agent, DISCRETE))
+    assert not result.skipped and agent.updates == 1
+    assert set(result.metrics) >= {"policy_loss", "value_loss", "grad_norm", "lr", "skipped_minibatches"}
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    assert result.metrics["skipped_minibatches"] == 0.0
+    np.testing.assert_array_equal(result.td_errors, np.zeros(4, np.float32))
+    assert any(not torch.equal(before[k], v) for k, v in agent.policy.state_dict().items())
+
+
+def constant_value(agent: APPOAgent, value: float) -> None:
+    with torch.no_grad():
+        agent.value.mlp[-1].weight.zero_()
+        agent.value.mlp[-1].bias.fill_(value)
+
+
+def uniform_policy(agent: APPOAgent) -> None:
+    with torch.no_grad():
+        agent.policy.logits.weight.zero_()
+        agent.policy.logits.bias.zero_()
+
+
+def test_truncated_steps_bootstrap_from_final_obs_and_terminated_ones_do_not() -> None:
+    gamma, c = 0.9, 2.0
+    agent = APPOAgent(config(gamma=gamma), DISCRETE, seed=0)
+    constant_value(agent, c)
+    uniform_policy(agent)  # every logp is -log 3: the behaviour's below, so every ratio is 1
+    rewards = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    batch = RolloutBatch(
+        obs=np.random.default_rng(0).normal(size=(1, 5, 4)).astype(np.float32),
+        action=np.array([[0, 1, 2, 0]]),
+        reward=rewards,
+        terminated=np.array([[False, True, False, False]]),
+        truncated=np.array([[False, False, True, False]]),
+        logp=np.full((1, 4), -math.log(3.0), np.float32),
+        final_obs=np.ones((1, 4), np.float32),
+    )
+    vs = agent.targets(batch).vs.numpy()[0]
+    # t=3 bootstraps from obs[:, 4]; t=2 was cut: r + gamma V(final_obs); t=1 ended: r alone.
+    want = [1.0 + gamma * 2.0, 2.0, 3.0 + gamma * c, 4.0 + gamma * c]
+    np.testing.assert_allclose(vs, want, rtol=1e-6)
+
+    # With a value net that tells observations apart, the cut step's bootstrap is V(final_obs),
+    # not V of the next episode's first observation.
+    agent = APPOAgent(config(gamma=gamma), DISCRETE, seed=1)
+    uniform_policy(agent)
+    with torch.no_grad():
+        v = agent.value(torch.from_numpy(np.concatenate([batch.obs[0], batch.final_obs]))).numpy()
+    vs = agent.targets(batch).vs.numpy()[0]
+    np.testing.assert_allclose(vs[2], 3.0 + gamma * v[5], rtol=1e-5)
+    assert abs(v[5] - v[3]) > 1e-3
+    np.testing.assert_allclose(vs[1], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(vs[3], 4.0 + gamma * v[4], rtol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["reward-nan", "reward-inf", "logp-nan", "obs-inf"])
+@pytest.mark.parametrize("overrides", [{}, {"epochs": 2, "minibatches": 2}])
+def test_a_non_finite_batch_skips_the_update_and_changes_nothing(
+    where: str, overrides: dict[str, object]
+) -> None:
+    agent = APPOAgent(config("param", **overrides), BOX, seed=6)
+    agent.update(rollouts(agent, BOX, seed=1))  # optimizer state exists
+    batch = rollouts(agent, BOX, seed=2)
+    column, bad = where.split("-")
+    array = getattr(batch, column).copy()
+    array.reshape(-1)[5] = np.nan if bad == "nan" else np.inf
+    batch = batch._replace(**{column: array})
+    policy, value = copies(agent.policy), copies(agent.value)
+    optimizer = {k: v.clone() for k, v in agent.optimizer.state_dict()["state"][0].items()}
+    result = agent.update(batch)
+    assert result.skipped
+    assert result.metrics["skipped_minibatches"] == overrides.get("epochs", 1) * overrides.get(
+        "minibatches", 1
+    )
+    assert agent.updates == 1
+    assert_same(copies(agent.policy), policy)
+    assert_same(copies(agent.value), value)
+    assert_same({k: v.clone() for k, v in agent.optimizer.state_dict()["state"][0].items()}, optimizer)
+
+
+def test_a_resumed_agent_continues_identically() -> None:
+    cfg = config("state", epochs=2, minibatches=2, lr_final=0.0, lr_decay_updates=10)
+    agent = trained(BOX, cfg, seed=8)
+    buffer = io.BytesIO()
+    torch.save(agent.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = APPOAgent(cfg, BOX, seed=99)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    for seed in (10, 11):  # sampling, shuffling and stepping, twice
+        first, second = rollouts(agent, BOX, seed=seed), rollouts(resumed, BOX, seed=seed)
+        for name in RolloutBatch._fields:
+            np.testing.assert_array_equal(getattr(first, name), getattr(second, name))
+        assert agent.update(first).metrics == resumed.update(second).metrics
+    assert_same(copies(agent.policy), copies(resumed.policy))
+    assert_same(copies(agent.value), copies(resumed.value))
+    assert agent.updates == resumed.updates == 5
+
+
+def test_the_learning_rate_anneals_over_updates() -> None:
+    agent = APPOAgent(config(lr=1e-3, lr_final=0.0, lr_decay_updates=2), DISCRETE, seed=0)
+    rates = [agent.update(rollouts(agent, DISCRETE, seed=i)).metrics["lr"] for i in range(3)]
+    assert rates == pytest.approx([1e-3, 5e-4, 0.0])
+
+
+def test_update_refuses_what_it_cannot_train_on() -> None:
+    agent = APPOAgent(config(), DISCRETE, seed=0)
+    batch = rollouts(agent, DISCRETE)
+    transitions = TransitionBatch(
+        np.zeros((2, 4), np.float32), np.zeros(2, np.int64), np.zeros(2, np.float32),
+        np.zeros((2, 4), np.float32), np.zeros(2, np.float32),
+    )  # fmt: skip
+    with pytest.raises(TypeError):
+        agent.update(transitions)
+    with pytest.raises(ValueError, match="importance"):
+        agent.update(batch, np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="final_obs"):
+        agent.update(batch._replace(final_obs=np.zeros((len(batch.final_obs) + 1, 4), np.float32)))

@@ -1,0 +1,104 @@
+"""APPO's torch networks: the policy (built from the same table the numpy policy runs) with its
+log-probabilities and entropy, and the value MLP.
+
+``zmqrl.agents.appo`` trains them; actors run the policy alone in numpy
+(``zmqrl.agents.appo_policy``), whose formulas these mirror line for line.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zmqrl.agents.appo_policy import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, shape_initial_policy
+from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, TANH, ActingNet
+from zmqrl.agents.nets import build_acting, init_linear_, mlp
+from zmqrl.agents.numpy_policies import parameter_views
+
+
+def _activation(net: ActingNet) -> type[nn.Module]:
+    return nn.Tanh if net.activation == TANH else nn.ReLU
+
+
+class APPOPolicyNet(nn.Module):
+    """``obs -> (logits, None)`` or ``(mean, log_std)``, in the layout of ``net``
+    (``zmqrl.agents.layers.appo_policy_net``): what ``export_weights`` publishes."""
+
+    torso: nn.Module
+
+    def __init__(
+        self,
+        net: ActingNet,
+        obs_shape: tuple[int, ...],
+        log_std_init: float,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.net = net
+        with torch.random.fork_rng(devices=[], enabled=generator is not None):
+            build_acting(self, net, obs_shape, _activation(net))
+        for name, width in net.free:
+            self.register_parameter(name, nn.Parameter(torch.zeros(width)))
+        if generator is not None:
+            init_linear_(self, generator)
+        # Built on the CPU, so the numpy rule that scales the numpy policy's first weights applies.
+        shape_initial_policy(parameter_views(self), net, log_std_init)
+        self.discrete = any(name == LOGITS for name, _ in net.heads)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        features = self.torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
+        if self.discrete:
+            return getattr(self, LOGITS)(features), None
+        mean = getattr(self, MEAN)(features)
+        spread = getattr(self, LOG_STD)  # a head (log_std "state"), or a free vector ("param")
+        log_std = spread(features) if isinstance(spread, nn.Module) else spread.expand_as(mean)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities ``(B,)`` of ``actions`` (int64 ``(B,)`` or float32 ``(B, act_dim)``)
+        and the policy's entropies ``(B,)`` at ``obs``."""
+        out, log_std = self(obs)
+        if log_std is None:
+            return categorical_logp_entropy(out, actions)
+        return gaussian_logp(out, log_std, actions), gaussian_entropy(log_std)
+
+
+def categorical_logp_entropy(
+    logits: torch.Tensor, actions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log pi(a)`` ``(B,)`` of int64 ``actions`` and the entropy ``(B,)`` of softmax(logits)."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(1, actions.unsqueeze(1)).squeeze(1)
+    return logp, -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
+def gaussian_logp(mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Diagonal Gaussian log-density ``(B,)``, as ``appo_policy.gaussian_logp`` computes it (at the
+    clipped action the actor sent: see the agreed semantics there)."""
+    z = (actions - mean) / log_std.exp()
+    return (-0.5 * z.square() - log_std - HALF_LOG_2PI).sum(dim=-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """Entropy ``(B,)`` of the (unclipped) diagonal Gaussian: ``sum(log_std + 0.5 + 0.5 log 2 pi)``."""
+    return (log_std + (0.5 + HALF_LOG_2PI)).sum(dim=-1)
+
+
+class ValueNet(nn.Module):
+    """``obs -> V(obs)`` ``(B,)``: an MLP of the policy's widths and activation, trained only by the
+    learner (actors never see it)."""
+
+    def __init__(
+        self, net: ActingNet, obs_shape: tuple[int, ...], generator: torch.Generator | None = None
+    ) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[], enabled=generator is not None):
+            self.mlp = mlp(math.prod(obs_shape), net.hidden, 1, _activation(net))
+        if generator is not None:
+            init_linear_(self, generator)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(obs.reshape(obs.shape[0], -1).to(torch.float32)).squeeze(-1)
