@@ -2,9 +2,10 @@
 
 What :func:`zmqrl.transport.wire.load` runs on every message before any array is viewed: the header
 map is well-formed, every field is typed and bounded, the descriptors say exactly how many bytes
-each array frame must have, and a samples message names its columns in the protocol's order. It
-never looks at array contents (that is :mod:`zmqrl.transport.validation`). The encoder runs the
-same :func:`parse_header` on what it is about to send, so sender and receiver cannot disagree.
+each array frame must have, and a samples or rollouts message names its columns in the protocol's
+order, with aligned shapes. It never looks at array contents (that is
+:mod:`zmqrl.transport.validation`). The encoder runs the same :func:`parse_header` on what it is
+about to send, so sender and receiver cannot disagree.
 
 The limits and the field checks it applies (each raising :class:`~zmqrl.transport.messages.WireError`
 with a short reason) are in :mod:`zmqrl.transport.fields`.
@@ -29,6 +30,7 @@ from zmqrl.transport.fields import (
 )
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
+    KIND_ROLLOUTS,
     KIND_SAMPLES,
     KIND_STOP,
     KIND_WEIGHTS,
@@ -37,13 +39,15 @@ from zmqrl.transport.messages import (
     Fingerprint,
     FingerprintScalar,
 )
-from zmqrl.types import BATCH_FIELDS, EpisodeStat
+from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, EpisodeStat
 
 # Exact key set of each kind's header. Unknown keys are rejected rather than ignored: a typo in
 # another language's encoder should fail at once, and additions go with a PROTO_VERSION bump.
 _COMMON_KEYS = ("proto", "kind", "arrays")
+_SAMPLES_KEYS = frozenset((*_COMMON_KEYS, "actor_id", "seq", "weights_version", "episodes"))
 _HEADER_KEYS: dict[str, frozenset[str]] = {
-    KIND_SAMPLES: frozenset((*_COMMON_KEYS, "actor_id", "seq", "weights_version", "episodes")),
+    KIND_SAMPLES: _SAMPLES_KEYS,
+    KIND_ROLLOUTS: _SAMPLES_KEYS,  # the same fields: only the experience in the arrays differs
     KIND_WEIGHTS: frozenset((*_COMMON_KEYS, "version", "agent")),
     KIND_HEARTBEAT: frozenset((*_COMMON_KEYS, "role", "id", "pid", "time", "state", "counters", "info")),
     KIND_STOP: frozenset((*_COMMON_KEYS, "reason")),
@@ -127,10 +131,10 @@ def parse_fingerprint(value: Any) -> Fingerprint:
 # after which its layouts are checked from scratch as before.
 _LAYOUTS: dict[tuple[tuple[str, str, tuple[int, ...]], ...], list[ArrayDesc]] = {}
 _MAX_LAYOUTS = 512
-# ids of the cached lists (never freed, so an id is never reused), and of those that passed
-# _check_sample_columns. Cached lists are shared: callers only read them.
+# ids of the cached lists (never freed, so an id is never reused), and per kind those that passed
+# its column check (_COLUMN_CHECKS). Cached lists are shared: callers only read them.
 _CACHED: set[int] = set()
-_SAMPLE_LAYOUTS: set[int] = set()
+_CHECKED_LAYOUTS: dict[str, set[int]] = {KIND_SAMPLES: set(), KIND_ROLLOUTS: set()}
 
 
 def _layout_key(arrays: list[Any]) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
@@ -241,6 +245,38 @@ def _check_sample_columns(descs: list[ArrayDesc]) -> None:
             fail(f"samples column {d.name!r} must be float32 of shape (B,), got {d.dtype} {list(d.shape)}")
 
 
+def _check_rollout_columns(descs: list[ArrayDesc]) -> None:
+    """The protocol-fixed part of a rollouts message's layout: R >= 1 rows of T >= 1 steps, every
+    step column (R, T, ...) with obs one step longer, and final_obs rows shaped like obs's. What
+    T, R and K must be for the run is the spec's (validation), not the protocol's."""
+    names = tuple(d.name for d in descs)
+    if names != ROLLOUT_FIELDS:
+        fail(f"rollouts arrays must be {list(ROLLOUT_FIELDS)} in that order, got {[short(n) for n in names]}")
+    obs, final_obs = descs[0], descs[6]
+    if len(obs.shape) < 2 or obs.shape[0] < 1 or obs.shape[1] < 2:
+        fail(f"rollouts column 'obs' must be [R, T + 1, ...] with R >= 1 and T >= 1, got {list(obs.shape)}")
+    lead = (obs.shape[0], obs.shape[1] - 1)
+    for d in descs[1:6]:  # action, reward, terminated, truncated, logp
+        if d.shape[:2] != lead:
+            want = f"[R, T, ...] = {list(lead)} (obs is [R, T + 1, ...])"
+            fail(f"rollouts column {d.name!r} is {list(d.shape)}, expected {want}")
+    for d, dtype in zip(descs[2:6], ("float32", "bool", "bool", "float32"), strict=True):
+        if d.dtype != dtype or len(d.shape) != 2:
+            fail(f"rollouts column {d.name!r} must be {dtype} of shape [R, T], got {d.dtype} {list(d.shape)}")
+    if (
+        final_obs.dtype != obs.dtype
+        or len(final_obs.shape) != len(obs.shape) - 1
+        or final_obs.shape[1:] != obs.shape[2:]
+    ):
+        row = "".join(f", {dim}" for dim in obs.shape[2:])
+        got = f"{final_obs.dtype} {list(final_obs.shape)}"
+        fail(f"rollouts column 'final_obs' must be {obs.dtype} [K{row}] like obs's rows, got {got}")
+
+
+# The column check of each kind that carries experience.
+_COLUMN_CHECKS = {KIND_SAMPLES: _check_sample_columns, KIND_ROLLOUTS: _check_rollout_columns}
+
+
 def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
     """Validate a decoded header of any kind; return its kind and array descriptors."""
     if type(header) is not dict:
@@ -253,14 +289,15 @@ def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
         fail(f"unknown message kind {short(kind)}")
     _keys(header, _HEADER_KEYS[kind], f"{kind} header", _OPTIONAL_KEYS.get(kind, frozenset()))
     descs = _descriptors(header["arrays"])
-    if kind == KIND_SAMPLES:
+    if kind in _COLUMN_CHECKS:  # samples, rollouts
         int_field(header["actor_id"], "actor_id")
         int_field(header["seq"], "seq")
         int_field(header["weights_version"], "weights_version")
-        if id(descs) not in _SAMPLE_LAYOUTS:
-            _check_sample_columns(descs)
+        checked = _CHECKED_LAYOUTS[kind]
+        if id(descs) not in checked:
+            _COLUMN_CHECKS[kind](descs)
             if id(descs) in _CACHED:
-                _SAMPLE_LAYOUTS.add(id(descs))
+                checked.add(id(descs))
     elif kind == KIND_WEIGHTS:
         int_field(header["version"], "version")
         str_field(header["agent"], "agent")

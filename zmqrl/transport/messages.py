@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zmqrl.types import EpisodeStat, TransitionBatch, Weights
+from zmqrl.types import EpisodeStat, RolloutBatch, TransitionBatch, Weights
 
 # --------------------------------------------------------------------------------------------
 # Protocol constants
@@ -24,6 +24,10 @@ PROTO_VERSION = 1
 
 # Values of the header's "kind" field.
 KIND_SAMPLES = "samples"  # actor -> learner: a batch of n-step transitions plus finished episodes
+# actor -> learner: fixed-length on-policy rollouts plus finished episodes. No PROTO_VERSION bump:
+# framing and every other kind are unchanged, and a receiver that predates it refuses the new kind
+# by name ("unknown message kind"), counted and dropped like any bad message (docs/protocol.md).
+KIND_ROLLOUTS = "rollouts"
 KIND_WEIGHTS = "weights"  # learner -> actors: a versioned snapshot of the acting network
 KIND_HEARTBEAT = "heartbeat"  # any role -> supervisor: liveness, counters, bound endpoints
 KIND_STOP = "stop"  # supervisor -> everyone: shut down cleanly
@@ -49,7 +53,13 @@ Fingerprint = dict[str, FingerprintValue]
 
 @dataclass
 class SamplesMsg:
-    """Actor -> learner: transitions collected under ``weights_version`` plus finished episodes.
+    """Actor -> learner: experience collected under ``weights_version`` plus finished episodes.
+
+    One dataclass for both kinds of experience, because everything but the batch (sequence
+    numbers, policy lag, episodes, the channel) is the same: ``batch`` is a ``TransitionBatch``
+    (off-policy runs; the wire kind ``"samples"``) or a ``RolloutBatch`` (on-policy runs; the kind
+    ``"rollouts"``). The encoder picks the kind from the batch's type, and a learner refuses the
+    one its run does not train on (``SampleSpec.rollout_length``).
 
     ``seq`` counts this actor's messages from 0 so the learner can spot gaps (drops) per actor.
     """
@@ -57,10 +67,11 @@ class SamplesMsg:
     actor_id: int
     seq: int
     weights_version: int
-    batch: TransitionBatch
+    batch: TransitionBatch | RolloutBatch
     episodes: list[EpisodeStat]
     # Optional initial replay priorities (B,) float32 >= 0, computed by the actor (Ape-X); sent as a
     # sixth array frame named "priority". None: the learner gives new rows its maximum priority.
+    # Transitions only: rollouts carry none.
     priorities: np.ndarray | None = None
 
 

@@ -32,25 +32,29 @@ from zmqrl.transport.peers import PeerWatch
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import SamplesMsg, WireError
-from zmqrl.types import BATCH_FIELDS, TransitionBatch
+from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, Batch, RolloutBatch, TransitionBatch
 
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
 # Observation rows at least this large (an 84x84 frame is 7 KB) are received without a copy.
+# Rollouts follow the same rule: it depends on a row's size, which is the run's, and their obs frame
+# (R * (T + 1) rows) is the largest frame of either kind, where not copying saves the most.
 ZERO_COPY_MIN_OBS_BYTES = 1024
-# Most frames of a samples message: the header, the five columns and the optional priorities.
-SAMPLES_MAX_FRAMES = 1 + len(BATCH_FIELDS) + 1
+# Most frames of a message on this channel: the header, then a samples message's five columns and
+# optional priorities, or a rollouts message's seven columns.
+SAMPLES_MAX_FRAMES = 1 + max(len(BATCH_FIELDS) + 1, len(ROLLOUT_FIELDS))
 # The setting a samples (or weights) message's size limit comes from, named when one is refused.
 MESSAGE_SIZE_SETTING = "transport.max_message_mb"
 
 
 @dataclass(frozen=True)
 class SampleGroup:
-    """Valid messages in the order received, and their rows concatenated in that order."""
+    """Valid messages in the order received, and their rows concatenated in that order: all
+    transitions (``batch`` a TransitionBatch) or all rollouts (a RolloutBatch), never mixed."""
 
     messages: tuple[SamplesMsg, ...]
-    batch: TransitionBatch
-    priorities: np.ndarray | None  # all the messages carry priorities, or none does
+    batch: Batch
+    priorities: np.ndarray | None  # all the messages carry priorities, or none does (rollouts: none)
 
     @property
     def size(self) -> int:
@@ -58,9 +62,20 @@ class SampleGroup:
 
     @classmethod
     def of(cls, messages: Sequence[SamplesMsg]) -> SampleGroup:
-        """Merge ``messages`` (at least one; all with priorities or all without)."""
+        """Merge ``messages`` (at least one; all of one batch type; all with priorities or all
+        without).
+
+        Every column is concatenated along its first axis in message order. For rollouts that
+        keeps final_obs right too: its rows follow the truncated flags in row-major order, and
+        concatenating whole rows in message order puts each message's flags, and its final_obs
+        rows, after the previous message's, so the k-th truncated step of the merged batch still
+        owns its k-th final_obs row.
+        """
         if not messages:
             raise ValueError("a sample group needs at least one message")
+        kind = type(messages[0].batch)
+        if any(type(m.batch) is not kind for m in messages):
+            raise ValueError("a sample group's messages must all carry transitions, or all rollouts")
         if len(messages) == 1:  # the common case under a replay ratio: nothing to copy
             only = messages[0]
             return cls((only,), only.batch, only.priorities)
@@ -68,7 +83,8 @@ class SampleGroup:
         if len(with_priorities) != 1:
             raise ValueError("a sample group's messages must all carry priorities, or none")
         columns = zip(*(m.batch for m in messages), strict=True)
-        batch = TransitionBatch(*(np.concatenate(col) for col in columns))
+        merged = [np.concatenate(col) for col in columns]
+        batch: Batch = RolloutBatch(*merged) if kind is RolloutBatch else TransitionBatch(*merged)
         priorities = (
             np.concatenate([m.priorities for m in messages if m.priorities is not None])
             if with_priorities == {True}
@@ -92,6 +108,9 @@ class LearnerUnreachable(RuntimeError):
 
 class SampleSender:
     """Actor side of the samples channel. Says when the learner's queue holds a message back.
+
+    It sends either kind of experience (``wire.dump`` picks ``"samples"`` or ``"rollouts"`` from the
+    message's batch type); which one a learner takes is its run's.
 
     Two reasons keep a send from going through, and they call for different things:
 
@@ -238,7 +257,8 @@ class SampleSender:
 
 
 class SampleReceiver:
-    """Learner side of the samples channel: decodes and validates against the run's spec.
+    """Learner side of the samples channel: decodes and validates against the run's spec (which
+    also says the kind: a message of the other one is counted and dropped like any bad one).
 
     Each message is read within the channel's limit (:func:`channel_limit`: at most
     ``SAMPLES_MAX_FRAMES`` frames and transport.max_message_mb over all of them); a larger one is

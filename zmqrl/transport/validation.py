@@ -1,15 +1,20 @@
-"""Content checks of decoded samples and weights: finite floats, ranges, shapes against the run.
+"""Content checks of decoded samples, rollouts and weights: finite floats, ranges, shapes against the run.
 
 The second of the wire's two levels (see :mod:`zmqrl.transport.wire`): :func:`validate_samples`
-checks a samples message against the run's :class:`~zmqrl.spec.SampleSpec` and
-:func:`validate_weights` a weights message against the receiver's network. Both scan array
-contents, vectorised, and raise only :class:`~zmqrl.transport.messages.WireError`. They also work
-on locally built messages (an actor may check itself before its first send).
+checks a samples message (transitions or rollouts) against the run's
+:class:`~zmqrl.spec.SampleSpec` and :func:`validate_weights` a weights message against the
+receiver's network. Both scan array contents, vectorised, with the per-array checks of
+:mod:`zmqrl.transport.array_checks`, and raise only :class:`~zmqrl.transport.messages.WireError`.
+They also work on locally built messages (an actor may check itself before its first send).
+
+A samples message's checks come in three parts, so a receiver that merges several messages can
+scan their rows once: :func:`validate_structure` (layout against the spec, cached per layout by
+the decoder), :func:`validate_per_message` (the values that belong to one message and cannot be
+checked over merged rows) and :func:`validate_content` (the scans of every row, merged or not).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -17,50 +22,39 @@ from typing import Any
 import numpy as np
 
 from zmqrl.spec import SampleSpec
+from zmqrl.transport.array_checks import check_actions, check_bool_bytes, check_obs, is_dtype
 from zmqrl.transport.fields import MAX_EPISODES, fail, py_int, short
 from zmqrl.transport.messages import SamplesMsg, WeightsMsg, WireError
-from zmqrl.types import BATCH_FIELDS, TransitionBatch
+from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, Batch, RolloutBatch, TransitionBatch
 
-# Continuous actions may exceed the spec's bounds by this much, relative to the bound's magnitude
-# (at least 1): float32 rounding in an actor's rescaling of a squashed policy output (low + (y + 1)
-# * (high - low) / 2) lands a few ulps outside a bound; anything further out is a bug or hostile.
-ACTION_BOUND_TOLERANCE = 1e-5
-
-
-# (kind, itemsize) of numpy dtypes by name, looked up once: this is what a numeric dtype's name
-# says, whatever the byte order, and ``arr.dtype.name`` costs microseconds per call, six columns
-# per message the learner receives.
-_KINDS: dict[str, tuple[str, int]] = {}
-
-
-def _is_dtype(arr: np.ndarray, name: str) -> bool:
-    want = _KINDS.get(name)
-    if want is None:
-        dtype = np.dtype(name)
-        want = _KINDS[name] = (dtype.kind, dtype.itemsize)
-    dtype = arr.dtype
-    return dtype.kind == want[0] and dtype.itemsize == want[1]
+# Bounds of a rollout step's behaviour log-probability ``logp``. A categorical log-probability is
+# <= 0; float32 rounding of ``logit - logsumexp(logits)`` may leave it a few ulps above (an ulp of
+# a logsumexp of magnitude 1e3 is 6e-5), never more than this.
+DISCRETE_LOGP_SLACK = 1e-3
+# |logp| at most, either action kind. A Gaussian's log-density is positive for a narrow policy,
+# but each dimension adds at most -log(sigma) - 0.92: under 20 even at sigma = 1e-9 (a log-std of
+# -20, the lowest clamp in common use). It is very negative when the clipped action lies many
+# sigmas from a mean beyond the bounds (-z^2 / 2 per dimension: thousands, legitimately). 1e6
+# admits both for any action size a policy has (a categorical logp below -1e6 needs a logit spread
+# of 1e6), and past it float32 means nothing here: its spacing at 1e6 is 0.06, so a ratio
+# exp(new - old) of such values is noise, while 3e38 (finite) overflows the learner's arithmetic.
+MAX_ABS_LOGP = 1e6
 
 
-def _check_finite(arr: np.ndarray, what: str) -> None:
-    # isfinite's temporary is the fastest full scan (see _check_weights): a float64 sum is no
-    # faster on small columns and slower on large ones.
-    if not np.isfinite(arr).all():
-        fail(f"{what} contains NaN or infinity")
+def _columns(batch: Any, names: tuple[str, ...], kind: str) -> list[np.ndarray]:
+    cols: list[np.ndarray] = []
+    for name in names:
+        col = getattr(batch, name, None)
+        if not isinstance(col, np.ndarray):
+            fail(f"{kind} column {name!r} is not a numpy array")
+        cols.append(col)
+    return cols
 
 
-def _check_bool_bytes(arr: np.ndarray, what: str) -> None:
-    """numpy would read any non-zero byte as True; the wire allows only 0 and 1."""
-    if arr.size and arr.view(np.uint8).max() > 1:
-        fail(f"{what} has bool bytes other than 0 and 1")
-
-
-def _check_content(arr: np.ndarray, what: str) -> None:
-    kind = arr.dtype.kind
-    if kind == "f":
-        _check_finite(arr, what)
-    elif kind == "b":
-        _check_bool_bytes(arr, what)
+def _check_layout(want: tuple[tuple[str, np.ndarray, tuple[int, ...], str], ...]) -> None:
+    for name, col, shape, dtype in want:
+        if col.shape != shape or not is_dtype(col, dtype):
+            fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
 
 
 def _validate_structure(msg: Any, spec: SampleSpec) -> None:
@@ -68,34 +62,75 @@ def _validate_structure(msg: Any, spec: SampleSpec) -> None:
         fail(f"expected a samples message, got {type(msg).__name__}")
     for what in ("actor_id", "seq", "weights_version"):
         py_int(getattr(msg, what), what)
-    cols: list[np.ndarray] = []
-    for name in BATCH_FIELDS:
-        col = getattr(msg.batch, name, None)
-        if not isinstance(col, np.ndarray):
-            fail(f"samples column {name!r} is not a numpy array")
-        cols.append(col)
-    obs, action, reward, next_obs, discount = cols
+    batch = msg.batch
+    if isinstance(batch, RolloutBatch):
+        if spec.rollout_length is None:
+            fail("rollouts refused: this run trains on transitions (samples messages), not on rollouts")
+        _validate_rollout_structure(msg, batch, spec)
+    else:
+        if (steps := spec.rollout_length) is not None:
+            fail(f"samples refused: this run trains on rollouts of {steps} steps, not on transitions")
+        _validate_transition_structure(msg, spec)
+    _validate_episodes(msg.episodes, spec)
+
+
+def _validate_transition_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
+    obs, action, reward, next_obs, discount = _columns(msg.batch, BATCH_FIELDS, "samples")
     if reward.ndim != 1:
         fail(f"reward must have shape (B,), got {reward.shape}")
     n = reward.shape[0]
     if not 1 <= n <= spec.max_batch:
         fail(f"batch size {n} outside [1, {spec.max_batch}]")
-    want = (
-        ("obs", obs, (n, *spec.obs_shape), spec.obs_dtype),
-        ("action", action, (n, *spec.action_shape), spec.action_dtype),
-        ("reward", reward, (n,), "float32"),
-        ("next_obs", next_obs, (n, *spec.obs_shape), spec.obs_dtype),
-        ("discount", discount, (n,), "float32"),
+    _check_layout(
+        (
+            ("obs", obs, (n, *spec.obs_shape), spec.obs_dtype),
+            ("action", action, (n, *spec.action_shape), spec.action_dtype),
+            ("reward", reward, (n,), "float32"),
+            ("next_obs", next_obs, (n, *spec.obs_shape), spec.obs_dtype),
+            ("discount", discount, (n,), "float32"),
+        )
     )
-    for name, col, shape, dtype in want:
-        if col.shape != shape or not _is_dtype(col, dtype):
-            fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
     priorities = getattr(msg, "priorities", None)
     if priorities is not None:
         shaped = isinstance(priorities, np.ndarray) and priorities.shape == (n,)
-        if not shaped or not _is_dtype(priorities, "float32"):
+        if not shaped or not is_dtype(priorities, "float32"):
             fail(f"priority must be float32 of shape ({n},)")
-    _validate_episodes(msg.episodes, spec)
+
+
+def _validate_rollout_structure(msg: SamplesMsg, batch: RolloutBatch, spec: SampleSpec) -> None:
+    obs, action, reward, terminated, truncated, logp, final_obs = _columns(
+        msg.batch, ROLLOUT_FIELDS, "rollouts"
+    )
+    if reward.ndim != 2:
+        fail(f"reward must have shape (R, T), got {reward.shape}")
+    rows, steps = reward.shape
+    if steps != spec.rollout_length:
+        fail(f"rollouts of {steps} steps, this run's have {spec.rollout_length} (actor.rollout_length)")
+    if not 1 <= rows <= spec.max_batch:
+        fail(f"{rows} rollouts outside [1, {spec.max_batch}]")
+    k = final_obs.shape[0] if final_obs.ndim else 0
+    _check_layout(
+        (
+            ("obs", obs, (rows, steps + 1, *spec.obs_shape), spec.obs_dtype),
+            ("action", action, (rows, steps, *spec.action_shape), spec.action_dtype),
+            ("reward", reward, (rows, steps), "float32"),
+            ("terminated", terminated, (rows, steps), "bool"),
+            ("truncated", truncated, (rows, steps), "bool"),
+            ("logp", logp, (rows, steps), "float32"),
+            ("final_obs", final_obs, (k, *spec.obs_shape), spec.obs_dtype),
+        )
+    )
+    if getattr(msg, "priorities", None) is not None:
+        fail("rollouts carry no priority array")
+    _check_final_obs_count(batch)
+
+
+def _check_final_obs_count(batch: RolloutBatch) -> None:
+    """One final_obs row per truncated step. Counting never misreads a bool byte other than 0/1
+    (any non-zero byte counts), and such bytes are refused by the content scan anyway."""
+    cut = int(np.count_nonzero(batch.truncated))
+    if cut != batch.final_obs.shape[0]:
+        fail(f"final_obs has {batch.final_obs.shape[0]} rows, but {cut} steps are truncated (one row each)")
 
 
 def _validate_episodes(episodes: Any, spec: SampleSpec) -> None:
@@ -127,17 +162,47 @@ def _validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spe
         fail(f"reward outside [-{limit:g}, {limit:g}] (transport.max_abs_reward x agent.n_step) or NaN")
     if not (discount.min() >= 0.0 and discount.max() <= _discount_limit(spec)):
         fail(f"discount outside [0, {spec.max_discount:g}] (agent.gamma) or NaN")
-    if priorities is not None and not (priorities.min() >= 0.0 and priorities.max() < math.inf):
+    if priorities is not None and not (priorities.min() >= 0.0 and priorities.max() < np.inf):
         fail("priority must be finite and >= 0")
-    _check_obs(obs, "obs", spec)
-    _check_obs(next_obs, "next_obs", spec)
-    if action.dtype.kind in "iu" and spec.num_actions is not None:
-        if not (action.min() >= 0 and action.max() < spec.num_actions):
-            fail(f"action outside [0, {spec.num_actions})")
-    else:
-        _check_content(action, "action")
-        if spec.action_low is not None and spec.action_high is not None:
-            _check_action_bounds(action, spec)
+    check_obs(obs, "obs", spec)
+    check_obs(next_obs, "next_obs", spec)
+    check_actions(action, "action", spec)
+
+
+def _validate_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
+    """The scans of a rollout batch's contents (one message's, or several messages' rows merged),
+    with the same rules as ``_validate_content`` where a column means the same: observations,
+    actions, a per-step reward (one env step: ``max_abs_reward`` itself, no n-step factor)."""
+    obs, action, reward, terminated, truncated, logp, final_obs = batch
+    _check_done_flags(terminated, truncated)
+    _check_final_obs_count(batch)  # merged rows: the total (each message's own: validate_per_message)
+    limit = spec.max_abs_reward
+    if not (reward.min() >= -limit and reward.max() <= limit):
+        fail(f"reward outside [-{limit:g}, {limit:g}] (transport.max_abs_reward, per step) or NaN")
+    high = DISCRETE_LOGP_SLACK if spec.num_actions is not None else MAX_ABS_LOGP
+    if not (logp.min() >= -MAX_ABS_LOGP and logp.max() <= high):
+        fail(f"logp outside [-{MAX_ABS_LOGP:g}, {high:g}] (a log-probability of the action) or NaN")
+    check_obs(obs.reshape(-1, *spec.obs_shape), "obs", spec)  # R * (T + 1) observation rows
+    if final_obs.shape[0]:
+        check_obs(final_obs, "final_obs", spec)
+    check_actions(action, "action", spec)
+
+
+def _check_done_flags(terminated: np.ndarray, truncated: np.ndarray) -> None:
+    """Both flags' bytes 0 or 1, and never both set at one step.
+
+    ``np.frombuffer`` views a bool frame's bytes as they came, so a hostile frame can hold a 2 or
+    a 255 that numpy (and torch, sharing the buffer) reads as True while its bytes say otherwise
+    to anything that looks at them; the wire allows 0 and 1 only. One OR of the raw bytes finds
+    any other byte in either flag (its maximum is 1 exactly when both are 0/1), one AND a step
+    flagged both ways.
+    """
+    term, trunc = terminated.view(np.uint8), truncated.view(np.uint8)
+    if (term | trunc).max() > 1:
+        check_bool_bytes(terminated, "terminated")
+        check_bool_bytes(truncated, "truncated")
+    if (term & trunc).any():
+        fail("a step is both terminated and truncated (termination wins: send it as terminated only)")
 
 
 def _discount_limit(spec: SampleSpec) -> float:
@@ -155,82 +220,6 @@ def _discount_limit(spec: SampleSpec) -> float:
 _DISCOUNT_LIMITS: dict[float, float] = {}
 
 
-def _check_obs(arr: np.ndarray, what: str, spec: SampleSpec) -> None:
-    """Every component within the spec's observation limits (declared bounds, max_abs_obs).
-
-    One pair of reductions over the column when every component shares its bounds; else one
-    pair of comparisons against the per-component bounds, repeated to ``TILED_VALUES`` values
-    and laid over that many rows at a time: broadcast row by row, numpy's inner loop is as short
-    as a row (4 values on CartPole, whose merged groups of 1024 rows this made 2.5x cheaper).
-    """
-    limits = spec.obs_limits()
-    if limits is None:
-        if arr.dtype.kind == "b":
-            _check_bool_bytes(arr, what)
-        return
-    low, high = limits
-    if low.size == 1:
-        inside = arr.min() >= low[0] and arr.max() <= high[0]
-    else:
-        rows = arr.reshape(arr.shape[0], low.size)
-        k, wide_low, wide_high = _tiled(low, high)
-        whole = rows.shape[0] // k * k
-        inside = True
-        if whole:
-            wide = rows[:whole].reshape(whole // k, k * low.size)
-            inside = bool((wide >= wide_low).all() and (wide <= wide_high).all())
-        if inside and whole < rows.shape[0]:
-            rest = rows[whole:]
-            inside = bool((rest >= low).all() and (rest <= high).all())
-    if not inside:
-        fail(_obs_outside(arr, what, low, high))
-
-
-# Values per row of the tiled bounds (see _check_obs): long enough for numpy's inner loop.
-TILED_VALUES = 256
-# id(low) -> (low, rows per pass, tiled low, tiled high); ``low`` kept so the id stays its own.
-MAX_TILED = 64
-_TILED: dict[int, tuple[np.ndarray, int, np.ndarray, np.ndarray]] = {}
-
-
-def _tiled(low: np.ndarray, high: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-    """Per-component bounds repeated for ``k`` rows, ``k`` a power of two (batch sizes are)."""
-    cached = _TILED.get(id(low))
-    if cached is None or cached[0] is not low:
-        if len(_TILED) >= MAX_TILED:  # a process has one spec; tests make many
-            _TILED.clear()
-        k = 1 << max(0, (TILED_VALUES // low.size).bit_length() - 1)
-        cached = _TILED[id(low)] = (low, k, np.tile(low, k), np.tile(high, k))
-    return cached[1], cached[2], cached[3]
-
-
-def _obs_outside(arr: np.ndarray, what: str, low: np.ndarray, high: np.ndarray) -> str:
-    """The reason for a refused observation column, naming the first bad component (a failure
-    only, so the extra scan costs nothing on the passing path)."""
-    rows = arr.reshape(arr.shape[0], -1)
-    bad = ~((rows >= low) & (rows <= high))
-    row, col = (int(i) for i in np.argwhere(bad)[0])
-    i = 0 if low.size == 1 else col
-    return (
-        f"{what} component {col} is {float(rows[row, col]):g}, outside [{float(low[i]):g}, "
-        f"{float(high[i]):g}] (the env's observation space, at most transport.max_abs_obs)"
-    )
-
-
-def _check_action_bounds(action: np.ndarray, spec: SampleSpec) -> None:
-    """Every row within [low, high] up to ACTION_BOUND_TOLERANCE (actions are already finite).
-
-    The margin scales with each bound's magnitude (at least 1), and an infinite bound stays
-    infinite, so one side of a half-bounded dimension is still checked.
-    """
-    low = np.asarray(spec.action_low, dtype=np.float64).reshape(spec.action_shape)
-    high = np.asarray(spec.action_high, dtype=np.float64).reshape(spec.action_shape)
-    slack_low = ACTION_BOUND_TOLERANCE * np.maximum(1.0, np.abs(low))
-    slack_high = ACTION_BOUND_TOLERANCE * np.maximum(1.0, np.abs(high))
-    if not ((action >= low - slack_low).all() and (action <= high + slack_high).all()):
-        fail("continuous action outside the action space's bounds")
-
-
 @contextmanager
 def _only_wire_errors(kind: str) -> Iterator[None]:
     """Whatever a check of foreign input trips over surfaces as WireError, and only as that."""
@@ -243,7 +232,8 @@ def _only_wire_errors(kind: str) -> Iterator[None]:
 
 
 def validate_samples(msg: SamplesMsg, spec: SampleSpec) -> None:
-    """Check a samples message against the run's spec, contents included; raise WireError if bad.
+    """Check a samples message (transitions or rollouts) against the run's spec, contents
+    included; raise WireError if bad.
 
     Works on locally built messages too (the actor may self-check before its first send). Float
     checks are vectorised: this runs once per received batch on the learner.
@@ -253,24 +243,40 @@ def validate_samples(msg: SamplesMsg, spec: SampleSpec) -> None:
 
 
 def validate_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
-    """The layout half of :func:`validate_samples`: types, shapes and dtypes against the spec,
-    batch size, episode records; no scan of array contents. Raises WireError if bad."""
+    """The layout half of :func:`validate_samples`: the kind this run trains on, types, shapes and
+    dtypes against the spec, batch size, episode records, and :func:`validate_per_message`'s
+    checks; no scan of array contents. Raises WireError if bad."""
     with _only_wire_errors("samples"):
         _validate_structure(msg, spec)
 
 
-def validate_content(batch: TransitionBatch, priorities: np.ndarray | None, spec: SampleSpec) -> None:
+def validate_content(batch: Batch, priorities: np.ndarray | None, spec: SampleSpec) -> None:
     """The contents half of :func:`validate_samples`, for a batch (one message's, or several
     messages' rows merged) whose layout passed :func:`validate_structure`. Raises WireError."""
     with _only_wire_errors("samples"):
-        _validate_content(batch, priorities, spec)
+        if isinstance(batch, RolloutBatch):
+            _validate_rollout_content(batch, spec)
+        else:
+            _validate_content(batch, priorities, spec)
+
+
+def validate_per_message(msg: SamplesMsg, spec: SampleSpec) -> None:
+    """The checks of values that belong to one message and cannot run over merged rows: its
+    episode records against the spec's reward limit, and a rollouts message's final_obs count
+    against its own truncated steps (merged, one message's missing row could hide behind another's
+    extra one). Part of :func:`validate_structure`, and separate because a decoder that skips the
+    structure check for a layout it has seen before (``wire.load_samples(contents=False)``) runs
+    this for every message. Raises WireError."""
+    with _only_wire_errors("samples"):
+        if msg.episodes:
+            _validate_episodes(msg.episodes, spec)
+        if isinstance(msg.batch, RolloutBatch):
+            _check_final_obs_count(msg.batch)
 
 
 def validate_episodes(episodes: Any, spec: SampleSpec) -> None:
     """The finished-episode records of a samples message against the spec's reward limit; raises
-    WireError. Part of :func:`validate_structure`, and separate because a decoder that skips
-    the structure check for a layout it has seen before (``wire.load_samples(contents=False)``)
-    has checked the records' types but not their values: the learner's ingest calls this."""
+    WireError (one part of :func:`validate_per_message`)."""
     with _only_wire_errors("samples"):
         _validate_episodes(episodes, spec)
 
@@ -299,7 +305,7 @@ def _check_weights(msg: WeightsMsg, reference: Mapping[str, tuple[tuple[int, ...
             if not np.isfinite(arr).all():
                 fail(f"weights {name!r} contains NaN or infinity")
         elif kind == "b":
-            _check_bool_bytes(arr, f"weights {name!r}")
+            check_bool_bytes(arr, f"weights {name!r}")
 
 
 def _weights_fit(arr: np.ndarray, shape: tuple[int, ...], dtype: str) -> bool:
@@ -307,7 +313,7 @@ def _weights_fit(arr: np.ndarray, shape: tuple[int, ...], dtype: str) -> bool:
     dtypes by name; anything else a caller passes is normalised first)."""
     if arr.shape != shape and arr.shape != tuple(int(d) for d in shape):
         return False
-    return _is_dtype(arr, dtype if isinstance(dtype, str) else np.dtype(dtype).name)
+    return is_dtype(arr, dtype if isinstance(dtype, str) else np.dtype(dtype).name)
 
 
 def validate_weights(

@@ -1,4 +1,4 @@
-"""The zmqrl wire format: pure encode/decode of the four message kinds, no sockets.
+"""The zmqrl wire format: pure encode/decode of the five message kinds, no sockets.
 
 Every message is one ZeroMQ multipart message. Frame 0 is a msgpack map (the *header*) that says
 what the message is and describes its arrays; frames 1..k are the arrays' raw bytes
@@ -16,11 +16,16 @@ foreign bytes is code execution.
 Two levels of checking, split so the hot path pays only for what it needs:
 
 * :func:`load` checks *structure*: header well-formed, frames match their descriptors byte for
-  byte, kind-specific header fields typed and bounded, sample columns named and aligned. It never
-  scans array contents.
+  byte, kind-specific header fields typed and bounded, sample and rollout columns named and aligned.
+  It never scans array contents.
 * :func:`load_samples` / :func:`load_weights` add *content* checks (finite floats, discount range,
   action range, shapes against the run's spec or the receiver's network). Receivers of data
   should always use these; plain :func:`load` is for heartbeats and control.
+
+Experience travels as one of two kinds, both decoded to a :class:`SamplesMsg`: ``"samples"``
+(n-step transitions, a ``TransitionBatch``) and ``"rollouts"`` (fixed-length on-policy rollouts, a
+``RolloutBatch``); :func:`dump` picks the kind from the batch's type, and :func:`load_samples`
+refuses the one the run's spec does not train on.
 
 Where the pieces live: the message dataclasses, version and kinds in :mod:`zmqrl.transport.messages`,
 limits and field checks in :mod:`zmqrl.transport.fields`, header structure in
@@ -38,6 +43,7 @@ import msgpack
 import numpy as np
 
 from zmqrl.spec import ALLOWED_DTYPES, SampleSpec
+from zmqrl.transport.array_checks import ACTION_BOUND_TOLERANCE
 from zmqrl.transport.fields import (
     LE_DTYPES,
     MAX_ARRAYS,
@@ -62,6 +68,7 @@ from zmqrl.transport.header import (
 )
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
+    KIND_ROLLOUTS,
     KIND_SAMPLES,
     KIND_STOP,
     KIND_WEIGHTS,
@@ -78,19 +85,19 @@ from zmqrl.transport.messages import (
     WireError,
 )
 from zmqrl.transport.validation import (
-    ACTION_BOUND_TOLERANCE,
     validate_content,
-    validate_episodes,
+    validate_per_message,
     validate_samples,
     validate_structure,
     validate_weights,
 )
-from zmqrl.types import BATCH_FIELDS, TransitionBatch, Weights
+from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, RolloutBatch, TransitionBatch, Weights
 
 # The public names of the wire format, wherever they are defined.
 __all__ = [
     "ACTION_BOUND_TOLERANCE",
     "KIND_HEARTBEAT",
+    "KIND_ROLLOUTS",
     "KIND_SAMPLES",
     "KIND_STOP",
     "KIND_WEIGHTS",
@@ -118,6 +125,7 @@ __all__ = [
     "load_samples",
     "load_weights",
     "validate_content",
+    "validate_per_message",
     "validate_samples",
     "validate_structure",
     "validate_weights",
@@ -182,7 +190,8 @@ def dump(msg: Message) -> list[bytes | memoryview]:
     arrays: list[tuple[str, Any]]
     header: dict[str, Any] = {"proto": PROTO_VERSION}
     if isinstance(msg, SamplesMsg):
-        header["kind"] = KIND_SAMPLES
+        rollouts = isinstance(msg.batch, RolloutBatch)
+        header["kind"] = KIND_ROLLOUTS if rollouts else KIND_SAMPLES
         header["actor_id"] = py_int(msg.actor_id, "actor_id")
         header["seq"] = py_int(msg.seq, "seq")
         header["weights_version"] = py_int(msg.weights_version, "weights_version")
@@ -191,8 +200,10 @@ def dump(msg: Message) -> list[bytes | memoryview]:
             ret, length = ep
             episodes.append([float(py_number(ret, "episode return")), py_int(length, "episode length")])
         header["episodes"] = episodes
-        arrays = [(name, getattr(msg.batch, name)) for name in BATCH_FIELDS]
+        arrays = [(name, getattr(msg.batch, name)) for name in (ROLLOUT_FIELDS if rollouts else BATCH_FIELDS)]
         if msg.priorities is not None:
+            if rollouts:
+                fail("rollouts carry no priorities")
             arrays.append((PRIORITY_FIELD, msg.priorities))
     elif isinstance(msg, WeightsMsg):
         header["kind"] = KIND_WEIGHTS
@@ -271,14 +282,15 @@ def _decode(frames: Sequence[Any]) -> tuple[Message, list[ArrayDesc]]:
         if view.nbytes != d.nbytes:
             fail(f"array {d.name!r}: frame is {view.nbytes} bytes, descriptor says {d.nbytes}")
         arrays.append(np.frombuffer(view, dtype=LE_DTYPES[d.dtype]).reshape(d.shape))
-    if kind == KIND_SAMPLES:
+    if kind in (KIND_SAMPLES, KIND_ROLLOUTS):
+        transitions = kind == KIND_SAMPLES  # parse_header checked the column names of either
         return SamplesMsg(
             actor_id=header["actor_id"],
             seq=header["seq"],
             weights_version=header["weights_version"],
-            batch=TransitionBatch(*arrays[:5]),
+            batch=TransitionBatch(*arrays[:5]) if transitions else RolloutBatch(*arrays),
             episodes=parse_episodes(header["episodes"]),
-            priorities=arrays[5] if len(arrays) > 5 else None,
+            priorities=arrays[5] if transitions and len(arrays) > 5 else None,
         ), descs
     if kind == KIND_WEIGHTS:
         named = {d.name: a for d, a in zip(descs, arrays, strict=True)}
@@ -320,7 +332,9 @@ def load(frames: Sequence[Any]) -> Message:
 
 
 def load_samples(frames: Sequence[Any], spec: SampleSpec, contents: bool = True) -> SamplesMsg:
-    """Decode a message that must be samples and must fit ``spec``; raise WireError otherwise.
+    """Decode a message that must be experience of the kind the run trains on (``"samples"`` when
+    ``spec.rollout_length`` is None, else ``"rollouts"`` of that many steps) and must fit
+    ``spec``; raise WireError otherwise.
 
     ``contents=False`` leaves out the scans of array contents (finite floats, ranges): for a
     caller that runs :func:`~zmqrl.transport.validation.validate_content` itself, over several
@@ -340,23 +354,24 @@ def load_samples(frames: Sequence[Any], spec: SampleSpec, contents: bool = True)
         validate_structure(msg, spec)
         if is_known_layout(descs) and len(_FITTING) < MAX_FITTING:
             _FITTING[id(descs), id(spec)] = spec  # the value keeps the spec (and its id) alive
-    elif msg.episodes:  # a known layout, but episode returns are values: bounded per message
-        validate_episodes(msg.episodes, spec)
+    else:  # a known layout, but episode returns and a rollout's truncation count are values
+        validate_per_message(msg, spec)
     return msg
 
 
-# (layout, spec) pairs whose structure check passed. A decoded message's layout (shapes, dtypes,
-# batch size) is its descriptor list, and the ids and episode records' types parse_header has
-# already checked; so a known layout that fit a spec once always does. Only the episode returns'
-# bound (the spec's reward limit) depends on the values, and is checked for every message.
+# (layout, spec) pairs whose structure check passed. A decoded message's layout (kind, shapes,
+# dtypes, batch size) is its descriptor list, and the ids and episode records' types parse_header
+# has already checked; so a known layout that fit a spec once always does. Only the episode
+# returns' bound (the spec's reward limit) and a rollout's count of truncated steps depend on the
+# values, and are checked for every message (validate_per_message).
 _FITTING: dict[tuple[int, int], SampleSpec] = {}
 MAX_FITTING = 1024
 
 
 def _kind_of(msg: Message) -> str:
-    return {SamplesMsg: KIND_SAMPLES, WeightsMsg: KIND_WEIGHTS, HeartbeatMsg: KIND_HEARTBEAT}.get(
-        type(msg), KIND_STOP
-    )
+    if isinstance(msg, SamplesMsg):
+        return KIND_ROLLOUTS if isinstance(msg.batch, RolloutBatch) else KIND_SAMPLES
+    return {WeightsMsg: KIND_WEIGHTS, HeartbeatMsg: KIND_HEARTBEAT}.get(type(msg), KIND_STOP)
 
 
 def load_weights(
