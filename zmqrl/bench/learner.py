@@ -7,28 +7,56 @@ a launched learner. "Nothing arriving" is the same trainer with its ingest threa
 senders then wait on the high-water mark and cost nothing). The two alternate repeat by repeat.
 A last row shows the flood with the ingest budget off (``learner.ingest_max_share: null``): what
 the GIL did to training before the budget existed.
+
+On-policy (APPO, configs/cartpole_appo.yaml) there is no replay to sample from: each update trains
+on one batch of ``agent.batch_size`` env steps, rollouts of ``actor.rollout_length`` steps, and
+never again. Its rows time the agent's update alone on synthetic rollouts of the run's spec (valid
+as the learner's checks want them), built through ``make_learner`` as the learner builds it:
+updates/s, and the env steps they train per second (what actors may produce before the learner
+falls behind). They have no reference side: no bare APPO exists to hold them against.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import zmq
 
+from zmqrl.agents import make_learner
+from zmqrl.agents.configs import APPOConfig
 from zmqrl.api import load_config
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.bench.senders import SampleShape, Senders, sample_batch
+from zmqrl.config import Config
+from zmqrl.core import LearningAgent
+from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.learner.trainer import Trainer
+from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import BadMessages, SampleReceiver
 from zmqrl.transport.messages import SamplesMsg
+from zmqrl.types import RolloutBatch
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.yaml"
+APPO_CONFIG = CONFIG.with_name("cartpole_appo.yaml")
 SENDERS = 2
 TARGET = 0.9
+# Distinct synthetic rollout batches an APPO measurement cycles through, as the queue hands the
+# learner a new batch every update (one batch reused would sit warm in the caches).
+APPO_BATCHES = 4
+# Updates before each APPO measurement (first-call allocations, Adam's state, a GPU's kernels).
+APPO_WARMUP = 3
+# Per-step chances that a synthetic episode ends (CartPole-like episodes of about 50 steps) and,
+# failing that, is cut by a time limit (so some final_obs bootstrap rows are there too).
+TERMINATE_P = 0.02
+TRUNCATE_P = 0.005
 
 
 class _Rig:
@@ -161,4 +189,127 @@ def run(settings: BenchSettings) -> list[Comparison]:
             uncapped_repeats,
             None,
         ),
+        *on_policy(APPO_CONFIG, settings),
+    ]
+
+
+# ---- on-policy: APPO's update on synthetic rollouts ---------------------------------------------
+
+
+def rollout_spec(cfg: Config) -> SampleSpec:
+    """The spec an on-policy learner checks rollouts against: the env's spaces and bounds, a
+    rollout's per-step reward limit, and rows of exactly ``actor.rollout_length`` steps."""
+    env = make_env(cfg.env, training=False)
+    try:
+        spec = sample_spec(
+            env, max_abs_obs=cfg.transport.max_abs_obs, max_abs_reward=cfg.transport.max_abs_reward
+        )
+    finally:
+        env.close()
+    return dataclasses.replace(spec, rollout_length=cfg.actor.rollout_length)
+
+
+def _observations(spec: SampleSpec, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` observations inside the spec's limits: floats standard normal clipped to them,
+    integers uniform over them (Atari's frames: 0..255)."""
+    shape = (count, *spec.obs_shape)
+    dtype = np.dtype(spec.obs_dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    limits = spec.obs_limits()  # None only for integers bounded by their dtype alone
+    if limits is None:
+        low, high = np.asarray(np.iinfo(dtype).min), np.asarray(np.iinfo(dtype).max)
+    else:
+        low, high = (lim.reshape(spec.obs_shape) if lim.size > 1 else lim.reshape(()) for lim in limits)
+    if dtype.kind in "iu":
+        drawn = rng.integers(low.astype(np.int64), high.astype(np.int64), size=shape, endpoint=True)
+        return drawn.astype(dtype)
+    return np.clip(rng.standard_normal(shape), low, high).astype(dtype)
+
+
+def _actions(
+    spec: SampleSpec, shape: tuple[int, int], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Actions and finite behaviour log-probabilities: uniform over a discrete action set (logp
+    log 1/n), standard normal clipped to a continuous one's bounds (its density there)."""
+    if spec.num_actions is not None:
+        action = rng.integers(0, spec.num_actions, size=shape, dtype=np.int64)
+        return action, np.full(shape, -math.log(spec.num_actions), np.float32)
+    raw = rng.standard_normal((*shape, *spec.action_shape))
+    low = -np.inf if spec.action_low is None else np.asarray(spec.action_low).reshape(spec.action_shape)
+    high = np.inf if spec.action_high is None else np.asarray(spec.action_high).reshape(spec.action_shape)
+    action = np.clip(raw, low, high).astype(np.float32)
+    dims = tuple(range(2, action.ndim))
+    logp = (-0.5 * action.astype(np.float64) ** 2 - 0.5 * math.log(2 * math.pi)).sum(axis=dims)
+    return action, logp.astype(np.float32)
+
+
+def rollout_batch(spec: SampleSpec, rows: int, rng: np.random.Generator) -> RolloutBatch:
+    """``rows`` synthetic rollouts of ``spec.rollout_length`` steps that the learner would accept:
+    observations and actions within the spec, never terminated and truncated at one step, one
+    final_obs per truncated step, finite log-probabilities and rewards."""
+    if spec.rollout_length is None:
+        raise ValueError("rollout_batch needs an on-policy spec (rollout_length set)")
+    steps = spec.rollout_length
+    action, logp = _actions(spec, (rows, steps), rng)
+    terminated = rng.random((rows, steps)) < TERMINATE_P
+    truncated = (rng.random((rows, steps)) < TRUNCATE_P) & ~terminated
+    obs = _observations(spec, rows * (steps + 1), rng).reshape(rows, steps + 1, *spec.obs_shape)
+    return RolloutBatch(
+        obs=obs,
+        action=action,
+        reward=rng.random((rows, steps)).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        logp=logp,
+        final_obs=_observations(spec, int(truncated.sum()), rng),
+    )
+
+
+def _updates_per_second(agent: LearningAgent, batches: Sequence[RolloutBatch], seconds: float) -> float:
+    """Updates for ``seconds`` (whole updates, at least one), cycling through ``batches``. Only
+    updates that trained count (a refused, non-finite one would not; valid batches have none)."""
+    for i in range(APPO_WARMUP):
+        agent.update(batches[i % len(batches)])
+    done = trained = 0
+    start = time.perf_counter()
+    while True:
+        result = agent.update(batches[done % len(batches)])
+        done += 1
+        trained += not result.skipped
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return trained / elapsed
+
+
+def on_policy(config: Path, settings: BenchSettings, overrides: Sequence[str] = ()) -> list[Comparison]:
+    """APPO's updates/s and env steps trained per second on ``config`` (its agent, device and
+    batch), over ``settings.repeats`` measurements of ``settings.seconds``."""
+    cfg = load_config(config, list(overrides))
+    agent_cfg = cfg.agent
+    if not isinstance(agent_cfg, APPOConfig):
+        raise ValueError(f"{config}: agent.kind {agent_cfg.kind!r} is not on-policy (appo)")
+    spec = rollout_spec(cfg)
+    steps, steps_per_update = cfg.actor.rollout_length, agent_cfg.batch_size
+    rows = steps_per_update // steps
+    rng = np.random.default_rng(cfg.run.seed)
+    batches = [rollout_batch(spec, rows, rng) for _ in range(APPO_BATCHES)]
+    agent = make_learner(agent_cfg, spec, seed=cfg.run.seed)
+    ups = Stat.of([_updates_per_second(agent, batches, settings.seconds) for _ in range(settings.repeats)])
+    env_steps = Stat.of([u * steps_per_update for u in ups.values])
+    family = "IMPALA" if agent_cfg.clip is None else "APPO"
+    device = str(getattr(agent, "device", "cpu"))
+    name = f"{config.stem} ({family}, {device}): update on synthetic rollouts"
+    notes = (
+        f"{steps_per_update} env steps per update ({rows} rollouts x {steps} steps), "
+        f"{agent_cfg.epochs} epochs x {agent_cfg.minibatches} minibatches; agent.update alone, no ingest"
+    )
+    extra = {
+        "env_steps_per_update": float(steps_per_update),
+        "gradient_steps_per_update": float(agent_cfg.epochs * min(agent_cfg.minibatches, rows)),
+        "env_steps_per_s": env_steps.median,
+    }
+    return [
+        Comparison("learner", name, "updates/s", ups, None, notes=notes, extra=extra),
+        Comparison("learner", name, "env steps/s", env_steps, None, notes=notes, extra=extra),
     ]
