@@ -139,6 +139,11 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
             cfg.actor.max_steps_per_s is None or cfg.actor.max_steps_per_s > 0,
         ),
         ("actor.weights_poll_steps must be >= 1", cfg.actor.weights_poll_steps >= 1),
+        ("actor.rollout_length must be >= 1", cfg.actor.rollout_length >= 1),
+        (
+            "learner.queue_steps must be >= 1 (or null: two batches)",
+            cfg.learner.queue_steps is None or cfg.learner.queue_steps >= 1,
+        ),
         ("transport.samples_hwm must be >= 1", cfg.transport.samples_hwm >= 1),
         ("transport.samples_buffer_kb must be >= 0", cfg.transport.samples_buffer_kb >= 0),
         ("transport.max_message_mb must be >= 1", cfg.transport.max_message_mb >= 1),
@@ -189,3 +194,39 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
             check()
     except ValueError as exc:
         raise fail(str(exc)) from None
+    if problem := on_policy_problem(cfg):
+        raise fail(problem)
+
+
+def on_policy_problem(cfg: Config) -> str | None:
+    """What in an on-policy run's sizes cannot work (a batch of whole rollouts, a queue of at least
+    a batch, each actor's rollouts fitting one message the queue always has room for), or None."""
+    from zmqrl.agents.registry import get_agent
+    from zmqrl.spec import message_rows, queue_rows
+
+    try:
+        if not get_agent(cfg.agent.kind).on_policy:
+            return None
+    except ConfigError:
+        return None  # an unknown kind is reported where the agent is built, with the names known
+    try:
+        batch_rows, capacity_rows = queue_rows(
+            cfg.agent.batch_size, cfg.actor.rollout_length, cfg.learner.queue_steps
+        )
+    except ValueError as exc:
+        return str(exc)
+    minibatches = getattr(cfg.agent, "minibatches", 1)
+    if minibatches > batch_rows:
+        return (
+            f"agent.minibatches {minibatches} is more than the {batch_rows} rollouts of a batch "
+            f"(agent.batch_size / actor.rollout_length): a minibatch is whole rollouts"
+        )
+    most = message_rows(batch_rows, capacity_rows)
+    if cfg.actor.envs_per_actor > most:
+        return (
+            f"actor.envs_per_actor {cfg.actor.envs_per_actor}: each actor sends one rollout per env in one "
+            f"message, and the learner's queue always has room for at most {most}: raise "
+            f"learner.queue_steps (now {capacity_rows * cfg.actor.rollout_length} steps) or lower "
+            f"actor.envs_per_actor"
+        )
+    return None

@@ -1,7 +1,8 @@
 """Serial mode: one process, one thread, the components of a launched run interleaved deterministically.
 
-The same Sampler (actor loop, exploration, n-step processing), wire encoding and decoding, Trainer
-(ingest, replay, agent update, evaluation, checkpoints) and weights import run here as in
+The same sampling loop (Sampler's exploration and n-step processing, or an on-policy agent's
+rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue, agent update,
+evaluation, checkpoints) and weights import run here as in
 ``zmqrl launch``, but in turns instead of in parallel and with no sockets: a batch is encoded to
 its wire frames and decoded back exactly as a learner would receive it, and each published
 snapshot goes through the wire to every actor, which imports it at its next weights poll. With a
@@ -10,7 +11,8 @@ profilers and fast tests.
 
 The interleaving follows the replay ratio. With ``learner.samples_per_insert`` set, actors take
 turns (round robin) producing one batch each, and the learner trains whenever the ratio admits
-an update and before any insert it would refuse. Unset (processes then train as fast as they
+an update and before any insert it would refuse; an on-policy run does the same with its queue
+(an update whenever a batch of rollouts is queued). Unset (processes then train as fast as they
 can), serial mode makes one update per batch received once replay holds ``min_replay_size``.
 """
 
@@ -22,20 +24,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from zmqrl.actor.sampler import Collected, Sampler, actor_seed
-from zmqrl.agents import make_policy, make_priorities
+from zmqrl.actor.parts import build_acting
+from zmqrl.actor.sampler import Collected
 from zmqrl.checkpoints.choice import choose_deployment
 from zmqrl.config import Config, save_config
 from zmqrl.core import Policy
-from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.learner.reporting import LearnerReports, write_stats
 from zmqrl.learner.stopping import ENDED_MAX_STEPS
 from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
-from zmqrl.replay import RateLimiter
+from zmqrl.replay import QueueLimiter, RateLimiter
 from zmqrl.transport import wire
 from zmqrl.transport.sequence import SequenceTracker
-from zmqrl.transport.weights_channel import WeightsClient
 from zmqrl.transport.wire import SamplesMsg, WeightsMsg
 
 log = logging.getLogger("zmqrl.serial")
@@ -45,24 +45,14 @@ class SerialActor:
     """One actor's Sampler and policy, with an inbox holding the newest published weights frames."""
 
     def __init__(self, cfg: Config, actor_id: int) -> None:
-        num_envs = cfg.actor.envs_per_actor
-        env: Any = make_env(cfg.env) if num_envs == 1 else make_vector_env(cfg.env, num_envs, training=True)
-        spec = sample_spec(env)
-        self.policy: Policy = make_policy(cfg.agent, spec, seed=actor_seed(cfg, actor_id))
-        self.weights = WeightsClient(self.policy)  # newer versions only, as an actor's
+        parts = build_acting(cfg, actor_id)
+        self.policy: Policy = parts.policy
+        self.weights = parts.weights  # newer versions only, as an actor's
+        self.sampler = parts.sampler  # n-step transitions, or on-policy rollouts
         self.inbox: list[bytes | memoryview] | None = None
         self.started = time.monotonic()
         self.weights_loaded = 0
         self.samples_sent = 0
-        self.sampler = Sampler(
-            cfg,
-            actor_id,
-            self.policy,
-            env,
-            spec,
-            weights=self.weights,
-            priorities=make_priorities(cfg.agent, self.policy) if cfg.replay.prioritized else None,
-        )
 
     def take_weights(self) -> None:
         """Import the newest published weights, if any arrived since the last poll."""
@@ -176,7 +166,8 @@ class SerialRun:
         cfg, trainer = self.cfg, self.trainer
         lcfg, stop = cfg.learner, trainer.stop
         batch_size = cfg.agent.batch_size
-        ratio = isinstance(trainer.limiter, RateLimiter)
+        # A replay ratio, or an on-policy queue: the learner trains as the limiter admits.
+        ratio = isinstance(trainer.limiter, RateLimiter | QueueLimiter)
         max_steps = cfg.actor.max_steps
         turn = 0
         while not self.stopped:

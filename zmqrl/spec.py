@@ -194,3 +194,49 @@ class SampleSpec:
             raise ValueError("SampleSpec.action_low must be <= action_high in every dimension")
         object.__setattr__(self, "action_low", tuple(float(x) for x in flat[0]))
         object.__setattr__(self, "action_high", tuple(float(x) for x in flat[1]))
+
+
+# The on-policy learner's sizes, shared by the config's checks and the rollout queue
+# (zmqrl.replay.rollout_queue), which is where they matter.
+
+# The queue's size when learner.queue_steps is not set: this many batches.
+DEFAULT_QUEUE_BATCHES = 2
+
+
+def queue_rows(batch_size: int, rollout_length: int, queue_steps: int | None) -> tuple[int, int]:
+    """``(batch rows, queue rows)`` for a batch of ``batch_size`` env steps, rollouts of
+    ``rollout_length`` steps and a queue of ``queue_steps`` (None: DEFAULT_QUEUE_BATCHES batches).
+    ValueError when the batch is not whole rollouts, or the queue holds less than a batch."""
+    if batch_size % rollout_length:
+        raise ValueError(
+            f"agent.batch_size {batch_size} must be a multiple of actor.rollout_length {rollout_length}"
+            " (a batch is whole rollouts)"
+        )
+    batch_rows = batch_size // rollout_length
+    steps = DEFAULT_QUEUE_BATCHES * batch_size if queue_steps is None else queue_steps
+    if steps < batch_size:
+        raise ValueError(
+            f"learner.queue_steps {steps} must be at least agent.batch_size {batch_size} (one batch)"
+        )
+    return batch_rows, steps // rollout_length
+
+
+def message_rows(batch_rows: int, capacity_rows: int) -> int:
+    """The most rollouts one message may carry so that it always fits once the trainer has taken
+    what it can (see the module docstring): what the run's spec allows (``max_batch``)."""
+    return capacity_rows - batch_rows + 1
+
+
+def rollout_message_problem(spec: SampleSpec, rows: int, length: int, max_message_mb: int) -> str | None:
+    """Why an actor's rollouts of ``rows`` envs x ``length`` steps would not fit one message of
+    ``transport.max_message_mb`` (its observation frame alone holds rows x (length + 1)
+    observations, and a larger message is dropped unread), or None."""
+    obs_frame = rows * (length + 1) * spec.obs_bytes
+    if obs_frame <= max_message_mb * 2**20:
+        return None
+    return (
+        f"a rollouts message of actor.envs_per_actor {rows} x (actor.rollout_length {length} + 1) "
+        f"observations is {obs_frame / 2**20:.0f} MiB, more than transport.max_message_mb "
+        f"{max_message_mb}: every one would be dropped; lower actor.rollout_length or "
+        f"actor.envs_per_actor, or raise transport.max_message_mb"
+    )

@@ -1,4 +1,4 @@
-"""An actor process: a Sampler wired to a samples socket, a weights subscription and the supervisor."""
+"""An actor process: its sampling loop wired to the samples socket, weights subscription and supervisor."""
 
 from __future__ import annotations
 
@@ -11,16 +11,14 @@ from typing import Any
 
 import zmq
 
-from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, Sampler, actor_seed
-from zmqrl.agents import make_policy, make_priorities
+from zmqrl.actor.parts import Collector, build_acting
+from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, actor_seed
 from zmqrl.config import Config
-from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
-from zmqrl.transport.weights_channel import WeightsClient
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50
@@ -126,13 +124,12 @@ class Actor:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        env: Any = (
-            make_env(cfg.env)
-            if self.num_envs == 1
-            else make_vector_env(cfg.env, self.num_envs, training=True)
-        )
-        spec = sample_spec(env)
-        self.agent = make_policy(cfg.agent, spec, seed=actor_seed(cfg, self.actor_id))
+        # Snapshots the policy refuses are counted with the weights channel's bad messages.
+        bad_weights = BadMessages(f"actor-{self.actor_id} weights", log)
+        parts = build_acting(cfg, self.actor_id, replacement=self.replacement, bad_weights=bad_weights)
+        self.agent, spec = parts.policy, parts.spec
+        self.sampler: Collector = parts.sampler  # n-step transitions, or on-policy rollouts
+        self.weights_client = parts.weights  # newer versions only
         one_torch_thread()
         limits = socket_limits(cfg)
         security = transport_security(cfg)
@@ -140,30 +137,15 @@ class Actor:
         weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)
         self.sender = SampleSender(samples_sock, cfg.transport.samples, cfg.transport.connect_timeout, log)
         self._weights_sock = weights_sock
-        bad_weights = BadMessages(f"actor-{self.actor_id} weights", log)
         self.weights = WeightsSubscriber(
             weights_sock, None, bad_weights, expected_fingerprint=run_fingerprint(cfg, spec)
-        )
-        # Newer versions only; snapshots the policy refuses are counted with the channel's.
-        self.weights_client = WeightsClient(self.agent, bad_weights)
-        self.sampler = Sampler(
-            cfg,
-            self.actor_id,
-            self.agent,
-            env,
-            spec,
-            weights=self.weights_client,
-            replacement=self.replacement,
-            priorities=make_priorities(cfg.agent, self.agent) if cfg.replay.prioritized else None,
         )
         self.link = self._link or SupervisorLink(self._ctx, cfg, "actor", self.actor_id)
         self.link.attach(self.stop_event)
         log.info(
-            "actor %d up: %d env(s), epsilon %s (annealed from 1.0 over %d steps), seed %d, samples -> %s",
+            "actor %d up: %s, seed %d, samples -> %s",
             self.actor_id,
-            self.num_envs,
-            " ".join(f"{e:.4f}" for e in self.sampler.epsilons),
-            self.sampler.epsilon_decay,
+            self.sampler.describe(),
             actor_seed(cfg, self.actor_id),
             cfg.transport.samples,
         )

@@ -239,6 +239,11 @@ class Sampler:
     def batch_ready(self) -> bool:
         return len(self._pending) >= self._send_batch
 
+    def describe(self) -> str:
+        """How this actor explores, for its start-up line."""
+        rungs = " ".join(f"{e:.4f}" for e in self.epsilons)
+        return f"{self.num_envs} env(s), epsilon {rungs} (annealed from 1.0 over {self.epsilon_decay} steps)"
+
     def collect(self, budget: int) -> Collected:
         """Step until a batch is ready, weights are due, or about ``budget`` env transitions were
         taken (a vector step may overshoot by fewer than E); says which (see ``Collected``)."""

@@ -36,12 +36,18 @@ __all__ = [
     "SACConfig",
     "agent_names",
     "get_agent",
+    "is_on_policy",
     "make_learner",
     "make_policy",
     "make_priorities",
     "register_agent",
     "unregister_agent",
 ]
+
+
+def is_on_policy(config: AgentConfigBase) -> bool:
+    """Whether ``config.kind`` learns from rollouts (a queue, no replay): see AgentPlugin.on_policy."""
+    return bool(get_agent(config.kind).on_policy)
 
 
 def make_learner(

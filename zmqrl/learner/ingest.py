@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from zmqrl.config import Config
 from zmqrl.core import Replay
-from zmqrl.replay import NoLimit, RateLimiter
+from zmqrl.replay import Limiter, NoLimit
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
@@ -201,7 +201,7 @@ class Ingest:
     def __init__(
         self,
         replay: Replay,
-        limiter: RateLimiter | NoLimit,
+        limiter: Limiter,
         counters: LearnerCounters,
         *,
         spec: SampleSpec,

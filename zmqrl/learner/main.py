@@ -279,7 +279,7 @@ class Learner:
         self.trainer.ingest.note_replay_size()  # e.g. restored from a snapshot
         if ready.is_set():
             return
-        log.info("waiting for %d transitions before the first update", self.cfg.learner.min_replay_size)
+        log.info("waiting for %d transitions before the first update", self.trainer.min_size)
         while not ready.wait(timeout=min(WAIT_TICK_SECONDS, self.cfg.learner.republish_seconds)):
             self._housekeeping()
             if self.stop_event.is_set() or self.trainer.ended is not None:

@@ -20,11 +20,12 @@ import numpy as np
 
 from zmqrl.agents import make_learner
 from zmqrl.config import Config
-from zmqrl.envs.factory import make_env, sample_spec
+from zmqrl.envs.factory import make_env
 from zmqrl.errors import ConfigError
 from zmqrl.evaluator.greedy import EVAL_SEED_OFFSET, EvalResult, EvalTracker, evaluate
 from zmqrl.learner.checkpointing import VERSION_FILE, Checkpoints, PublishedVersions
-from zmqrl.learner.ingest import Ingest, LearnerCounters, largest_add
+from zmqrl.learner.data import checkpointed_config, learner_spec, make_learner_data
+from zmqrl.learner.ingest import Ingest, LearnerCounters
 from zmqrl.learner.nonfinite import (
     NonFiniteTraining,
     NonFiniteUpdates,
@@ -32,7 +33,6 @@ from zmqrl.learner.nonfinite import (
     refuse_nonfinite_weights,
 )
 from zmqrl.learner.stopping import ENDED_MAX_UPDATES, StopPolicy
-from zmqrl.replay import make_rate_limiter, make_replay
 from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.runtime.testhooks import Faults
@@ -118,31 +118,20 @@ class Trainer:
         progress: Callable[[], None] = lambda: None,
         faults: Faults | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = checkpointed_config(cfg)
         self.run_dir = run_dir
         self._progress = progress
         lcfg = cfg.learner
         # With a separate evaluator process the learner keeps one env, only to read the spaces.
         n_eval = 1 if cfg.evaluator.enabled else lcfg.eval_episodes
         self.eval_envs = [make_env(cfg.env, training=False) for _ in range(n_eval)]
-        # What the learner accepts: the env's spaces and bounds, and the run's value limits (a
-        # transition's reward is an n-step sum: n_step times the per-step limit; its discount
-        # is gamma ** k, k >= 1, or 0).
-        self.spec = sample_spec(
-            self.eval_envs[0],
-            max_abs_obs=cfg.transport.max_abs_obs,
-            max_abs_reward=cfg.transport.max_abs_reward * cfg.agent.n_step,
-            max_discount=cfg.agent.gamma,
-        )
+        # What the learner accepts (zmqrl.learner.data: transitions or rollouts, and their limits).
+        self.spec = learner_spec(cfg, self.eval_envs[0])
         # What this run's actors must share with it (env, spaces, network, n-step): sent with the weights.
         self.fingerprint = run_fingerprint(cfg, self.spec)
-        self.replay = make_replay(
-            cfg.replay,
-            self.spec,
-            seed=cfg.run.seed,
-            log=log,
-            max_add_rows=largest_add(self.spec, cfg.transport.max_message_mb),
-        )
+        # Replay and its ratio, or the on-policy rollout queue; and how much before the first update.
+        self.replay, self.limiter, self.min_size = make_learner_data(cfg, self.spec)
+        min_size = self.min_size
         self.agent = make_learner(cfg.agent, self.spec, seed=cfg.run.seed)
         check_weights_fit(
             {name: (a.shape, a.dtype.name) for name, a in self.agent.export_weights().items()},
@@ -152,9 +141,6 @@ class Trainer:
         )
         # Numbers what is published: a new version after updates, above any published before.
         self.numbering = WeightsNumbering()
-        self.limiter = make_rate_limiter(
-            lcfg.samples_per_insert, lcfg.samples_per_insert_tolerance, lcfg.min_replay_size
-        )
         self.counters = LearnerCounters()
         self.evals = EvalTracker(lcfg.target_return, lcfg.target_hold)
         self.versions = PublishedVersions(run_dir / VERSION_FILE)
@@ -169,7 +155,7 @@ class Trainer:
         # Count the ratio from what replay holds now: a restored snapshot of at least min_replay_size
         # puts the run exactly on the ratio's line, so a resumed learner neither waits for data it
         # already has nor holds the actors back for training it has already done.
-        self.limiter.reset(inserted=min(len(self.replay), lcfg.min_replay_size))
+        self.limiter.reset(inserted=min(len(self.replay), min_size))
         # Number above anything published before in this run (a previous learner may have got
         # further than its last checkpoint), so actors never see the version go backwards.
         self.numbering.continue_after(self.versions.highest)
@@ -179,7 +165,7 @@ class Trainer:
             self.counters,
             spec=self.spec,
             published_version=lambda: self.published_version,
-            min_replay_size=lcfg.min_replay_size,
+            min_replay_size=min_size,
             max_policy_lag=lcfg.max_policy_lag,
             max_share=lcfg.ingest_max_share,
             faults=faults,

@@ -11,7 +11,9 @@ Modules, from the bottom up:
 * ``buffers``: the ``Replay`` interface over those classes (``UniformBuffer``,
   ``PrioritizedBuffer``, with the importance exponent's ``BetaSchedule``);
 * ``factory``: ``make_replay`` and ``replay_footprint`` (sizing, the log line, refusals);
-* ``ratelimit``: the replay-ratio limiter between the learner's ingest and training threads.
+* ``ratelimit``: the replay-ratio limiter between the learner's ingest and training threads;
+* ``rollout_queue``: what an on-policy learner has instead of replay, a bounded first-in,
+  first-out queue of rollouts, and its limiter (room to insert, a batch to take).
 """
 
 from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
@@ -33,8 +35,12 @@ from zmqrl.replay.priorities import (
 )
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.ratelimit import NoLimit, RateLimiter, make_rate_limiter
+from zmqrl.replay.rollout_queue import QueueLimiter, RolloutQueue
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.replay.sumtree import SumTree
+
+# What sits between a learner's ingest and its training: a replay ratio (or none), or the queue's room.
+Limiter = RateLimiter | NoLimit | QueueLimiter
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -48,11 +54,14 @@ __all__ = [
     "BetaSchedule",
     "FramePool",
     "FramePoolFull",
+    "Limiter",
     "NoLimit",
     "PrioritizedBuffer",
     "PrioritizedReplay",
     "PriorityBounds",
+    "QueueLimiter",
     "RateLimiter",
+    "RolloutQueue",
     "SharedFramesPrioritizedReplay",
     "SharedFramesReplay",
     "SumTree",

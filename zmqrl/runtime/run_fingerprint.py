@@ -16,6 +16,8 @@ What is in it, and why (everything else may differ between the two sides):
 * ``agent.*``: the kind, the acting network's sizes (the fields that change its parameters: each
   agent plugin's ``fingerprint_fields``), and the actors' n-step processor (``n_step``,
   ``gamma``). Optimiser and target-network settings live only on the learner and are left out.
+* ``actor.rollout_length``: on-policy agents only, the steps of every rollout on the wire (a
+  learner refuses rollouts of any other length).
 
 The map is plain msgpack data (strings, ints, finite floats, bools, short lists of those) so a
 client in another language can build and compare it; docs/protocol.md lists the keys.
@@ -70,9 +72,12 @@ def run_fingerprint(cfg: Config, spec: SampleSpec) -> Fingerprint:
     agent = cfg.agent
     # Which agent fields change the acting network or a transition's meaning: the plugin says
     # (those of them its config has; see AgentPlugin.fingerprint_fields).
-    for name in get_agent(agent.kind).fingerprint_fields:
+    plugin = get_agent(agent.kind)
+    for name in plugin.fingerprint_fields:
         if hasattr(agent, name):
             out[f"agent.{name}"] = _value(getattr(agent, name))
+    if plugin.on_policy:  # every rollout on the wire has exactly this many steps
+        out["actor.rollout_length"] = cfg.actor.rollout_length
     return out
 
 

@@ -1,0 +1,69 @@
+"""What an actor acts with, built once for the actor process and serial mode alike.
+
+An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), and the
+loop that turns steps into what the learner trains on: n-step transitions for a replay agent
+(:class:`~zmqrl.actor.sampler.Sampler`, with Ape-X exploration and priorities), fixed-length
+rollouts for an on-policy one (:class:`~zmqrl.actor.rollouts.RolloutCollector`). Which one is the
+agent plugin's to say (``AgentPlugin.on_policy``); the callers drive either the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from zmqrl.actor.rollouts import RolloutCollector, make_rollout_envs
+from zmqrl.actor.sampler import Sampler, actor_seed
+from zmqrl.agents import is_on_policy, make_policy, make_priorities
+from zmqrl.config import Config
+from zmqrl.core import Policy, SamplingPolicy
+from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.bad_messages import BadMessages
+from zmqrl.transport.weights_channel import WeightsClient
+
+# Either sampling loop: both have collect / message / counters / close / steps / episodes.
+Collector = Sampler | RolloutCollector
+
+
+class ActingParts(NamedTuple):
+    policy: Policy
+    spec: SampleSpec  # the actor's own view of the spaces (its run fingerprint is built from it)
+    weights: WeightsClient
+    sampler: Collector
+
+
+def build_acting(
+    cfg: Config, actor_id: int, *, replacement: bool = False, bad_weights: BadMessages | None = None
+) -> ActingParts:
+    """Env(s), policy, weights client and sampling loop of actor ``actor_id``. ``replacement``: it
+    joins a run under way (a replay agent's explorer starts at its rung at once).
+    ``bad_weights``: where snapshots the policy refuses are counted (None: a tally of its own)."""
+    seed = actor_seed(cfg, actor_id)
+    if is_on_policy(cfg.agent):
+        envs = make_rollout_envs(cfg)
+        spec = sample_spec(envs[0])
+        policy = make_policy(cfg.agent, spec, seed=seed)
+        if not isinstance(policy, SamplingPolicy):
+            raise TypeError(
+                f"agent {cfg.agent.kind!r} is on-policy, but its acting side {type(policy).__name__} has "
+                "no sample(obs) -> (actions, logp) (zmqrl.core.SamplingPolicy)"
+            )
+        client = WeightsClient(policy, bad_weights)
+        collector = RolloutCollector(cfg, actor_id, policy, envs, spec, weights=client, seed=seed)
+        return ActingParts(policy, spec, client, collector)
+    num_envs = cfg.actor.envs_per_actor
+    env: Any = make_env(cfg.env) if num_envs == 1 else make_vector_env(cfg.env, num_envs, training=True)
+    spec = sample_spec(env)
+    policy = make_policy(cfg.agent, spec, seed=seed)
+    client = WeightsClient(policy, bad_weights)
+    sampler = Sampler(
+        cfg,
+        actor_id,
+        policy,
+        env,
+        spec,
+        weights=client,
+        replacement=replacement,
+        priorities=make_priorities(cfg.agent, policy) if cfg.replay.prioritized else None,
+    )
+    return ActingParts(policy, spec, client, sampler)
