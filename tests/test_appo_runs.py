@@ -12,6 +12,8 @@ import pytest
 
 import zmqrl
 from tests.conftest import tiny_overrides
+from zmqrl.agents.configs import APPOConfig
+from zmqrl.checkpoints.files import load_checkpoint
 from zmqrl.learner.stopping import ENDED_TARGET_HELD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,13 +75,15 @@ def test_a_resumed_appo_learner_continues_from_its_checkpoint(run_root: Path) ->
     assert resumed.learner["resumed_from"]["updates"] == 20
     assert resumed.updates == 30
     # The optimiser's state came back with the networks: Adam's step count went on from 20 updates.
-    state = zmqrl.checkpoints.files.load_checkpoint(resumed.run_dir / "checkpoints" / "latest")
+    state = load_checkpoint(resumed.run_dir / "checkpoints" / "latest")
     steps = [s["step"] for s in state["agent"]["optimizer"]["state"].values()]
     assert steps and all(float(step) == 30 * cfg_steps_per_update(more) for step in steps)
 
 
 def cfg_steps_per_update(cfg: zmqrl.Config) -> int:
-    return int(getattr(cfg.agent, "epochs")) * int(getattr(cfg.agent, "minibatches"))
+    agent = cfg.agent
+    assert isinstance(agent, APPOConfig)
+    return agent.epochs * agent.minibatches
 
 
 @pytest.mark.slow

@@ -72,10 +72,8 @@ def test_rollouts_have_one_row_per_env_of_fixed_length_and_bootstrap_observation
         assert (batch.logp == np.float32(np.log(0.5))).all()
         # After a done step the row goes on with a new episode; a cut episode's last observation is
         # kept in final_obs (row-major order), and it is not the reset observation that follows.
-        k = 0
-        for r, t in zip(*np.nonzero(batch.truncated), strict=True):
+        for k, (r, t) in enumerate(zip(*np.nonzero(batch.truncated), strict=True)):
             assert not np.array_equal(batch.final_obs[k], batch.obs[r, t + 1])
-            k += 1
     assert c.episodes >= 3 and c.counters(1.0)["rollouts"] == 6
 
 

@@ -43,9 +43,9 @@ def test_sizes_come_from_the_batch_and_the_queue_and_a_message_always_fits_below
     assert queue_rows(batch_size=32, rollout_length=T, queue_steps=None) == (8, 16)
     assert queue_rows(batch_size=32, rollout_length=T, queue_steps=40) == (8, 10)
     assert message_rows(8, 16) == 9
-    with pytest.raises(ValueError, match="multiple of actor.rollout_length"):
+    with pytest.raises(ValueError, match=r"multiple of actor\.rollout_length"):
         queue_rows(batch_size=30, rollout_length=T, queue_steps=None)
-    with pytest.raises(ValueError, match="at least agent.batch_size"):
+    with pytest.raises(ValueError, match=r"at least agent\.batch_size"):
         queue_rows(batch_size=32, rollout_length=T, queue_steps=16)
     # Whatever the queue holds while a trainer still waits for a batch (fewer than 8 rows), a
     # message of message_rows rows fits: neither side can wait on the other forever.
