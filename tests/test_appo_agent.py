@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from zmqrl.agents.appo import APPOAgent
-from zmqrl.agents.appo_policy import NumpyAPPOPolicy, appo_net
+from zmqrl.agents.appo_nets import clipped_gaussian_logp
+from zmqrl.agents.appo_policy import NumpyAPPOPolicy, appo_net, log_ndtr
+from zmqrl.agents.appo_policy import clipped_gaussian_logp as numpy_clipped_logp
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.spec import SampleSpec
 from zmqrl.types import RolloutBatch, TransitionBatch
@@ -131,7 +133,8 @@ def test_sampled_logp_is_the_distributions_log_probability_at_the_sent_action(
     spec: SampleSpec, log_std: str
 ) -> None:
     """Checked against torch.distributions; continuous actions beyond a bound are sent clipped,
-    with the Gaussian density at the clipped action (the agreed semantics)."""
+    with the probability of the clipped policy (the agreed semantics): the density inside the
+    bounds, the Gaussian's mass beyond the bound at one."""
     cfg = config(log_std, log_std_init=1.0)  # wide: many samples land beyond the bounds
     agent = APPOAgent(cfg, spec, seed=3)
     obs = np.random.default_rng(3).normal(size=(400, *spec.obs_shape)).astype(np.float32)
@@ -141,13 +144,27 @@ def test_sampled_logp_is_the_distributions_log_probability_at_the_sent_action(
     if spread is None:
         want = torch.distributions.Categorical(logits=out).log_prob(actions_t)
     else:
-        want = torch.distributions.Normal(out, spread.exp()).log_prob(actions_t).sum(-1)
+        # In float64: the tails' masses are moderate here (|z| < 4), so log(cdf) is exact enough.
+        normal = torch.distributions.Normal(out.double(), spread.double().exp())
         low, high = agent._actions.low, agent._actions.high
-        clipped = (actions == low) | (actions == high)
+        at_low, at_high = actions == low, actions == high
+        per_dim = torch.where(
+            torch.from_numpy(at_low),
+            normal.cdf(torch.from_numpy(low).double()).log(),
+            torch.where(
+                torch.from_numpy(at_high),
+                (1.0 - normal.cdf(torch.from_numpy(high).double())).log(),
+                normal.log_prob(actions_t.double()),
+            ),
+        )
+        want = per_dim.sum(-1)
         if np.isfinite(low).any() or np.isfinite(high).any():
-            assert clipped.any(axis=1).mean() > 0.2
+            assert (at_low | at_high).any(axis=1).mean() > 0.2
+            assert (at_low.any() or not np.isfinite(low).any()) and (
+                at_high.any() or not np.isfinite(high).any()
+            )
         else:
-            assert not clipped.any()
+            assert not (at_low | at_high).any()
     np.testing.assert_allclose(logp, want.detach().numpy(), rtol=1e-5, atol=1e-5)
     learner_logp, _ = agent.policy.log_prob_entropy(torch.from_numpy(obs), actions_t)
     np.testing.assert_allclose(learner_logp.detach().numpy(), logp, rtol=1e-6, atol=1e-6)
@@ -156,6 +173,91 @@ def test_sampled_logp_is_the_distributions_log_probability_at_the_sent_action(
     else:
         greedy = np.clip(out.detach().numpy(), agent._actions.low, agent._actions.high)
         np.testing.assert_allclose(agent.act(obs, explore=False), greedy, rtol=1e-6, atol=1e-6)
+
+
+def test_numpy_log_ndtr_matches_torchs_far_into_the_lower_tail() -> None:
+    z = np.concatenate([np.linspace(-40.0, 10.0, 20001), [-19.999999, -20.0, -20.000001, -1e3]])
+    ours = log_ndtr(z)
+    theirs = torch.special.log_ndtr(torch.from_numpy(z)).numpy()  # float64
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+    as_float32 = torch.special.log_ndtr(torch.from_numpy(z.astype(np.float32))).double().numpy()
+    assert (np.abs(log_ndtr(z.astype(np.float32)) - as_float32) / (1.0 + np.abs(ours))).max() < 1e-5
+    # Exact values: log Phi(0) = log 1/2, log Phi(-inf) = -inf, log Phi(inf) = 0.
+    np.testing.assert_array_equal(log_ndtr(np.array([0.0, -np.inf, np.inf])), [math.log(0.5), -np.inf, 0.0])
+
+
+def far_outside(spec: SampleSpec, log_std: str, sigmas: float, std: float = 0.5) -> APPOAgent:
+    """An agent whose means sit ``sigmas`` standard deviations below the first dimension's lower
+    bound and above the second's upper one (weights zeroed: every observation alike)."""
+    agent = APPOAgent(config(log_std, log_std_init=math.log(std)), spec, seed=0)
+    low, high = agent._actions.low, agent._actions.high
+    with torch.no_grad():
+        agent.policy.mean.weight.zero_()
+        agent.policy.mean.bias.copy_(torch.tensor([low[0] - sigmas * std, high[1] + sigmas * std]))
+    return agent
+
+
+@pytest.mark.parametrize("log_std", ["param", "state"])
+def test_means_far_beyond_the_bounds_send_clipped_actions_almost_surely(log_std: str) -> None:
+    """30 standard deviations out every action is clipped, and its log-probability is ~0, the
+    tail's mass (the density at the bound, the old rule, was -0.5 * 30^2 per dimension). Fresh
+    data still has every ratio 1, and the update stays finite."""
+    agent = far_outside(BOX, log_std, sigmas=30.0)
+    obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    actions, logp = agent.sample(obs)
+    np.testing.assert_array_equal(actions, np.broadcast_to([BOX.action_low[0], BOX.action_high[1]], (64, 2)))
+    assert ((logp <= 0.0) & (logp > -1e-6)).all()
+    learner_logp, _ = agent.policy.log_prob_entropy(torch.from_numpy(obs), torch.from_numpy(actions))
+    np.testing.assert_array_equal(learner_logp.detach().numpy(), logp)
+
+    metrics = agent.update(rollouts(agent, BOX, rows=8, steps=8)).metrics
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_the_learners_tail_is_accurate_far_out_and_its_gradient_moves_the_mass() -> None:
+    """Both bounds, in float32 and 30 standard deviations from the mean: log Phi(-30) per
+    dimension (about -454), as the actor's rule computes it. One deviation beyond the bounds, the
+    gradient moves the mean further out (more mass at the bound the action was clipped to), where
+    the density at the bound would pull it back in."""
+    low, high = torch.tensor([-1.0, -0.5]), torch.tensor([1.0, 2.0])
+    log_std = torch.full((1, 2), math.log(0.5))
+    actions = torch.tensor([[-1.0, 2.0]])
+    mean = torch.tensor([[-1.0 + 15.0, 2.0 - 15.0]])  # 30 std of 0.5 inside, from the far side
+    want = 2.0 * float(log_ndtr(np.array(-30.0)))
+    assert -1e3 < want < -900.0
+    np.testing.assert_allclose(
+        clipped_gaussian_logp(mean, log_std, actions, low, high).numpy(), [want], rtol=1e-6
+    )
+    actor_logp = numpy_clipped_logp(mean.numpy(), log_std.numpy(), actions.numpy(), low.numpy(), high.numpy())
+    np.testing.assert_allclose(actor_logp, [want], rtol=1e-6)
+
+    beyond = torch.tensor([[-1.0 - 0.5, 2.0 + 0.5]], requires_grad=True)
+    clipped_gaussian_logp(beyond, log_std, actions, low, high).sum().backward()
+    assert beyond.grad is not None
+    # d/dmean log Phi((low - mean) / std) = -phi(1) / Phi(1) / std at one std out; mirrored above.
+    slope = math.exp(-0.5) / math.sqrt(2.0 * math.pi) / (0.5 * (1.0 + math.erf(math.sqrt(0.5)))) / 0.5
+    np.testing.assert_allclose(beyond.grad.numpy(), [[-slope, slope]], rtol=1e-5)
+
+
+def test_an_unbounded_side_takes_the_density_and_gradients_stay_finite() -> None:
+    """An infinite bound is never reached: an action far beyond the mean on that side is scored
+    by the density, and the discarded tail branch leaves no NaN in the gradient."""
+    agent = APPOAgent(config("param"), HALF_BOUNDED, seed=0)
+    mean = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    log_std = torch.zeros(1, 2, requires_grad=True)
+    actions = torch.tensor([[-50.0, -1.0]])  # first dim: no lower bound; second: at its lower bound
+    logp = clipped_gaussian_logp(mean, log_std, actions, agent.policy.action_low, agent.policy.action_high)
+    want = -0.5 * 50.0**2 - 0.5 * math.log(2.0 * math.pi) + float(log_ndtr(np.array(-1.0)))
+    np.testing.assert_allclose(logp.detach().numpy(), [want], rtol=1e-6)
+    logp.sum().backward()
+    assert mean.grad is not None and log_std.grad is not None
+    assert torch.isfinite(mean.grad).all() and torch.isfinite(log_std.grad).all()
+    zeros = np.zeros((1, 2), np.float32)  # the actor's rule on the same numbers
+    actor_logp = numpy_clipped_logp(zeros, zeros, actions.numpy(), agent._actions.low, agent._actions.high)
+    np.testing.assert_allclose(actor_logp, [want], rtol=1e-6)
 
 
 def test_the_first_policy_is_near_uniform_with_the_configured_log_std() -> None:
@@ -200,7 +302,10 @@ def test_fresh_data_has_every_ratio_one_on_the_first_step(spec: SampleSpec, log_
     """approx_kl is the mean of (r - 1) - log r, which is >= 0 per step and 0 only at r == 1: with
     it ~0 every ratio of the (first and only) minibatch is 1, clipped continuous actions included."""
     agent = APPOAgent(config(log_std, log_std_init=1.0), spec, seed=4)
-    metrics = agent.update(rollouts(agent, spec, rows=8, steps=8)).metrics
+    batch = rollouts(agent, spec, rows=8, steps=8)
+    if spec.num_actions is None and spec.action_low is not None:  # many actions sent clipped
+        assert ((batch.action == agent._actions.low) | (batch.action == agent._actions.high)).mean() > 0.2
+    metrics = agent.update(batch).metrics
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     assert metrics["clip_fraction"] == 0.0

@@ -103,13 +103,14 @@ class APPOAgent:
         self.rng = np.random.default_rng(seed)  # acting draws, in NumpyAPPOPolicy's order
         self._shuffle = np.random.default_rng(None if seed is None else [seed, SHUFFLE_STREAM])
 
-        policy = APPOPolicyNet(self._net, self.obs_shape, config.log_std_init, init_generator)
+        self._actions = APPOActions(spec)
+        bounds = (self._actions.low, self._actions.high)
+        policy = APPOPolicyNet(self._net, self.obs_shape, config.log_std_init, init_generator, bounds)
         self.policy = policy.to(self._device)
         self.value = ValueNet(self._net, self.obs_shape, init_generator).to(self._device)
         self._params = [*self.policy.parameters(), *self.value.parameters()]
         self.optimizer = fused_adam(self._params, lr=config.lr, eps=config.adam_eps)
         self.updates = 0
-        self._actions = APPOActions(spec)
         self._sync = PublishedModule(self.policy)  # export and load of what actors get
         # CPU acting runs NumpyAPPOPolicy's forward code on views of the policy (see parameter_views).
         self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None

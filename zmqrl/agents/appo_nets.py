@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +29,8 @@ class APPOPolicyNet(nn.Module):
     (``zmqrl.agents.layers.appo_policy_net``): what ``export_weights`` publishes."""
 
     torso: nn.Module
+    action_low: torch.Tensor  # (act_dim,) buffers, see __init__
+    action_high: torch.Tensor
 
     def __init__(
         self,
@@ -35,6 +38,7 @@ class APPOPolicyNet(nn.Module):
         obs_shape: tuple[int, ...],
         log_std_init: float,
         generator: torch.Generator | None = None,
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         super().__init__()
         self.net = net
@@ -47,6 +51,12 @@ class APPOPolicyNet(nn.Module):
         # Built on the CPU, so the numpy rule that scales the numpy policy's first weights applies.
         shape_initial_policy(parameter_views(self), net, log_std_init)
         self.discrete = any(name == LOGITS for name, _ in net.heads)
+        # The continuous actions' bounds (+-inf where there is none; appo_policy.action_bounds):
+        # buffers so they follow the module to its device, not persistent so the state dict (the
+        # published weights) stays the numpy policy's layout.
+        low, high = bounds if bounds is not None else (np.zeros(0, np.float32), np.zeros(0, np.float32))
+        self.register_buffer("action_low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         features = self.torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
@@ -63,7 +73,8 @@ class APPOPolicyNet(nn.Module):
         out, log_std = self(obs)
         if log_std is None:
             return categorical_logp_entropy(out, actions)
-        return gaussian_logp(out, log_std, actions), gaussian_entropy(log_std)
+        logp = clipped_gaussian_logp(out, log_std, actions, self.action_low, self.action_high)
+        return logp, gaussian_entropy(log_std)
 
 
 def categorical_logp_entropy(
@@ -75,11 +86,22 @@ def categorical_logp_entropy(
     return logp, -(log_probs.exp() * log_probs).sum(dim=-1)
 
 
-def gaussian_logp(mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """Diagonal Gaussian log-density ``(B,)``, as ``appo_policy.gaussian_logp`` computes it (at the
-    clipped action the actor sent: see the agreed semantics there)."""
+def clipped_gaussian_logp(
+    mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor, low: torch.Tensor, high: torch.Tensor
+) -> torch.Tensor:
+    """Log-probability ``(B,)`` of clipped actions under the Gaussian clipped to ``[low, high]``,
+    as ``appo_policy.clipped_gaussian_logp`` computes it (see the semantics there): per dimension
+    the log-density inside, ``log Phi(z)`` at (or below) ``low``, ``log Phi(-z)`` at (or above)
+    ``high``, summed.
+
+    Every branch is evaluated at the action's own ``z``, finite wherever the action is, so the
+    branches ``torch.where`` discards have finite gradients too (a bound's z would be infinite on
+    an unbounded side, and its zero-weighted NaN gradient would still poison the sum)."""
     z = (actions - mean) / log_std.exp()
-    return (-0.5 * z.square() - log_std - HALF_LOG_2PI).sum(dim=-1)
+    density = -0.5 * z.square() - log_std - HALF_LOG_2PI
+    logp = torch.where(actions <= low, torch.special.log_ndtr(z), density)
+    logp = torch.where(actions >= high, torch.special.log_ndtr(-z), logp)
+    return logp.sum(dim=-1)
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,15 @@ the same actions with the same log-probabilities.
 
 Continuous actions (the agreed semantics of the on-policy family): a diagonal Gaussian in the
 env's own action units; the action sent is the sample clipped to the spec's finite bounds, and its
-log-probability is the Gaussian log-density at that clipped action, as the learner evaluates it,
-so that the first ratio of fresh data is 1. Greedy play is the clipped mean (argmax of the logits
-for Discrete actions).
+log-probability is that of the clipped policy (Fujita & Maeda, 2018), per dimension: the Gaussian
+log-density inside the bounds, the log of the Gaussian's mass beyond a bound for an action clipped
+to it. The learner evaluates the same rule (``appo_nets.clipped_gaussian_logp``), so the first
+ratio of fresh data is 1. The density at the clipped point instead is no probability of what was
+sent, and its gradient has the wrong sign beyond a bound: with the mean above ``high``, making a
+bad clipped action less likely by it moves the mean further up. APPO on Pendulum diverged on it
+(log-probabilities near -5000, so means ~100 std beyond [-2, 2]; approx_kl ~ 1e7). The tail mass
+``log Phi((mean - high) / std)`` falls as the mean comes back, and stays in (-inf, 0].
+Greedy play is the clipped mean (argmax of the logits for Discrete actions).
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ from zmqrl.spec import SampleSpec
 # noise on any normalised action scale.
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+# Below this z, log Phi(z) comes from its asymptotic series (see log_ndtr): there its terms up to
+# 105 / z^8 leave a relative error under 1e-10, while erfc(-z / sqrt 2) nears float64's smallest
+# numbers (it underflows near z = -38).
+LOG_NDTR_SERIES_BELOW = -20.0
+_SQRT_HALF = math.sqrt(0.5)
+_erfc = np.frompyfunc(math.erfc, 1, 1)  # numpy has no erfc; math's, elementwise (object array)
 # The output heads start this many times smaller than torch's default draw (and unbiased): the
 # first policy is then close to uniform (Discrete) or centred at 0 with std exp(log_std_init),
 # whatever the random torso, as PPO's reference implementations start (a 0.01-gain head).
@@ -91,11 +103,42 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
-def gaussian_logp(mean: np.ndarray, log_std: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """Diagonal Gaussian log-density ``(B,)`` float32 of ``actions`` ``(B, act_dim)``, as the
-    learner's ``appo_nets.gaussian_logp`` computes it."""
+def log_ndtr(z: np.ndarray) -> np.ndarray:
+    """``log Phi(z)``, the log of the standard normal CDF, float64, finite for every finite ``z``
+    (as ``torch.special.log_ndtr``; numpy has none, and scipy is no dependency of an actor).
+
+    ``log(erfc(-z / sqrt 2) / 2)`` down to ``LOG_NDTR_SERIES_BELOW``; below it the asymptotic
+    series ``-z^2/2 - log(-z) - log(2 pi)/2 + log(1 - 1/z^2 + 3/z^4 - 15/z^6 + 105/z^8)``.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    out = np.empty_like(z)
+    far = z < LOG_NDTR_SERIES_BELOW
+    zf = z[far]
+    r = 1.0 / (zf * zf)
+    series = r * (-1.0 + r * (3.0 + r * (-15.0 + r * 105.0)))
+    out[far] = -0.5 * zf * zf - np.log(-zf) - HALF_LOG_2PI + np.log1p(series)
+    near = ~far
+    out[near] = np.log(0.5 * np.asarray(_erfc(-_SQRT_HALF * z[near]), dtype=np.float64))
+    return out
+
+
+def clipped_gaussian_logp(
+    mean: np.ndarray, log_std: np.ndarray, actions: np.ndarray, low: np.ndarray, high: np.ndarray
+) -> np.ndarray:
+    """Log-probability ``(B,)`` float32 of clipped actions ``(B, act_dim)`` under the diagonal
+    Gaussian ``N(mean, exp(log_std))`` clipped to ``[low, high]``, as the learner's
+    ``appo_nets.clipped_gaussian_logp`` computes it. Per dimension: the log-density inside the
+    bounds; ``log Phi(z)`` for an action at (or below) ``low``, ``log Phi(-z)`` at (or above)
+    ``high``, ``z = (action - mean) / std`` (at a bound, the bound's own z); summed. An infinite
+    bound is never reached, so it leaves its side to the density."""
     z = (actions - mean) / np.exp(log_std)
-    return (-0.5 * z * z - log_std - np.float32(HALF_LOG_2PI)).sum(axis=1, dtype=np.float32)
+    logp = -0.5 * z * z - log_std - np.float32(HALF_LOG_2PI)
+    at_low, at_high = actions <= low, actions >= high
+    if at_low.any():
+        logp[at_low] = log_ndtr(z[at_low])
+    if at_high.any():
+        logp[at_high] = log_ndtr(-z[at_high])
+    return logp.sum(axis=1, dtype=np.float32)
 
 
 class APPOActions:
@@ -113,7 +156,8 @@ class APPOActions:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Actions drawn from the policy and their log-probabilities ``(B,)`` float32: int64 ``(B,)``
         by inverse CDF over the softmax of ``out`` (logits), or float32 ``(B, act_dim)`` samples of
-        ``N(out, exp(log_std))`` clipped to the bounds, with the density at the clipped action."""
+        ``N(out, exp(log_std))`` clipped to the bounds, with their probability under the clipped
+        policy (``clipped_gaussian_logp``)."""
         if log_std is None:
             log_probs = log_softmax(out)
             cdf = np.cumsum(np.exp(log_probs, dtype=np.float64), axis=1)
@@ -123,7 +167,7 @@ class APPOActions:
             return actions, log_probs[np.arange(out.shape[0]), actions].astype(np.float32, copy=False)
         noise = rng.standard_normal(out.shape, dtype=np.float32)
         actions = np.clip(out + np.exp(log_std) * noise, self.low, self.high).astype(np.float32, copy=False)
-        return actions, gaussian_logp(out, log_std, actions)
+        return actions, clipped_gaussian_logp(out, log_std, actions, self.low, self.high)
 
     def greedy(self, out: np.ndarray, log_std: np.ndarray | None) -> np.ndarray:
         """The most likely action: argmax of the logits, or the mean clipped to the bounds."""
