@@ -104,24 +104,39 @@ def test_a_docs_row_without_unit_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "extra",
+    ("extra", "loss_tag"),
     [
-        {"learner__eval_interval": 100, "learner__log_interval": 50},
-        {
-            "agent__kind": "sac",
-            "env__id": "Pendulum-v1",
-            "learner__max_updates": 200,
-            "learner__eval_interval": 100,
-            "learner__log_interval": 50,
-        },
+        ({"learner__eval_interval": 100, "learner__log_interval": 50}, "losses/q_mean"),
+        (
+            {
+                "agent__kind": "sac",
+                "env__id": "Pendulum-v1",
+                "learner__max_updates": 200,
+                "learner__eval_interval": 100,
+                "learner__log_interval": 50,
+            },
+            "losses/q_mean",
+        ),
+        (
+            {
+                "agent__kind": "appo",
+                "learner__max_updates": 40,
+                "learner__eval_interval": 20,
+                "learner__log_interval": 10,
+                "learner__sync_interval": 1,
+            },
+            "losses/policy_loss",
+        ),
     ],
-    ids=["dqn-with-learner-eval", "sac"],
+    ids=["dqn-with-learner-eval", "sac", "appo"],
 )
-def test_serial_runs_write_only_documented_tags(tmp_path: Path, extra: dict[str, object]) -> None:
+def test_serial_runs_write_only_documented_tags(
+    tmp_path: Path, extra: dict[str, object], loss_tag: str
+) -> None:
     cfg = tiny_config(tmp_path / "runs", **extra)
     zmqrl.train(cfg, mode="serial")
     written = assert_documented(cfg.run_dir)
-    assert {"charts/episodic_return", "charts/eval_return", "losses/q_mean", "perf/updates_per_s"} <= written
+    assert {"charts/episodic_return", "charts/eval_return", loss_tag, "perf/updates_per_s"} <= written
     assert set(jsonl_tags(cfg.run_dir)) == {"learner"}
 
 

@@ -82,6 +82,7 @@ class LearnerReports:
             "batches": batches,
             "episodes": episodes,
             "replay_size": len(t.replay),
+            "replay_capacity": t.replay.capacity,  # replay's rows, or the on-policy queue's env steps
             "replay_mb": t.replay.nbytes / 2**20,
             "weights_version": t.published_version,
             "bad_messages": self._bad_messages(),
@@ -120,12 +121,13 @@ class LearnerReports:
         separate = t.cfg.evaluator.enabled
         evals = "evaluator" if separate else "eval %s (best %s)"
         log.info(
-            "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | replay %d | v%d | " + evals,
+            "updates %d/%d | samples %d (%.0f/s) | %.0f upd/s | %s %d | v%d | " + evals,
             c["updates"],
             t.cfg.learner.max_updates,
             c["samples"],
             c["samples_per_s"],
             c["updates_per_s"],
+            "queue" if t.spec.rollout_length is not None else "replay",
             c["replay_size"],
             c["weights_version"],
             *(() if separate else (fmt_value(c["eval_return"]), fmt_value(c["eval_best"]))),

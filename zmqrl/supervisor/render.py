@@ -182,7 +182,7 @@ def _returns(snap: RunSnapshot) -> Text:
 
 def _replay(snap: RunSnapshot) -> Group:
     fill = snap.replay_fill
-    size = Text.assemble(_label("replay"), f"{snap.replay_size}/{snap.replay_capacity}")
+    size = Text.assemble(_label(snap.replay_label), f"{snap.replay_size}/{snap.replay_capacity}")
     size.append(f" ({_share(fill)} full)" if fill is not None else "")
     size.append(f" | limiter: learner waited {_share(snap.limiter_wait_share)}")
     size.append(f", ingest held {_share(snap.insert_wait_share)}")
@@ -220,7 +220,7 @@ def plain_line(snap: RunSnapshot) -> str:
         f"{upd_s or 0.0:.0f} upd/s | "
         f"eval {fmt_value(snap.eval_return)} (best {fmt_value(snap.eval_best)}) | "
         f"actors {snap.actors_alive}/{len(actors)}, {steps_s:.0f} steps/s | "
-        f"replay {snap.replay_size}/{snap.replay_capacity}"
+        f"{snap.replay_label} {snap.replay_size}/{snap.replay_capacity}"
     )
     if snap.rising:
         line += " | " + ", ".join(f"{k} +{snap.rises.get(k, 0)}" for k in snap.rising)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zmqrl.agents import is_on_policy
 from zmqrl.config import Config
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.snapshot_fields import finite, from_fields, to_plain
@@ -84,6 +85,7 @@ class RunSnapshot:
     eval_history: list[float] = field(default_factory=list)  # latest evaluations, oldest first
     replay_size: int = 0
     replay_capacity: int = 0
+    replay_label: str = "replay"  # "queue": an on-policy run's rollout queue (env steps), not replay
     samples_in_per_s: float = math.nan  # transitions/s arriving at the learner (recent)
     samples_trained_per_s: float = math.nan  # updates/s x batch size (recent)
     replay_ratio: float | None = None  # samples trained / samples in
@@ -190,7 +192,8 @@ class SnapshotBuilder:
             eval_best=finite(evc.get("eval_best")),
             eval_history=list(self._history),
             replay_size=int(finite(lc.get("replay_size")) or 0),
-            replay_capacity=self.cfg.replay.capacity,
+            replay_capacity=int(finite(lc.get("replay_capacity")) or self.cfg.replay.capacity),
+            replay_label="queue" if is_on_policy(self.cfg.agent) else "replay",
             samples_in_per_s=samples_in,
             samples_trained_per_s=trained,
             replay_ratio=trained / samples_in if samples_in > 0 and math.isfinite(trained) else None,
