@@ -14,7 +14,9 @@ from zmqrl.agents.appo import APPOAgent
 from zmqrl.agents.appo_nets import clipped_gaussian_logp
 from zmqrl.agents.appo_policy import NumpyAPPOPolicy, appo_net, log_ndtr
 from zmqrl.agents.appo_policy import clipped_gaussian_logp as numpy_clipped_logp
+from zmqrl.agents.builtin import check_appo, make_appo_policy
 from zmqrl.agents.configs import APPOConfig
+from zmqrl.core import SamplingPolicy
 from zmqrl.spec import SampleSpec
 from zmqrl.types import RolloutBatch, TransitionBatch
 
@@ -24,6 +26,13 @@ DISCRETE = SampleSpec((4,), "float32", (), "int64", num_actions=3)
 BOX = SampleSpec((3,), "float32", (2,), "float32", action_low=(-1.0, -0.5), action_high=(1.0, 2.0))
 UNBOUNDED = SampleSpec((3,), "float32", (2,), "float32")  # no bounds: nothing is clipped
 HALF_BOUNDED = SampleSpec((3,), "float32", (2,), "float32", action_low=(-math.inf, -1.0), action_high=1.0)
+# uint8 frames for the CNN torsos: MinAtar's 0/1 grids, and the smallest frames the Nature CNN takes.
+GRIDS = SampleSpec((4, 10, 10), "uint8", (), "int64", num_actions=3, obs_low=0, obs_high=1)
+PIXELS = SampleSpec((4, 36, 36), "uint8", (), "int64", num_actions=6, obs_low=0, obs_high=255)
+TORSOS = [
+    pytest.param(GRIDS, "minatar_cnn", id="minatar_cnn"),
+    pytest.param(PIXELS, "nature_cnn", id="nature_cnn"),
+]
 
 # (spec, log_std mode) of every kind of policy.
 POLICIES = [
@@ -41,17 +50,26 @@ def config(log_std: str = "param", **overrides: object) -> APPOConfig:
     return APPOConfig(**values)  # type: ignore[arg-type]
 
 
+def observations(rng: np.random.Generator, spec: SampleSpec, *shape: int) -> np.ndarray:
+    """Random observations ``(*shape, *obs_shape)``: normal float32, or uint8 frames up to the
+    spec's ``obs_high``."""
+    size = (*shape, *spec.obs_shape)
+    if spec.obs_dtype == "uint8":
+        return rng.integers(0, int(spec.obs_high) + 1, size=size, dtype=np.uint8)  # type: ignore[arg-type]
+    return rng.normal(size=size).astype(np.float32)
+
+
 def rollouts(
     agent: APPOAgent, spec: SampleSpec, rows: int = 4, steps: int = 6, seed: int = 0
 ) -> RolloutBatch:
     """Rollouts the agent itself sampled (fresh data: behaviour == current policy), with random
     terminations and truncations."""
     rng = np.random.default_rng(seed)
-    obs = rng.normal(size=(rows, steps + 1, *spec.obs_shape)).astype(np.float32)
+    obs = observations(rng, spec, rows, steps + 1)
     actions, logp = agent.sample(obs[:, :steps].reshape(rows * steps, *spec.obs_shape))
     truncated = rng.random((rows, steps)) < 0.15
     terminated = (rng.random((rows, steps)) < 0.15) & ~truncated
-    final_obs = rng.normal(size=(int(truncated.sum()), *spec.obs_shape)).astype(np.float32)
+    final_obs = observations(rng, spec, int(truncated.sum()))
     return RolloutBatch(
         obs=obs,
         action=actions.reshape(rows, steps, *actions.shape[1:]),
@@ -287,11 +305,16 @@ def test_load_weights_is_all_or_nothing() -> None:
             np.testing.assert_array_equal(array, before[name])
 
 
-def test_observations_must_be_flat_and_boxes_one_dimensional() -> None:
-    with pytest.raises(ValueError, match="flat observations"):
-        NumpyAPPOPolicy(config(), SampleSpec((2, 3), "float32", (), "int64", num_actions=2))
+def test_boxes_must_be_one_dimensional_and_the_mlp_flattens_any_observation() -> None:
     with pytest.raises(ValueError, match="1-D Box"):
         APPOAgent(config(), SampleSpec((3,), "float32", (2, 2), "float32"))
+    grid = SampleSpec((2, 3), "float32", (), "int64", num_actions=2)  # as DQN's MLP: flattened
+    assert check_appo(config(), grid, None) is None
+    policy, agent = NumpyAPPOPolicy(config(), grid, seed=0), APPOAgent(config(), grid, seed=0)
+    assert policy.arrays["torso.0.weight"].shape == (16, 6)
+    policy.load_weights(agent.export_weights())
+    obs = np.random.default_rng(0).normal(size=(5, 2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(policy.sample(obs)[1], agent.sample(obs)[1])
 
 
 # -------------------------------------------------------------------------------- learning
@@ -330,8 +353,8 @@ def test_updates_change_the_weights_and_report_finite_metrics(overrides: dict[st
 
 def constant_value(agent: APPOAgent, value: float) -> None:
     with torch.no_grad():
-        agent.value.mlp[-1].weight.zero_()
-        agent.value.mlp[-1].bias.fill_(value)
+        agent.value.value.weight.zero_()
+        agent.value.value.bias.fill_(value)
 
 
 def uniform_policy(agent: APPOAgent) -> None:
@@ -435,3 +458,86 @@ def test_update_refuses_what_it_cannot_train_on() -> None:
         agent.update(batch, np.ones(4, np.float32))
     with pytest.raises(ValueError, match="final_obs"):
         agent.update(batch._replace(final_obs=np.zeros((len(batch.final_obs) + 1, 4), np.float32)))
+
+
+# ------------------------------------------------------------------------------- CNN torsos
+
+
+@pytest.mark.parametrize(("spec", "torso"), TORSOS)
+def test_cnn_policies_sample_as_the_agent_acting_in_numpy_or_torch(spec: SampleSpec, torso: str) -> None:
+    """The MinAtar CNN acts in numpy (on views of the agent's weights: the same numbers as the
+    numpy policy), the Nature CNN through torch on the CPU (its actors' policy is the agent):
+    the same draws give the same actions, log-probabilities equal up to float rounding."""
+    cfg = config(torso=torso)
+    weights = trained(spec, cfg).export_weights()
+    assert list(weights) == list(appo_net(cfg, spec).layout(spec.obs_shape))
+    assert "torso.convs.0.weight" in weights
+    weights["logits.weight"] *= 100.0  # logits far from the first policy's near-uniform ones
+    actor = make_appo_policy(cfg, spec, seed=7)
+    assert isinstance(actor, SamplingPolicy)
+    numpy_acting = torso == "minatar_cnn"
+    if numpy_acting:
+        assert isinstance(actor, NumpyAPPOPolicy)
+    else:
+        assert isinstance(actor, APPOAgent) and actor.device == "cpu" and actor._policy_arrays is None
+    policy = NumpyAPPOPolicy(cfg, spec, seed=7)
+    for receiver in (actor, policy):
+        receiver.load_weights(weights)
+
+    obs = observations(np.random.default_rng(1), spec, 200)
+    for _ in range(2):  # the generators stay in step
+        actions, logp = actor.sample(obs)
+        want_actions, want_logp = policy.sample(obs)
+        np.testing.assert_array_equal(actions, want_actions)
+        if numpy_acting:
+            np.testing.assert_array_equal(logp, want_logp)
+        else:
+            np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-6)
+    assert len(np.unique(actions)) > 1 and np.ptp(logp) > 0.5  # neither one action nor uniform
+    np.testing.assert_array_equal(actor.act(obs, explore=False), policy.act(obs, explore=False))
+    # The torch forward (uint8 in, scaled inside) against numpy's, on the same weights.
+    agent = APPOAgent(cfg, spec, seed=3)
+    agent.load_weights(weights)
+    logits, _ = agent.policy(torch.from_numpy(obs))
+    np.testing.assert_allclose(logits.detach().numpy(), policy.policy_outputs(obs)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("spec", "torso"), TORSOS)
+def test_an_update_on_uint8_frames_trains_both_cnns(spec: SampleSpec, torso: str) -> None:
+    """Frames stay uint8 until the networks (which widen and scale them); the value network has
+    the policy's torso shapes but its own parameters, and one update moves both, convolutions
+    included. Seeded agents start equal."""
+    cfg = config(torso=torso, epochs=2, minibatches=2)
+    agent = APPOAgent(cfg, spec, seed=5)
+    twin = APPOAgent(cfg, spec, seed=5)
+    assert_same(copies(agent.policy), copies(twin.policy))
+    assert_same(copies(agent.value), copies(twin.value))
+    torso_shapes = {k: v.shape for k, v in agent.policy.state_dict().items() if k.startswith("torso.")}
+    assert torso_shapes == {k: v.shape for k, v in agent.value.state_dict().items() if k.startswith("torso.")}
+    policy_memory = {p.data_ptr() for p in agent.policy.parameters()}
+    assert not policy_memory & {p.data_ptr() for p in agent.value.parameters()}
+
+    batch = rollouts(agent, spec, rows=4, steps=4)
+    assert batch.obs.dtype == np.uint8 and agent._tensors(batch).obs.dtype == torch.uint8
+    policy, value = copies(agent.policy), copies(agent.value)
+    result = agent.update(batch)
+    assert not result.skipped and agent.updates == 1
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    for before, after in ((policy, agent.policy.state_dict()), (value, agent.value.state_dict())):
+        assert not torch.equal(before["torso.convs.0.weight"], after["torso.convs.0.weight"])
+
+
+def test_check_appo_wants_frames_a_cnn_torso_can_take() -> None:
+    flat = SampleSpec((4,), "float32", (), "int64", num_actions=2)
+    for torso in ("minatar_cnn", "nature_cnn"):
+        problem = check_appo(config(torso=torso), flat, None)
+        assert problem is not None and f"agent.torso '{torso}' needs image observations (C, H, W)" in problem
+        with pytest.raises(ValueError, match="needs image observations"):
+            NumpyAPPOPolicy(config(torso=torso), flat)
+    problem = check_appo(config(torso="nature_cnn"), GRIDS, None)
+    assert problem is not None and "larger frames than 10x10: raise env.atari.screen_size" in problem
+    with pytest.raises(ValueError, match="larger frames than 10x10"):
+        APPOAgent(config(torso="nature_cnn"), GRIDS)
+    assert check_appo(config(torso="minatar_cnn"), GRIDS, None) is None
+    assert check_appo(config(torso="nature_cnn"), PIXELS, None) is None
+    assert check_appo(config(), GRIDS, None) is None  # the MLP flattens the grids

@@ -1,6 +1,7 @@
 """Asynchronous PPO on V-trace targets (APPO); with ``clip: null``, IMPALA (Espeholt et al., 2018).
 
-Actors sample from the policy network alone (``NumpyAPPOPolicy``) and send rollouts with the
+Actors sample from the policy network alone (``NumpyAPPOPolicy``; this agent on the CPU for the
+Nature CNN, see ``zmqrl.agents.builtin.make_appo_policy``) and send rollouts with the
 log-probability of every action they took; the learner trains the policy and a separate value
 network on batches of them (``update``), and publishes the policy (``export_weights``).
 
@@ -112,8 +113,10 @@ class APPOAgent:
         self.optimizer = fused_adam(self._params, lr=config.lr, eps=config.adam_eps)
         self.updates = 0
         self._sync = PublishedModule(self.policy)  # export and load of what actors get
-        # CPU acting runs NumpyAPPOPolicy's forward code on views of the policy (see parameter_views).
-        self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None
+        # CPU acting runs NumpyAPPOPolicy's forward code on views of the policy (see parameter_views)
+        # where the table says numpy is cheap; the Nature CNN's convolutions stay with torch.
+        numpy_acting = self._device.type == "cpu" and self._net.numpy_acting
+        self._policy_arrays = parameter_views(self.policy) if numpy_acting else None
 
     @property
     def device(self) -> str:
@@ -124,7 +127,8 @@ class APPOAgent:
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, None)`` or ``(mean, log_std)`` as float32 numpy: through numpy on views of
-        the policy on a CPU (as ``NumpyAPPOPolicy``), through torch elsewhere."""
+        the policy on a CPU (as ``NumpyAPPOPolicy``) for the MLP and MinAtar CNN, through torch
+        elsewhere (observations cross in their own dtype: uint8 frames are widened on the device)."""
         if self._policy_arrays is not None:
             return policy_heads(self._net, self._policy_arrays, obs)
         with torch.inference_mode():

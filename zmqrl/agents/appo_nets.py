@@ -1,13 +1,13 @@
 """APPO's torch networks: the policy (built from the same table the numpy policy runs) with its
-log-probabilities and entropy, and the value MLP.
+log-probabilities and entropy, and the value network (the policy's torso, its own parameters).
 
 ``zmqrl.agents.appo`` trains them; actors run the policy alone in numpy
-(``zmqrl.agents.appo_policy``), whose formulas these mirror line for line.
+(``zmqrl.agents.appo_policy``, whose formulas these mirror line for line), or this module's
+policy on the CPU for the Nature CNN. Observations arrive in the env's dtype: the MLP flattens
+them to float32, the CNNs widen (and scale) uint8 frames themselves (``nets.torso_features``).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -15,13 +15,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.appo_policy import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, shape_initial_policy
-from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, TANH, ActingNet
-from zmqrl.agents.nets import build_acting, init_linear_, mlp
+from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, TANH, VALUE, ActingNet, appo_value_net
+from zmqrl.agents.nets import build_acting, init_linear_, torso_features
 from zmqrl.agents.numpy_policies import parameter_views
 
 
 def _activation(net: ActingNet) -> type[nn.Module]:
     return nn.Tanh if net.activation == TANH else nn.ReLU
+
+
+def build_from_table(
+    module: nn.Module, net: ActingNet, obs_shape: tuple[int, ...], generator: torch.Generator | None
+) -> None:
+    """Give ``module`` the layers of ``net`` (``build_acting``), drawn from ``generator`` when one
+    is given (the global RNG untouched): the MLP whole, with torch's default distribution; a CNN
+    draws its own torso from it (``zmqrl.agents.conv``), then the heads are drawn, as
+    ``QNetwork`` does."""
+    with torch.random.fork_rng(devices=[], enabled=generator is not None):
+        build_acting(module, net, obs_shape, _activation(net), generator)
+    if generator is not None:
+        heads = nn.ModuleList([getattr(module, name) for name, _ in net.heads])
+        init_linear_(module if net.torso == MLP else heads, generator)
 
 
 class APPOPolicyNet(nn.Module):
@@ -42,12 +56,9 @@ class APPOPolicyNet(nn.Module):
     ) -> None:
         super().__init__()
         self.net = net
-        with torch.random.fork_rng(devices=[], enabled=generator is not None):
-            build_acting(self, net, obs_shape, _activation(net))
-        for name, width in net.free:
+        build_from_table(self, net, obs_shape, generator)
+        for name, width in net.free:  # set by shape_initial_policy below
             self.register_parameter(name, nn.Parameter(torch.zeros(width)))
-        if generator is not None:
-            init_linear_(self, generator)
         # Built on the CPU, so the numpy rule that scales the numpy policy's first weights applies.
         shape_initial_policy(parameter_views(self), net, log_std_init)
         self.discrete = any(name == LOGITS for name, _ in net.heads)
@@ -59,7 +70,7 @@ class APPOPolicyNet(nn.Module):
         self.register_buffer("action_high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        features = self.torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
+        features = torso_features(self.torso, self.net.torso, obs)
         if self.discrete:
             return getattr(self, LOGITS)(features), None
         mean = getattr(self, MEAN)(features)
@@ -110,17 +121,18 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
 
 
 class ValueNet(nn.Module):
-    """``obs -> V(obs)`` ``(B,)``: an MLP of the policy's widths and activation, trained only by the
-    learner (actors never see it)."""
+    """``obs -> V(obs)`` ``(B,)``: the policy's torso (same shapes, its own parameters) and one
+    ``value`` unit (``zmqrl.agents.layers.appo_value_net``), trained only by the learner (actors
+    never see it)."""
+
+    torso: nn.Module
 
     def __init__(
         self, net: ActingNet, obs_shape: tuple[int, ...], generator: torch.Generator | None = None
     ) -> None:
         super().__init__()
-        with torch.random.fork_rng(devices=[], enabled=generator is not None):
-            self.mlp = mlp(math.prod(obs_shape), net.hidden, 1, _activation(net))
-        if generator is not None:
-            init_linear_(self, generator)
+        self.net = appo_value_net(net)
+        build_from_table(self, self.net, obs_shape, generator)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.mlp(obs.reshape(obs.shape[0], -1).to(torch.float32)).squeeze(-1)
+        return getattr(self, VALUE)(torso_features(self.torso, self.net.torso, obs)).squeeze(-1)

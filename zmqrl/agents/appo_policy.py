@@ -1,11 +1,13 @@
 """APPO's acting side in numpy: a categorical or Gaussian policy whose actions come with their
-log-probabilities, for actors and evaluators (no torch in their processes).
+log-probabilities, for actors and evaluators (no torch in their processes). With the Nature
+CNN, whose convolutions numpy runs many times slower, actors act with ``APPOAgent`` on the CPU
+instead (``zmqrl.agents.builtin.make_appo_policy``, as DQN's).
 
 The network is the table ``zmqrl.agents.layers.appo_policy_net``, the same one ``APPOAgent``
 builds its torch policy from, so the weights it exports load here name for name. The sampling
 rule is written once, here: ``APPOAgent`` acts through these functions too (on numpy views of its
-parameters on a CPU, on its torch outputs on a GPU), so with the same seed and weights both draw
-the same actions with the same log-probabilities.
+parameters on a CPU, on its torch outputs on a GPU or with the Nature CNN), so with the same seed
+and weights both draw the same actions with the same log-probabilities.
 
 Continuous actions (the agreed semantics of the on-policy family): a diagonal Gaussian in the
 env's own action units; the action sent is the sample clipped to the spec's finite bounds, and its
@@ -28,8 +30,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from zmqrl.agents.configs import APPOConfig
-from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, ActingNet, appo_policy_net
+from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, ActingNet, appo_policy_net
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
+from zmqrl.agents.torsos import cnn_problem
 from zmqrl.spec import SampleSpec
 
 # Bounds of the Gaussian's log standard deviation (those of APPOConfig.log_std_init): below -20 the
@@ -51,14 +54,15 @@ HEAD_INIT_SCALE = 0.01
 
 def appo_net(config: APPOConfig, spec: SampleSpec) -> ActingNet:
     """The policy's table for this config and spec, after checking what ``check_appo`` checks
-    (flat observations; Discrete actions or a 1-D Box); ValueError otherwise."""
-    if len(spec.obs_shape) != 1:
-        raise ValueError(f"APPO needs flat observations, got obs_shape {tuple(spec.obs_shape)}")
+    (frames a CNN torso can take; Discrete actions or a 1-D Box); ValueError otherwise. The MLP
+    takes observations of any shape, flattened (as DQN's)."""
+    if config.torso != MLP and (problem := cnn_problem(config.torso, tuple(spec.obs_shape))):
+        raise ValueError(problem)
     if spec.num_actions is not None:
-        return appo_policy_net(config.hidden_sizes, spec.num_actions, 0, config.log_std)
+        return appo_policy_net(config.torso, config.hidden_sizes, spec.num_actions, 0, config.log_std)
     if len(spec.action_shape) != 1 or spec.action_shape[0] < 1:
         raise ValueError(f"APPO needs Discrete actions or a 1-D Box, got action_shape {spec.action_shape}")
-    return appo_policy_net(config.hidden_sizes, None, spec.action_shape[0], config.log_std)
+    return appo_policy_net(config.torso, config.hidden_sizes, None, spec.action_shape[0], config.log_std)
 
 
 def action_bounds(spec: SampleSpec) -> tuple[np.ndarray, np.ndarray]:

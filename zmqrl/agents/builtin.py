@@ -2,7 +2,7 @@
 
 Registered through the same :mod:`zmqrl.agents.registry` as any plugin. Nothing here imports
 torch until a learner (or a torch-backed policy) is built: actors with an MLP or the MinAtar CNN
-act in numpy.
+act in numpy (DQN's and APPO's alike).
 """
 
 from __future__ import annotations
@@ -41,31 +41,12 @@ def check_dqn(config: DQNConfig, spec: SampleSpec, device: str | None) -> str | 
             f"agent.kind 'dqn' needs a Discrete action space; this env's actions are continuous "
             f"(Box of shape {spec.action_shape}): use agent.kind 'sac'"
         )
-    if config.torso != "mlp" and (problem := _cnn_problem(config.torso, spec.obs_shape)):
-        return problem
+    if config.torso != "mlp":
+        from zmqrl.agents.torsos import cnn_problem  # numpy: imported only for CNN torsos
+
+        if problem := cnn_problem(config.torso, spec.obs_shape):
+            return problem
     return device_problem(device if device is not None else config.device)
-
-
-def _cnn_problem(torso_name: str, obs_shape: tuple[int, ...]) -> str | None:
-    """Why the CNN ``torso_name`` cannot take these observations, or None: it needs (C, H, W)
-    frames at least as big as its kernels and strides allow (36x36 for the Nature CNN, 3x3 for
-    the MinAtar one). Decided from the layer tables, without importing torch."""
-    from zmqrl.agents.torsos import CONV_TORSOS
-
-    if len(obs_shape) != 3 or min(obs_shape) < 1:
-        return (
-            f"agent.torso '{torso_name}' needs image observations (C, H, W); this env's observations "
-            f"have shape {tuple(obs_shape)}: use agent.torso 'mlp', or env.preprocess 'atari'"
-        )
-    height, width = CONV_TORSOS[torso_name].output_hw(obs_shape[1], obs_shape[2])
-    if min(height, width) < 1:
-        fix = (
-            "raise env.atari.screen_size (84 is the standard)"
-            if torso_name == "nature_cnn"
-            else ("use a torso made for them")
-        )
-        return f"agent.torso '{torso_name}' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: {fix}"
-    return None
 
 
 def make_dqn_learner(
@@ -164,17 +145,19 @@ SAC_PLUGIN = AgentPlugin(
 
 
 def check_appo(config: APPOConfig, spec: SampleSpec, device: str | None) -> str | None:
-    """APPO acts on Discrete actions (categorical policy) or a 1-D Box (Gaussian policy)."""
+    """APPO acts on Discrete actions (categorical policy) or a 1-D Box (Gaussian policy); a CNN
+    torso needs frames big enough for its kernels, the MLP flattens observations of any shape
+    (as DQN's does)."""
     if spec.num_actions is None and len(spec.action_shape) != 1:
         return (
             f"agent.kind 'appo' needs Discrete actions or a 1-D Box; this env's actions have shape "
             f"{spec.action_shape}"
         )
-    if len(spec.obs_shape) != 1:
-        return (
-            f"agent.kind 'appo' has an MLP torso for flat observations; this env's observations have "
-            f"shape {tuple(spec.obs_shape)}"
-        )
+    if config.torso != "mlp":
+        from zmqrl.agents.torsos import cnn_problem  # numpy: imported only for CNN torsos
+
+        if problem := cnn_problem(config.torso, spec.obs_shape):
+            return problem
     return device_problem(device if device is not None else config.device)
 
 
@@ -188,9 +171,16 @@ def make_appo_learner(
 
 
 def make_appo_policy(config: APPOConfig, spec: SampleSpec, *, seed: int | None) -> Policy:
-    from zmqrl.agents.appo_policy import NumpyAPPOPolicy
+    """The numpy policy for the MLP and MinAtar CNN torsos (no torch in the actor); the torch
+    agent on the CPU for the Nature CNN (as DQN's), which acts through torch and samples by the
+    same rule (``zmqrl.agents.appo_policy.APPOActions``)."""
+    from zmqrl.agents.appo_policy import NumpyAPPOPolicy, appo_net
 
-    return NumpyAPPOPolicy(config, spec, seed=seed)
+    if appo_net(config, spec).numpy_acting:
+        return NumpyAPPOPolicy(config, spec, seed=seed)
+    from zmqrl.agents.appo import APPOAgent
+
+    return APPOAgent(config, spec, device="cpu", seed=seed)
 
 
 APPO_PLUGIN = AgentPlugin(
@@ -199,9 +189,12 @@ APPO_PLUGIN = AgentPlugin(
     make_learner=make_appo_learner,
     make_policy=make_appo_policy,
     check=check_appo,
-    # The acting network (widths, how the Gaussian's spread is made) and the discount of the targets.
-    fingerprint_fields=("kind", "hidden_sizes", "log_std", "gamma"),
-    description="asynchronous PPO / IMPALA on V-trace targets, on-policy (Discrete or 1-D Box actions)",
+    # The acting network (torso, widths, how the Gaussian's spread is made) and the discount of the targets.
+    fingerprint_fields=("kind", "hidden_sizes", "torso", "log_std", "gamma"),
+    description=(
+        "asynchronous PPO / IMPALA on V-trace targets, on-policy, MLP, Nature or MinAtar CNN "
+        "(Discrete or 1-D Box actions)"
+    ),
     on_policy=True,
 )
 BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN, APPO_PLUGIN)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 # Values accepted by every agent's `device` field ("auto": cuda when available, else cpu).
 DEVICE_NAMES = ("auto", "cpu", "cuda")
-# Values of DQNConfig.torso: the layers between observation and Q-value head (the CNNs' tables are
-# in zmqrl.agents.torsos).
+# Values of DQNConfig.torso and APPOConfig.torso: the layers between observation and heads (the
+# CNNs' tables are in zmqrl.agents.torsos).
 TORSOS = ("mlp", "nature_cnn", "minatar_cnn")
 
 # The fields the roles read from every agent's config, whatever its kind: the actors' n-step
@@ -174,6 +174,7 @@ class APPOConfig(AgentConfigBase):
 
     kind: str = "appo"  # agent family, used to pick the agent class from a config file
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])  # MLP widths (policy and value nets)
+    torso: str = "mlp"  # "mlp" (hidden_sizes), "nature_cnn" (Atari (4, 84, 84)) or "minatar_cnn" (C, 10, 10)
     gamma: float = 0.99  # per-step discount of the V-trace targets
     n_step: int = 1  # unused by on-policy agents (rollouts carry single steps); must stay 1
     batch_size: int = 1024  # env steps per update: a multiple of actor.rollout_length (rollouts x T)
@@ -228,6 +229,8 @@ class APPOConfig(AgentConfigBase):
         for name in ("rho_bar", "c_bar", "pg_rho_bar"):
             if not getattr(self, name) > 0.0:
                 raise ValueError(f"agent.{name}: must be > 0, got {getattr(self, name)}")
+        if self.torso not in TORSOS:
+            raise ValueError(f"agent.torso: must be one of {', '.join(TORSOS)}, got {self.torso!r}")
         if self.log_std not in LOG_STD_MODES:
             raise ValueError(
                 f"agent.log_std: must be one of {', '.join(LOG_STD_MODES)}, got {self.log_std!r}"

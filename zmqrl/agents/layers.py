@@ -45,6 +45,12 @@ class ActingNet:
     activation: str = RELU  # of the MLP torso: RELU or TANH
     free: tuple[tuple[str, int], ...] = ()
 
+    @property
+    def numpy_acting(self) -> bool:
+        """Whether acting runs this table in numpy (the MLP, and the CNNs whose tables say it is
+        cheap) rather than through the torch modules (the Nature CNN: see ``zmqrl.agents.torsos``)."""
+        return self.torso == MLP or CONV_TORSOS[self.torso].numpy_acting
+
     def torso_width(self, obs_shape: tuple[int, ...]) -> int:
         """Features the torso gives the heads."""
         if self.torso != MLP:
@@ -108,17 +114,34 @@ def sac_policy_net(hidden: Sequence[int], act_dim: int) -> ActingNet:
 LOGITS, MEAN, LOG_STD = "logits", "mean", "log_std"
 
 
-def appo_policy_net(hidden: Sequence[int], n_actions: int | None, act_dim: int, log_std: str) -> ActingNet:
-    """APPO's policy: a tanh MLP torso, then ``logits`` (Discrete: ``n_actions``) or a Gaussian's
-    ``mean`` with its log-std as a ``log_std`` head (``log_std="state"``) or a free ``log_std``
-    vector (``"param"``).
+def appo_policy_net(
+    torso: str, hidden: Sequence[int], n_actions: int | None, act_dim: int, log_std: str
+) -> ActingNet:
+    """APPO's policy: the ``torso`` (a tanh MLP of ``hidden``, or a CNN of ``zmqrl.agents.torsos``),
+    then ``logits`` (Discrete: ``n_actions``) or a Gaussian's ``mean`` with its log-std as a
+    ``log_std`` head (``log_std="state"``) or a free ``log_std`` vector (``"param"``).
 
-    tanh rather than ReLU: bounded features keep the policy's outputs (and so the ratios of its
-    probabilities) from jumping on observations of unusual scale, and tanh is what PPO's reference
-    implementations use, where it was measured the better choice (Andrychowicz et al., 2021).
+    tanh rather than ReLU in the MLP: bounded features keep the policy's outputs (and so the
+    ratios of its probabilities) from jumping on observations of unusual scale, and tanh is what
+    PPO's reference implementations use, where it was measured the better choice (Andrychowicz et
+    al., 2021). The CNNs keep their papers' ReLUs (PPO's Atari reference uses the Nature CNN as is).
     """
+    free: tuple[tuple[str, int], ...] = ()
     if n_actions is not None:
-        return ActingNet(MLP, tuple(hidden), ((LOGITS, n_actions),), activation=TANH)
-    if log_std == "state":
-        return ActingNet(MLP, tuple(hidden), ((MEAN, act_dim), (LOG_STD, act_dim)), activation=TANH)
-    return ActingNet(MLP, tuple(hidden), ((MEAN, act_dim),), activation=TANH, free=((LOG_STD, act_dim),))
+        heads: tuple[tuple[str, int], ...] = ((LOGITS, n_actions),)
+    elif log_std == "state":
+        heads = ((MEAN, act_dim), (LOG_STD, act_dim))
+    else:
+        heads, free = ((MEAN, act_dim),), ((LOG_STD, act_dim),)
+    return ActingNet(torso, tuple(hidden), heads, activation=TANH, free=free)
+
+
+# The value network's one head (V(obs)).
+VALUE = "value"
+
+
+def appo_value_net(policy: ActingNet) -> ActingNet:
+    """APPO's value network: the policy's torso (its own parameters, same shapes), one ``value``
+    unit. Learner-only, so no numpy policy runs it; a table all the same, so the torch module is
+    built by the same code as the policy's."""
+    return ActingNet(policy.torso, policy.hidden, ((VALUE, 1),), activation=policy.activation)

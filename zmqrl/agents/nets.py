@@ -151,10 +151,7 @@ class QNetwork(nn.Module):
         return nn.ModuleList([self.value, self.advantage] if self.dueling else [self.head])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.torso_kind == "mlp":
-            features = self.torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
-        else:
-            features = self.torso(obs)
+        features = torso_features(self.torso, self.torso_kind, obs)
         if not self.dueling:
             return self.head(features)
         value = self.value(features)
@@ -181,6 +178,16 @@ def build_acting(
     width = net.torso_width(obs_shape)
     for name, out in net.heads:
         setattr(module, name, nn.Linear(width, out))
+
+
+def torso_features(torso: nn.Module, kind: str, obs: torch.Tensor) -> torch.Tensor:
+    """The features of ``build_acting``'s ``torso`` (of table torso ``kind``) for observations
+    ``(B, *obs_shape)`` in the env's own dtype: the MLP's of the flattened observations as
+    float32; a CNN takes ``(B, C, H, W)`` as they are and widens (and scales) them itself, so uint8
+    frames cross to the device as bytes."""
+    if kind == MLP:
+        return torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
+    return torso(obs)
 
 
 @torch.no_grad()

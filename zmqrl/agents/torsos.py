@@ -82,6 +82,27 @@ MINATAR_CNN = ConvTorso(name="minatar_cnn", layers=((16, 3, 1),), hidden=128, sc
 CONV_TORSOS: dict[str, ConvTorso] = {torso.name: torso for torso in (NATURE_CNN, MINATAR_CNN)}
 
 
+def cnn_problem(torso_name: str, obs_shape: tuple[int, ...]) -> str | None:
+    """Why the CNN ``torso_name`` cannot take these observations, or None: it needs (C, H, W)
+    frames at least as big as its kernels and strides allow (36x36 for the Nature CNN, 3x3 for
+    the MinAtar one). The config checks of DQN and APPO say it before a run starts (with the
+    config keys that fix it), and APPO's tables refuse such a spec with it."""
+    if len(obs_shape) != 3 or min(obs_shape) < 1:
+        return (
+            f"agent.torso '{torso_name}' needs image observations (C, H, W); this env's observations "
+            f"have shape {tuple(obs_shape)}: use agent.torso 'mlp', or env.preprocess 'atari'"
+        )
+    height, width = CONV_TORSOS[torso_name].output_hw(obs_shape[1], obs_shape[2])
+    if min(height, width) < 1:
+        fix = (
+            "raise env.atari.screen_size (84 is the standard)"
+            if torso_name == "nature_cnn"
+            else "use a torso made for them"
+        )
+        return f"agent.torso '{torso_name}' needs larger frames than {obs_shape[1]}x{obs_shape[2]}: {fix}"
+    return None
+
+
 def small_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` for 2-D arrays, in row blocks that OpenBLAS runs on the calling thread only."""
     rows = max(1, _BLAS_SINGLE_THREAD_MACS // max(1, a.shape[1] * b.shape[1]))
