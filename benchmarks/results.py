@@ -72,6 +72,27 @@ ROWS = {
     "pendulum": Row(
         "pendulum", "configs/pendulum_sac.yaml", 3, -200.0, "SAC, 2 actors, evaluator, replay ratio 128"
     ),
+    "cartpole-appo": Row(
+        "cartpole-appo",
+        "configs/cartpole_appo.yaml",
+        20,
+        475.0,
+        "APPO (V-trace, PPO clip), 2 actors × 8 envs, 32-step rollouts, 1024-step batches",
+    ),
+    "pendulum-appo": Row(
+        "pendulum-appo",
+        "configs/pendulum_appo.yaml",
+        3,
+        -200.0,
+        "APPO, clipped Gaussian policy, 2 actors × 8 envs, 64-step rollouts",
+    ),
+    "minatar-breakout-appo": Row(
+        "minatar-breakout-appo",
+        "configs/minatar_breakout_appo.yaml",
+        3,
+        10.0,
+        "APPO, MinAtar CNN, 2 actors",
+    ),
     "minatar-breakout": Row("minatar-breakout", "configs/minatar_breakout_dqn.yaml", 3, 10.0, MINATAR),
     "minatar-asterix": Row(
         "minatar-asterix",
