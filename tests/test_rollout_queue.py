@@ -127,3 +127,35 @@ def test_closing_releases_every_waiter_with_a_refusal() -> None:
     waiter.join(timeout=30)
     assert results == [False]
     assert not limiter.await_insert(T, timeout=0.0), "nothing is added once the run is ending"
+
+
+def test_ingest_queues_fresh_rollouts_and_counts_stale_ones_without_queueing_them() -> None:
+    from zmqrl.learner.ingest import Ingest, LearnerCounters
+    from zmqrl.spec import SampleSpec
+    from zmqrl.transport.wire import SamplesMsg
+
+    spec = SampleSpec((2,), "float32", (), "int64", num_actions=2, max_batch=9, rollout_length=T)
+    queue = RolloutQueue(capacity_rows=16, batch_rows=8, rollout_length=T)
+    limiter = QueueLimiter(queue)
+    counters = LearnerCounters()
+    ingest = Ingest(
+        queue,
+        limiter,
+        counters,
+        spec=spec,
+        published_version=lambda: 10,
+        min_replay_size=32,
+        max_policy_lag=3,
+    )
+
+    def msg(seq: int, version: int) -> SamplesMsg:
+        return SamplesMsg(actor_id=0, seq=seq, weights_version=version, batch=rollouts(2), episodes=[])
+
+    assert ingest.accept(msg(0, version=8))  # lag 2: queued
+    assert ingest.accept(msg(1, version=5))  # lag 5 > 3: dropped, counted
+    assert len(queue) == 2 * T and counters.samples == 2 * T
+    assert counters.stale_batches == 1 and counters.stale_samples == 2 * T
+    assert not ingest.replay_ready.is_set()  # a batch is 8 rollouts; 2 are queued
+    for seq in range(2, 5):
+        ingest.accept(msg(seq, version=10))
+    assert ingest.replay_ready.is_set() and limiter.can_sample(32)
