@@ -107,3 +107,15 @@ def test_appo_runs_as_processes_with_the_queue_between_actors_and_learner(run_ro
     assert evaluator["evaluations"] >= 1, evaluator
     assert all(math.isfinite(e["mean"]) for e in evaluator["eval_history"])
     assert evaluator["evaluated_version"] == learner["weights_version"]
+
+
+def test_serial_appo_is_deterministic_for_a_seed(run_root: Path) -> None:
+    results = []
+    for name in ("a", "b"):
+        cfg = appo(run_root / name, learner__max_updates=12, learner__eval_interval=6, actor__num_actors=2)
+        results.append(zmqrl.train(cfg, mode="serial"))
+    first, second = results
+    assert [e["mean"] for e in first.eval_history] == [e["mean"] for e in second.eval_history]
+    weights = [load_checkpoint(r.run_dir / "checkpoints" / "latest")["agent"] for r in results]
+    for name, tensor in weights[0]["policy"].items():
+        assert (tensor == weights[1]["policy"][name]).all(), name
