@@ -115,9 +115,9 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _override(path: Path) -> Path:
+def _override(path: Path, short_run: dict[str, str] = SHORT_RUN) -> Path:
     """The test's own override: the short run for every role, healthchecks every 2 s."""
-    env = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in SHORT_RUN.items())
+    env = "\n".join(f"  {k}: {json.dumps(v)}" for k, v in short_run.items())
     roles = "\n".join(f"  {r}: {{environment: *short, healthcheck: *fast}}" for r in ROLES)
     path.write_text(
         f"x-short: &short\n{env}\n"
@@ -258,10 +258,10 @@ def _leftover_processes(pids: set[int], container_ids: list[str]) -> list[str]:
     return left
 
 
-@pytest.fixture()
-def project(engine: str, tmp_path: Path) -> Iterator[Project]:
+def _project(engine: str, tmp_path: Path, short_run: dict[str, str], extra_env: dict[str, str]) -> Project:
     ports = _free_ports(5)
     env = {
+        **extra_env,
         "ZMQRL_IMAGE": IMAGE,
         "ZMQRL_WHEELHOUSE": WHEELHOUSE,
         **{
@@ -270,11 +270,37 @@ def project(engine: str, tmp_path: Path) -> Iterator[Project]:
         },
     }
     name = f"zmqrltest{os.getpid()}{uuid.uuid4().hex[:6]}"
-    proj = Project(engine, name, [*COMPOSE_FILES, _override(tmp_path / "short-run.yaml")], env)
+    return Project(engine, name, [*COMPOSE_FILES, _override(tmp_path / "short-run.yaml", short_run)], env)
+
+
+@pytest.fixture()
+def project(engine: str, tmp_path: Path) -> Iterator[Project]:
+    proj = _project(engine, tmp_path, SHORT_RUN, {})
     try:
         yield proj
     finally:
         proj.down()  # again, for a test that failed before its own `down`: nothing may be left
+
+
+# The on-policy family under compose: the same services on configs/cartpole_appo.yaml, picked by
+# ZMQRL_CONFIG in compose's own environment, as a user picks it.
+APPO_RUN = {
+    "ZMQRL_RUN__NAME": RUN_NAME,
+    "ZMQRL_LEARNER__MAX_UPDATES": "60",
+    "ZMQRL_ACTOR__ENVS_PER_ACTOR": "4",
+    "ZMQRL_ACTOR__MAX_STEPS_PER_S": "2000",
+    "ZMQRL_EVALUATOR__INTERVAL_SECONDS": "2",
+    "ZMQRL_EVALUATOR__EPISODES": "3",
+}
+
+
+@pytest.fixture()
+def appo_project(engine: str, tmp_path: Path) -> Iterator[Project]:
+    proj = _project(engine, tmp_path, APPO_RUN, {"ZMQRL_CONFIG": "configs/cartpole_appo.yaml"})
+    try:
+        yield proj
+    finally:
+        proj.down()
 
 
 def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(project: Project) -> None:
@@ -414,3 +440,38 @@ def _assert_actors_got_weights(summary: dict[str, Any]) -> None:
     for row in rows:
         assert row.get("samples", 0) > 0, f"every actor must send samples: {row}"
         assert row.get("weights_version", 0) > 0, f"every actor must receive weights: {row}"
+
+
+def test_compose_runs_appo_when_zmqrl_config_names_its_file(appo_project: Project) -> None:
+    project = appo_project
+    try:
+        project.compose("build", "supervisor", timeout=BUILD_TIMEOUT)
+        project.compose("up", "-d", "--no-build", "--scale", f"actor={ACTORS}")
+
+        def run_over() -> bool:
+            cs = project.containers()
+            roles = [
+                c for c in cs.values() if c["Config"]["Labels"]["com.docker.compose.service"] != "tensorboard"
+            ]
+            return len(roles) == len(ROLES) - 1 + ACTORS and all(
+                c["State"]["Status"] == "exited" for c in roles
+            )
+
+        _wait("the APPO run to finish and every role to exit", run_over, FINISH_TIMEOUT, project)
+        cs = project.containers()
+        codes = {n: c["State"]["ExitCode"] for n, c in cs.items() if "tensorboard" not in n}
+        assert set(codes.values()) == {0}, f"every role must exit 0 after the learner finishes: {codes}"
+        run_dir = project.volume_dir() / RUN_NAME
+        learner_stats = json.loads((run_dir / "learner-stats.json").read_text())
+        # The learner held a rollout queue of two 1024-step batches, not replay: it read the APPO file.
+        assert learner_stats["replay_capacity"] == 2048, learner_stats
+        assert learner_stats["updates"] >= 60 and learner_stats["bad_messages"] == 0
+        assert learner_stats["samples"] >= 60 * 1024, "rollouts of a batch per update reached the learner"
+        evaluator_stats = json.loads((run_dir / "evaluator-stats.json").read_text())
+        assert evaluator_stats["evaluations"] > 0 and evaluator_stats["evaluated_version"] > 0
+        _assert_actors_got_weights(json.loads((run_dir / "stats.json").read_text()))
+        leftovers = project.down()
+        assert leftovers == {"containers": [], "networks": [], "volumes": [], "processes": []}, leftovers
+    except BaseException:
+        print(project.compose("logs", "--no-color", "--tail", "40", timeout=60, check=False))
+        raise

@@ -158,6 +158,7 @@ class SnapshotBuilder:
             self._track(name, slot)
         learner = slots.get("learner-0")
         lc: Mapping[str, float | int] = learner.last.counters if learner and learner.last else {}
+        on_policy = is_on_policy(self.cfg.agent)  # its store is a rollout queue the learner sizes
         lrates = self._tracks[learner.name].rates if learner and learner.name in self._tracks else {}
         version = lc.get("weights_version")
         rows = sorted(
@@ -192,8 +193,10 @@ class SnapshotBuilder:
             eval_best=finite(evc.get("eval_best")),
             eval_history=list(self._history),
             replay_size=int(finite(lc.get("replay_size")) or 0),
-            replay_capacity=int(finite(lc.get("replay_capacity")) or self.cfg.replay.capacity),
-            replay_label="queue" if is_on_policy(self.cfg.agent) else "replay",
+            replay_capacity=int(
+                finite(lc.get("replay_capacity")) or (0 if on_policy else self.cfg.replay.capacity)
+            ),
+            replay_label="queue" if on_policy else "replay",
             samples_in_per_s=samples_in,
             samples_trained_per_s=trained,
             replay_ratio=trained / samples_in if samples_in > 0 and math.isfinite(trained) else None,
