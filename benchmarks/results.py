@@ -91,7 +91,8 @@ ROWS = {
         "configs/minatar_breakout_appo.yaml",
         3,
         10.0,
-        "APPO, MinAtar CNN, 2 actors",
+        "APPO, MinAtar CNN, 2 actors × 16 envs, 64-step rollouts",
+        ("learner.max_seconds=300",),
     ),
     "minatar-breakout": Row("minatar-breakout", "configs/minatar_breakout_dqn.yaml", 3, 10.0, MINATAR),
     "minatar-asterix": Row(
