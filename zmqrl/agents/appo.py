@@ -37,7 +37,7 @@ import torch
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
 from zmqrl.agents.appo_policy import APPOActions, appo_net, policy_heads
 from zmqrl.agents.configs import APPOConfig
-from zmqrl.agents.nets import fused_adam, resolve_device, to_device
+from zmqrl.agents.nets import annealed_lr, fused_adam, resolve_device, to_device
 from zmqrl.agents.numpy_policies import PublishedModule, parameter_views
 from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step
 from zmqrl.agents.vtrace import LOG_RATIO_LIMIT, VTraceReturns, vtrace
@@ -341,10 +341,7 @@ class APPOAgent:
         """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` over
         ``lr_decay_updates`` updates if set (as DQN's)."""
         cfg = self.config
-        if cfg.lr_final is None:
-            return cfg.lr
-        frac = min(1.0, self.updates / cfg.lr_decay_updates)
-        return cfg.lr + frac * (cfg.lr_final - cfg.lr)
+        return annealed_lr(cfg.lr, cfg.lr_final, cfg.lr_decay_updates, self.updates)
 
     # ------------------------------------------------------------------------------ weight sync
 

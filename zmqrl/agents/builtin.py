@@ -31,6 +31,16 @@ def device_problem(name: str) -> str | None:
     return None
 
 
+def torso_problem(torso: str, spec: SampleSpec) -> str | None:
+    """Why a CNN ``torso`` cannot take this env's observations (frames too small, not frames), or
+    None; the MLP takes any shape, flattened."""
+    if torso == "mlp":
+        return None
+    from zmqrl.agents.torsos import cnn_problem  # numpy: imported only for CNN torsos
+
+    return cnn_problem(torso, spec.obs_shape)
+
+
 # -------------------------------------------------------------------------------------- dqn
 
 
@@ -41,12 +51,9 @@ def check_dqn(config: DQNConfig, spec: SampleSpec, device: str | None) -> str | 
             f"agent.kind 'dqn' needs a Discrete action space; this env's actions are continuous "
             f"(Box of shape {spec.action_shape}): use agent.kind 'sac'"
         )
-    if config.torso != "mlp":
-        from zmqrl.agents.torsos import cnn_problem  # numpy: imported only for CNN torsos
-
-        if problem := cnn_problem(config.torso, spec.obs_shape):
-            return problem
-    return device_problem(device if device is not None else config.device)
+    return torso_problem(config.torso, spec) or device_problem(
+        device if device is not None else config.device
+    )
 
 
 def make_dqn_learner(
@@ -153,12 +160,9 @@ def check_appo(config: APPOConfig, spec: SampleSpec, device: str | None) -> str 
             f"agent.kind 'appo' needs Discrete actions or a 1-D Box; this env's actions have shape "
             f"{spec.action_shape}"
         )
-    if config.torso != "mlp":
-        from zmqrl.agents.torsos import cnn_problem  # numpy: imported only for CNN torsos
-
-        if problem := cnn_problem(config.torso, spec.obs_shape):
-            return problem
-    return device_problem(device if device is not None else config.device)
+    return torso_problem(config.torso, spec) or device_problem(
+        device if device is not None else config.device
+    )
 
 
 def make_appo_learner(

@@ -20,6 +20,20 @@ TORSOS = ("mlp", "nature_cnn", "minatar_cnn")
 BASE_FIELDS = ("kind", "gamma", "n_step", "batch_size", "device")
 
 
+def check_adam_schedule(lr: float, lr_final: float | None, decay_updates: int, adam_eps: float) -> None:
+    """The checks of an Adam step size annealed from ``agent.lr`` to ``agent.lr_final`` (DQN, APPO)."""
+    if not lr > 0.0:
+        raise ValueError(f"agent.lr: must be > 0, got {lr}")
+    if lr_final is not None and not lr_final >= 0.0:
+        raise ValueError(f"agent.lr_final: must be >= 0 or null, got {lr_final}")
+    if decay_updates < 0:
+        raise ValueError(f"agent.lr_decay_updates: must be >= 0, got {decay_updates}")
+    if lr_final is not None and decay_updates == 0:
+        raise ValueError("agent.lr_decay_updates: must be > 0 when agent.lr_final is set")
+    if not adam_eps > 0.0:
+        raise ValueError(f"agent.adam_eps: must be > 0, got {adam_eps}")
+
+
 @dataclass
 class AgentConfigBase:
     """What every agent's config provides, because the roles read it (see ``BASE_FIELDS``).
@@ -85,16 +99,7 @@ class DQNConfig(AgentConfigBase):
             raise ValueError(f"agent.gamma: must be in (0, 1], got {self.gamma}")
         if self.n_step < 1:
             raise ValueError(f"agent.n_step: must be >= 1, got {self.n_step}")
-        if not self.lr > 0.0:
-            raise ValueError(f"agent.lr: must be > 0, got {self.lr}")
-        if self.lr_final is not None and not self.lr_final >= 0.0:
-            raise ValueError(f"agent.lr_final: must be >= 0 or null, got {self.lr_final}")
-        if self.lr_decay_updates < 0:
-            raise ValueError(f"agent.lr_decay_updates: must be >= 0, got {self.lr_decay_updates}")
-        if self.lr_final is not None and self.lr_decay_updates == 0:
-            raise ValueError("agent.lr_decay_updates: must be > 0 when agent.lr_final is set")
-        if not self.adam_eps > 0.0:
-            raise ValueError(f"agent.adam_eps: must be > 0, got {self.adam_eps}")
+        check_adam_schedule(self.lr, self.lr_final, self.lr_decay_updates, self.adam_eps)
         if self.batch_size < 1:
             raise ValueError(f"agent.batch_size: must be >= 1, got {self.batch_size}")
         if not self.huber_delta > 0.0:
@@ -208,16 +213,7 @@ class APPOConfig(AgentConfigBase):
             raise ValueError(
                 f"agent.n_step: must be 1 (on-policy rollouts are single steps), got {self.n_step}"
             )
-        if not self.lr > 0.0:
-            raise ValueError(f"agent.lr: must be > 0, got {self.lr}")
-        if self.lr_final is not None and not self.lr_final >= 0.0:
-            raise ValueError(f"agent.lr_final: must be >= 0 or null, got {self.lr_final}")
-        if self.lr_decay_updates < 0:
-            raise ValueError(f"agent.lr_decay_updates: must be >= 0, got {self.lr_decay_updates}")
-        if self.lr_final is not None and self.lr_decay_updates == 0:
-            raise ValueError("agent.lr_decay_updates: must be > 0 when agent.lr_final is set")
-        if not self.adam_eps > 0.0:
-            raise ValueError(f"agent.adam_eps: must be > 0, got {self.adam_eps}")
+        check_adam_schedule(self.lr, self.lr_final, self.lr_decay_updates, self.adam_eps)
         if self.clip is not None and not self.clip > 0.0:
             raise ValueError(f"agent.clip: must be > 0, or null for no clipping, got {self.clip}")
         for name in ("epochs", "minibatches"):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.layers import dqn_net
-from zmqrl.agents.nets import QNetwork, fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.nets import QNetwork, annealed_lr, fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, PublishedModule, dqn_q_values, parameter_views
 from zmqrl.agents.updates import DeferredUpdate, any_found, guarded_step
 from zmqrl.spec import SampleSpec
@@ -281,10 +281,7 @@ class DQNAgent:
         Annealing lets a policy that has learned settle instead of oscillating (DQN on
         CartPole is prone to late collapses at a constant, large step size)."""
         cfg = self.config
-        if cfg.lr_final is None:
-            return cfg.lr
-        frac = min(1.0, self.updates / cfg.lr_decay_updates)
-        return cfg.lr + frac * (cfg.lr_final - cfg.lr)
+        return annealed_lr(cfg.lr, cfg.lr_final, cfg.lr_decay_updates, self.updates)
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

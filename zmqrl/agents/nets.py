@@ -33,6 +33,15 @@ def resolve_device(name: str) -> torch.device:
     raise ValueError(f"unknown device {name!r}; expected one of {', '.join(DEVICE_NAMES)}")
 
 
+def annealed_lr(lr: float, lr_final: float | None, decay_updates: int, updates: int) -> float:
+    """``lr`` moved linearly to ``lr_final`` over ``decay_updates`` updates (``lr_final`` None:
+    constant), the schedule of every agent with an ``lr_final`` setting."""
+    if lr_final is None:
+        return lr
+    frac = min(1.0, updates / decay_updates)
+    return lr + frac * (lr_final - lr)
+
+
 def fused_adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
     """Adam with the fused kernel where this torch build has it (~20% faster steps for small
     CPU networks, where per-tensor Python overhead dominates), else the default implementation."""

@@ -250,12 +250,7 @@ class RateLimiter:
                 now = self._clock()
                 for stat, start in self._waiting.values():
                     blocked[stat] += now - start
-            return {
-                STAT_INSERTED: float(self._inserted),
-                STAT_SAMPLED: float(self._sampled),
-                STAT_RATIO: self._sampled / self._inserted if self._inserted else math.nan,
-                **blocked,
-            }
+            return count_stats(self._inserted, self._sampled, blocked)
 
     def __repr__(self) -> str:
         return (
@@ -314,16 +309,23 @@ class NoLimit:
     @property
     def stats(self) -> dict[str, float]:
         with self._lock:
-            return {
-                STAT_INSERTED: float(self._inserted),
-                STAT_SAMPLED: float(self._sampled),
-                STAT_RATIO: self._sampled / self._inserted if self._inserted else math.nan,
-                STAT_INSERT_BLOCKED: 0.0,
-                STAT_SAMPLE_BLOCKED: 0.0,
-            }
+            return count_stats(
+                self._inserted, self._sampled, {STAT_INSERT_BLOCKED: 0.0, STAT_SAMPLE_BLOCKED: 0.0}
+            )
 
     def __repr__(self) -> str:
         return "NoLimit()"
+
+
+def count_stats(inserted: int, sampled: int, blocked: dict[str, float]) -> dict[str, float]:
+    """A limiter's ``stats``: its counts, their ratio (NaN before any insert) and ``blocked``, the
+    seconds each side waited."""
+    return {
+        STAT_INSERTED: float(inserted),
+        STAT_SAMPLED: float(sampled),
+        STAT_RATIO: sampled / inserted if inserted else math.nan,
+        **blocked,
+    }
 
 
 def make_rate_limiter(

@@ -25,13 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from zmqrl.core import Sampled
-from zmqrl.replay.ratelimit import (
-    STAT_INSERT_BLOCKED,
-    STAT_INSERTED,
-    STAT_RATIO,
-    STAT_SAMPLE_BLOCKED,
-    STAT_SAMPLED,
-)
+from zmqrl.replay.ratelimit import STAT_INSERT_BLOCKED, STAT_SAMPLE_BLOCKED, count_stats
 from zmqrl.spec import DEFAULT_QUEUE_BATCHES, message_rows, queue_rows
 from zmqrl.types import Batch, RolloutBatch, TransitionBatch
 
@@ -225,12 +219,7 @@ class QueueLimiter:
     @property
     def stats(self) -> dict[str, float]:
         with self._cond:
-            return {
-                STAT_INSERTED: float(self._inserted),
-                STAT_SAMPLED: float(self._sampled),
-                STAT_RATIO: self._sampled / self._inserted if self._inserted else math.nan,
-                **self._blocked,
-            }
+            return count_stats(self._inserted, self._sampled, dict(self._blocked))
 
     def __repr__(self) -> str:
         return f"QueueLimiter({self.queue!r})"
