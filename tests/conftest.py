@@ -51,6 +51,7 @@ def tiny_overrides(run_dir: Path, **extra: object) -> list[str]:
         "transport.weights": ANY_PORT,
         "transport.heartbeat": ANY_PORT,
         "transport.control": ANY_PORT,
+        "supervisor.metrics_http": "127.0.0.1:0",  # tests run side by side: never the default port
     }
     values.update({k.replace("__", "."): v for k, v in extra.items()})
     return [f"{k}={v}" for k, v in values.items()]

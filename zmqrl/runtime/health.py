@@ -26,6 +26,9 @@ from zmqrl.config import SupervisorConfig
 
 # Environment variable naming the file; unset: no file is written.
 HEALTH_FILE_ENV = "ZMQRL_HEALTH_FILE"
+# The heartbeat info key (and health-file info key) holding a random id made once per process
+# start: pid and hostname do not change when a container restarts its role as pid 1.
+START_INFO_KEY = "start"
 # Heartbeat counters: main-loop rounds (any: waiting counts), and rounds that did useful work.
 PROGRESS_COUNTER = "progress"
 WORK_COUNTER = "work"

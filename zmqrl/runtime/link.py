@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from zmqrl.config import Config
 from zmqrl.runtime.guard import ThreadDied, start_guarded
 from zmqrl.runtime.health import (
     PROGRESS_COUNTER,
+    START_INFO_KEY,
     WORK_COUNTER,
     HealthRecord,
     health_path,
@@ -189,6 +191,9 @@ class SupervisorLink:
         # Every beat says where it comes from, so `zmqrl status` can show pid@host for processes
         # that a watch-only supervisor did not start (another host, another container).
         self._host = socket.gethostname()[:64]
+        # And which start of the process it is: in a container every role is pid 1 on the same
+        # hostname, so only a per-start id tells a watch-only supervisor that a role restarted.
+        self._start_id = uuid.uuid4().hex[:16]
         self._state = "starting"
         self._progress = 0
         self._work = 0
@@ -322,7 +327,7 @@ class SupervisorLink:
         }
 
     def _with_host(self, info: Mapping[str, str] | None) -> dict[str, str]:
-        return {**(info or self._info), "host": self._host}
+        return {**(info or self._info), "host": self._host, START_INFO_KEY: self._start_id}
 
     def _write_health(self) -> None:
         if self._health is None:
