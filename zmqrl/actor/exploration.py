@@ -50,6 +50,45 @@ def apex_epsilon(
     return float(base ** (1.0 + alpha * index / (num_actors - 1)))
 
 
+def extra_rung_position(extra: int, rungs: int) -> float:
+    """Where on the ladder (0: ``base``, 1: ``base ** (1 + alpha)``) the ``extra``-th rung past a
+    ladder of ``rungs`` sits: halfway between two neighbouring rungs, then a quarter, an eighth...
+
+    Under docker compose or Kubernetes more actors can join than ``actor.num_actors`` says (``--scale
+    actor=N``); each must still explore at a rate of its own. Taking the last rung again (what the
+    formula gives when N grows with the id) made every extra single-env actor as greedy as the last
+    configured one. Bisecting the gaps keeps the configured rungs where they are (the actors already
+    running keep their rates), never repeats a rate, and spreads the first extras over the whole
+    span: the midpoints of every gap come before any quarter point. A ladder of one rung is first
+    extended by its other end (``base ** (1 + alpha)``), as a ladder of two would have it.
+    """
+    if extra < 0 or rungs < 1:
+        raise ValueError(f"need extra >= 0 and rungs >= 1, got extra={extra}, rungs={rungs}")
+    if rungs == 1:
+        if extra == 0:
+            return 1.0
+        extra -= 1
+    gaps = max(rungs - 1, 1)
+    level = 1
+    while extra >= gaps << (level - 1):
+        extra -= gaps << (level - 1)
+        level += 1
+    # Level L adds 2 ** (L - 1) points per gap; the t-th of them in every gap before the (t+1)-th.
+    t, gap = divmod(extra, gaps)
+    return (gap + (2 * t + 1) / 2**level) / gaps
+
+
+def ladder_epsilon(
+    index: int, rungs: int, base: float = APEX_BASE_EPSILON, alpha: float = APEX_ALPHA
+) -> float:
+    """Epsilon of rung ``index`` of a ladder of ``rungs``, or past its end (an actor beyond
+    ``actor.num_actors``) at :func:`extra_rung_position`: distinct from every other rung either way."""
+    if index < rungs:
+        return apex_epsilon(index, rungs, base, alpha)
+    apex_epsilon(0, rungs, base, alpha)  # the same checks of the arguments
+    return float(base ** (1.0 + alpha * extra_rung_position(index - rungs, rungs)))
+
+
 class LinearSchedule:
     """A value moving linearly from ``start`` to ``end`` over ``duration`` steps, then held.
 

@@ -113,7 +113,8 @@ def claim_free_id(run_dir: Path, num_actors: int) -> ActorIdClaim:
         if actor_id >= num_actors:
             log.warning(
                 "ids 0..%d are all held by live actors (actor.num_actors is %d): this actor takes id "
-                "%d, past the configured ladder of exploration rates",
+                "%d, past the configured ladder of exploration rates (it explores between two of its rungs; "
+                "set actor.num_actors to the number of actors to space the ladder for all of them)",
                 num_actors - 1,
                 num_actors,
                 actor_id,

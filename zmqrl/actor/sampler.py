@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
-from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, apex_epsilon
+from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, ladder_epsilon
 from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.agents import PriorityFn
 from zmqrl.config import Config
@@ -50,14 +50,14 @@ def actor_seed(cfg: Config, actor_id: int) -> int:
 
 def ladder(cfg: Config, actor_id: int) -> np.ndarray:
     """Each sub-env's rung of the Ape-X ladder, which spans every sub-env of every actor: sub-env j
-    of actor i is rung i * E + j of N * E, so N vector actors explore like N * E single-env ones."""
-    num_actors = max(cfg.actor.num_actors, actor_id + 1)
+    of actor i is rung i * E + j of N * E, so N vector actors explore like N * E single-env ones.
+    An actor past ``actor.num_actors`` (scaled up under compose or Kubernetes) gets rungs between
+    the configured ones (:func:`ladder_epsilon`), so no two actors explore alike."""
     num_envs = cfg.actor.envs_per_actor
+    rungs = cfg.actor.num_actors * num_envs
     return np.array(
         [
-            apex_epsilon(
-                actor_id * num_envs + j, num_actors * num_envs, cfg.actor.epsilon, cfg.actor.epsilon_alpha
-            )
+            ladder_epsilon(actor_id * num_envs + j, rungs, cfg.actor.epsilon, cfg.actor.epsilon_alpha)
             for j in range(num_envs)
         ]
     )
