@@ -139,6 +139,7 @@ def start_link(cfg: Config, role: str, role_id: int) -> SupervisorLink:
     from zmqrl.runtime.guard import install_process_guard
     from zmqrl.runtime.link import SupervisorLink, die_with_parent
     from zmqrl.transport.keys import SecurityError
+    from zmqrl.transport.sockets import BindError
 
     install_process_guard()
     die_with_parent()
@@ -146,5 +147,5 @@ def start_link(cfg: Config, role: str, role_id: int) -> SupervisorLink:
 
     try:
         return SupervisorLink(zmq.Context.instance(), cfg, role, role_id, watchdog=True)
-    except SecurityError as exc:
+    except (SecurityError, BindError) as exc:  # BindError: supervisor.health_http's port
         fail(" ".join(str(exc).split()), EXIT_RUNTIME)

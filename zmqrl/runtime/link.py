@@ -10,7 +10,8 @@ which is what the supervisor's restart policy calls a healthy run. A process who
 whose progress does not is *hung* after its role's hung timeout (zmqrl/runtime/health.py):
 in a process main the link's watchdog (zmqrl/runtime/watchdog.py) then ends the process with
 exit 3, so any orchestrator replaces it. Process mains create the link first thing, before heavy
-imports, and hand it to the role, so even start-up is covered.
+imports, and hand it to the role, so even start-up is covered. With ``supervisor.health_http`` set,
+the link also serves each beat's verdict over HTTP (zmqrl/runtime/http_probe.py).
 
 The sockets belong to the heartbeat thread alone (ZeroMQ sockets are not thread-safe); the main
 thread only bumps counters and reads the stop flag.
@@ -44,6 +45,8 @@ from zmqrl.runtime.health import (
     startup_timeout,
     write_health,
 )
+from zmqrl.runtime.http_probe import INFO_KEY as HEALTH_HTTP_INFO_KEY
+from zmqrl.runtime.http_probe import HealthServer, ProbeView
 from zmqrl.runtime.watchdog import Watchdog, end_hung_process
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
@@ -202,9 +205,31 @@ class SupervisorLink:
         self._closing = threading.Event()
         self._error: BaseException | None = None
         self._beat_lock = threading.Lock()  # final() must not interleave with a beat in flight
+        # What the last beat said, for the HTTP probes (read on their threads, replaced whole).
+        self._last_record: HealthRecord | None = None
+        self._last_counters: Mapping[str, float | int] = {}
+        self.http: HealthServer | None = None
+        if scfg.health_http is not None:
+            self.http = self._serve_health(scfg.health_http)
         if self.supervised and self._join_timeout > 0:
             log.info("watching the supervisor at %s", self._control_endpoint)
         self._thread = start_guarded(self._run, f"heartbeat-{role}", self._crashed) if start else None
+
+    def _serve_health(self, address: str) -> HealthServer:
+        """``/healthz`` and ``/readyz`` (zmqrl/runtime/http_probe.py). Asked for explicitly, so a
+        port that cannot be bound ends the role (BindError naming the setting), sockets closed."""
+        try:
+            server = HealthServer(address, self.probe_view, f"health-http-{self.role}")
+        except BaseException:
+            self._ctl_sock.close(linger=0)
+            self._hb_sock.close(linger=0)
+            raise
+        log.info("health probes on %s (/healthz, /readyz)", server.url)
+        return server
+
+    def probe_view(self) -> ProbeView:
+        """The last beat's health record and counters: what the HTTP probes judge."""
+        return ProbeView(self._last_record, self._last_counters)
 
     # ------------------------------------------------------------------ main-thread side
     def attach(self, stop_event: threading.Event) -> None:
@@ -255,11 +280,14 @@ class SupervisorLink:
         self._stop_thread()
         self._state = state
         with self._beat_lock:
+            self._last_counters = dict(counters)
             self.heartbeat.beat(state, {**counters, **self._liveness_counters()}, self._with_host(info))
             self._write_health()
 
     def close(self) -> None:
         self._stop_thread()
+        if self.http is not None:
+            self.http.close()
         self._ctl_sock.close(linger=0)
         self._hb_sock.close()  # default linger: lets the final heartbeat reach the supervisor
 
@@ -316,6 +344,7 @@ class SupervisorLink:
             self._progress_sent = progress
             self._progress_wall = time.time()
         counters.update(self._liveness_counters())
+        self._last_counters = counters
         self.heartbeat.beat(self._state, counters, self._with_host(None))
         self._write_health()
 
@@ -327,26 +356,25 @@ class SupervisorLink:
         }
 
     def _with_host(self, info: Mapping[str, str] | None) -> dict[str, str]:
-        return {**(info or self._info), "host": self._host, START_INFO_KEY: self._start_id}
+        extra = {HEALTH_HTTP_INFO_KEY: self.http.address} if self.http is not None else {}
+        return {**(info or self._info), "host": self._host, START_INFO_KEY: self._start_id, **extra}
 
     def _write_health(self) -> None:
-        if self._health is None:
-            return
-        write_health(
-            self._health,
-            HealthRecord(
-                role=self.role,
-                id=self.role_id,
-                pid=os.getpid(),
-                state=self._state,
-                time=time.time(),
-                progress=self._progress,
-                progress_time=self._progress_wall,
-                heartbeat_timeout=self._health_limits[0],
-                progress_timeout=self._health_limits[1],
-                info=self._with_host(None),
-            ),
+        """The record of this beat: kept for the HTTP probes, and written to the health file."""
+        self._last_record = record = HealthRecord(
+            role=self.role,
+            id=self.role_id,
+            pid=os.getpid(),
+            state=self._state,
+            time=time.time(),
+            progress=self._progress,
+            progress_time=self._progress_wall,
+            heartbeat_timeout=self._health_limits[0],
+            progress_timeout=self._health_limits[1],
+            info=self._with_host(None),
         )
+        if self._health is not None:
+            write_health(self._health, record)
 
     def _run(self) -> None:
         while not self._closing.wait(CONTROL_POLL_SECONDS):
