@@ -1,7 +1,8 @@
 """docker/k8s/: valid Kubernetes objects (checked offline against the API schemas that the
 kubernetes-validate package ships), and the same deployment as docker/compose.yaml: images,
 commands, ports, environment, health checks and the run volume agree, except where a cluster
-needs something else (Curve keys instead of transport.insecure, actor ids from the StatefulSet).
+needs something else (Curve keys instead of transport.insecure, actor ids from the StatefulSet,
+httpGet probes on each role's health port, Prometheus scrape annotations).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+from zmqrl.config import Config, load_config
+from zmqrl.runtime.http_probe import HEALTHZ, READYZ, health_http_problem, parse_address
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason='kubernetes-validate is a dev dependency: pip install -e ".[dev]"'
@@ -35,6 +39,17 @@ KEYS_DIR = "/keys"
 # (one client pair per role) instead.
 COMPOSE_ONLY_ENV = {"ZMQRL_TRANSPORT__INSECURE", "ZMQRL_TRANSPORT__CONTROL_TOKEN_FILE"}
 K8S_ONLY_ENV = {"ZMQRL_TRANSPORT__KEYS_DIR", "ZMQRL_ACTOR__NUM_ACTORS"}
+# Set for the cluster whether or not compose sets them: where each role serves /healthz and
+# /readyz for the kubelet (every role), and where the supervisor serves /metrics for Prometheus.
+HEALTH_HTTP_ENV = "ZMQRL_SUPERVISOR__HEALTH_HTTP"
+METRICS_HTTP_ENV = "ZMQRL_SUPERVISOR__METRICS_HTTP"
+CLUSTER_ENV = {role: {HEALTH_HTTP_ENV} for role in ROLES} | {
+    "supervisor": {HEALTH_HTTP_ENV, METRICS_HTTP_ENV}
+}
+# Roles whose pods the kubelet probes over HTTP; the supervisor's loop serves no /healthz, so its
+# probes run `zmqrl health` in the container, as compose's healthcheck does.
+HTTP_PROBED = ["learner", "actor", "evaluator"]
+SCRAPED = "supervisor"  # the one pod Prometheus scrapes: every role's metrics are in its /metrics
 # Arguments the manifests add: a replacement pod of these resumes from the run volume.
 K8S_ONLY_ARGS = {"--resume"}
 # Servers bind, so they get the server secret and the authorized list (one key per role); clients
@@ -244,6 +259,10 @@ def test_the_same_environment_configures_every_role(
             # Unique per pod and kept by a replacement: the StatefulSet's ordinal.
             assert env.pop("ZMQRL_ACTOR_ID") == "metadata.labels['apps.kubernetes.io/pod-index']"
         k8s_only = {k: env.pop(k) for k in K8S_ONLY_ENV}
+        for key in CLUSTER_ENV[name]:
+            assert key in env, (name, key)
+            env.pop(key)
+            expected.pop(key, None)
         assert env == expected, name
         assert k8s_only["ZMQRL_TRANSPORT__KEYS_DIR"] == KEYS_DIR
     assert effective_env(objects, workload(objects, "tensorboard")) == {}
@@ -296,7 +315,12 @@ def test_probes_run_the_compose_healthcheck_on_the_same_schedule(
     for name in SERVICES:
         c = container(workload(objects, name))
         check = compose[name]["healthcheck"]
-        if name in ROLES:
+        if name in HTTP_PROBED:
+            assert check["test"] == ["CMD", *HEALTH]
+            assert c["startupProbe"]["httpGet"] == {"path": HEALTHZ, "port": "health"}, name
+            assert c["livenessProbe"]["httpGet"] == {"path": HEALTHZ, "port": "health"}, name
+            assert c["readinessProbe"]["httpGet"] == {"path": READYZ, "port": "health"}, name
+        elif name in ROLES:
             assert check["test"] == ["CMD", *HEALTH]
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 assert c[probe]["exec"]["command"] == HEALTH, (name, probe)
@@ -342,3 +366,50 @@ def test_only_the_servers_get_the_server_secret_and_each_role_only_its_own_clien
         assert secrets == (own | {"zmqrl-server-key"} if name in ("learner", "supervisor") else own), name
         secret_files = {f for f in files if f.endswith(".key_secret")}
         assert secret_files - {"server.key_secret"} == {f"{OWN_PAIR[name]}.key_secret"}, name
+
+
+# --------------------------------------------------------------------------------------------
+# Health over HTTP and Prometheus scraping
+# --------------------------------------------------------------------------------------------
+
+
+def named_port(obj: dict[str, Any], name: str) -> int:
+    (port,) = [p["containerPort"] for p in container(obj).get("ports", []) if p["name"] == name]
+    return int(port)
+
+
+def role_config(objects: list[dict[str, Any]], obj: dict[str, Any]) -> Config:
+    """The config the pod's role runs with: its environment over the defaults (as in the image)."""
+    env = {k: str(v) for k, v in effective_env(objects, obj).items()}
+    return load_config(None, [], environ=env)
+
+
+def test_each_probed_role_serves_its_health_on_the_port_its_probes_ask(objects: list[dict[str, Any]]) -> None:
+    """The variable really sets supervisor.health_http (a misspelt one would leave it off and every
+    probe refused), on every interface (the kubelet comes over the pod's IP) and a fixed port that
+    is the container's `health` port."""
+    for name in HTTP_PROBED:
+        obj = workload(objects, name)
+        cfg = role_config(objects, obj)
+        assert cfg.supervisor.health_http is not None and health_http_problem(cfg) is None, name
+        host, port = parse_address(cfg.supervisor.health_http)
+        assert host == "0.0.0.0" and port != 0, name
+        assert named_port(obj, "health") == port, name
+
+
+def test_only_the_supervisor_pod_is_scraped_on_the_port_its_metrics_bind(
+    objects: list[dict[str, Any]],
+) -> None:
+    for name in SERVICES:
+        annotations = workload(objects, name)["spec"]["template"]["metadata"].get("annotations", {})
+        assert annotations.get("prometheus.io/scrape") == ("true" if name == SCRAPED else "false"), name
+    supervisor = workload(objects, SCRAPED)
+    annotations = supervisor["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+    cfg = role_config(objects, supervisor)
+    assert cfg.supervisor.metrics_http is not None
+    host, port = parse_address(cfg.supervisor.metrics_http)
+    assert host == "0.0.0.0", "Prometheus scrapes the pod's IP: loopback (the default) would refuse it"
+    assert annotations["prometheus.io/port"] == str(port) == str(named_port(supervisor, "metrics"))
+    (sp,) = [p for p in find(objects, "Service", SCRAPED)["spec"]["ports"] if p["name"] == "metrics"]
+    assert (sp["port"], sp["targetPort"]) == (port, "metrics")
