@@ -28,6 +28,7 @@ from zmqrl.runtime.http_probe import (
     health_http_problem,
     parse_address,
     readyz,
+    shared_host_problem,
 )
 from zmqrl.runtime.link import SupervisorLink
 from zmqrl.transport.sockets import BindError
@@ -218,6 +219,16 @@ def test_the_address_setting_is_checked(tmp_path: Path) -> None:
     for bad in ("8080", "localhost", ":80", "host:http", "host:70000"):
         problem = health_http_problem(tiny_config(tmp_path, supervisor__health_http=bad))
         assert problem is not None and problem.startswith("supervisor.health_http: "), bad
+
+
+def test_a_fixed_port_is_refused_where_every_role_shares_one_host(tmp_path: Path) -> None:
+    assert shared_host_problem(tiny_config(tmp_path)) is None
+    assert shared_host_problem(tiny_config(tmp_path, supervisor__health_http="127.0.0.1:0")) is None
+    problem = shared_host_problem(tiny_config(tmp_path, supervisor__health_http="0.0.0.0:8080"))
+    assert problem is not None and problem.startswith(
+        "supervisor.health_http: port 8080 under `zmqrl launch`"
+    )
+    assert "0.0.0.0:0" in problem
 
 
 def test_a_taken_port_is_a_bind_error_naming_the_setting_and_close_frees_the_port() -> None:

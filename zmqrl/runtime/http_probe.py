@@ -86,6 +86,23 @@ def health_http_problem(cfg: Config) -> str | None:
     return None
 
 
+def shared_host_problem(cfg: Config) -> str | None:
+    """For ``zmqrl launch``, whose roles all run on one host: a fixed port would be bound by the
+    first role and refused to every other (each then exits 1, in a restart loop). None when off or
+    port 0."""
+    value = cfg.supervisor.health_http
+    if value is None or health_http_problem(cfg) is not None:
+        return None
+    host, port = parse_address(value)
+    if port == 0:
+        return None
+    return (
+        f"{SETTING}: port {port} under `zmqrl launch`, where every role runs on this host and would "
+        f"try to bind it: use port 0 ({host}:0), each role's address is then in its heartbeat info "
+        f"and its log; fixed ports are for containers and pods, one role each"
+    )
+
+
 def healthz(view: ProbeView, now: float | None = None) -> tuple[bool, str]:
     """``/healthz``: the same verdict as ``zmqrl health`` on the same record."""
     if view.record is None:
