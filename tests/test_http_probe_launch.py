@@ -1,7 +1,7 @@
 """Per-role HTTP health in a real `zmqrl launch` (issue 26 item 2): with
 ``supervisor.health_http=127.0.0.1:0`` every role serves its probes on a port of its own; once the
-run trains, the learner's and an actor's ``/healthz`` and ``/readyz`` answer 200, and after the
-run nothing answers and no process is left. Real processes for seconds."""
+run trains, the learner's, an actor's and the evaluator's ``/healthz`` and ``/readyz`` answer 200,
+and after the run nothing answers and no process is left. Real processes for seconds."""
 
 from __future__ import annotations
 
@@ -56,18 +56,23 @@ def refuses(address: str) -> bool:
     return False
 
 
-def test_the_learners_and_an_actors_probes_answer_200_while_training_and_are_gone_after(
+def test_every_roles_probes_answer_200_while_training_and_are_gone_after(
     run_root: Path,
 ) -> None:
     run_dir = run_root / "t"
     launch = Launch(
-        tiny_overrides(run_root, learner__max_updates=1_000_000, supervisor__health_http="127.0.0.1:0")
+        tiny_overrides(
+            run_root,
+            learner__max_updates=1_000_000,
+            evaluator__enabled=True,
+            supervisor__health_http="127.0.0.1:0",
+        )
     )
     addresses: dict[str, str] = {}
     try:
-        for name in ("learner-0", "actor-0"):
+        for name in ("learner-0", "actor-0", "evaluator-0"):
             addresses[name] = wait_for_probe_address(launch, run_dir / "logs" / f"{name}.log")
-        assert len(set(addresses.values())) == 2, "each role has a port of its own"
+        assert len(set(addresses.values())) == 3, "each role has a port of its own"
         last: dict[str, tuple[int, str]] = {}
 
         def all_ok() -> bool:
@@ -81,6 +86,7 @@ def test_the_learners_and_an_actors_probes_answer_200_while_training_and_are_gon
         assert launch.running() and all_ok(), (last, launch.output)
         print(f"\nprobes: {last}")
         assert "actor-0 ready: holding weights v" in last["actor-0/readyz"][1]
+        assert "evaluator-0 ready: holding weights v" in last["evaluator-0/readyz"][1]
     finally:
         launch.proc.send_signal(signal.SIGINT)
         code = launch.finish(60)
