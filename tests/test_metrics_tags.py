@@ -1,8 +1,9 @@
-"""Every tag a run writes is namespaced and listed in docs/metrics.md, with meaning, unit, x-axis.
+"""Every tag a run writes is namespaced and in the metric catalog (zmqrl/metrics/catalog.py), with
+meaning, unit, x-axis; docs/metrics.md's tables are the catalog's, regenerated.
 
 Real runs write the tags (serial DQN with learner evaluation, serial SAC, and one `zmqrl launch` with
 prioritized replay, the evaluator and the supervisor); the tags are read back from metrics.jsonl and
-from the TensorBoard event files, so neither sink can carry a tag the other lacks or the docs omit.
+from the TensorBoard event files, so neither sink can carry a tag the other lacks or the catalog omits.
 """
 
 from __future__ import annotations
@@ -14,38 +15,23 @@ import pytest
 
 import zmqrl
 from tests.conftest import REPO, launch_to_the_end, processes_mentioning, tiny_config, tiny_overrides
+from zmqrl.cli import docgen
 from zmqrl.metrics import METRICS_FILE, NAMESPACES, namespaced, read_metrics
+from zmqrl.metrics.catalog import ENV_STEPS, TAGS, UPDATES, Tag, tag_table
 
 DOCS = REPO / "docs" / "metrics.md"
-TABLE_HEADER = "| tag | meaning | unit | x-axis |"
-AXES = {"env steps", "updates"}
+AXES = {ENV_STEPS, UPDATES}
 # Returns are indexed by env steps; everything else by learner updates.
 ENV_STEP_TAGS = re.compile(r"^(charts/.*|actor/recent_return)$")
 
 
-def documented_tags(text: str | None = None) -> dict[str, tuple[str, str, str]]:
-    """docs/metrics.md's tag table: tag -> (meaning, unit, x-axis)."""
-    lines = (text if text is not None else DOCS.read_text()).splitlines()
-    start = lines.index(TABLE_HEADER) + 2  # past the header and its |---| line
-    table: dict[str, tuple[str, str, str]] = {}
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 4 and all(cells), f"a tag row needs 4 filled cells: {line}"
-        tag = cells[0].strip("`")
-        assert tag not in table, f"{tag} is listed twice"
-        table[tag] = (cells[1], cells[2], cells[3])
-    return table
-
-
-def tag_problems(written: set[str], documented: dict[str, tuple[str, str, str]]) -> list[str]:
-    """What is wrong with the tags a run wrote: not namespaced, or not in the docs table."""
+def tag_problems(written: set[str], documented: dict[str, Tag]) -> list[str]:
+    """What is wrong with the tags a run wrote: not namespaced, or not in the catalog."""
     problems = [
         f"{t}: not under one of {', '.join(NAMESPACES)}" for t in sorted(written) if not namespaced(t)
     ]
     problems += [
-        f"{t}: written but not listed in docs/metrics.md" for t in sorted(written - documented.keys())
+        f"{t}: written but not in zmqrl/metrics/catalog.py" for t in sorted(written - documented.keys())
     ]
     return problems
 
@@ -72,35 +58,52 @@ def assert_documented(run_dir: Path) -> set[str]:
     written = set().union(*jsonl_tags(run_dir).values())
     assert written, f"{run_dir} wrote no metrics"
     assert event_file_tags(run_dir) == written, "TensorBoard and metrics.jsonl hold different tags"
-    assert tag_problems(written, documented_tags()) == []
+    assert tag_problems(written, tag_table()) == []
     return written
 
 
-def test_the_docs_table_gives_every_tag_a_namespace_meaning_unit_and_its_x_axis() -> None:
-    table = documented_tags()
-    assert len(table) > 30
-    for tag, (_meaning, _unit, axis) in table.items():
+def test_the_catalog_gives_every_tag_a_namespace_meaning_unit_and_its_x_axis() -> None:
+    table = tag_table()
+    assert len(table) == len(TAGS) > 30, "a tag is listed twice"
+    for tag, row in table.items():
         assert namespaced(tag), tag
-        assert axis in AXES, f"{tag}: x-axis {axis!r} is not one of {AXES}"
-        expected = "env steps" if ENV_STEP_TAGS.match(tag) else "updates"
-        assert axis == expected, f"{tag}: returns go against env steps, all else against updates"
+        assert row.meaning and row.unit, f"{tag}: a meaning and a unit"
+        assert "|" not in row.meaning + row.unit, f"{tag}: a | would split the docs' table cell"
+        assert row.axis in AXES, f"{tag}: x-axis {row.axis!r} is not one of {AXES}"
+        expected = ENV_STEPS if ENV_STEP_TAGS.match(tag) else UPDATES
+        assert row.axis == expected, f"{tag}: returns go against env steps, all else against updates"
     assert {t.split("/")[0] for t in table} == set(NAMESPACES)
 
 
-def test_the_check_fails_for_a_tag_the_docs_do_not_list_or_outside_the_namespaces() -> None:
-    table = documented_tags()
+def test_the_check_fails_for_a_tag_the_catalog_does_not_list_or_outside_the_namespaces() -> None:
+    table = tag_table()
     assert tag_problems({"charts/episodic_return", "losses/loss"}, table) == []
     assert tag_problems({"charts/episodic_return", "charts/made_up_return"}, table) == [
-        "charts/made_up_return: written but not listed in docs/metrics.md"
+        "charts/made_up_return: written but not in zmqrl/metrics/catalog.py"
     ]
     problems = tag_problems({"evaluator/weights_version"}, table)  # the old, unnamespaced name
     assert len(problems) == 2 and problems[0].startswith("evaluator/weights_version: not under")
 
 
-def test_a_docs_row_without_unit_is_refused() -> None:
-    text = f"{TABLE_HEADER}\n|---|---|---|---|\n| `losses/loss` | the loss |  | updates |\n"
-    with pytest.raises(AssertionError, match="4 filled cells"):
-        documented_tags(text)
+def test_docs_metrics_md_holds_the_catalogs_tables_as_generated() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    assert docgen.regenerate_metrics(text) == text, (
+        "docs/metrics.md is stale: run `python -m zmqrl.cli.docgen`"
+    )
+    for row in TAGS:
+        assert f"| `{row.tag}` | {row.meaning} | {row.unit} | {row.axis} |" in text
+
+
+def test_docgen_check_finds_a_stale_tag_table_and_rewrites_it(tmp_path: Path) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    copy = tmp_path / "metrics.md"
+    copy.write_text(text.replace(f"| `{TAGS[0].tag}` |", "| `charts/renamed_return` |"), encoding="utf-8")
+    assert docgen._update(copy, docgen.regenerate_metrics, check=True) == docgen.STALE
+    assert docgen._update(copy, docgen.regenerate_metrics, check=False) == 0
+    assert copy.read_text(encoding="utf-8") == text
+    assert docgen._update(copy, docgen.regenerate_metrics, check=True) == 0
+    with pytest.raises(ValueError, match="no generated region"):
+        docgen.regenerate_metrics(text.replace(docgen.TAGS_END, ""))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """What the operator sees of a run while its supervisor runs: the console view (a live dashboard on
-a terminal, plain progress lines elsewhere), the status channel ``zmqrl status`` asks, and the
-supervisor's own scalars (``actor/...``, ``supervisor/...``).
+a terminal, plain progress lines elsewhere), the status channel ``zmqrl status`` asks, the
+supervisor's own scalars (``actor/...``, ``supervisor/...``) and the Prometheus ``/metrics``
+endpoint (``supervisor.metrics_http``; zmqrl/supervisor/prometheus.py).
 
 All three show one :class:`~zmqrl.supervisor.snapshot.RunSnapshot`, built from the supervisor's
 slots at most every :data:`~zmqrl.supervisor.live.REFRESH_SECONDS` (a status request in between
@@ -25,6 +26,7 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.metrics import Logger, NullLogger, run_logger
 from zmqrl.supervisor.live import REFRESH_SECONDS, ConsoleView
+from zmqrl.supervisor.prometheus import URL_LINE, PrometheusExporter
 from zmqrl.supervisor.render import plain_line, render_dashboard
 from zmqrl.supervisor.snapshot import RunSnapshot, SnapshotBuilder
 from zmqrl.supervisor.status import StatusRecord, StatusServer
@@ -71,6 +73,8 @@ class RunMonitor:
         self.record: StatusRecord | None = None
         self._given_scalars = scalars  # tests pass a recorder; else the run's logger, from open()
         self.scalars: Logger = NullLogger()
+        self.prometheus = PrometheusExporter(cfg, slots, command=command, clock=clock)
+        self.metrics_url: str | None = None  # the /metrics URL served (port 0 resolved), if any
 
     # ------------------------------------------------------------------ lifetime
     def open(
@@ -80,10 +84,14 @@ class RunMonitor:
         limits: sockets.SocketLimits,
         security: Security | None,
     ) -> str:
-        """Bind the status socket, write the record, open the scalars (the caller starts the view,
-        inside the ``try`` whose ``finally`` closes this); returns the status endpoint bound.
+        """Serve /metrics (a line says where; an address that cannot be bound is a warning), bind
+        the status socket, write the record, open the scalars (the caller starts the view, inside
+        the ``try`` whose ``finally`` closes this); returns the status endpoint bound.
         Raises BindError / SecurityError as the other sockets do."""
         run_dir = self.cfg.run_dir
+        self.metrics_url = self.prometheus.start(self._say)
+        if self.metrics_url is not None:
+            self._say(URL_LINE + self.metrics_url)
         self._builder = SnapshotBuilder(self.cfg, run_dir, launched)
         self._sock, endpoint = sockets.status_router(
             ctx, self.cfg.supervisor.status, limits, security=security, insecure=self.cfg.transport.insecure
@@ -114,6 +122,7 @@ class RunMonitor:
             if snap is not None:
                 self.view.show(render_dashboard(snap), self._clock())
         self.view.stop()
+        self.prometheus.close()
         if self.status is not None:
             self.status.bad.flush()
         if self._sock is not None:
@@ -136,6 +145,7 @@ class RunMonitor:
         """From every turn of the supervisor's loop: answer status requests, redraw when due."""
         if self.status is not None:
             self.status.serve()
+        self.prometheus.refresh()
         now = self._clock()
         if self.view.due(now):
             snap = self.snapshot()
@@ -144,6 +154,7 @@ class RunMonitor:
 
     def progress(self, actors_alive: int, bad_heartbeats: int) -> None:
         """At each progress tick: the plain line (off a terminal) and the supervisor's scalars."""
+        self.prometheus.supervisor_counts(bad_heartbeats, self.bad_requests)
         snap = self.snapshot(fresh=True)
         if snap is None:
             return
