@@ -69,3 +69,21 @@ def test_resume_stays_in_the_directory_whatever_it_holds(tmp_path: Path) -> None
         False,
         False,
     )
+
+
+def test_a_finished_run_is_told_by_its_summary_first_then_by_the_learners_stats(tmp_path: Path) -> None:
+    """`zmqrl supervise` refuses such a directory (tests/test_supervise_restarts.py): the summary
+    counts first, since a learner that later waited in vain for a supervisor rewrites its stats."""
+    from zmqrl.supervisor.rundirs import finished_run
+
+    assert finished_run(tmp_path / "none") is None
+    run_dir = leave_run(tmp_path / "t", "stopped")
+    assert finished_run(run_dir) is None
+    (run_dir / "stats.json").write_text(json.dumps({"outcome": "stopped on request (SIGTERM, exit code 0)"}))
+    assert finished_run(run_dir) is None, "a stopped run is continued, not refused"
+    (run_dir / "stats.json").write_text(
+        json.dumps({"outcome": "finished", "launched": 1_700_000_000.0, "wall_seconds": 10.0})
+    )
+    said = finished_run(run_dir)
+    assert said is not None and said.startswith("finished at 2023-11-1")
+    assert finished_run(leave_run(tmp_path / "u", "finished")) == "finished"

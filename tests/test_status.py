@@ -218,8 +218,9 @@ def test_the_status_endpoint_is_validated() -> None:
 # ------------------------------------------------------------------ the command
 
 
-def status_cmd(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["status", *args], env={"COLUMNS": "110", "NO_COLOR": "1"})
+def status_cmd(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    base = {"COLUMNS": "110", "NO_COLOR": "1", "ZMQRL_RUN__DIR": None, "ZMQRL_RUN__NAME": None}
+    result = CliRunner().invoke(app, ["status", *args], env={**base, **(env or {})})
     return result.exit_code, result.output
 
 
@@ -250,16 +251,71 @@ def test_a_supervisor_that_does_not_answer_is_reported_within_the_timeout(
     code, out = status_cmd(str(tmp_path), "--timeout", "0.5")
     assert time.monotonic() - started < 10
     assert code == 1, out
-    assert f"the run's supervisor (pid {pid}) does not answer on {endpoint}" in out
-    assert "it has probably exited" in out
+    assert f"the run's supervisor (`zmqrl launch`, pid {pid} on host {socket.gethostname()})" in out
+    assert f"does not answer on {endpoint}: pid {pid} is not running here" in out
+    assert "did not exit cleanly" in out
+    assert "logs" not in out, "a compose run has no logs/: named only where it exists"
+    (tmp_path / "logs").mkdir()
+    code, out = status_cmd(str(tmp_path), "--timeout", "0.5")
+    assert code == 1 and f"see {tmp_path / 'logs'}" in out, out
 
 
-def test_a_finished_run_says_so(tmp_path: Path) -> None:
+def test_a_supervisor_on_another_host_is_said_to_be_there_not_to_have_exited(
+    tmp_path: Path, ctx: zmq.Context
+) -> None:
+    """`zmqrl status` from the host, on a compose volume: the record names the container's host and
+    its loopback endpoint, which no process here answers."""
+    endpoint = free_endpoint(ctx)
+    StatusRecord(endpoint, pid=1, host="c0ffee123456", command="supervise", started=1.0).write(tmp_path)
+    code, out = status_cmd(str(tmp_path), "--timeout", "0.5")
+    assert code == 1, out
+    assert "it runs on host c0ffee123456" in out and "exited" not in out
+    assert "docker compose exec supervisor zmqrl status" in out and "--endpoint ADDR" in out
+    assert "logs" not in out
+
+
+def test_a_finished_run_shows_when_it_ended_and_its_summary(tmp_path: Path) -> None:
+    record = StatusRecord("tcp://127.0.0.1:4000", pid=42, host="h", command="supervise", started=1.0)
+    record.state, record.ended = "finished", 2.0
+    record.write(tmp_path)
+    (tmp_path / "stats.json").write_text(json.dumps({"outcome": "finished", "actors": []}))
+    (tmp_path / "summary.txt").write_text("== learner ==\nupdates 300\n")
+    code, out = status_cmd(str(tmp_path))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"run {tmp_path} finished at ") and "`zmqrl supervise` pid 42 on h" in lines[0]
+    assert lines[1:] == ["== learner ==", "updates 300"]
+    code, out = status_cmd(str(tmp_path), "--watch")
+    assert code == 0 and "finished at" in out, "nothing to watch: the same answer"
+
+
+def test_a_finished_run_without_its_summary_text_shows_the_gist_of_its_stats(tmp_path: Path) -> None:
     record = StatusRecord("tcp://127.0.0.1:4000", pid=42, host="h", command="launch", started=1.0)
     record.state, record.ended = "finished", 2.0
     record.write(tmp_path)
+    stats = {
+        "outcome": "stopped on request (SIGINT, exit code 130)",
+        "learner": {"updates": 7, "samples": 90, "restarts": 1},
+        "actors": [{"actor_id": 0, "samples": 90, "restarts": 2, "end": "stopped"}],
+    }
+    (tmp_path / "stats.json").write_text(json.dumps(stats))
     code, out = status_cmd(str(tmp_path))
-    assert code == 1 and "has finished" in out and "stats.json" in out
+    assert code == 0, out
+    assert "ended at " in out and "stopped on request (SIGINT" in out
+    assert "updates 7" in out and "actor-0: samples 90, restarts 2, end stopped" in out
+
+
+def test_without_run_dir_the_newest_run_under_zmqrl_run_dir_is_shown(tmp_path: Path) -> None:
+    """`docker compose exec supervisor zmqrl status`: the image sets ZMQRL_RUN__DIR=/runs."""
+    for name, started in (("old", 1.0), ("new", 5.0)):
+        record = StatusRecord("tcp://127.0.0.1:4000", pid=42, host="h", command="supervise", started=started)
+        record.state, record.ended = "finished", started + 1
+        record.write(tmp_path / name)
+    code, out = status_cmd(env={"ZMQRL_RUN__DIR": str(tmp_path)})
+    assert code == 0, out
+    assert f"run {tmp_path / 'new'} " in out and f"{tmp_path / 'new'}: the newest of 2 runs" in out
+    code, out = status_cmd(env={"ZMQRL_RUN__DIR": str(tmp_path), "ZMQRL_RUN__NAME": "old"})
+    assert code == 0 and f"run {tmp_path / 'old'} " in out, out
 
 
 def test_run_dir_or_endpoint_is_required() -> None:
@@ -366,4 +422,5 @@ def test_status_of_a_real_launch_lists_its_learner_and_actors(run_root: Path, ct
     stats = json.loads((run_dir / "stats.json").read_text())
     assert stats["supervisor"]["bad_status_requests"] == 1
     code, said = status_cmd(str(run_dir))
-    assert code == 1 and "has finished" in said
+    assert code == 0 and f"run {run_dir} ended at " in said and "stopped on request (SIGINT" in said, said
+    assert "== learner ==" in said and "== actors ==" in said

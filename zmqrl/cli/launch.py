@@ -256,6 +256,14 @@ def serial_summary(
 
 def supervise(
     config: ConfigArg,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Watch the run in run.dir/run.name even though it finished (its roles continue it, e.g. "
+            "after raising learner.max_updates); its stats.json is then replaced by this run's summary.",
+        ),
+    ] = False,
     dashboard: DashboardOpt = None,
     insecure: InsecureOpt = False,
     log_level: LogLevelOpt = None,
@@ -266,15 +274,32 @@ def supervise(
     Binds transport.heartbeat and transport.control; the learner, actors and evaluator connect to
     them (give them ZMQRL_SUPERVISED=1 to have them wait for it and leave when it is gone). It
     shows the same dashboard (or progress lines) and summary as `launch`, reports processes that
-    fall silent or hang (it cannot restart them: their orchestrator does), and broadcasts stop when
-    the learner finishes or on Ctrl-C / SIGTERM. Exit 0 when the learner finished, 1 on an error,
-    2 for a setting to fix, 130 / 143 on Ctrl-C / SIGTERM. The roles' own exit codes (0 finished or
-    stopped on request, 1 failed, 2 needs you, 3 hung, 128 + N ended by signal N) tell their
+    fall silent or hang (it cannot restart them: their orchestrator does), counts and reports every
+    restart of a role (a new process start in its slot, however short the gap), and broadcasts stop
+    when the learner finishes or on Ctrl-C / SIGTERM.
+
+    A run directory whose run finished is not watched again (its summary would be overwritten by a
+    run that ends at once): it exits 2 saying so; give a new run.name, or --resume to continue it.
+
+    Exit 0 when the learner finished or SIGTERM stopped it (docker compose stop, a pod's end), 1 on
+    an error, 2 for a setting or state to fix, 130 on Ctrl-C. The roles' own exit codes (0 finished
+    or stopped on request, 1 failed, 2 needs you, 3 hung, 128 + N ended by signal N) tell their
     orchestrator what to restart: see docs/fault-tolerance.md.
     """
     overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
     cfg = load(config, overrides, log_level)
     setup_logging(cfg.run.log_level, "supervisor")
+    from zmqrl.supervisor.rundirs import finished_run
+
+    finished = None if resume else finished_run(cfg.run_dir)
+    if finished is not None:
+        fail(
+            f"the run in {cfg.run_dir} {finished} (summary: {cfg.run_dir / 'stats.json'}); not watching it "
+            "again, which would overwrite that summary: give the new run a name of its own (run.name, e.g. "
+            "--set run.name=NAME or ZMQRL_RUN__NAME=NAME for every role), or continue this one with "
+            "`zmqrl supervise --resume` after raising learner.max_updates",
+            EXIT_CONFIG,
+        )
     from zmqrl.supervisor.watch import Watcher
     from zmqrl.transport.keys import SecurityError
     from zmqrl.transport.sockets import BindError

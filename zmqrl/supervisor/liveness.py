@@ -35,6 +35,7 @@ class Liveness:
 
     started: float  # clock() when the process was started (or first heard, if not ours)
     pid: int | None = None
+    start: str | None = None  # the process's per-start id from its heartbeats' info, once heard
     role: str = ""  # which hung timeout applies (hung_timeout)
     last_seen: float | None = None  # clock() of its latest heartbeat
     last: HeartbeatMsg | None = None
@@ -120,10 +121,10 @@ class Liveness:
             return f"alive but no progress for {stuck:.1f} s (hung, state {state})"
         return None
 
-    def renew(self, started: float, pid: int | None) -> Liveness:
+    def renew(self, started: float, pid: int | None, start: str | None = None) -> Liveness:
         """The record for the replacement process: fresh liveness, the last heartbeat kept (the
         summary shows the slot's last known counters until the replacement reports)."""
-        return Liveness(started=started, pid=pid, role=self.role, last=self.last)
+        return Liveness(started=started, pid=pid, start=start, role=self.role, last=self.last)
 
 
 def os_stopped(pid: int) -> bool:

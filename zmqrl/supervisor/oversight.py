@@ -60,6 +60,9 @@ class Oversight:
     """
 
     command = "launch"  # how the status record names this supervisor
+    # The exit code after a SIGTERM (the summary written first). launch: 143, as a process ended by
+    # it; supervise overrides it with 0, since there SIGTERM is how its orchestrator asks it to stop.
+    sigterm_exit = EXIT_SIGTERM
 
     def __init__(
         self,
@@ -150,7 +153,7 @@ class Oversight:
         if self._signal == signal.SIGINT:
             code = EXIT_SIGINT
         elif self._signal == signal.SIGTERM:
-            code = EXIT_SIGTERM
+            code = self.sigterm_exit
         self._report(self._outcome(code))
         self.monitor.finished()
         for signum, handler in previous.items():  # a library caller gets its own handlers back

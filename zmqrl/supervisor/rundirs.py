@@ -4,15 +4,23 @@ A run directory collects one run's TensorBoard events, checkpoints and stats. St
 run in it would interleave two runs' curves and let one overwrite the other's checkpoints, so a
 new run whose directory already holds results goes to the first free ``NAME-2``, ``NAME-3``, ...
 instead. ``zmqrl launch`` (both modes) and ``zmqrl.train`` decide this with :func:`choose_run_dir`.
+
+``zmqrl supervise`` cannot move a run elsewhere (the roles it watches were started by something
+else, writing to the directory their config names), so it refuses a directory whose run finished
+(:func:`finished_run`) unless asked to continue it: a second ``docker compose up`` would otherwise
+end at once (the learner resumes at its last update) and overwrite the run's ``stats.json`` with
+that no-op's.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 STATS_FILE = "learner-stats.json"  # the learner's final stats, with its "state"
+SUMMARY_FILE = "stats.json"  # the supervisor's final summary, with its "outcome"
 
 
 @dataclass(frozen=True)
@@ -67,3 +75,28 @@ def choose_run_dir(run_dir: Path, *, resume: bool, continue_stopped: bool) -> Ru
         fresh = next_free_run_dir(run_dir)
         return RunDirChoice(fresh, resume=False, previous=previous, moved=True, continued=False)
     return RunDirChoice(run_dir, resume=False, previous=previous, moved=False, continued=False)
+
+
+def finished_run(run_dir: Path) -> str | None:
+    """A few words on the finished run in ``run_dir`` ("finished at ..."), or None when none finished
+    there: the supervisor's summary says "finished", or the learner's own stats do (which a learner
+    that merely left since, waiting in vain for a supervisor, may have rewritten as "stopped": so the
+    summary is read first)."""
+    summary = _read_json(run_dir / SUMMARY_FILE)
+    if summary.get("outcome") == "finished":
+        launched, wall = summary.get("launched"), summary.get("wall_seconds")
+        if isinstance(launched, (int, float)) and isinstance(wall, (int, float)):
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(launched + wall))
+            return f"finished at {when}"
+        return "finished"
+    if previous_run_state(run_dir) == "finished":
+        return "finished"
+    return None
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -5,6 +5,7 @@ the same view."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -20,6 +21,9 @@ from zmqrl.supervisor.liveness import Liveness
 from zmqrl.supervisor.restarts import NEEDS_OPERATOR, CrashRecord, Death, Decision
 from zmqrl.transport.control import TARGET_HELD
 from zmqrl.transport.wire import HeartbeatMsg
+
+# The final summary as the supervisor printed it, kept in the run directory for `zmqrl status`.
+SUMMARY_TEXT = "summary.txt"
 
 
 @dataclass
@@ -139,9 +143,20 @@ class Reporter:
             }
         scorer = summary.get("evaluator", {}) if self.cfg.evaluator.enabled else None
         summary["deploy"] = choose_deployment(self.run_dir, learner_stats, scorer).to_dict()
-        self._print(summary, learner_stats, rows, extra, summary.get("evaluator", {}))
+        # Printed once into a buffer: the console gets it, and SUMMARY_TEXT keeps it for `zmqrl
+        # status` after the run (from another container or host, the console is out of reach).
+        console, buffer = self._out, io.StringIO()
+        self._out = buffer
+        try:
+            self._print(summary, learner_stats, rows, extra, summary.get("evaluator", {}))
+            text = buffer.getvalue()
+        finally:
+            self._out = console
+        console.write(text)
+        console.flush()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "stats.json").write_text(strictjson.dumps(summary, indent=2))
+        (self.run_dir / SUMMARY_TEXT).write_text(text.lstrip("\n"))
         return summary
 
     @staticmethod

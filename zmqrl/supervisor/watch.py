@@ -8,20 +8,28 @@ broadcast when the learner finishes or on Ctrl-C / SIGTERM, and the final summar
 ``learner.stop_at_target`` and an evaluator, it passes the evaluator's "target held" on to the
 learner in its control heartbeats, as ``launch`` does (``Reporter.end_request``).
 
-Processes announce themselves by heartbeat; a slot (role, id) whose heartbeats come from a new pid
-is a restarted process rejoining, and counts as a restart. The slots the config expects (the
-learner, ``actor.num_actors`` actors, the evaluator if enabled) are always kept; beyond them at
-most ``supervisor.extra_slots`` more (scaled replicas with ids past ``num_actors``), so heartbeats
-under random ids cannot grow the table without bound: the rest are dropped and counted.
+Processes announce themselves by heartbeat. Each process start carries an id of its own in every
+heartbeat's info (``zmqrl.runtime.health.START_INFO_KEY``): a slot (role, id) whose heartbeats come
+with a new start id is a restarted process rejoining, and counts as a restart, however short the
+gap and whatever its pid (in a container every role is pid 1 on the same hostname, so pids cannot
+tell). Late heartbeats of a start already replaced are dropped. A heartbeat without a start id (a
+role from before it was added) falls back to the pid: a new pid is a restart.
+
+The slots the config expects (the learner, ``actor.num_actors`` actors, the evaluator if enabled)
+are always kept; beyond them at most ``supervisor.extra_slots`` more (scaled replicas with ids past
+``num_actors``), so heartbeats under random ids cannot grow the table without bound: the rest are
+dropped and counted.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections import deque
 from typing import Any
 
 from zmqrl.config import Config
+from zmqrl.runtime.health import START_INFO_KEY
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
 from zmqrl.supervisor.summary import Slot
@@ -30,6 +38,16 @@ from zmqrl.transport.wire import HeartbeatMsg, WireError
 
 # Seconds between "still waiting for the learner" lines.
 WAITING_LINE_SECONDS = 10.0
+# What the operator can do about a role that is down or hung (the watcher restarts nothing).
+REPLACE_IT_HINT = (
+    "whatever started it must replace it (Kubernetes does when its `zmqrl health` probe fails; "
+    "compose restarts only a container whose process exits, which a hung role's own watchdog makes "
+    "it do, so restart a stopped or paused one yourself: `docker restart CONTAINER`)"
+)
+# Replaced start ids remembered per slot, to drop their late heartbeats (a bound, not a policy).
+SUPERSEDED_STARTS_KEPT = 16
+# The longest start id taken from a heartbeat (the roles send 16 hex digits).
+START_ID_MAX_CHARS = 64
 
 log = logging.getLogger("zmqrl.supervisor")
 
@@ -38,6 +56,8 @@ class Watcher(Oversight):
     """Tracks the processes that heartbeat to it; restarts none of them."""
 
     command = "supervise"
+    # `docker compose stop`, a pod's termination, `systemctl stop`: a requested, clean end.
+    sigterm_exit = EXIT_OK
 
     def __init__(self, cfg: Config, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
@@ -47,6 +67,7 @@ class Watcher(Oversight):
             self._expected.add("evaluator-0")
         # Heartbeats from senders past the slot bound: counted, logged at a limited rate, dropped.
         self.unknown_senders = BadMessages("supervisor slots", log)
+        self._superseded: dict[str, deque[str]] = {}  # slot name -> start ids replaced in it
 
     def _run(self) -> int:
         t = self.cfg.transport
@@ -83,6 +104,7 @@ class Watcher(Oversight):
         if hb.role not in ("learner", "actor", "evaluator"):
             return None
         name = f"{hb.role}-{hb.id}"
+        start = start_of(hb)
         slot = self.slots.get(name)
         if slot is None:
             extra = sum(1 for n in self.slots if n not in self._expected)
@@ -95,13 +117,37 @@ class Watcher(Oversight):
                 )
                 return None
             slot = self._new_slot(hb.role, hb.id, now, pid=hb.pid)
-            self._say(f"{name} joined (pid {hb.pid}, state {hb.state})")
-        elif slot.live.pid != hb.pid:
-            slot.live = slot.live.renew(now, hb.pid)
-            slot.restart_times.append(now)
-            self._reported.pop(name, None)
-            self._say(f"{name} rejoined as a new process (pid {hb.pid}): restarted by its orchestrator")
+            slot.live.start = start
+            started = f", start {start}" if start else ""
+            self._say(f"{name} joined (pid {hb.pid}{started}, state {hb.state})")
+            return slot
+        live = slot.live
+        if start is not None and start == live.start:
+            return slot
+        if start is None and live.start is None and hb.pid == live.pid:
+            return slot  # a role without start ids: the same pid is the same process
+        superseded = self._superseded.setdefault(name, deque(maxlen=SUPERSEDED_STARTS_KEPT))
+        if start is not None and start in superseded:
+            return None  # the last words of a process already replaced
+        self._restarted(slot, hb, start, now)
+        if live.start is not None:
+            superseded.append(live.start)
         return slot
+
+    def _restarted(self, slot: Slot, hb: HeartbeatMsg, start: str | None, now: float) -> None:
+        """A new process in ``slot``: counted as a restart (its orchestrator's), and said in one line
+        with how long the slot went unheard (the gap between the two processes' heartbeats)."""
+        live = slot.live
+        gap = f", was down {now - live.last_seen:.1f} s" if live.last_seen is not None else ""
+        what = f"new start {start}" if start is not None else "new process"
+        pid = f"pid {hb.pid} as before" if hb.pid == live.pid else f"pid {hb.pid}, was {live.pid}"
+        slot.live = live.renew(now, hb.pid, start)
+        slot.restart_times.append(now)
+        self._reported.pop(slot.name, None)
+        self._say(
+            f"{slot.name} restarted by its orchestrator ({what}, {pid}{gap}); "
+            f"{slot.restarts} restart(s) of {slot.name} so far"
+        )
 
     def _judge(self, slot: Slot, now: float) -> None:
         """Report (once per verdict) a slot that went silent, hung or left; and its recovery."""
@@ -121,7 +167,7 @@ class Watcher(Oversight):
         else:
             self._say(
                 f"warning: {slot.name} (pid {slot.live.pid}) {verdict}; this supervisor did not start it "
-                "and cannot restart it: its orchestrator's health check (`zmqrl health`) should"
+                f"and cannot restart it: {REPLACE_IT_HINT}"
             )
 
     def _own_counts(self) -> dict[str, int]:
@@ -170,3 +216,12 @@ class Watcher(Oversight):
         self.beacon.stop(reason)
         self.unknown_senders.flush()
         self.shutdown_seconds = self._clock() - started
+
+
+def start_of(hb: HeartbeatMsg) -> str | None:
+    """The per-start id a heartbeat carries, or None (a role from before start ids, or a value that
+    is no id: not a string, empty or too long)."""
+    start = hb.info.get(START_INFO_KEY)
+    if not isinstance(start, str) or not 0 < len(start) <= START_ID_MAX_CHARS:
+        return None
+    return start
