@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that broke outside a handler (a client gone mid-answer): counted, logged."""
-        self.probe.note_error(f"connection from {client_address[0]}", None)
+        self.probe.note_error(f"connection from {client_address[0]}", sys.exc_info()[1])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -161,7 +162,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         check = CHECKS.get(path)
         if check is None:
-            self._answer(404, {"ok": False, "reason": f"unknown path {path}; try {HEALTHZ} or {READYZ}"})
+            self._answer(
+                404, {"ok": False, "reason": f"unknown path {path[:100]}; try {HEALTHZ} or {READYZ}"}
+            )
             return
         try:
             ok, reason = check(self.server.probe.view(), None)
