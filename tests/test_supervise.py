@@ -216,3 +216,21 @@ def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_i
     stats = json.loads((run_root / "t" / "stats.json").read_text())
     assert stats["supervisor"]["unauthenticated_heartbeats"] == len(forged)
     assert stats["actors"] == []
+
+
+def test_supervise_resume_watches_a_finished_run_again(run_root: Path, procs: list[Proc]) -> None:
+    """Without --resume a finished run is refused (tests/test_supervise_restarts.py); with it the
+    run is watched again (its roles continue it) and its summary is this run's at the end."""
+    run_dir = run_root / "t"
+    run_dir.mkdir(parents=True)
+    (run_dir / "stats.json").write_text(json.dumps({"outcome": "finished", "actors": []}))
+    refused = Proc(["supervise"], fixed_ports(run_root), supervised=False)
+    procs.append(refused)
+    assert refused.wait(60) == 2, refused.output
+    assert "zmqrl supervise --resume" in refused.output
+    supervisor = Proc(["supervise", "--resume"], fixed_ports(run_root), supervised=False)
+    procs.append(supervisor)
+    run_state.wait_for_snapshot(run_dir, lambda snap: True, 30, "the supervisor to answer")
+    supervisor.proc.send_signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0, supervisor.output
+    assert json.loads((run_dir / "stats.json").read_text())["outcome"].startswith("stopped on request")
