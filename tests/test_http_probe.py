@@ -216,7 +216,7 @@ def test_the_address_setting_is_checked(tmp_path: Path) -> None:
     assert parse_address("[::1]:0") == ("::1", 0)
     assert health_http_problem(tiny_config(tmp_path)) is None  # off
     assert health_http_problem(tiny_config(tmp_path, supervisor__health_http="127.0.0.1:0")) is None
-    for bad in ("8080", "localhost", ":80", "host:http", "host:70000"):
+    for bad in ("8080", "localhost", ":80", "host:http", "host:70000", "::1:80"):
         problem = health_http_problem(tiny_config(tmp_path, supervisor__health_http=bad))
         assert problem is not None and problem.startswith("supervisor.health_http: "), bad
 

@@ -67,9 +67,11 @@ class ProbeView:
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 literal) as ``(host, port)``; ValueError with a
     reason otherwise."""
-    host, sep, port = text.rpartition(":")
+    host, sep, port = text.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"write an IPv6 host in brackets ([::1]:PORT), got {text!r}")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {text!r}")
     return host, int(port)
