@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
 from zmqrl.cli.app import app
 from zmqrl.runtime.health import START_INFO_KEY
+from zmqrl.supervisor.snapshot import ProcessRow
 from zmqrl.supervisor.status import StatusRecord, fetch_status
 from zmqrl.supervisor.watch import Watcher
 from zmqrl.transport import sockets, wire
@@ -82,12 +83,13 @@ def watching(tmp_path: Path, ctx: zmq.Context) -> Iterator[Watching]:
         push.close(linger=0)
 
 
-def restarts_in_status(run_dir: Path, name: str) -> int:
+def status_row(run_dir: Path, name: str) -> ProcessRow:
+    """The row `zmqrl status` (and the dashboard) shows for ``name``."""
     record = StatusRecord.read(run_dir)
     assert record is not None
     snap = fetch_status(record.endpoint, 5.0)
     assert snap is not None
-    return next(row.restarts for row in snap.processes if row.name == name)
+    return next(row for row in snap.processes if row.name == name)
 
 
 def status_cmd(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -118,7 +120,8 @@ def test_a_restart_with_the_same_pid_and_a_new_start_is_counted_logged_and_summa
     w.beat("actor", 0, 1, START_B, steps=3)
     wait_until(lambda: w.heard_steps("actor-0", 3), 10, "the marker beat")
     assert w.watcher.slots["actor-0"].restarts == 1
-    assert restarts_in_status(run_dir, "actor-0") == 1, "`zmqrl status` and the dashboard show it"
+    row = status_row(run_dir, "actor-0")
+    assert (row.restarts, row.start, row.pid) == (1, START_B, 1), "`zmqrl status` and the dashboard show it"
     w.beat("actor", 0, 1, START_C, steps=4)
     wait_until(lambda: w.watcher.slots["actor-0"].restarts == 2, 10, "the second restart")
     assert w.said("2 restart(s) of actor-0 so far")

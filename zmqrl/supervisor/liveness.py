@@ -22,11 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zmqrl.config import SupervisorConfig
-from zmqrl.runtime.health import PROGRESS_COUNTER, WORK_COUNTER, hung_timeout, startup_timeout
+from zmqrl.runtime.health import (
+    PROGRESS_COUNTER,
+    START_INFO_KEY,
+    WORK_COUNTER,
+    hung_timeout,
+    startup_timeout,
+)
 from zmqrl.transport.wire import HeartbeatMsg
 
 # States a role's last heartbeat (SupervisorLink.final) reports; it exits right after.
 FINAL_STATES = ("finished", "stopped", "failed")
+# The longest start id taken from a heartbeat (the roles send 16 hex digits).
+START_ID_MAX_CHARS = 64
 
 
 @dataclass
@@ -63,6 +71,8 @@ class Liveness:
         self.work = work
         self.last = hb
         self.last_seen = now
+        if self.start is None:  # launch's children: known by pid, their start id shown too
+            self.start = start_of(hb)
 
     def observe_os_state(self, stopped: bool, now: float) -> None:
         if not stopped:
@@ -136,3 +146,12 @@ def os_stopped(pid: int) -> bool:
         return False
     fields = stat.rsplit(")", 1)[-1].split()
     return bool(fields) and fields[0] in ("T", "t")
+
+
+def start_of(hb: HeartbeatMsg) -> str | None:
+    """The per-start id a heartbeat carries, or None (a role from before start ids, or a value that
+    is no id: not a string, empty or too long)."""
+    start = hb.info.get(START_INFO_KEY)
+    if not isinstance(start, str) or not 0 < len(start) <= START_ID_MAX_CHARS:
+        return None
+    return start

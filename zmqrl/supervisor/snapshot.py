@@ -54,6 +54,7 @@ class ProcessRow:
     id: int
     pid: int | None = None  # None until heard from
     host: str | None = None  # heartbeat info["host"] when the role sends it
+    start: str | None = None  # the process's per-start id (heartbeat info["start"]), when it sends one
     state: str = "starting"  # heartbeat state, or "starting", "restarting in 1.5 s", "down", ...
     heartbeat_age: float | None = None  # seconds since its latest heartbeat (None: never heard)
     restarts: int = 0
@@ -266,6 +267,7 @@ class SnapshotBuilder:
             id=slot.id,
             pid=live.pid if live.pid is not None else (hb.pid if hb is not None and heard else None),
             host=host if isinstance(host, str) else None,
+            start=live.start,
             state=self._state(slot, now),
             heartbeat_age=max(0.0, now - live.last_seen) if live.last_seen is not None else None,
             restarts=slot.restarts,

@@ -29,8 +29,7 @@ from collections import deque
 from typing import Any
 
 from zmqrl.config import Config
-from zmqrl.runtime.health import START_INFO_KEY
-from zmqrl.supervisor.liveness import FINAL_STATES
+from zmqrl.supervisor.liveness import FINAL_STATES, start_of
 from zmqrl.supervisor.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
 from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.channels import BadMessages
@@ -46,8 +45,6 @@ REPLACE_IT_HINT = (
 )
 # Replaced start ids remembered per slot, to drop their late heartbeats (a bound, not a policy).
 SUPERSEDED_STARTS_KEPT = 16
-# The longest start id taken from a heartbeat (the roles send 16 hex digits).
-START_ID_MAX_CHARS = 64
 
 log = logging.getLogger("zmqrl.supervisor")
 
@@ -216,12 +213,3 @@ class Watcher(Oversight):
         self.beacon.stop(reason)
         self.unknown_senders.flush()
         self.shutdown_seconds = self._clock() - started
-
-
-def start_of(hb: HeartbeatMsg) -> str | None:
-    """The per-start id a heartbeat carries, or None (a role from before start ids, or a value that
-    is no id: not a string, empty or too long)."""
-    start = hb.info.get(START_INFO_KEY)
-    if not isinstance(start, str) or not 0 < len(start) <= START_ID_MAX_CHARS:
-        return None
-    return start
