@@ -16,13 +16,9 @@ from prometheus_client.samples import Sample
 
 from zmqrl.config import Config
 from zmqrl.metrics.catalog import ANY_ROLE, COUNTER, FEED_TEXT, GAUGE, HISTOGRAM, PROMETHEUS, metric_table
+from zmqrl.runtime.http_probe import parse_address
 from zmqrl.supervisor.liveness import Liveness
-from zmqrl.supervisor.prometheus import (
-    LagHistogram,
-    PrometheusExporter,
-    metrics_http_problem,
-    parse_address,
-)
+from zmqrl.supervisor.prometheus import LagHistogram, PrometheusExporter, metrics_http_problem
 from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
@@ -234,10 +230,10 @@ def test_the_catalog_names_follow_prometheus_conventions() -> None:
         ("[::1]:9464", None),
         ("localhost:65535", None),
         (None, None),
-        ("9464", "is not host:port"),
-        (":9464", "is not host:port"),
-        ("127.0.0.1:99999", "from 0 (any free port) to 65535"),
-        ("127.0.0.1:http", "from 0 (any free port) to 65535"),
+        ("9464", "HOST:PORT"),
+        (":9464", "HOST:PORT"),
+        ("127.0.0.1:99999", "from 0 to 65535"),
+        ("127.0.0.1:http", "from 0 to 65535"),
         ("::1:9464", "IPv6 host in brackets"),
     ],
 )

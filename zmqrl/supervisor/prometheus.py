@@ -56,6 +56,7 @@ from zmqrl.metrics.catalog import (
     SUPERVISOR_BAD_REASONS,
     Metric,
 )
+from zmqrl.runtime.http_probe import parse_address  # the one HOST:PORT syntax of every HTTP setting
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.summary import Slot
 
@@ -74,20 +75,6 @@ log = logging.getLogger("zmqrl.supervisor")
 
 
 # ------------------------------------------------------------------------------ configuration
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6) as (host, port); ValueError saying what is wrong."""
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not host:port (e.g. 127.0.0.1:9464; port 0: any free port)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:9464")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"{text!r}: the port must be a number from 0 (any free port) to 65535")
-    return host, int(port_text)
-
-
 def metrics_http_problem(cfg: Config) -> str | None:
     """What is wrong with ``supervisor.metrics_http``, or None (unset means off)."""
     address = cfg.supervisor.metrics_http
@@ -96,7 +83,7 @@ def metrics_http_problem(cfg: Config) -> str | None:
     try:
         parse_address(address)
     except ValueError as exc:
-        return f"supervisor.metrics_http: {exc}"
+        return f"supervisor.metrics_http: {exc} (e.g. 127.0.0.1:9464; port 0: any free port)"
     return None
 
 
