@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from typing import Any
 
 import typer
@@ -79,6 +80,14 @@ app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
+    # A container's health probe, every few seconds in a busy container: answered without
+    # building typer's command tree (zmqrl/cli/healthcheck.py says why).
+    if sys.argv[1:2] == ["health"]:
+        from zmqrl.cli.healthcheck import main as health
+
+        code = health(sys.argv[2:])
+        if code is not None:
+            sys.exit(code)
     app()
 
 
