@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 from zmqrl.cli.app import app
 from zmqrl.cli.slurm_script import PORT_RANGE_START, PORT_SLOTS, PORT_STRIDE
 
@@ -26,14 +28,23 @@ CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 JOB_ID = 4321
 DERIVED_PORT = PORT_RANGE_START + JOB_ID % PORT_SLOTS * PORT_STRIDE
 
-# The stand-ins. Each role's arguments go to $FAKE_LOG/<role>.<n>, NUL-separated; a role exits with
-# $FAKE_EXIT_<role> (default 0); `keys DIR` makes DIR/server.key as the real one would.
+# The stand-ins. Each role's arguments go to $FAKE_LOG/<role>.<n>, NUL-separated; a role runs for
+# $FAKE_SLEEP_<role> seconds (default 0; on SIGTERM it exits $FAKE_TERM_EXIT_<role>, default 143),
+# then exits $FAKE_EXIT_<role> (default 0); `keys DIR` makes DIR/server.key as the real one would.
 FAKE_PYTHON = r"""#!/bin/bash
 role=$3
 n=0
 while [ -e "$FAKE_LOG/$role.$n" ]; do n=$((n + 1)); done
 printf '%s\0' "$@" > "$FAKE_LOG/$role.$n"
 if [ "$role" = keys ]; then mkdir -p "$4" && touch "$4/server.key"; fi
+seconds=FAKE_SLEEP_$role
+if [ -n "${!seconds:-}" ]; then
+  term=FAKE_TERM_EXIT_$role
+  trap 'kill $child; exit "${!term:-143}"' TERM
+  sleep "${!seconds}" &
+  child=$!
+  wait $child
+fi
 code=FAKE_EXIT_$role
 exit "${!code:-0}"
 """
@@ -77,9 +88,17 @@ def write_script(tmp_path: Path, *args: str) -> Path:
     return script
 
 
-def run_job(tmp_path: Path, script: Path, nodes: list[str], address: str, **exits: int) -> Job:
+def run_job(
+    tmp_path: Path,
+    script: Path,
+    nodes: list[str],
+    address: str,
+    during: Callable[[subprocess.Popen[str], Path], None] | None = None,
+    **fake: str,
+) -> Job:
     """Runs ``script`` with bash as Slurm would on an allocation of ``nodes``, whose first node's
-    name resolves to ``address`` there."""
+    name resolves to ``address`` there; ``fake``: FAKE_ variables (``EXIT_learner="1"``);
+    ``during(job, log)``: what to do while it runs."""
     fakes = tmp_path / "bin"
     fakes.mkdir(exist_ok=True)
     for name, text in {
@@ -100,10 +119,18 @@ def run_job(tmp_path: Path, script: Path, nodes: list[str], address: str, **exit
         "SLURM_JOB_NUM_NODES": str(len(nodes)),
         "FAKE_ADDR": address,
         "FAKE_LOG": str(log),
-        **{f"FAKE_EXIT_{role}": str(code) for role, code in exits.items()},
+        **{f"FAKE_{name}": value for name, value in fake.items()},
     }
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
-    return Job(done.returncode, done.stdout + done.stderr, log)
+    with subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as job:
+        try:
+            if during is not None:
+                during(job, log)
+            output, _ = job.communicate(timeout=60)
+        finally:
+            job.kill()
+    return Job(job.returncode, output, log)
 
 
 def sets(args: list[str]) -> dict[str, str]:
@@ -201,9 +228,40 @@ def test_several_nodes_refuse_a_first_node_that_resolves_to_loopback(tmp_path: P
 
 def test_the_job_exits_with_the_learners_code_when_it_did_not_finish(tmp_path: Path) -> None:
     script = write_script(tmp_path, "--nodes", "1", "--set", "supervisor.stop_grace=1")
-    job = run_job(tmp_path, script, ["solo"], "127.0.0.1", learner=1)
+    job = run_job(tmp_path, script, ["solo"], "127.0.0.1", EXIT_learner="1")
     assert job.code == 1, job.output
     assert "learner exited 1" in job.output
+
+
+def test_a_supervisor_that_refuses_to_run_gives_the_job_its_code(tmp_path: Path) -> None:
+    # e.g. a second run on a finished run directory: supervise exits 2; the learner, left without
+    # a supervisor, leaves by itself (here after 1 s)
+    script = write_script(tmp_path, "--nodes", "1", "--set", "supervisor.stop_grace=1")
+    job = run_job(tmp_path, script, ["solo"], "127.0.0.1", EXIT_supervise="2", SLEEP_learner="1")
+    assert job.code == 2, job.output
+    assert "supervisor exited 2 before the learner" in job.output
+
+
+def test_a_stop_request_stops_the_supervisor_and_the_job_exits_143(tmp_path: Path) -> None:
+    # Slurm signals the batch shell before the time limit (#SBATCH --signal=B:TERM@...): the script
+    # stops the supervisor (which broadcasts stop; a stopped supervise exits 0), the learner leaves
+    def stop_once_running(job: subprocess.Popen[str], log: Path) -> None:
+        wait_until(lambda: (log / "learner.0").exists() and (log / "srun").exists(), 30, "the roles")
+        job.send_signal(signal.SIGTERM)
+
+    script = write_script(tmp_path, "--nodes", "1", "--set", "supervisor.stop_grace=1")
+    job = run_job(
+        tmp_path,
+        script,
+        ["solo"],
+        "127.0.0.1",
+        during=stop_once_running,
+        SLEEP_learner="2",
+        SLEEP_supervise="30",
+        TERM_EXIT_supervise="0",
+    )
+    assert job.code == 143, job.output
+    assert "stop requested" in job.output and "learner 0, supervisor 0" in job.output
 
 
 def test_insecure_makes_no_keys_and_authenticates_the_control_plane_with_a_token(tmp_path: Path) -> None:

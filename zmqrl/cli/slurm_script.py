@@ -116,7 +116,7 @@ METRICS_LINE = """
 # Prometheus /metrics of the supervisor, on this node's loopback (an ssh tunnel reaches it).
 SETS+=(--set "supervisor.metrics_http=127.0.0.1:$((PORT_BASE + 4))")"""
 EVALUATOR_START = """
-"$PYTHON" -m zmqrl evaluator "$CONFIG" "${SETS[@]}" > "$RUN_DIR/logs/evaluator-0.log" 2>&1 &
+"$PYTHON" -m zmqrl evaluator "$CONFIG" --resume "${SETS[@]}" > "$RUN_DIR/logs/evaluator-0.log" 2>&1 &
 EVALUATOR=$!
 PIDS+=("$EVALUATOR")"""
 EVALUATOR_END = """
@@ -132,7 +132,7 @@ SCRIPT_BODY = """\
 # evaluator; the actors run as one srun step on the other nodes (on this node too when the
 # allocation has only one). Endpoints come from the allocation: this node's address and ports
 # from PORT_BASE on. The job ends when the learner does, ends every step it started, and exits
-# with the run's code (0 finished, 1 failed, 2 a setting to fix, 143 stopped: scancel, time limit).
+# with the run's code: 0 finished, 1 failed, 2 a setting to fix, 143 stopped (scancel, time limit).
 <<HEADER>>
 
 set -u
@@ -201,9 +201,11 @@ end() { kill -TERM "$1" 2>/dev/null; ended_within "$1" "$LEAVE_SECONDS" || kill 
 
 PIDS=()
 SUPERVISOR=
+STOP_REQUESTED=0
 # scancel, or the signal <<STOP_BEFORE>> s before the time limit: the supervisor broadcasts stop
 # and every role ends cleanly (the learner after a final checkpoint).
 stop_run() {
+  STOP_REQUESTED=1
   echo "zmqrl-slurm: stop requested"
   [ -z "$SUPERVISOR" ] || kill -TERM "$SUPERVISOR" 2>/dev/null
 }
@@ -218,7 +220,8 @@ echo "zmqrl-slurm: job ${SLURM_JOB_ID} on $NODES node(s): learner on $HEAD ($ADD
 "$PYTHON" -m zmqrl supervise "$CONFIG" --plain "${SETS[@]}" &
 SUPERVISOR=$!
 PIDS+=("$SUPERVISOR")
-"$PYTHON" -m zmqrl learner "$CONFIG" "${SETS[@]}" > "$RUN_DIR/logs/learner-0.log" 2>&1 &
+# --resume: a resubmitted (or requeued) job continues from the newest checkpoint; the first starts fresh.
+"$PYTHON" -m zmqrl learner "$CONFIG" --resume "${SETS[@]}" > "$RUN_DIR/logs/learner-0.log" 2>&1 &
 LEARNER=$!
 PIDS+=("$LEARNER")<<EVALUATOR_START>>
 # One srun task per actor; its rank is its id (its seed and exploration rung), its log actor-RANK.log.
@@ -229,21 +232,42 @@ srun --nodes="$ACTOR_NODES" --ntasks="$ACTORS" --ntasks-per-node="$ACTORS_PER_NO
 ACTOR_STEP=$!
 PIDS+=("$ACTOR_STEP")
 
-wait_for "$LEARNER"
-STATUS=$?
-echo "zmqrl-slurm: learner exited $STATUS"
-# A finished learner has announced it: the supervisor broadcasts stop and exits, and the actors
-# leave. A failed or stopped one has not: the supervisor is stopped now, which stops the actors.
-if [ "$STATUS" -ne 0 ] || ! ended_within "$SUPERVISOR" "$LEAVE_SECONDS"; then
-  end "$SUPERVISOR"
-fi
-wait_for "$SUPERVISOR"
-SUPERVISOR_STATUS=$?<<EVALUATOR_END>>
+# Until the learner ends, or the supervisor first (a setting it refuses, e.g. a finished run).
+while kill -0 "$LEARNER" 2>/dev/null && kill -0 "$SUPERVISOR" 2>/dev/null; do
+  sleep 0.5
+done
+SUPERVISOR_FIRST=0
+if kill -0 "$LEARNER" 2>/dev/null; then
+  SUPERVISOR_FIRST=1
+  wait_for "$SUPERVISOR"
+  SUPERVISOR_STATUS=$?
+  [ "$STOP_REQUESTED" -eq 1 ] || echo "zmqrl-slurm: supervisor exited $SUPERVISOR_STATUS before the learner"
+  # Its stop broadcast (if it sent one) ends the learner after a final checkpoint; else SIGTERM does.
+  ended_within "$LEARNER" "$LEAVE_SECONDS" || end "$LEARNER"
+  wait_for "$LEARNER"
+  LEARNER_STATUS=$?
+else
+  wait_for "$LEARNER"
+  LEARNER_STATUS=$?
+  echo "zmqrl-slurm: learner exited $LEARNER_STATUS"
+  # A finished learner has announced it: the supervisor broadcasts stop and exits, and the actors
+  # leave. A failed one has not: the supervisor is stopped now, which stops the actors.
+  if [ "$LEARNER_STATUS" -ne 0 ] || ! ended_within "$SUPERVISOR" "$LEAVE_SECONDS"; then
+    end "$SUPERVISOR"
+  fi
+  wait_for "$SUPERVISOR"
+  SUPERVISOR_STATUS=$?
+fi<<EVALUATOR_END>>
 ended_within "$ACTOR_STEP" "$LEAVE_SECONDS" || end "$ACTOR_STEP"
 wait_for "$ACTOR_STEP"
 ACTOR_STATUS=$?
-# The run's code: the learner's when it did not finish, else the supervisor's.
+# The run's code: the learner's, or the supervisor's when it refused to run; 143 when the job was
+# asked to stop (scancel, the time limit) before the run finished; else the supervisor's verdict.
+STATUS=$LEARNER_STATUS
+[ "$SUPERVISOR_FIRST" -eq 1 ] && [ "$SUPERVISOR_STATUS" -ne 0 ] && STATUS=$SUPERVISOR_STATUS
+[ "$STATUS" -eq 0 ] && [ "$STOP_REQUESTED" -eq 1 ] && STATUS=143
 [ "$STATUS" -eq 0 ] && STATUS=$SUPERVISOR_STATUS
-echo "zmqrl-slurm: run ended with $STATUS (supervisor $SUPERVISOR_STATUS, actors' step $ACTOR_STATUS)"
+echo "zmqrl-slurm: run ended with $STATUS (learner $LEARNER_STATUS, supervisor $SUPERVISOR_STATUS," \
+  "actors' step $ACTOR_STATUS)"
 exit "$STATUS"
 """
