@@ -238,7 +238,7 @@ def slots_of_a_running_run(clock: Clock) -> dict[str, Slot]:
 def test_each_progress_tick_prints_the_plain_line_and_writes_the_supervisor_scalars(
     tmp_path: Path, zctx: zmq.Context
 ) -> None:
-    cfg = tiny_config(tmp_path)
+    cfg = tiny_config(tmp_path, supervisor__metrics_http="null")  # only the progress lines are said
     clock, out, scalars = Clock(), io.StringIO(), Recorder()
     slots = slots_of_a_running_run(clock)
     said: list[str] = []
@@ -276,7 +276,7 @@ def test_each_progress_tick_prints_the_plain_line_and_writes_the_supervisor_scal
 
 
 def test_on_a_terminal_the_tick_writes_scalars_but_no_line(tmp_path: Path, zctx: zmq.Context) -> None:
-    cfg = tiny_config(tmp_path)
+    cfg = tiny_config(tmp_path, supervisor__metrics_http="null")  # only the progress lines are said
     clock, scalars = Clock(), Recorder()
     _, console = terminal()
     view = ConsoleView(io.StringIO(), dashboard=True, console=console)
