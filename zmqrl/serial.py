@@ -114,7 +114,7 @@ class SerialRun:
         self.seqs = SequenceTracker()
         self.trainer = trainer = Trainer(cfg, self.run_dir, resume=self.resume, background_checkpoints=False)
         launched = time.time()  # serial mode is its own launch: "time" in metrics.jsonl counts from here
-        tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
+        tb = self._logger or run_logger(self.run_dir, "learner", launched=launched, config=cfg)
         self.reports = reports = LearnerReports(trainer, tb, bad_messages=lambda: 0, seqs=self.seqs)
         state = "failed"
         try:

@@ -115,7 +115,7 @@ class Evaluator:
         policy = make_eval_policy(cfg, envs[0], seed=cfg.run.seed)
         best = stored_best_score(self.run_dir / BEST) if self.resume else None
         launched = launch_time(log)
-        tb: Logger = self._logger or run_logger(self.run_dir, ROLE, launched=launched)
+        tb: Logger = self._logger or run_logger(self.run_dir, ROLE, launched=launched, config=cfg)
         limits = socket_limits(cfg)
         security = transport_security(cfg)
         weights_sock = sockets.weights_sub(self._ctx, cfg.transport.weights, limits, security=security)

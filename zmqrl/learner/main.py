@@ -145,7 +145,7 @@ class Learner:
             self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
             built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
             launched = launch_time(log)
-            tb = self._logger or run_logger(self.run_dir, "learner", launched=launched)
+            tb = self._logger or run_logger(self.run_dir, "learner", launched=launched, config=cfg)
             built.callback(tb.close)
             self.reports = reports = LearnerReports(
                 trainer,

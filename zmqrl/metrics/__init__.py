@@ -1,7 +1,8 @@
-"""Where scalars go: a tiny Logger contract, the run's logger (TensorBoard + metrics.jsonl), a null one.
+"""Where scalars go: a tiny Logger contract, the run's logger (metrics.jsonl + sinks), a null one.
 
-Every role that reports scalars gets its logger from ``run_logger(run_dir, source)``; each scalar
-then goes to two places:
+Every role that reports scalars gets its logger from ``run_logger(run_dir, source, config=cfg)``;
+each scalar then goes to metrics.jsonl and to the backends ``logging.backends`` names (TensorBoard
+by default; Weights & Biases and MLflow through zmqrl.metrics.trackers):
 
 - TensorBoard event files: ``run_dir/tb`` for the learner (and serial runs), ``run_dir/tb/<source>``
   for the others, so TensorBoard shows one run per role;
@@ -27,12 +28,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from zmqrl.metrics.sinks import Sink
+from zmqrl.metrics.trackers import (
+    TRACKER_MODULES,
+    TrackedConfig,
+    TrackerMissing,
+    missing_tracker,
+    open_tracker,
+)
+
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 # The first path segment every tag must have (docs/metrics.md explains each).
 NAMESPACES = ("charts", "losses", "actor", "learner", "replay", "perf", "supervisor")
 # Sources whose TensorBoard events go straight under tb/ (where they always have), not tb/<source>.
 _TB_ROOT_SOURCES = frozenset({"learner"})
+# The sinks besides metrics.jsonl when no config chooses them.
+DEFAULT_BACKENDS = ("tensorboard",)
 # Seconds between TensorBoard's background flushes (a crash loses at most this much).
 TB_FLUSH_SECONDS = 5.0
 # Pending TensorBoard events before a write blocks on the background flush.
@@ -117,6 +129,8 @@ class MetricsFile:
 class EventWriter:
     """TensorBoard scalars through tensorboard's own event writer (no torch import)."""
 
+    name = "tensorboard"
+
     def __init__(self, log_dir: Path) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2  # late: only runs that log pay
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -139,28 +153,48 @@ class EventWriter:
 
 
 class RunLogger:
-    """A run's ``Logger``: each scalar to TensorBoard and to metrics.jsonl.
+    """A run's ``Logger``: each scalar to metrics.jsonl and to the chosen sinks (TensorBoard,
+    W&B, MLflow: ``trackers.Sink``).
 
-    Either part may be missing (tensorboard not installed, a read-only run directory): the other
-    goes on. A part that fails is reported once, with the error, and tried again on the next scalar
-    (a full disk may be cleared); a tag outside ``NAMESPACES`` is reported once and written anyway.
+    Any part may be missing (tensorboard not installed, a read-only run directory, a tracker that
+    could not start its run): the others go on. A part that fails is reported once, with the
+    error, and tried again on the next scalar (a full disk may be cleared); a tag outside
+    ``NAMESPACES`` is reported once and written anyway. Only a tracker named in the settings whose
+    package is not installed stops the role at its start (``TrackerMissing``, one line).
     """
 
-    def __init__(self, run_dir: Path, source: str, *, launched: float | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        source: str,
+        *,
+        launched: float | None = None,
+        config: TrackedConfig | None = None,
+    ) -> None:
         self.source = source
         self.launched = time.time() if launched is None else launched
         self._seen: set[str] = set()
         self._failed: set[str] = set()
         self._jsonl: MetricsFile | None = None
-        self._tb: EventWriter | None = None
+        self.sinks: list[Sink] = []
+        backends = list(config.logging.backends) if config is not None else list(DEFAULT_BACKENDS)
+        if problem := missing_tracker(backends):
+            raise TrackerMissing(problem)
         try:
             self._jsonl = MetricsFile(run_dir / METRICS_FILE)
         except OSError as exc:
             self._report("metrics.jsonl", exc)
-        try:
-            self._tb = EventWriter(tb_dir(run_dir, source))
-        except Exception as exc:  # ImportError, OSError, protobuf trouble: all non-fatal
-            self._report("tensorboard", exc)
+        if "tensorboard" in backends:
+            try:
+                self.sinks.append(EventWriter(tb_dir(run_dir, source)))
+            except Exception as exc:  # ImportError, OSError, protobuf trouble: all non-fatal
+                self._report("tensorboard", exc)
+        for name in dict.fromkeys(backends):  # each once, in the order named
+            if name in TRACKER_MODULES and config is not None:
+                try:
+                    self.sinks.append(open_tracker(name, run_dir, source, config))
+                except Exception as exc:  # no network, a server refusing: the run goes on without it
+                    self._report(name, exc)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if tag not in self._seen:
@@ -174,26 +208,28 @@ class RunLogger:
                 self._jsonl.write(row)
             except (OSError, TypeError, ValueError) as exc:
                 self._report("metrics.jsonl", exc)
-        if self._tb is not None:
+        for sink in self.sinks:
             try:
-                self._tb.scalar(tag, value, step, wall)
+                sink.scalar(tag, value, step, wall)
             except Exception as exc:  # see __init__
-                self._report("tensorboard", exc)
+                self._report(sink.name, exc)
 
     def flush(self) -> None:
-        if self._tb is not None:
+        for sink in self.sinks:
             try:
-                self._tb.flush()
+                sink.flush()
             except Exception as exc:  # see __init__
-                self._report("tensorboard", exc)
+                self._report(sink.name, exc)
 
     def close(self) -> None:
-        tb, self._tb = self._tb, None
-        if tb is not None:
+        """Every sink closed, each whatever the others do (a tracker finishes its run within
+        ``trackers.CLOSE_SECONDS``); safe to call twice."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
             try:
-                tb.close()
+                sink.close()
             except Exception as exc:  # see __init__
-                self._report("tensorboard", exc)
+                self._report(sink.name, exc)
         jsonl, self._jsonl = self._jsonl, None
         if jsonl is not None:
             jsonl.close()
@@ -204,11 +240,16 @@ class RunLogger:
             log.warning("%s: cannot write %s metrics (%s); the run goes on", self.source, part, exc)
 
 
-def run_logger(run_dir: Path, source: str, *, launched: float | None = None) -> Logger:
+def run_logger(
+    run_dir: Path, source: str, *, launched: float | None = None, config: TrackedConfig | None = None
+) -> Logger:
     """The logger a role reports through: ``source`` names the role ("learner", "evaluator",
     "supervisor", ...); ``launched`` (Unix seconds, default now) is what metrics.jsonl's ``time``
-    counts from: pass ``supervision.link.launch_time()`` so every process counts from the launch."""
-    return RunLogger(run_dir, source, launched=launched)
+    counts from: pass ``supervision.link.launch_time()`` so every process counts from the launch.
+    ``config`` (the run's Config) chooses the sinks by its ``logging.backends`` and is logged
+    with the trackers' runs; without it, TensorBoard and metrics.jsonl. Raises ``TrackerMissing``
+    (a ConfigError: the CLI prints one line) when a named tracker's package is not installed."""
+    return RunLogger(run_dir, source, launched=launched, config=config)
 
 
 def read_metrics(path: Path) -> Iterator[dict[str, Any]]:

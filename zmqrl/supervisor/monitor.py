@@ -111,7 +111,9 @@ class RunMonitor:
             self.record.write(run_dir)
         except OSError as exc:  # the run goes on; only `zmqrl status RUN_DIR` cannot find it
             log.warning("cannot write in %s (%s): `zmqrl status --endpoint %s` works", run_dir, exc, endpoint)
-        self.scalars = self._given_scalars or run_logger(run_dir, "supervisor", launched=launched)
+        self.scalars = self._given_scalars or run_logger(
+            run_dir, "supervisor", launched=launched, config=self.cfg
+        )
         return endpoint
 
     def close(self) -> None:

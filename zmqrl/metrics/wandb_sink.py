@@ -1,0 +1,97 @@
+"""Weights & Biases as a sink of the run's logger (the ``wandb`` extra).
+
+One W&B run per role process (see zmqrl.metrics.trackers for names and grouping). Scalars of one
+step are sent as one history row. Tags have their own x-axes (env steps for some, updates for
+others), so W&B's own row counter is not used as the x-axis: every row carries the zmqrl step under
+``STEP_KEY`` and every tag is charted against it.
+
+What wandb does on its own is kept out of the role: no console capture (the role's log stays
+the role's), no git or code snapshot. wandb starts a helper process (wandb-core) even offline; the
+last sink of a process to close tears it down, so nothing of W&B outlives the role.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from zmqrl.metrics.sinks import TrackerOptions, bounded, finite
+
+# The key under which each row carries the step its tags were reported at.
+STEP_KEY = "step"
+
+_lock = threading.Lock()
+_open = 0  # W&B runs this process has open: the last to close tears wandb's helper process down
+
+
+class WandbSink:
+    name = "wandb"
+
+    def __init__(
+        self, run_dir: Path, source: str, run_name: str, options: TrackerOptions, config: dict[str, Any]
+    ) -> None:
+        global _open
+        import wandb  # late: the extra is optional and its import is not free
+
+        self._wandb = wandb
+        settings = wandb.Settings(
+            console="off",
+            silent=True,
+            disable_git=True,
+            save_code=False,
+            x_save_requirements=False,
+            reinit="create_new",  # serial runs and tests may hold several at once
+        )
+        with _lock:
+            self._run = wandb.init(
+                project=options.project,
+                entity=options.wandb_entity,
+                group=run_name,
+                job_type=source,
+                name=f"{run_name}-{source}",
+                dir=str(run_dir),
+                mode=options.wandb_mode,  # type: ignore[arg-type]  # checked: online | offline
+                config=config,
+                settings=settings,
+            )
+            _open += 1
+        self._run.define_metric(STEP_KEY)
+        self._run.define_metric("*", step_metric=STEP_KEY)
+        self._row: dict[str, float] = {}
+        self._step: int | None = None
+
+    @property
+    def directory(self) -> Path:
+        """The W&B run's own directory (``<run dir>/wandb/<offline-|>run-...``)."""
+        return Path(self._run.dir).parent
+
+    def scalar(self, tag: str, value: float, step: int, wall: float) -> None:
+        if not finite(value):
+            return
+        if self._step is not None and step != self._step:
+            self.flush()
+        self._step = int(step)
+        self._row[tag] = float(value)
+
+    def flush(self) -> None:
+        row, self._row = self._row, {}
+        if row and self._step is not None:
+            self._run.log({**row, STEP_KEY: self._step})
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            bounded(self._finish, f"W&B run {self._run.name}")
+
+    def _finish(self) -> None:
+        global _open
+        try:
+            self._run.finish()
+        finally:
+            with _lock:
+                _open -= 1
+                last = _open == 0
+            if last:
+                self._wandb.teardown()
