@@ -26,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, processes_mentioning, tiny_overrides, wait_until
+from zmqrl.metrics.catalog import unexported
 from zmqrl.supervisor.prometheus import URL_LINE
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -68,6 +69,11 @@ def launched(run_root: Path) -> Iterator[str]:
     assert processes_mentioning(str(run_root)) == []
 
 
+def numbers(stats: dict[str, object]) -> set[str]:
+    """The keys of a role's final stats that are counters (numbers, not lists or words)."""
+    return {k for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def keep(seen: list[float], value: float) -> float:
     """``value``, noted in ``seen`` (a wait's condition that keeps what it saw)."""
     seen.append(value)
@@ -108,6 +114,12 @@ def test_a_launch_serves_learner_updates_that_rise(run_root: Path) -> None:
         assert samples["zmqrl_actor_env_steps_total", "actor", "0"] > 0
         assert samples["zmqrl_restarts_total", "actor", "0"] == 0
         assert samples["zmqrl_learner_replay_size", "learner", "0"] > 0
+    # Every counter the roles report is exported, or left out on purpose (catalog.LEFT_OUT): read
+    # from their final stats (the learner's file, the actor's last output line), which hold them.
+    learner = json.loads((run_root / "t" / "learner-stats.json").read_text())
+    actor = json.loads((run_root / "t" / "logs" / "actor-0.log").read_text().splitlines()[-1])
+    assert unexported("learner", numbers(learner)) == set()
+    assert unexported("actor", numbers(actor) - {"actor"}) == set()
 
 
 def query(api: str, promql: str) -> list[dict[str, object]]:

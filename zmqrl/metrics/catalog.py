@@ -46,6 +46,18 @@ FEED_TEXT = {
 BAD_REASONS = {"bad_messages": "message", "bad_control": "control", "auth_denied": "auth"}
 # The supervisor's own drops, by reason (reported with role "supervisor", id "0").
 SUPERVISOR_BAD_REASONS = ("heartbeat", "status")
+# Heartbeat counters deliberately not exported, and why (tests check every counter a run sends is
+# either a metric's feed or here).
+LEFT_OUT = {
+    "work": "the liveness check's useful-work count: the same moves as updates, steps, evaluations",
+    "target_time": "a milestone (Unix time the target return was reached): in stats.json",
+    "target_samples": "a milestone: in stats.json",
+    "target_updates": "a milestone: in stats.json",
+    "target_held_time": "a milestone (the target return held): in stats.json",
+    "target_held_samples": "a milestone: in stats.json",
+    "target_held_updates": "a milestone: in stats.json",
+    "queue_capacity_rollouts": "on-policy: the queue's capacity in rollouts; replay_capacity has it in steps",
+}
 # Buckets of the policy-lag histogram, in weights versions.
 LAG_BUCKETS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
@@ -277,6 +289,18 @@ PROMETHEUS: tuple[Metric, ...] = (
            "seconds", "time the ingest thread paused on `learner.ingest_max_share`"),
     Metric("zmqrl_learner_clipped_priorities_total", COUNTER, "learner", "clipped_priorities", "rows",
            "prioritized replay: priorities stored lowered by a bound"),
+    Metric("zmqrl_learner_stale_priority_updates_total", COUNTER, "learner", "stale_priority_updates", "rows",
+           "prioritized replay: priority updates skipped, their row overwritten meanwhile"),
+    Metric("zmqrl_learner_max_priority", GAUGE, "learner", "max_priority", "priority",
+           "prioritized replay: largest priority measured (what new rows without one get)"),
+    Metric("zmqrl_learner_replay_live_planes", GAUGE, "learner", "live_planes", "planes",
+           "`replay.share_frames`: distinct image planes stored"),
+    Metric("zmqrl_learner_queue_rollouts", GAUGE, "learner", "queue_rollouts", "rollouts",
+           "on-policy: rollouts waiting in the learner's queue"),
+    Metric("zmqrl_learner_stale_samples_total", COUNTER, "learner", "stale_samples", "transitions",
+           "transitions of the batches dropped for their lag"),
+    Metric("zmqrl_learner_untracked_batches_total", COUNTER, "learner", "untracked_batches", "batches",
+           "batches from actor ids beyond the most the learner tracks by `seq`"),
     Metric("zmqrl_learner_evaluations_total", COUNTER, "learner", "evaluations", "evaluations",
            "evaluations made by the learner's own eval envs"),
     Metric("zmqrl_learner_eval_return", GAUGE, "learner", "eval_return", "return",
@@ -305,6 +329,8 @@ PROMETHEUS: tuple[Metric, ...] = (
            "time slept under `actor.max_steps_per_s`"),
     Metric("zmqrl_actor_priority_seconds_total", COUNTER, "actor", "priority_seconds", "seconds",
            "time spent computing initial priorities (prioritized replay)"),
+    Metric("zmqrl_actor_uptime_seconds", GAUGE, "actor", "duration", "seconds",
+           "seconds since the actor process started"),
     Metric("zmqrl_actor_epsilon", GAUGE, "actor", "epsilon", "probability",
            "exploration epsilon now (a vector actor: the mean of its sub-envs')"),
     Metric("zmqrl_actor_envs", GAUGE, "actor", "envs", "envs",
@@ -313,6 +339,8 @@ PROMETHEUS: tuple[Metric, ...] = (
            "mean return of its last 20 episodes (with exploration)"),
     Metric("zmqrl_evaluator_evaluations_total", COUNTER, "evaluator", "evaluations", "evaluations",
            "evaluations made"),
+    Metric("zmqrl_evaluator_uptime_seconds", GAUGE, "evaluator", "duration", "seconds",
+           "seconds since the evaluator process started"),
     Metric("zmqrl_evaluator_evaluated_version", GAUGE, "evaluator", "evaluated_version", "version",
            "the weights version of the latest evaluation"),
     Metric("zmqrl_evaluator_eval_return", GAUGE, "evaluator", "eval_return", "return",
@@ -333,6 +361,12 @@ def tag_table() -> dict[str, Tag]:
 def metric_table() -> dict[str, Metric]:
     """:data:`PROMETHEUS` by name."""
     return {m.name: m for m in PROMETHEUS}
+
+
+def unexported(role: str, counters: set[str]) -> set[str]:
+    """Which of a role's heartbeat counters no metric reads and :data:`LEFT_OUT` does not explain."""
+    fed = {m.feed for m in PROMETHEUS if m.role in (ANY_ROLE, role)} | set(BAD_REASONS)
+    return counters - fed - LEFT_OUT.keys()
 
 
 def feed_text(metric: Metric) -> str:
