@@ -92,7 +92,7 @@ class Cluster:
     outputs: list[IO[bytes]] = field(default_factory=list)  # the daemons' stdout and stderr files
 
     def client(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=30)
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=60)
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job``'s fields (slurmctld keeps a finished job for MinJobAge, 300 s)."""
@@ -329,6 +329,12 @@ def test_the_signal_before_the_time_limit_stops_the_run_cleanly(cluster: Cluster
     wait_until(
         throttled(lambda: "training:" in job.log("learner-0.log")), JOB_DEADLINE_S, "the learner to train"
     )
+    # docs/slurm.md's way to see the dashboard: a step in the job's allocation, on its first node
+    status = cluster.client(
+        "srun", f"--jobid={job.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={cluster.node}",
+        sys.executable, "-m", "zmqrl", "status", str(job.run_dir),
+    )  # fmt: skip
+    assert status.returncode == 0 and "learner-0" in status.stdout, status.stdout + status.stderr
     signalled = cluster.client("scancel", "--batch", "--signal=TERM", job.job_id)
     assert signalled.returncode == 0, signalled.stderr
     fields = wait_for_end(cluster, job)

@@ -153,8 +153,9 @@ def slurm(
     or on the first one when --nodes is 1. Endpoints come from the allocation: the first node's
     address and fixed or job-derived ports. The job makes CurveZMQ keys in RUN_DIR/keys (or
     --insecure). It ends when the learner ends, stops every srun step, and exits with the run's
-    code (0 finished; see docs/fault-tolerance.md); logs go to RUN_DIR/logs/. docs/slurm.md says
-    more."""
+    code: 0 finished, 1 failed, 2 a setting to fix, 143 stopped (scancel, or the time limit near).
+    The learner starts with --resume, so a job submitted again continues from its newest
+    checkpoint. Logs: RUN_DIR/logs/. See docs/slurm.md."""
     overrides = list(set_ or [])
     for item in overrides:
         key = item.partition("=")[0].strip()
