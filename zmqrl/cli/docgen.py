@@ -282,14 +282,26 @@ def render_tag_table() -> str:
 
 def render_prometheus_table() -> str:
     """Every Prometheus metric of the catalog, a row each."""
-    from zmqrl.metrics.catalog import PROMETHEUS, feed_text
+    from zmqrl.metrics.catalog import LEFT_OUT, PROMETHEUS, feed_text
 
     rows = [
         f"| `{m.name}` | {m.kind} | {', '.join(f'`{label}`' for label in m.labels)} | {m.meaning} "
         f"| {m.unit} | {feed_text(m)} |"
         for m in PROMETHEUS
     ]
-    return "\n".join([PROM_HEADER, "|---|---|---|---|---|---|", *rows]) + "\n"
+    left_out = "; ".join(f"`{counter}` ({why})" for counter, why in LEFT_OUT.items())
+    return (
+        "\n".join(
+            [
+                PROM_HEADER,
+                "|---|---|---|---|---|---|",
+                *rows,
+                "",
+                f"Heartbeat counters not exported: {left_out}.",
+            ]
+        )
+        + "\n"
+    )
 
 
 def regenerate_metrics(text: str) -> str:

@@ -49,11 +49,11 @@ SUPERVISOR_BAD_REASONS = ("heartbeat", "status")
 # Heartbeat counters deliberately not exported, and why (tests check every counter a run sends is
 # either a metric's feed or here).
 LEFT_OUT = {
-    "work": "the liveness check's useful-work count: the same moves as updates, steps, evaluations",
-    "target_time": "a milestone (Unix time the target return was reached): in stats.json",
+    "work": "the liveness check's useful-work count, which moves with updates, steps, evaluations",
+    "target_time": "a milestone, the Unix time the target return was reached: in stats.json",
     "target_samples": "a milestone: in stats.json",
     "target_updates": "a milestone: in stats.json",
-    "target_held_time": "a milestone (the target return held): in stats.json",
+    "target_held_time": "a milestone, the Unix time the target return was held: in stats.json",
     "target_held_samples": "a milestone: in stats.json",
     "target_held_updates": "a milestone: in stats.json",
     "queue_capacity_rollouts": "on-policy: the queue's capacity in rollouts; replay_capacity has it in steps",
