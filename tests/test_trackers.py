@@ -133,6 +133,24 @@ def test_wandb_offline_writes_the_scalars_in_its_run_directory_and_leaves_nothin
     wait_until(lambda: not wandb_core_of_this_process(), 10.0, "wandb's helper process to exit")
 
 
+def test_wandb_online_without_an_api_key_goes_on_without_it_and_never_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no saved login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
+    run_dir = tmp_path / "runs" / "cart"
+    with caplog.at_level(logging.WARNING, logger="zmqrl.metrics"):
+        logger = run_logger(run_dir, "learner", config=tracked(run_dir, backends="[wandb]"))
+        logger.scalar("charts/eval_return", 3.0, 10)
+        logger.close()
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("learner: cannot write wandb metrics (") and "API key" in warning
+    assert [r["value"] for r in read_metrics(run_dir / METRICS_FILE)] == [3.0]
+    wait_until(lambda: not wandb_core_of_this_process(), 10.0, "wandb's helper process to exit")
+
+
 def mlflow_client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 

@@ -34,8 +34,9 @@ BATCH_SECONDS = 5.0
 QUEUE_BATCHES = 64
 # MLflow's HTTP client retries a server that does not answer for minutes by default (7 retries,
 # doubling waits, 120 s per request): a role starting against a server that is down would sit that
-# long before going on without it. These bound it to about half a minute.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# long before going on without it, and a role's main loop stuck a minute is judged hung
+# (supervisor.progress_timeout). These bound a first call to a dead server to about 36 s.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 # The tags every run of a zmqrl launch carries (search with tags."zmqrl.run" = '<name>').
 RUN_TAG = "zmqrl.run"
 SOURCE_TAG = "zmqrl.source"

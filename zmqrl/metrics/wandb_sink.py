@@ -5,8 +5,9 @@ step are sent as one history row. Tags have their own x-axes (env steps for some
 others), so W&B's own row counter is not used as the x-axis: every row carries the zmqrl step under
 ``STEP_KEY`` and every tag is charted against it.
 
-What wandb does on its own is kept out of the role: no console capture (the role's log stays
-the role's), no git or code snapshot. wandb starts a helper process (wandb-core) even offline; the
+What wandb does on its own is kept out of the role: no login prompt (a role without an API key
+goes on without W&B, said once), no console capture (the role's log stays the role's), no git or
+code snapshot. wandb starts a helper process (wandb-core) even offline; the
 last sink of a process to close tears it down, so nothing of W&B outlives the role.
 """
 
@@ -20,6 +21,10 @@ from zmqrl.metrics.sinks import TrackerOptions, bounded, finite
 
 # The key under which each row carries the step its tags were reported at.
 STEP_KEY = "step"
+
+# Seconds wandb.init may wait for the W&B server before the role goes on without it (its default,
+# 90 s, is longer than a role's main loop may stall before it is judged hung).
+INIT_SECONDS = 30.0
 
 _lock = threading.Lock()
 _open = 0  # W&B runs this process has open: the last to close tears wandb's helper process down
@@ -39,22 +44,32 @@ class WandbSink:
             console="off",
             silent=True,
             disable_git=True,
+            init_timeout=INIT_SECONDS,
             save_code=False,
             x_save_requirements=False,
             reinit="create_new",  # serial runs and tests may hold several at once
         )
         with _lock:
-            self._run = wandb.init(
-                project=options.project,
-                entity=options.wandb_entity,
-                group=run_name,
-                job_type=source,
-                name=f"{run_name}-{source}",
-                dir=str(run_dir),
-                mode=options.wandb_mode,  # type: ignore[arg-type]  # checked: online | offline
-                config=config,
-                settings=settings,
-            )
+            # wandb asks for a login on a terminal when it finds no API key: a role must never
+            # wait on a prompt (it fails here instead, said once); process-wide in wandb, so set
+            # before init.
+            wandb.setup(settings=wandb.Settings(silent=True))
+            try:
+                self._run = wandb.init(
+                    project=options.project,
+                    entity=options.wandb_entity,
+                    group=run_name,
+                    job_type=source,
+                    name=f"{run_name}-{source}",
+                    dir=str(run_dir),
+                    mode=options.wandb_mode,  # type: ignore[arg-type]  # checked: online | offline
+                    config=config,
+                    settings=settings,
+                )
+            except BaseException:  # wandb's own KeyboardInterrupt on an aborted prompt included
+                if _open == 0:
+                    wandb.teardown()  # the helper process it may have started: nothing outlives it
+                raise
             _open += 1
         self._run.define_metric(STEP_KEY)
         self._run.define_metric("*", step_metric=STEP_KEY)
