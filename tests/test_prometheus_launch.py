@@ -42,12 +42,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launched(run_root: Path) -> Iterator[str]:
-    """A launch in the background; yields its /metrics URL (read from its first lines), stops it
-    with SIGTERM at the end."""
-    out = run_root.parent / "launch.out"
+def launched(run_root: Path, command: str = "launch") -> Iterator[str]:
+    """A launch (or supervise) in the background; yields its /metrics URL (read from its first
+    lines), stops it with SIGTERM at the end."""
+    out = run_root.parent / f"{command}.out"
     run_root.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "zmqrl", "launch", str(REPO / "configs" / "cartpole_dqn.yaml")]
+    cmd = [sys.executable, "-m", "zmqrl", command, str(REPO / "configs" / "cartpole_dqn.yaml")]
     for item in tiny_overrides(run_root, learner__max_updates=UPDATES):
         cmd += ["--set", item]
     with out.open("w") as sink:
@@ -120,6 +120,16 @@ def test_a_launch_serves_learner_updates_that_rise(run_root: Path) -> None:
     actor = json.loads((run_root / "t" / "logs" / "actor-0.log").read_text().splitlines()[-1])
     assert unexported("learner", numbers(learner)) == set()
     assert unexported("actor", numbers(actor) - {"actor"}) == set()
+
+
+@pytest.mark.slow
+def test_a_watch_only_supervisor_serves_metrics_too(run_root: Path) -> None:
+    with launched(run_root, "supervise") as url, urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (info,) = families["zmqrl_run_info"].samples
+    assert info.labels["command"] == "supervise" and info.labels["run"] == "t"
+    assert families["zmqrl_up"].samples == [], "no role has reported yet"
 
 
 def query(api: str, promql: str) -> list[dict[str, object]]:
