@@ -1,24 +1,33 @@
 """The supervisor's Prometheus collector on made-up slots: names, types, labels and values as the
-catalog says, a restarted slot's counters, the policy-lag histogram, and the HTTP server (port 0,
-a port in use). Read back with prometheus_client's own text parser, as a scraper would."""
+catalog says, a restarted slot's counters, the policy-lag histogram, the HTTP server (port 0, a
+port in use), and the supervisor's monitor serving it from open to close. Read back with
+prometheus_client's own text parser, as a scraper would."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
 import socket
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+import zmq
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from tests.conftest import tiny_config
 from zmqrl.config import Config
 from zmqrl.metrics.catalog import ANY_ROLE, COUNTER, FEED_TEXT, GAUGE, HISTOGRAM, PROMETHEUS, metric_table
 from zmqrl.runtime.http_probe import parse_address
+from zmqrl.runtime.link import socket_limits
+from zmqrl.supervisor.live import ConsoleView
 from zmqrl.supervisor.liveness import Liveness
-from zmqrl.supervisor.prometheus import LagHistogram, PrometheusExporter, metrics_http_problem
+from zmqrl.supervisor.monitor import RunMonitor
+from zmqrl.supervisor.prometheus import URL_LINE, LagHistogram, PrometheusExporter, metrics_http_problem
 from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
@@ -275,3 +284,47 @@ def test_the_server_binds_port_0_serves_openmetrics_and_a_port_in_use_is_one_war
     with socket.socket() as probe, pytest.raises(OSError):  # closed: the port answers no more
         probe.settimeout(1.0)
         probe.connect(("127.0.0.1", port))
+
+
+def monitor_of(cfg: Config, slots: dict[str, Slot], said: list[str], clock: Clock) -> RunMonitor:
+    return RunMonitor(
+        cfg, ConsoleView(io.StringIO()), slots, lambda: "running", said.append, command="launch", clock=clock
+    )
+
+
+def test_the_monitor_says_the_url_first_serves_while_open_and_stops_at_close(
+    tmp_path: Path, ctx: zmq.Context, clock: Clock
+) -> None:
+    slots, _ = a_run(clock)
+    cfg = tiny_config(tmp_path)
+    said: list[str] = []
+    monitor = monitor_of(cfg, slots, said, clock)
+    monitor.open(ctx, time.time(), socket_limits(cfg), None)
+    try:
+        url = monitor.metrics_url
+        assert url is not None and said == [URL_LINE + url]
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            assert 'zmqrl_actor_env_steps_total{id="0",role="actor"} 8000.0' in reply.read().decode()
+    finally:
+        monitor.close()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)
+
+
+def test_a_port_in_use_is_one_warning_and_the_monitor_opens_all_the_same(
+    tmp_path: Path, ctx: zmq.Context, clock: Clock
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tiny_config(tmp_path, supervisor__metrics_http=f"127.0.0.1:{port}")
+        said: list[str] = []
+        monitor = monitor_of(cfg, {}, said, clock)
+        try:
+            endpoint = monitor.open(ctx, time.time(), socket_limits(cfg), None)
+            monitor.refresh()  # the loop goes on without /metrics
+        finally:
+            monitor.close()
+    assert endpoint.startswith("tcp://") and monitor.metrics_url is None
+    assert len(said) == 1 and said[0].startswith(f"warning: supervisor.metrics_http 127.0.0.1:{port}: "), said
