@@ -17,7 +17,6 @@ the run goes on without /metrics.
 
 from __future__ import annotations
 
-import logging
 import math
 import socket
 import threading
@@ -70,8 +69,6 @@ URL_LINE = "Prometheus metrics: "
 POLL_SECONDS = 0.05
 # The histogram of the learner's policy lag (the catalog's row; its feed is a heartbeat counter).
 LAG_METRIC = next(m for m in PROMETHEUS if m.kind == HISTOGRAM and m.feed == "policy_lag")
-
-log = logging.getLogger("zmqrl.supervisor")
 
 
 # ------------------------------------------------------------------------------ configuration
