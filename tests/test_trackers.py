@@ -133,6 +133,28 @@ def test_wandb_offline_writes_the_scalars_in_its_run_directory_and_leaves_nothin
     wait_until(lambda: not wandb_core_of_this_process(), 10.0, "wandb's helper process to exit")
 
 
+def test_a_callers_own_wandb_run_is_neither_written_to_nor_ended(offline_wandb: Path) -> None:
+    import wandb
+
+    run_dir = offline_wandb
+    own = wandb.init(project="mine", dir=str(run_dir.parent), mode="offline")
+    try:
+        cfg = tracked(run_dir, backends="[wandb]", wandb_mode="offline")
+        logger = run_logger(run_dir, "learner", config=cfg)
+        logger.scalar("charts/eval_return", 5.0, 1)
+        logger.close()
+        assert wandb.run is own
+        own.log({"mine": 1.0})  # still open, and still the caller's
+    finally:
+        own.finish()
+        wandb.teardown()
+    (ours,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    assert [r["charts/eval_return"] for r in wandb_history(ours)] == [5.0]
+    (theirs,) = (run_dir.parent / "wandb").glob("offline-run-*/run-*.wandb")
+    assert [r["mine"] for r in wandb_history(theirs)] == [1.0]
+    wait_until(lambda: not wandb_core_of_this_process(), 10.0, "wandb's helper process to exit")
+
+
 def test_wandb_online_without_an_api_key_goes_on_without_it_and_never_prompts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,7 +8,8 @@ others), so W&B's own row counter is not used as the x-axis: every row carries t
 What wandb does on its own is kept out of the role: no login prompt (a role without an API key
 goes on without W&B, said once), no console capture (the role's log stays the role's), no git or
 code snapshot. wandb starts a helper process (wandb-core) even offline; the
-last sink of a process to close tears it down, so nothing of W&B outlives the role.
+last sink of a process to close tears it down (unless the caller has a W&B run of its own, in
+zmqrl.api use), so nothing of W&B outlives the role; it also ends by itself when its parent dies.
 """
 
 from __future__ import annotations
@@ -46,8 +47,7 @@ class WandbSink:
             disable_git=True,
             init_timeout=INIT_SECONDS,
             save_code=False,
-            x_save_requirements=False,
-            reinit="create_new",  # serial runs and tests may hold several at once
+            reinit="create_new",  # beside a W&B run of the caller (zmqrl.api in a notebook), not into it
         )
         with _lock:
             # wandb asks for a login on a terminal when it finds no API key: a role must never
@@ -67,7 +67,7 @@ class WandbSink:
                     settings=settings,
                 )
             except BaseException:  # wandb's own KeyboardInterrupt on an aborted prompt included
-                if _open == 0:
+                if _open == 0 and wandb.run is None:
                     wandb.teardown()  # the helper process it may have started: nothing outlives it
                 raise
             _open += 1
@@ -108,5 +108,5 @@ class WandbSink:
             with _lock:
                 _open -= 1
                 last = _open == 0
-            if last:
+            if last and self._wandb.run is None:  # the caller's own W&B run (zmqrl.api) keeps it
                 self._wandb.teardown()
