@@ -12,9 +12,11 @@ by default; Weights & Biases and MLflow through zmqrl.metrics.trackers):
 Tags are namespaced (``NAMESPACES``) and each is listed in docs/metrics.md with its meaning, unit and
 x-axis; tests/test_metrics_tags.py fails when a run writes a tag the docs do not list.
 
-Neither writer imports torch: the supervisor is a light process, and tensorboard's own event writer
+No sink imports torch: the supervisor is a light process, and tensorboard's own event writer
 imports in a fraction of the time torch's ``SummaryWriter`` takes. Metrics are a report, never a
-reason to die: a failed write is logged once and training goes on.
+reason to die: a failed write (or a tracker that cannot start its run) is logged once and training
+goes on. The one exception is a setting to fix: a tracker named whose package is not installed
+stops the role at its start, with one line naming the pip command.
 """
 
 from __future__ import annotations
