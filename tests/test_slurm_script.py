@@ -56,6 +56,10 @@ FAKE_GETENT = r"""#!/bin/bash
 [ "$1" = ahostsv4 ] || exit 9
 echo "$FAKE_ADDR      STREAM $2"
 """
+FAKE_IP = r"""#!/bin/bash
+[ "$1 $2 $3 $4 $5" = "-4 -o addr show dev" ] || exit 9
+echo "3: $6    inet $FAKE_IFACE_ADDR/16 brd 10.5.255.255 scope global $6\\       valid_lft forever"
+"""
 # Records its options and runs the task command once, as rank 0.
 FAKE_SRUN = r"""#!/bin/bash
 printf '%s\0' "$@" > "$FAKE_LOG/srun"
@@ -94,11 +98,12 @@ def run_job(
     nodes: list[str],
     address: str,
     during: Callable[[subprocess.Popen[str], Path], None] | None = None,
+    submitted_with: dict[str, str] | None = None,
     **fake: str,
 ) -> Job:
     """Runs ``script`` with bash as Slurm would on an allocation of ``nodes``, whose first node's
     name resolves to ``address`` there; ``fake``: FAKE_ variables (``EXIT_learner="1"``);
-    ``during(job, log)``: what to do while it runs."""
+    ``during(job, log)``: what to do while it runs; ``submitted_with``: the user's environment."""
     fakes = tmp_path / "bin"
     fakes.mkdir(exist_ok=True)
     for name, text in {
@@ -106,6 +111,7 @@ def run_job(
         "scontrol": FAKE_SCONTROL,
         "getent": FAKE_GETENT,
         "srun": FAKE_SRUN,
+        "ip": FAKE_IP,
     }.items():
         (fakes / name).write_text(text)
         (fakes / name).chmod(0o755)
@@ -120,6 +126,7 @@ def run_job(
         "FAKE_ADDR": address,
         "FAKE_LOG": str(log),
         **{f"FAKE_{name}": value for name, value in fake.items()},
+        **(submitted_with or {}),
     }
     with subprocess.Popen(
         ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -159,6 +166,16 @@ def test_the_header_asks_for_the_allocation_the_options_describe(tmp_path: Path)
     ]
     assert os.access(script, os.X_OK)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_a_working_directory_with_spaces_is_quoted_for_sbatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workdir = tmp_path / "my runs"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    script = write_script(tmp_path)
+    assert f'#SBATCH --chdir="{workdir}"\n' in script.read_text()
 
 
 def test_learner_and_supervisor_run_on_the_first_node_and_actors_on_the_others(tmp_path: Path) -> None:
@@ -230,7 +247,7 @@ def test_the_job_exits_with_the_learners_code_when_it_did_not_finish(tmp_path: P
     script = write_script(tmp_path, "--nodes", "1", "--set", "supervisor.stop_grace=1")
     job = run_job(tmp_path, script, ["solo"], "127.0.0.1", EXIT_learner="1")
     assert job.code == 1, job.output
-    assert "learner exited 1" in job.output
+    assert "learner exited 1" in job.output and "run ended with 1 (learner 1" in job.output
 
 
 def test_a_supervisor_that_refuses_to_run_gives_the_job_its_code(tmp_path: Path) -> None:
@@ -239,7 +256,7 @@ def test_a_supervisor_that_refuses_to_run_gives_the_job_its_code(tmp_path: Path)
     script = write_script(tmp_path, "--nodes", "1", "--set", "supervisor.stop_grace=1")
     job = run_job(tmp_path, script, ["solo"], "127.0.0.1", EXIT_supervise="2", SLEEP_learner="1")
     assert job.code == 2, job.output
-    assert "supervisor exited 2 before the learner" in job.output
+    assert "run ended with 2 (learner 0, supervisor 2" in job.output
 
 
 def test_a_stop_request_stops_the_supervisor_and_the_job_exits_143(tmp_path: Path) -> None:
@@ -262,6 +279,35 @@ def test_a_stop_request_stops_the_supervisor_and_the_job_exits_143(tmp_path: Pat
     )
     assert job.code == 143, job.output
     assert "stop requested" in job.output and "learner 0, supervisor 0" in job.output
+
+
+def test_the_evaluator_runs_beside_the_learner_when_enabled(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "--nodes", "2", "--set", "evaluator.enabled=true")
+    job = run_job(tmp_path, script, ["h1", "h2"], "10.1.1.1")
+    assert job.code == 0, job.output
+    evaluator = job.args("evaluator.0")
+    assert evaluator[2:5] == ["evaluator", str(CONFIG), "--resume"]
+    assert sets(evaluator)["transport.weights"] == f"tcp://10.1.1.1:{DERIVED_PORT + 1}"
+    assert job.args("learner.0")[4] == "--resume"  # a resubmitted job continues
+
+
+def test_the_address_can_come_from_an_interface_or_the_environment(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "--nodes", "2", "--interface", "ib0")
+    job = run_job(tmp_path, script, ["h1", "h2"], "10.1.1.1", IFACE_ADDR="10.5.0.7")
+    assert job.code == 0, job.output
+    assert sets(job.args("actor.0"))["transport.samples"] == f"tcp://10.5.0.7:{DERIVED_PORT}"
+    (tmp_path / "log").rename(tmp_path / "first")
+    override = {"ZMQRL_ADDRESS": "10.6.6.6"}
+    job = run_job(tmp_path, script, ["h1", "h2"], "10.1.1.1", submitted_with=override, IFACE_ADDR="10.5.0.7")
+    assert sets(job.args("learner.0"))["transport.samples"] == f"tcp://10.6.6.6:{DERIVED_PORT}"
+
+
+def test_outside_a_job_the_script_says_to_submit_it(tmp_path: Path) -> None:
+    script = write_script(tmp_path)
+    done = subprocess.run(
+        ["bash", str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "submit this script with sbatch" in done.stderr
 
 
 def test_insecure_makes_no_keys_and_authenticates_the_control_plane_with_a_token(tmp_path: Path) -> None:

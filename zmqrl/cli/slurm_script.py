@@ -55,12 +55,14 @@ class SlurmJob:
 def render_script(job: SlurmJob) -> str:
     """The sbatch script for ``job``: its #SBATCH header, then :data:`SCRIPT_BODY` with the job's
     values in place, each quoted for bash (a --set value is passed to the roles exactly)."""
+    # sbatch reads a double-quoted #SBATCH value as one (tried with slurm-wlm 22.05).
+    chdir = f'"{job.workdir}"' if re.search(r"\s", str(job.workdir)) else str(job.workdir)
     header = [
         f"#SBATCH --job-name={job.job_name}",
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --ntasks-per-node={job.actors_per_node}",
         f"#SBATCH --cpus-per-task={job.cpus_per_actor}",
-        f"#SBATCH --chdir={job.workdir}",
+        f"#SBATCH --chdir={chdir}",
         f"#SBATCH --signal=B:TERM@{STOP_BEFORE_LIMIT_S}",
         *([f"#SBATCH --time={job.time}"] if job.time else []),
         *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
@@ -150,6 +152,7 @@ CPUS_PER_ACTOR=<<CPUS_PER_ACTOR>>
 LEAVE_SECONDS=<<LEAVE_SECONDS>>
 
 # The allocation: its first node (this one) hosts the learner; the actors take the others.
+: "${SLURM_JOB_NODELIST:?is not set: submit this script with sbatch}"
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 NODES=$SLURM_JOB_NUM_NODES
 # What the learner and the supervisor bind and every role connects to, as seen from this node.
@@ -246,6 +249,7 @@ if kill -0 "$LEARNER" 2>/dev/null; then
   ended_within "$LEARNER" "$LEAVE_SECONDS" || end "$LEARNER"
   wait_for "$LEARNER"
   LEARNER_STATUS=$?
+  echo "zmqrl-slurm: learner exited $LEARNER_STATUS"
 else
   wait_for "$LEARNER"
   LEARNER_STATUS=$?
