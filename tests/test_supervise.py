@@ -131,7 +131,10 @@ def test_supervise_watches_roles_it_did_not_start_reports_a_stopped_one_and_ends
         up = row is not None and row.pid == stopped and run_state.is_up(row)
         return up or supervisor.proc.poll() is not None
 
-    wait_until(back_up_or_run_over, 15, f"{name} back up (or the run over)")
+    try:
+        wait_until(back_up_or_run_over, 15, f"{name} back up (or the run over)")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {run_state.process(run_dir, name)}\n{supervisor.output}") from None
     assert row.restarts == 0, "a watch-only supervisor restarts nothing"
 
     assert supervisor.wait(120) == 0, supervisor.output
@@ -188,6 +191,7 @@ def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_i
     import zmq
 
     from zmqrl.transport import wire
+    from zmqrl.transport.control_auth import HEARTBEAT, ControlAuth, TokenSource
     from zmqrl.transport.wire import HeartbeatMsg
 
     token = tmp_path / "shared" / "control.token"
@@ -199,23 +203,29 @@ def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_i
     heartbeat = next(o.split("=", 1)[1] for o in overrides if o.startswith("transport.heartbeat="))
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 1000)
+    push.setsockopt(zmq.LINGER, 30_000)  # every message delivered (term returns once they are)
     push.connect(heartbeat)
     forged = [HeartbeatMsg("learner", 0, 4242, 0.0, "finished", {"progress": 1}, {})]
     forged += [HeartbeatMsg("actor", 1000 + i, 5000 + i, 0.0, "running", {}, {}) for i in range(200)]
     for msg in forged:
         push.send_multipart(wire.dump(msg))
+    # Then one with the token, on the same connection, which keeps its order: once it is heard, every
+    # forged one before it was received and counted, however loaded the machine.
+    marker = HeartbeatMsg("evaluator", 0, 4243, 0.0, "running", {"progress": 1}, {"start": "e" * 16})
+    sealed = ControlAuth(TokenSource(None, token)).seal(wire.dump(marker), HEARTBEAT)
+    assert sealed is not None
+    push.send_multipart(sealed)
     push.close()
     ctx.term()
-    wait_until(lambda: "dropped" in supervisor.output, 30, "the forged heartbeats to be reported")
+    wait_until(lambda: "evaluator-0 joined" in supervisor.output, 30, "the authenticated marker heard")
     supervisor.proc.send_signal(signal.SIGTERM)
     assert supervisor.wait(30) == 0, supervisor.output
     out = supervisor.output
-    assert "learner finished" not in out and "joined" not in out, out
+    assert "learner finished" not in out and "joined" not in out.replace("evaluator-0 joined", ""), out
     assert "requires the run's control token" in out
     stats = json.loads((run_root / "t" / "stats.json").read_text())
     assert stats["supervisor"]["unauthenticated_heartbeats"] == len(forged)
-    assert stats["actors"] == []
+    assert stats["actors"] == [] and stats["supervisor"]["dropped_heartbeats"] == 0
 
 
 def test_supervise_resume_watches_a_finished_run_again(run_root: Path, procs: list[Proc]) -> None:
