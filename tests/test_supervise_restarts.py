@@ -137,7 +137,8 @@ def test_a_restart_with_the_same_pid_and_a_new_start_is_counted_logged_and_summa
     assert w.end() == 0
     stats = json.loads((run_dir / "stats.json").read_text())
     assert {r["actor_id"]: r["restarts"] for r in stats["actors"]} == {0: 2, 1: 0}
-    assert stats["learner"]["restarts"] == 0
+    assert stats["learner"]["restarts"] == 0 and stats["learner"]["end"] == "finished"
+    assert [r["end"] for r in stats["actors"]] == ["stopped", "stopped"], "from their final heartbeats"
     # After the run, `zmqrl status` shows when it ended and the summary as printed (exit 0).
     code, out = status_cmd(str(run_dir))
     assert code == 0, out

@@ -212,4 +212,19 @@ class Watcher(Oversight):
             )
         self.beacon.stop(reason)
         self.unknown_senders.flush()
-        self.shutdown_seconds = self._clock() - started
+        now = self._clock()
+        for slot in self.slots.values():
+            slot.end = slot.end or _end_heard(slot, slot in left, now, self.cfg)
+        self.shutdown_seconds = now - started
+
+
+def _end_heard(slot: Slot, unconfirmed: bool, now: float, cfg: Config) -> str:
+    """How a watched process ended, in the summary's words, from what its heartbeats said (the
+    watcher sees no exit codes): its final state, "silent" when it went quiet without one, or
+    "running" when it beat on through the stop."""
+    last = slot.last
+    if last is not None and last.state in FINAL_STATES:
+        return last.state
+    if unconfirmed:
+        return "running (did not confirm the stop)"
+    return "silent" if slot.live.verdict(now, cfg.supervisor) is not None else "unknown"
