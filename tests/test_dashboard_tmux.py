@@ -52,7 +52,8 @@ def test_the_dashboard_draws_in_a_real_terminal_and_ctrl_c_leaves_it_clean(
     # A script file, so that the pane's shell (alive until kill-server) does not carry the run's path
     # on its command line and is not mistaken below for a zmqrl process left behind.
     script = tmp_path / "pane.sh"
-    script.write_text(f"cd {shlex.quote(str(REPO))} && {shlex.join(launch)}; echo $? > {exit_file}; sleep 60\n")
+    command = f"cd {shlex.quote(str(REPO))} && {shlex.join(launch)}; echo $? > {exit_file}; sleep 60\n"
+    script.write_text(command)
     tmux = Tmux()
     try:
         tmux(

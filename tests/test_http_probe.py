@@ -5,6 +5,7 @@ taken (it must exit naming the setting)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -19,14 +20,14 @@ import pytest
 import zmq
 
 from tests.conftest import REPO, tiny_config
-from zmqrl.config import Config
+from zmqrl.config import Config, SupervisorConfig
+from zmqrl.config_checks import health_http_problem, parse_http_address
+from zmqrl.errors import ConfigError
 from zmqrl.runtime import http_probe
 from zmqrl.runtime.health import HealthRecord, judge
 from zmqrl.runtime.http_probe import (
     HealthServer,
     ProbeView,
-    health_http_problem,
-    parse_address,
     readyz,
     shared_host_problem,
 )
@@ -212,13 +213,16 @@ def test_a_failing_handler_is_a_500_counted_and_logged_and_the_server_goes_on(
 
 
 def test_the_address_setting_is_checked(tmp_path: Path) -> None:
-    assert parse_address("0.0.0.0:8080") == ("0.0.0.0", 8080)
-    assert parse_address("[::1]:0") == ("::1", 0)
+    assert parse_http_address("0.0.0.0:8080") == ("0.0.0.0", 8080)
+    assert parse_http_address("[::1]:0") == ("::1", 0)
     assert health_http_problem(tiny_config(tmp_path)) is None  # off
     assert health_http_problem(tiny_config(tmp_path, supervisor__health_http="127.0.0.1:0")) is None
     for bad in ("8080", "localhost", ":80", "host:http", "host:70000", "::1:80"):
-        problem = health_http_problem(tiny_config(tmp_path, supervisor__health_http=bad))
+        cfg = dataclasses.replace(Config(), supervisor=SupervisorConfig(health_http=bad))
+        problem = health_http_problem(cfg)
         assert problem is not None and problem.startswith("supervisor.health_http: "), bad
+        with pytest.raises(ConfigError, match=r"supervisor\.health_http: "):  # and loading refuses it
+            tiny_config(tmp_path, supervisor__health_http=bad)
 
 
 def test_a_fixed_port_is_refused_where_every_role_shares_one_host(tmp_path: Path) -> None:
@@ -242,7 +246,7 @@ def test_a_taken_port_is_a_bind_error_naming_the_setting_and_close_frees_the_por
     address = server.address
     server.close()
     with pytest.raises(OSError):
-        socket.create_connection(parse_address(address), timeout=1).close()
+        socket.create_connection(parse_http_address(address), timeout=1).close()
     again = HealthServer(address, Views())  # the port is free again at once
     again.close()
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import tiny_overrides, wait_until
 from tests.test_launch import Launch, assert_nothing_left
-from zmqrl.runtime.http_probe import parse_address
+from zmqrl.config_checks import parse_http_address
 
 pytestmark = pytest.mark.slow
 # The line a role's link logs once its probe server is up (the address, port 0 resolved, is also
@@ -50,7 +50,7 @@ def answer(address: str, path: str) -> tuple[int, str]:
 
 def refuses(address: str) -> bool:
     try:
-        socket.create_connection(parse_address(address), timeout=1).close()
+        socket.create_connection(parse_http_address(address), timeout=1).close()
     except OSError:
         return True
     return False

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from zmqrl.config import Config, load_config
-from zmqrl.runtime.http_probe import HEALTHZ, READYZ, health_http_problem, parse_address
+from zmqrl.config_checks import health_http_problem, parse_http_address
+from zmqrl.runtime.http_probe import HEALTHZ, READYZ
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason='kubernetes-validate is a dev dependency: pip install -e ".[dev]"'
@@ -392,7 +393,7 @@ def test_each_probed_role_serves_its_health_on_the_port_its_probes_ask(objects: 
         obj = workload(objects, name)
         cfg = role_config(objects, obj)
         assert cfg.supervisor.health_http is not None and health_http_problem(cfg) is None, name
-        host, port = parse_address(cfg.supervisor.health_http)
+        host, port = parse_http_address(cfg.supervisor.health_http)
         assert host == "0.0.0.0" and port != 0, name
         assert named_port(obj, "health") == port, name
 
@@ -408,7 +409,7 @@ def test_only_the_supervisor_pod_is_scraped_on_the_port_its_metrics_bind(
     assert annotations["prometheus.io/path"] == "/metrics"
     cfg = role_config(objects, supervisor)
     assert cfg.supervisor.metrics_http is not None
-    host, port = parse_address(cfg.supervisor.metrics_http)
+    host, port = parse_http_address(cfg.supervisor.metrics_http)
     assert host == "0.0.0.0", "Prometheus scrapes the pod's IP: loopback (the default) would refuse it"
     assert annotations["prometheus.io/port"] == str(port) == str(named_port(supervisor, "metrics"))
     (sp,) = [p for p in find(objects, "Service", SCRAPED)["spec"]["ports"] if p["name"] == "metrics"]

@@ -21,13 +21,13 @@ from prometheus_client.samples import Sample
 
 from tests.conftest import tiny_config
 from zmqrl.config import Config
+from zmqrl.config_checks import metrics_http_problem, parse_http_address
 from zmqrl.metrics.catalog import ANY_ROLE, COUNTER, FEED_TEXT, GAUGE, HISTOGRAM, PROMETHEUS, metric_table
-from zmqrl.runtime.http_probe import parse_address
 from zmqrl.runtime.link import socket_limits
 from zmqrl.supervisor.live import ConsoleView
 from zmqrl.supervisor.liveness import Liveness
 from zmqrl.supervisor.monitor import RunMonitor
-from zmqrl.supervisor.prometheus import URL_LINE, LagHistogram, PrometheusExporter, metrics_http_problem
+from zmqrl.supervisor.prometheus import URL_LINE, LagHistogram, PrometheusExporter
 from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
@@ -253,7 +253,7 @@ def test_metrics_http_problem_names_the_key(address: str | None, problem: str | 
     else:
         assert found is not None and found.startswith("supervisor.metrics_http: ") and problem in found
     if address and problem is None:
-        assert parse_address(address)[1] in (0, 9464, 65535)
+        assert parse_http_address(address)[1] in (0, 9464, 65535)
 
 
 def test_the_server_binds_port_0_serves_openmetrics_and_a_port_in_use_is_one_warning(clock: Clock) -> None:

@@ -180,8 +180,8 @@ class SupervisorConfig:
     progress_seconds: float = 5.0  # seconds between progress lines on the console
     status: str = "tcp://127.0.0.1:0"  # supervisor answers `zmqrl status` here (port 0: any free port)
     extra_slots: int = 8  # `supervise`: senders tracked beyond the config's roles (more are dropped)
-    metrics_http: str | None = "127.0.0.1:9464"  # Prometheus /metrics served by the supervisor (host:port; port 0: any free; None: off)
-    health_http: str | None = None  # every role serves /healthz and /readyz on host:port (port 0: any free; None: off)
+    metrics_http: str | None = "127.0.0.1:9464"  # Prometheus /metrics of the run (port 0: any; None: off)
+    health_http: str | None = None  # each role's /healthz, /readyz (port 0: any; None: off)
 
 
 @dataclass
@@ -202,11 +202,11 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    backends: list[str] = field(default_factory=lambda: ["tensorboard"])  # scalar sinks besides metrics.jsonl (always): tensorboard | wandb | mlflow
+    backends: list[str] = field(default_factory=lambda: ["tensorboard"])  # any of tensorboard, wandb, mlflow
     project: str = "zmqrl"  # the W&B project, and the MLflow experiment, runs are logged under
     wandb_mode: str = "online"  # online | offline (a local run directory, uploaded later with `wandb sync`)
     wandb_entity: str | None = None  # W&B team or user (None: the account's default)
-    mlflow_tracking_uri: str | None = None  # where MLflow logs (None: $MLFLOW_TRACKING_URI, else <run dir>/mlruns)
+    mlflow_tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else <run dir>/mlruns
 
 
 @dataclass

@@ -10,6 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from zmqrl.errors import ConfigError
+from zmqrl.metrics.trackers import logging_problem
 
 if TYPE_CHECKING:
     from zmqrl.config import Config
@@ -196,6 +197,11 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
         raise fail(str(exc)) from None
     if problem := on_policy_problem(cfg):
         raise fail(problem)
+    if problem := logging_problem(cfg):
+        raise fail(problem)
+    for problem in (metrics_http_problem(cfg), health_http_problem(cfg)):
+        if problem:
+            raise fail(problem)
 
 
 def on_policy_problem(cfg: Config) -> str | None:
@@ -230,3 +236,43 @@ def on_policy_problem(cfg: Config) -> str | None:
             f"actor.envs_per_actor"
         )
     return None
+
+
+def parse_http_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 literal) as ``(host, port)``; ValueError with a
+    reason otherwise. The one syntax of every HTTP setting (``supervisor.metrics_http``,
+    ``supervisor.health_http``), here so the config check and the servers read it alike."""
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"write an IPv6 host in brackets ([::1]:PORT), got {text!r}")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {text!r}")
+    return host, int(port)
+
+
+def _http_setting_problem(key: str, value: str | None, example: str) -> str | None:
+    if value is None:  # off
+        return None
+    try:
+        parse_http_address(value)
+    except ValueError as exc:
+        return f"{key}: {exc} ({example})"
+    return None
+
+
+def metrics_http_problem(cfg: Config) -> str | None:
+    """What is wrong with ``supervisor.metrics_http`` (the supervisor's Prometheus endpoint)."""
+    return _http_setting_problem(
+        "supervisor.metrics_http", cfg.supervisor.metrics_http, "e.g. 127.0.0.1:9464; port 0: any free port"
+    )
+
+
+def health_http_problem(cfg: Config) -> str | None:
+    """What is wrong with ``supervisor.health_http`` (every role's /healthz and /readyz)."""
+    return _http_setting_problem(
+        "supervisor.health_http",
+        cfg.supervisor.health_http,
+        "e.g. 127.0.0.1:0 for any free port, 0.0.0.0:8080 in a container",
+    )

@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from zmqrl.config import Config
+from zmqrl.config_checks import health_http_problem, parse_http_address
 from zmqrl.runtime.health import HealthRecord, judge
 from zmqrl.transport.sockets import BindError
 
@@ -64,39 +65,14 @@ class ProbeView:
     counters: Mapping[str, float | int] = field(default_factory=dict)
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 literal) as ``(host, port)``; ValueError with a
-    reason otherwise."""
-    host, sep, port = text.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"write an IPv6 host in brackets ([::1]:PORT), got {text!r}")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {text!r}")
-    return host, int(port)
-
-
-def health_http_problem(cfg: Config) -> str | None:
-    """The config check of ``supervisor.health_http``: None when it is off or well formed."""
-    value = cfg.supervisor.health_http
-    if value is None:
-        return None
-    try:
-        parse_address(value)
-    except ValueError as exc:
-        return f"{SETTING}: {exc} (e.g. 127.0.0.1:0 for any free port, 0.0.0.0:8080 in a container)"
-    return None
-
-
 def shared_host_problem(cfg: Config) -> str | None:
     """For ``zmqrl launch``, whose roles all run on one host: a fixed port would be bound by the
     first role and refused to every other (each then exits 1, in a restart loop). None when off or
     port 0."""
     value = cfg.supervisor.health_http
-    if value is None or health_http_problem(cfg) is not None:
+    if value is None or health_http_problem(cfg) is not None:  # off, or refused by the config check
         return None
-    host, port = parse_address(value)
+    host, port = parse_http_address(value)
     if port == 0:
         return None
     return (
@@ -208,7 +184,7 @@ class HealthServer:
 
     def __init__(self, address: str, view: Callable[[], ProbeView], name: str = "health-http") -> None:
         try:
-            host, port = parse_address(address)
+            host, port = parse_http_address(address)
         except ValueError as exc:
             raise BindError(f"{SETTING}: {exc}") from None
         self.view = view

@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from zmqrl.config import Config
+from zmqrl.config_checks import parse_http_address
 from zmqrl.metrics.catalog import (
     ANY_ROLE,
     BAD_REASONS,
@@ -55,7 +56,6 @@ from zmqrl.metrics.catalog import (
     SUPERVISOR_BAD_REASONS,
     Metric,
 )
-from zmqrl.runtime.http_probe import parse_address  # the one HOST:PORT syntax of every HTTP setting
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.summary import Slot
 
@@ -72,18 +72,6 @@ LAG_METRIC = next(m for m in PROMETHEUS if m.kind == HISTOGRAM and m.feed == "po
 
 
 # ------------------------------------------------------------------------------ configuration
-def metrics_http_problem(cfg: Config) -> str | None:
-    """What is wrong with ``supervisor.metrics_http``, or None (unset means off)."""
-    address = cfg.supervisor.metrics_http
-    if address is None:
-        return None
-    try:
-        parse_address(address)
-    except ValueError as exc:
-        return f"supervisor.metrics_http: {exc} (e.g. 127.0.0.1:9464; port 0: any free port)"
-    return None
-
-
 def url_of(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}{METRICS_PATH}"
@@ -252,7 +240,7 @@ class MetricsServer:
     """``/metrics`` of one registry, served from a daemon thread until :meth:`close`."""
 
     def __init__(self, registry: CollectorRegistry, address: str) -> None:
-        host, port = parse_address(address)
+        host, port = parse_http_address(address)
         server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
         # OSError when the address cannot be bound (in use, not this host's): the caller warns.
         self._httpd = make_server(host, port, make_wsgi_app(registry), server_class, _QuietHandler)
