@@ -21,7 +21,9 @@ CACHE=${ZMQRL_CI_CACHE:-/var/cache/zmqrl-ci}
 # `docker build -f docker/Dockerfile .` uses it here and the real one where a registry is reachable.
 BASE_TAG=${ZMQRL_BASE_IMAGE:-debian:bookworm-slim}
 MIRROR=${ZMQRL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-WHEELHOUSE=build/wheelhouse          # inside the build context; docker/compose.yaml points at it
+# Inside the build context. Nothing uses it unless told: ZMQRL_WHEELHOUSE=build/wheelhouse for
+# compose (tests/test_compose.py sets it), --build-arg WHEELHOUSE=build/wheelhouse for docker build.
+WHEELHOUSE=build/wheelhouse
 PIP=${PIP:-.venv/bin/pip}
 DOCKER=/usr/bin/docker               # Debian's client, matched to Debian's dockerd (not another on PATH)
 
@@ -120,3 +122,5 @@ mkdir -p "$WHEELHOUSE"
 cp -l "$deps"/*.whl "$WHEELHOUSE"/ 2>/dev/null || cp "$deps"/*.whl "$WHEELHOUSE"/
 say "ready: engine $("$DOCKER" version --format '{{.Server.Version}}'), base $BASE_TAG," \
     "wheelhouse $WHEELHOUSE ($(ls "$WHEELHOUSE" | wc -l) wheels)"
+say "build offline with: ZMQRL_WHEELHOUSE=$WHEELHOUSE docker-compose -f docker/compose.yaml build" \
+    "(or docker build -f docker/Dockerfile --build-arg WHEELHOUSE=$WHEELHOUSE -t zmqrl .)"

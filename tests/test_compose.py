@@ -1,15 +1,20 @@
 """docker/compose.yaml, for real: a real engine builds docker/Dockerfile and runs the whole topology.
 
 The image is built from the wheelhouse .ci/docker-setup.sh makes on the host (no network, no
-registry), on the Debian base that script imports. The run: the watch-only supervisor, the learner,
-two actors (`--scale actor=2`), the evaluator and TensorBoard, on host networking (the
-docker/compose.host.yaml override) with ports the OS picked, so the traffic stays on loopback and
-parallel runs never collide. The test watches every healthcheck turn healthy, SIGKILLs one actor by
-its host PID (so the engine sees a failure and `restart: on-failure` applies, as it would for an
-OOM kill), waits for that container to come back under the same actor id and turn healthy again,
+registry), on the Debian base that script imports; the build leaves no dangling image once the
+documented prune ran. The run: the watch-only supervisor, the learner, two actors (ZMQRL_ACTORS=2),
+the evaluator and TensorBoard, on host networking (the docker/compose.host.yaml override) with
+ports the OS picked, so the traffic stays on loopback and parallel runs never collide. The test
+watches every healthcheck turn healthy, SIGKILLs one actor's role process (its container's init
+passes the death on, so the engine sees a failure and `restart: on-failure` applies, as it would
+for an OOM kill), waits for that container to come back under the same actor id and step again,
+SIGSTOPs the other actor's role (a hung process: its own watchdog is stopped too) and sees the
+image's init end it and the engine replace it within the documented time, `docker kill`s an actor
+and sees it stay down until `up` starts it again (the engine's rule for a kill through its API),
 lets the learner finish (the supervisor then stops everyone and exits 0), checks on the run volume
-that samples and weights flowed and that evaluation ran, and brings it all down: no container,
-network, volume or process of the project is left, whatever happened before.
+that samples and weights flowed, that evaluation ran and that the supervisor counted every restart,
+and brings it all down: no container, network, volume or process of the project is left, whatever
+happened before.
 
 It needs root and a container engine. .ci/run calls .ci/docker-setup.sh first; run alone as root,
 the test calls that script itself (idempotent). It skips only where no engine can start.
@@ -38,15 +43,22 @@ SETUP = ROOT / ".ci" / "docker-setup.sh"
 COMPOSE_FILES = [ROOT / "docker" / "compose.yaml", ROOT / "docker" / "compose.host.yaml"]
 WHEELHOUSE = "build/wheelhouse"  # relative to the build context, as docker/compose.yaml expects
 IMAGE = "zmqrl:compose-test"
+BUILD_CACHE = "zmqrl:compose-test-build-cache"  # the build stage, named (docker/README.md "Build it")
 RUN_NAME = "compose_test"
 ACTORS = 2
-# Long enough for the kill-and-rejoin to happen mid-run: the replay ratio ties updates to the capped
-# actors' steps (2 x 300 steps/s x 8 / 64 = 75 updates/s), so 4000 updates take about a minute.
+# Long enough for the kill, the hang and the docker kill to happen mid-run (they take ~25 s): the
+# replay ratio ties updates to the capped actors' steps (2 x 300 steps/s x 8 / 64 = 75 updates/s),
+# so 4000 updates take a minute or more.
 MAX_UPDATES = 4000
 SETUP_TIMEOUT = 1200.0  # a first run installs packages, debootstraps and builds the wheelhouse
 BUILD_TIMEOUT = 900.0
 HEALTHY_TIMEOUT = 180.0
 RESTART_TIMEOUT = 120.0
+# docker/README.md "When a role hangs": a role that stops beating is killed by its container's init
+# 2 x supervisor.heartbeat_timeout (6 s) after its last beat and its container restarted; a new
+# actor steps again once it has started and holds the current weights (seconds more). The bound
+# the README gives, from SIGSTOP to the replacement stepping:
+HUNG_REPLACED_WITHIN = 60.0
 FINISH_TIMEOUT = 300.0
 DOWN_TIMEOUT = 120.0
 
@@ -203,6 +215,32 @@ class Project:
     def health_record(self, container: str) -> dict[str, Any]:
         return json.loads(self.docker_out("exec", container, "cat", "/tmp/zmqrl-health.json"))
 
+    def logs(self, container: str) -> str:
+        done = subprocess.run([self.docker, "logs", container], capture_output=True, text=True, timeout=60)
+        return done.stdout + done.stderr
+
+
+def _role_pid(container: dict[str, Any]) -> int:
+    """The host PID of the role process: the child of the container's init (its pid 1)."""
+    init = container["State"]["Pid"]
+    children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+    assert len(children) == 1, f"the init runs one role, found children {children}"
+    return int(children[0])
+
+
+def _stepping(project: Project, name: str, after: float = 0.0) -> dict[str, Any] | None:
+    """The health record of a role that has beaten since ``after`` and made progress, else None."""
+    try:
+        record = project.health_record(name)
+    except subprocess.CalledProcessError:  # between a restart and the first beat
+        return None
+    return record if record["progress"] > 0 and record["time"] > after else None
+
+
+def _exited(project: Project, name: str) -> bool:
+    state = project.containers()[name]["State"]
+    return bool(state["Status"] == "exited" and not state["Restarting"])
+
 
 def _health(c: dict[str, Any]) -> str:
     return str((c["State"].get("Health") or {}).get("Status", "none"))
@@ -222,26 +260,27 @@ def _wait(what: str, predicate: Any, timeout: float, project: Project) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; containers: {states}")
 
 
-def _prune_old_images(docker: str) -> None:
-    """Drop what earlier builds of this project left untagged: replaced runtime images, and all but
-    the newest build-stage leaf (it keeps the layer cache of the dependencies alive)."""
-    for stage, keep in (("runtime", 0), ("build", 1)):
-        out = subprocess.run(
-            [
-                docker,
-                "images",
-                "-q",
-                "--filter",
-                "dangling=true",
-                "--filter",
-                f"label=org.zmqrl.stage={stage}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout.split()  # newest first
-        if out[keep:]:
-            subprocess.run([docker, "rmi", *out[keep:]], capture_output=True, timeout=300)
+def _dangling(docker: str) -> list[str]:
+    """Untagged images of this project's builds (the label every stage of docker/Dockerfile has)."""
+    return subprocess.run(
+        [docker, "images", "-q", "--filter", "dangling=true", "--filter", "label=org.zmqrl.stage"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+
+
+def _name_the_build_cache_and_prune(project: Project) -> None:
+    """docker/README.md "Build it", keeping the cache: tag the newest build stage (the leaf of the
+    build just made), then prune what is left untagged: nothing dangling of the project stays, and
+    the next build still finds its layers."""
+    newest = project.docker_out(
+        "images", "-q", "--filter", "dangling=true", "--filter", "label=org.zmqrl.stage=build"
+    ).split()[:1]
+    if newest:
+        project.docker_out("tag", newest[0], BUILD_CACHE)
+    project.docker_out("image", "prune", "-f", "--filter", "label=org.zmqrl.stage")
+    assert _dangling(project.docker) == [], "the build left dangling images after the documented prune"
 
 
 def _leftover_processes(pids: set[int], container_ids: list[str]) -> list[str]:
@@ -264,6 +303,7 @@ def _project(engine: str, tmp_path: Path, short_run: dict[str, str], extra_env: 
         **extra_env,
         "ZMQRL_IMAGE": IMAGE,
         "ZMQRL_WHEELHOUSE": WHEELHOUSE,
+        "ZMQRL_ACTORS": str(ACTORS),
         **{
             f"ZMQRL_{k}_PORT": str(p)
             for k, p in zip(("SAMPLES", "WEIGHTS", "HEARTBEAT", "CONTROL", "TENSORBOARD"), ports, strict=True)
@@ -308,9 +348,9 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
     timings: dict[str, float] = {}
     try:
         project.compose("build", "--force-rm", "supervisor", timeout=BUILD_TIMEOUT)
-        _prune_old_images(project.docker)
+        _name_the_build_cache_and_prune(project)
         timings["build"] = time.monotonic() - t0
-        project.compose("up", "-d", "--no-build", "--scale", f"actor={ACTORS}")
+        project.compose("up", "-d", "--no-build")  # ZMQRL_ACTORS=2: two replicas, a ladder of two
 
         # Every service up and healthy: each role's own heartbeat says it is alive and progressing.
         expected = len(ROLES) - 1 + ACTORS + 1  # supervisor, learner, evaluator, actors, tensorboard
@@ -322,15 +362,19 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         _wait("every container healthy", all_healthy, HEALTHY_TIMEOUT, project)
         timings["healthy"] = time.monotonic() - t0
         actors = sorted(project.service("actor"), key=lambda c: c["Name"])
-        ids = {project.health_record(c["Name"].lstrip("/"))["id"] for c in actors}
+        ids_by_container = {
+            c["Name"].lstrip("/"): project.health_record(c["Name"].lstrip("/"))["id"] for c in actors
+        }
+        ids = set(ids_by_container.values())
         assert ids == set(range(ACTORS)), f"scaled actors must claim distinct ids, got {ids}"
 
-        # SIGKILL one actor's process from the host: the engine sees it die and restarts it.
+        # SIGKILL one actor's role process from the host: its container's init exits 137, the
+        # engine sees a failure and restarts the container.
         victim = actors[0]
         name, old_pid = victim["Name"].lstrip("/"), victim["State"]["Pid"]
         old_id = project.health_record(name)["id"]
         killed_at = time.time()
-        os.kill(old_pid, signal.SIGKILL)
+        os.kill(_role_pid(victim), signal.SIGKILL)
 
         def restarted_and_healthy() -> bool:
             c = project.containers()[name]
@@ -345,17 +389,11 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
 
         # Rejoined: stepping again (a replaced actor steps only once it holds the learner's
         # current weights), under its predecessor's id, which the kernel freed when it died.
-        def stepping() -> dict[str, Any] | None:
-            try:
-                record = project.health_record(name)
-            except subprocess.CalledProcessError:  # between a restart and the first beat
-                return None
-            return record if record["progress"] > 0 else None
-
-        record = _wait(f"{name} stepping again", stepping, RESTART_TIMEOUT, project)
+        record = _wait(f"{name} stepping again", lambda: _stepping(project, name), RESTART_TIMEOUT, project)
         timings["rejoined"] = time.monotonic() - t0
         assert record["id"] == old_id, "the replacement must get its predecessor's id back"
         assert record["time"] > killed_at
+        assert project.containers()[name]["State"]["Pid"] != old_pid
         learner = project.service("learner")[0]
         assert learner["State"]["Running"], "a killed actor must not take the learner down"
 
@@ -369,6 +407,45 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         assert {("learner", 0), ("evaluator", 0), *(("actor", i) for i in range(ACTORS))} <= rows.keys(), rows
         assert all(p["host"] for p in rows.values()) and rows[("learner", 0)]["state"] == "running", rows
         timings["status"] = time.monotonic() - t0
+
+        # A hung actor: SIGSTOP its role process (its watchdog and heartbeat threads stop with it).
+        # Compose does not act on health; the image's init (pid 1) sees the beats stop, kills the
+        # role and exits 3, and `restart: on-failure` brings a new actor that trains again.
+        hung = actors[1]
+        hung_name = hung["Name"].lstrip("/")
+        hung_restarts, hung_id = hung["RestartCount"], project.health_record(hung_name)["id"]
+        stopped_at = time.monotonic()
+        os.kill(_role_pid(hung), signal.SIGSTOP)
+
+        def replaced_and_stepping() -> dict[str, Any] | None:
+            c = project.containers()[hung_name]
+            if c["RestartCount"] <= hung_restarts or not c["State"]["Running"]:
+                return None
+            return _stepping(project, hung_name, after=stopped_wall)
+
+        stopped_wall = time.time()
+        record = _wait(f"{hung_name} replaced", replaced_and_stepping, HUNG_REPLACED_WITHIN, project)
+        timings["hung_replaced_after"] = time.monotonic() - stopped_at
+        assert record["id"] == hung_id, "the replacement of a hung actor takes its id"
+        assert "has not beaten" in project.logs(hung_name), "the init says why it ended the role"
+
+        # `docker kill` is a stop through the engine's API: no restart policy restarts it (the
+        # engine treats it as the operator's stop). `up` starts it again, under its id.
+        killed = project.containers()[name]
+        # A start by hand resets the engine's RestartCount: carry what it had counted, plus this one.
+        manual_restarts = {name: killed["RestartCount"] + 1}
+        project.docker_out("kill", name)
+        _wait(f"{name} down after docker kill", lambda: _exited(project, name), RESTART_TIMEOUT, project)
+        assert project.containers()[name]["RestartCount"] == killed["RestartCount"], "not restarted"
+        kill_wall = time.time()
+        project.compose("up", "-d", "--no-build")
+        _wait(
+            f"{name} started by up",
+            lambda: _stepping(project, name, after=kill_wall),
+            RESTART_TIMEOUT,
+            project,
+        )
+        timings["docker_kill_back"] = time.monotonic() - t0
 
         # Any peer that reaches the heartbeat port (here: this test, over the host's loopback) used
         # to end the run with one forged `learner-0 finished`; compose ships with the control token
@@ -403,6 +480,15 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         assert evaluator_stats["evaluated_version"] > 0, "...weights the learner published"
         summary = json.loads((run_dir / "stats.json").read_text())
         _assert_actors_got_weights(summary)
+        # Every restart the engine made (and the start by hand after `docker kill`) is one the
+        # watch-only supervisor counted, per actor id: it tells starts apart by their start id.
+        engine = {
+            ids_by_container[n]: c["RestartCount"] + manual_restarts.get(n, 0)
+            for n, c in cs.items()
+            if n in ids_by_container
+        }
+        counted = {row["actor_id"]: row["restarts"] for row in summary["actors"]}
+        assert counted == engine, f"supervisor's restarts {counted} != the engine's {engine}"
         assert summary["supervisor"]["unauthenticated_heartbeats"] >= 1, "the forged heartbeat was taken"
         token = project.volume_dir() / "control.token"
         assert token.is_file() and (token.stat().st_mode & 0o077) == 0, "the control token, private"
