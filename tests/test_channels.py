@@ -244,9 +244,17 @@ def test_roles_leave_when_the_supervisor_falls_silent(ctx: zmq.Context) -> None:
             link._ctl_sock.poll(20)
             clock.now += 0.1  # the control socket is read at most once per CONTROL_POLL_SECONDS
             assert not link.tick(dict), f"stopped at t={t} although the supervisor is alive"
-    clock.now = link.control.supervisor_seen + 5.5  # ... then silence for longer than heartbeat_timeout
-    assert link.tick(dict)
+    # A stall of this process (SIGSTOP, starved) longer than heartbeat_timeout is its own silence,
+    # not the supervisor's: the supervisor's beats may still be in the kernel when it resumes.
+    clock.now += 10.0
+    assert not link.tick(dict), "a stopped-and-continued role took its own stall for a silent supervisor"
+    # ... then real silence, the role's loop turning all along, for longer than heartbeat_timeout.
+    silent_from = clock.now
+    while not link.tick(dict):
+        assert clock.now - silent_from < 10, "the role never noticed the supervisor's silence"
+        clock.now += 0.1
     assert stop.is_set() and link.stop_reason.startswith("supervisor silent for")
+    assert clock.now - silent_from >= 5.0  # supervisor.heartbeat_timeout above
     link.close()
 
 

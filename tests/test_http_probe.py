@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.conftest import REPO, tiny_config
+from tests.conftest import REPO, tiny_config, tiny_overrides
 from zmqrl.config import Config, SupervisorConfig
 from zmqrl.config_checks import health_http_problem, parse_http_address
 from zmqrl.errors import ConfigError
@@ -233,6 +233,17 @@ def test_a_fixed_port_is_refused_where_every_role_shares_one_host(tmp_path: Path
         "supervisor.health_http: port 8080 under `zmqrl launch`"
     )
     assert "0.0.0.0:0" in problem
+
+
+def test_zmqrl_launch_refuses_a_fixed_health_port_before_starting_anything(run_root: Path) -> None:
+    cmd = [sys.executable, "-m", "zmqrl", "launch", "configs/cartpole_dqn.yaml"]
+    for item in tiny_overrides(run_root, supervisor__health_http="127.0.0.1:8080"):
+        cmd += ["--set", item]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "supervisor.health_http: port 8080 under `zmqrl launch`" in errors[0]
+    assert not (run_root / "t" / "logs").exists()  # no role was started
 
 
 def test_a_taken_port_is_a_bind_error_naming_the_setting_and_close_frees_the_port() -> None:

@@ -28,6 +28,7 @@ from zmqrl.supervisor.live import ConsoleView
 from zmqrl.supervisor.liveness import Liveness
 from zmqrl.supervisor.monitor import RunMonitor
 from zmqrl.supervisor.prometheus import URL_LINE, LagHistogram, PrometheusExporter
+from zmqrl.supervisor.status import StatusRecord
 from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.wire import HeartbeatMsg
 
@@ -303,6 +304,8 @@ def test_the_monitor_says_the_url_first_serves_while_open_and_stops_at_close(
     try:
         url = monitor.metrics_url
         assert url is not None and said == [URL_LINE + url]
+        record = StatusRecord.read(cfg.run_dir)  # `zmqrl status` and scripts find it there
+        assert record is not None and record.metrics_url == url
         with urllib.request.urlopen(url, timeout=5) as reply:
             assert 'zmqrl_actor_env_steps_total{id="0",role="actor"} 8000.0' in reply.read().decode()
     finally:

@@ -29,8 +29,10 @@ WITHOUT = "import runpy, sys; sys.modules.update(dict.fromkeys(sys.argv[1].split
 WITHOUT += "sys.argv = ['zmqrl', *sys.argv[2:]]; runpy.run_module('zmqrl', run_name='__main__')"
 
 
-def zmqrl(run_root: Path, *sets: str, without: str | None = None) -> subprocess.CompletedProcess[str]:
-    args = ["launch", CONFIG, "--serial"]
+def zmqrl(
+    run_root: Path, *sets: str, without: str | None = None, command: tuple[str, ...] = ("launch", "--serial")
+) -> subprocess.CompletedProcess[str]:
+    args = [command[0], CONFIG, *command[1:]]
     for item in [*tiny_overrides(run_root, **SMALL), *sets]:
         args += ["--set", item]
     cmd = (
@@ -64,8 +66,14 @@ def test_a_serial_run_logs_the_learners_scalars_into_the_mlflow_file_store(
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
 
 
-def test_a_tracker_whose_extra_is_missing_is_one_line_naming_the_pip_command(run_root: Path) -> None:
-    done = zmqrl(run_root, "logging.backends=[wandb]", "logging.wandb_mode=offline", without="wandb")
+@pytest.mark.parametrize("command", [("launch", "--serial"), ("launch",), ("supervise",)])
+def test_a_tracker_whose_extra_is_missing_is_one_line_naming_the_pip_command(
+    run_root: Path, command: tuple[str, ...]
+) -> None:
+    """Checked before any process starts or any socket is bound, by every command that runs a
+    supervisor, so the supervisor's own logger never meets it inside the run."""
+    sets = ("logging.backends=[wandb]", "logging.wandb_mode=offline")
+    done = zmqrl(run_root, *sets, without="wandb", command=command)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -149,9 +149,15 @@ def _preflight(cfg: Config) -> None:
     """The settings people get wrong first, checked here before any process starts, so that they
     are one line and exit 2 instead of a learner's failure shown in its log's last lines: the env
     (an unknown id, with close matches; a missing optional extra), a CUDA device that is absent, and
-    the learner's ports held by another process (the supervisor's own are bound right after)."""
+    the learner's ports held by another process (the supervisor's own are bound right after), a
+    tracker whose extra is not installed, and a fixed health port every role would try to bind."""
     from zmqrl.envs.factory import EnvError, make_env
+    from zmqrl.runtime.http_probe import shared_host_problem
     from zmqrl.transport.sockets import address_in_use_message, tcp_port_taken
+
+    _trackers_installed(cfg)
+    if problem := shared_host_problem(cfg):
+        fail(problem, EXIT_CONFIG)
 
     for what in ("samples", "weights"):
         endpoint = getattr(cfg.transport, what)
@@ -254,6 +260,15 @@ def serial_summary(
     return lines
 
 
+def _trackers_installed(cfg: Config) -> None:
+    """A tracker `logging.backends` names whose package is missing: one line with the pip command,
+    before the supervisor opens its own logger (which would raise it from inside the run)."""
+    from zmqrl.metrics.trackers import missing_tracker
+
+    if problem := missing_tracker(cfg.logging.backends):
+        fail(problem, EXIT_CONFIG)
+
+
 def supervise(
     config: ConfigArg,
     resume: Annotated[
@@ -300,6 +315,7 @@ def supervise(
             "`zmqrl supervise --resume` after raising learner.max_updates",
             EXIT_CONFIG,
         )
+    _trackers_installed(cfg)
     from zmqrl.supervisor.watch import Watcher
     from zmqrl.transport.keys import SecurityError
     from zmqrl.transport.sockets import BindError

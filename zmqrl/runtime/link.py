@@ -71,6 +71,8 @@ LEARNER_FINISHED = "learner finished"
 END_ACTORS_DONE = "every actor done"
 # Seconds between polls of the control socket; bounds how late a stop broadcast is noticed.
 CONTROL_POLL_SECONDS = 0.1
+# A heartbeat-thread round this late means the process itself was stopped or starved.
+STALL_SECONDS = 1.0
 # How long close() waits for the heartbeat thread to finish its current beat.
 THREAD_JOIN_SECONDS = 2.0
 _PR_SET_PDEATHSIG = 1
@@ -180,6 +182,7 @@ class SupervisorLink:
         self._join_timeout = scfg.startup_timeout if started_by_supervisor else scfg.join_timeout
         self._control_endpoint = cfg.transport.control
         self._created = clock()
+        self._last_service = self._created
         self._joined_logged = False
         self._health = health_file if health_file is not None else health_path()
         self._health_limits = (scfg.heartbeat_timeout, hung_timeout(scfg, role))
@@ -295,6 +298,11 @@ class SupervisorLink:
     def service(self) -> None:
         """One round of the heartbeat thread: control poll, supervisor watch, beat if due."""
         now = self._clock()
+        gap, self._last_service = now - self._last_service, now
+        if gap > STALL_SECONDS and self.control.supervisor_seen is not None:
+            # This process was stopped (SIGSTOP) or starved: the supervisor's heartbeats may still
+            # sit in the kernel, so the silence is ours, not the supervisor's.
+            self.control.supervisor_seen += gap
         if now >= self._next_control:
             self._next_control = now + CONTROL_POLL_SECONDS
             stop = self.control.poll_stop()

@@ -106,6 +106,7 @@ class RunMonitor:
             started=launched,
             keys_dir=str(Path(t.keys_dir).resolve()) if t.keys_dir else None,
             key_name=t.key_name,
+            metrics_url=self.metrics_url,
         )
         try:
             self.record.write(run_dir)

@@ -75,6 +75,7 @@ class StatusRecord:
     ended: float | None = None  # Unix seconds, once finished
     keys_dir: str | None = None  # the run's CurveZMQ keys (a path on the supervisor's host), if any
     key_name: str = "client"  # the client key pair a local `zmqrl status` uses
+    metrics_url: str | None = None  # the Prometheus /metrics URL served (port 0 resolved); None: off
 
     def write(self, run_dir: Path) -> Path:
         """Write atomically (a reader never sees half a record)."""
@@ -107,6 +108,7 @@ class StatusRecord:
                 ended=float(data["ended"]) if data.get("ended") is not None else None,
                 keys_dir=str(data["keys_dir"]) if data.get("keys_dir") else None,
                 key_name=str(data.get("key_name") or "client"),
+                metrics_url=str(data["metrics_url"]) if data.get("metrics_url") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StatusError(f"{path} is not a supervisor record ({exc})") from None
