@@ -72,7 +72,14 @@ def test_every_roles_probes_answer_200_while_training_and_are_gone_after(
     try:
         for name in ("learner-0", "actor-0", "evaluator-0"):
             addresses[name] = wait_for_probe_address(launch, run_dir / "logs" / f"{name}.log")
-        assert len(set(addresses.values())) == 3, "each role has a port of its own"
+        # The supervisor serves the same probes (its log is the launch's own output).
+        wait_until(
+            lambda: SERVING.search(launch.output) or not launch.running(), 60, "the supervisor's probes"
+        )
+        found = SERVING.search(launch.output)
+        assert found is not None, launch.output
+        addresses["supervisor"] = found.group(1)
+        assert len(set(addresses.values())) == 4, "each process has a port of its own"
         last: dict[str, tuple[int, str]] = {}
 
         def all_ok() -> bool:

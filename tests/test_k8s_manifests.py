@@ -47,9 +47,8 @@ METRICS_HTTP_ENV = "ZMQRL_SUPERVISOR__METRICS_HTTP"
 CLUSTER_ENV = {role: {HEALTH_HTTP_ENV} for role in ROLES} | {
     "supervisor": {HEALTH_HTTP_ENV, METRICS_HTTP_ENV}
 }
-# Roles whose pods the kubelet probes over HTTP; the supervisor's loop serves no /healthz, so its
-# probes run `zmqrl health` in the container, as compose's healthcheck does.
-HTTP_PROBED = ["learner", "actor", "evaluator"]
+# Processes whose pods the kubelet probes over HTTP (the supervisor serves the same probes).
+HTTP_PROBED = ["supervisor", "learner", "actor", "evaluator"]
 SCRAPED = "supervisor"  # the one pod Prometheus scrapes: every role's metrics are in its /metrics
 # Arguments the manifests add: a replacement pod of these resumes from the run volume.
 K8S_ONLY_ARGS = {"--resume"}

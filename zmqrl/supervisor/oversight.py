@@ -28,6 +28,7 @@ import zmq
 from zmqrl.config import Config
 from zmqrl.runtime.guard import ThreadDied
 from zmqrl.runtime.health import HealthRecord, health_path, write_health
+from zmqrl.runtime.http_probe import HealthServer, ProbeView
 from zmqrl.runtime.link import socket_limits, transport_security
 from zmqrl.supervisor.beacon import ControlBeacon
 from zmqrl.supervisor.live import ConsoleView
@@ -94,6 +95,7 @@ class Oversight:
         self.summary: dict[str, Any] = {}
         self.failure: str | None = None  # why the run failed, in a few words, for the summary
         self._health = health_path()
+        self._health_record: HealthRecord | None = None  # the latest beat's, for /healthz
         self._loops = 0  # turns of the loop: its progress (read by the beacon thread)
         self._health_progress = (0, time.time())  # (loops, wall time they last changed), beacon's own
         self.reporter = Reporter(cfg, self.run_dir, self._out, self._say)
@@ -131,6 +133,12 @@ class Oversight:
             opening.callback(ctl_sock.close, linger=0)
             opening.callback(self.monitor.close)  # also when open() fails halfway
             self.monitor.open(self._ctx, self.launched, limits, security)
+            if self.cfg.supervisor.health_http is not None:  # the same probes as its roles
+                probe = HealthServer(
+                    self.cfg.supervisor.health_http, lambda: ProbeView(self._health_record), "health-http"
+                )
+                opening.callback(probe.close)
+                log.info("health probes on %s (/healthz, /readyz)", probe.url)
             opened = opening.pop_all()
         self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log), control_auth)
         self.control = ControlPublisher(ctl_sock, control_auth)
@@ -227,28 +235,26 @@ class Oversight:
         return slot
 
     def _beat_health(self) -> None:
-        """The supervisor's own health file, from the beacon thread: its loop is its progress (a
-        loop blocked on a paused terminal shows as hung in ``zmqrl health``, while the run goes on)."""
-        if self._health is None:
-            return
+        """The supervisor's own health, from the beacon thread: its loop is its progress (a loop
+        blocked on a paused terminal shows as hung in ``zmqrl health`` and ``/healthz``, while the
+        run goes on). Kept for the HTTP probes, and written to the health file when there is one."""
         wall = time.time()
         loops = self._loops
         if loops != self._health_progress[0]:
             self._health_progress = (loops, wall)
-        write_health(
-            self._health,
-            HealthRecord(
-                role="supervisor",
-                id=0,
-                pid=os.getpid(),
-                state="running" if self._signal is None else "stopping",
-                time=wall,
-                progress=loops,
-                progress_time=self._health_progress[1],
-                heartbeat_timeout=self.cfg.supervisor.heartbeat_timeout,
-                progress_timeout=self.cfg.supervisor.progress_timeout,
-            ),
+        self._health_record = HealthRecord(
+            role="supervisor",
+            id=0,
+            pid=os.getpid(),
+            state="running" if self._signal is None else "stopping",
+            time=wall,
+            progress=loops,
+            progress_time=self._health_progress[1],
+            heartbeat_timeout=self.cfg.supervisor.heartbeat_timeout,
+            progress_timeout=self.cfg.supervisor.progress_timeout,
         )
+        if self._health is not None:
+            write_health(self._health, self._health_record)
 
     # ------------------------------------------------------------------ signals
     def _install_signals(self) -> dict[int, Any]:
