@@ -86,13 +86,18 @@ def throttled(check: Callable[[], bool]) -> Callable[[], bool]:
 
 @dataclass
 class Cluster:
-    """A running one-node Slurm: the environment its clients need and the processes to end."""
+    """A running Slurm on this machine: the environment its clients need and the processes to end."""
 
     root: Path
     env: dict[str, str]
-    node: str
+    nodes: list[str]
     daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
     outputs: list[IO[bytes]] = field(default_factory=list)  # the daemons' stdout and stderr files
+
+    @property
+    def node(self) -> str:
+        """The first node: where the batch script, the learner and the supervisor run."""
+        return self.nodes[0]
 
     def client(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=60)
@@ -103,23 +108,24 @@ class Cluster:
         return dict(item.split("=", 1) for item in out.split() if "=" in item)
 
 
-def slurm_conf(root: Path, node: str, auth: list[str]) -> str:
-    ctld_port, slurmd_port = free_port(), free_port()
+def slurm_conf(root: Path, nodes: list[str], auth: list[str]) -> str:
+    """One slurmd per node, all on this machine (each with a port of its own): one node gets both
+    CPUs, two get one each."""
+    cpus = 2 // len(nodes)
     return "\n".join(
         [
             "ClusterName=test",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
             "SlurmUser=root",
             "SlurmdUser=root",
-            f"SlurmctldPort={ctld_port}",
-            f"SlurmdPort={slurmd_port}",
+            f"SlurmctldPort={free_port()}",
             *auth,
             f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool'}",
+            f"SlurmdSpoolDir={root / 'spool'}/%n",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-            f"SlurmdPidFile={root / 'slurmd.pid'}",
+            f"SlurmdPidFile={root / 'slurmd'}-%n.pid",
             f"SlurmctldLogFile={root / 'slurmctld.log'}",
-            f"SlurmdLogFile={root / 'slurmd.log'}",
+            f"SlurmdLogFile={root / 'slurmd'}-%n.log",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -130,8 +136,8 @@ def slurm_conf(root: Path, node: str, auth: list[str]) -> str:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU",
             "ReturnToService=2",
-            f"NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN",
-            f"PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+            *(f"NodeName={n} NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} State=UNKNOWN" for n in nodes),
+            f"PartitionName=test Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP",
             "",
         ]
     )
@@ -153,20 +159,31 @@ def marked_processes(marker: str) -> list[int]:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """One node: this host (its name is what the job script resolves; "localhost" when this host's
+    name does not resolve)."""
+    host = socket.gethostname().split(".")[0]
+    try:
+        socket.gethostbyname(host)
+    except OSError:
+        host = "localhost"
+    yield from running_cluster(tmp_path, [host])
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[Cluster]:
+    """Two nodes, two slurmd on this host: an allocation whose actors run on another node."""
+    yield from running_cluster(tmp_path, ["zmqrl-n1", "zmqrl-n2"])
+
+
+def running_cluster(tmp_path: Path, nodes: list[str]) -> Iterator[Cluster]:
     missing = [name for name in DAEMONS if tool(name) is None]
     if missing:
         pytest.skip(f"slurm-wlm is not installed (no {', '.join(missing)}): apt-get install slurm-wlm")
     if os.geteuid() != 0:
         pytest.skip("slurmd must run as root to start job steps")
     root = tmp_path / "slurm"
-    for sub in ("state", "spool"):
+    for sub in ("state", *(f"spool/{node}" for node in nodes)):
         (root / sub).mkdir(parents=True)
-    host = socket.gethostname().split(".")[0]
-    try:  # the node's name is what the job script resolves; "localhost" when this host's is not
-        socket.gethostbyname(host)
-        node = host
-    except OSError:
-        node = "localhost"
     marker = f"ZMQRL_SLURM_TEST={root}"
     env = {
         **os.environ,
@@ -175,7 +192,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         "PATH": f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin",
     }
     munge_dir: str | None = None
-    cluster = Cluster(root, env, node)
+    cluster = Cluster(root, env, nodes)
     try:
         if tool("munged") is not None:
             # munged wants its socket's directory searchable by all: not pytest's 0700 tmp_path.
@@ -203,15 +220,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             auth = ["AuthType=auth/none", "CredType=cred/none"]
         else:
             pytest.skip("munged is not installed and this Slurm has no auth/none plugin")
-        (root / "slurm.conf").write_text(slurm_conf(root, node, auth))
+        (root / "slurm.conf").write_text(slurm_conf(root, nodes, auth))
         conf = str(root / "slurm.conf")
-        for cmd in ([tool("slurmctld"), "-D", "-f", conf], [tool("slurmd"), "-D", "-f", conf, "-N", node]):
-            cluster.outputs.append(out := (root / f"{Path(str(cmd[0])).name}.out").open("wb"))
+        commands = {"slurmctld": [tool("slurmctld"), "-D", "-f", conf]}
+        commands |= {f"slurmd-{n}": [tool("slurmd"), "-D", "-f", conf, "-N", n] for n in nodes}
+        for name, cmd in commands.items():
+            cluster.outputs.append(out := (root / f"{name}.out").open("wb"))
             cluster.daemons.append(subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=out))
 
         def idle() -> bool:
-            states = cluster.client("sinfo", "--noheader", "--format=%t").stdout.split()
-            return states == ["idle"]
+            states = cluster.client("sinfo", "--noheader", "--Node", "--format=%t").stdout.split()
+            return states == ["idle"] * len(nodes)
 
         try:
             wait_until(throttled(idle), NODE_UP_S, "the node to be idle in sinfo")
@@ -239,8 +258,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def daemon_logs(root: Path, lines: int = 15) -> str:
     parts = []
-    for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
-        path = root / name
+    for path in sorted([*root.glob("slurm*.log"), *root.glob("slurm*.out")]):
+        name = path.name
         if path.exists():
             parts.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
     return "\n".join(parts)
@@ -264,19 +283,21 @@ class Submitted:
 
 
 def submit(cluster: Cluster, run_root: Path, **extra: object) -> Submitted:
-    """Writes the script for a tiny CartPole run on one node with one actor, and submits it."""
+    """Writes the script for a tiny CartPole run with one actor on the cluster's nodes, and submits it."""
     overrides = [s for s in tiny_overrides(run_root, **extra) if not s.startswith("transport.")]
     script = cluster.root / "cartpole.sbatch"
     job_out = cluster.root / "job-%j.out"
-    cmd = [sys.executable, "-m", "zmqrl", "slurm", str(CONFIG), "--nodes", "1", "--actors-per-node", "1"]
+    cmd = [sys.executable, "-m", "zmqrl", "slurm", str(CONFIG), "--nodes", str(len(cluster.nodes))]
+    cmd += ["--actors-per-node", "1"]
     cmd += ["--port-base", str(free_port(5)), "--output", str(script), f"--sbatch=--output={job_out}"]
     for item in overrides:
         cmd += ["--set", item]
     written = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert written.returncode == 0, written.stderr
     env = dict(cluster.env)
-    if not socket.gethostbyname(cluster.node).startswith("127."):
-        env["ZMQRL_ADDRESS"] = "127.0.0.1"  # tests bind loopback only, whatever this host's name means
+    if len(cluster.nodes) > 1 or not socket.gethostbyname(cluster.node).startswith("127."):
+        # Tests bind loopback only, whatever this host's name means; the two "nodes" share it.
+        env["ZMQRL_ADDRESS"] = "127.0.0.1"
     started = time.monotonic()
     done = subprocess.run(
         ["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True, timeout=30
@@ -368,3 +389,18 @@ def job_process(pid: int) -> str:
     except OSError:
         return ""
     return f"{pid} {state} {cmdline}" if state != "Z" and ("zmqrl" in cmdline or "srun" in cmdline) else ""
+
+
+def test_on_two_nodes_the_actors_run_on_the_second(two_nodes: Cluster, run_root: Path) -> None:
+    job = submit(two_nodes, run_root)
+    fields = wait_for_end(two_nodes, job)
+    output = job.output()
+    context = f"{fields}\n--- job output\n{output}\n--- learner log\n{job.log('learner-0.log')[-3000:]}"
+    assert fields.get("JobState") == "COMPLETED" and fields.get("ExitCode") == "0:0", context
+    assert "learner on zmqrl-n1 (127.0.0.1" in output and "1 actor(s) on 1 node(s)" in output, output
+    stats = json.loads((job.run_dir / "stats.json").read_text())
+    assert stats["learner"]["updates"] == 300 and stats["actors"][0]["samples"] > 0, context
+    # The actors' step (JOBID.0) was launched by the second node's slurmd, not the first's.
+    step = f"StepId={job.job_id}.0"
+    assert step in (two_nodes.root / "slurmd-zmqrl-n2.log").read_text()
+    assert step not in (two_nodes.root / "slurmd-zmqrl-n1.log").read_text()

@@ -243,6 +243,15 @@ def test_several_nodes_refuse_a_first_node_that_resolves_to_loopback(tmp_path: P
     assert job.started() == []
 
 
+def test_an_address_given_at_submission_is_taken_as_it_is(tmp_path: Path) -> None:
+    # several slurmd on one host (as tests/test_slurm.py runs two) share its loopback
+    script = write_script(tmp_path, "--nodes", "2")
+    given = {"ZMQRL_ADDRESS": "127.0.0.1"}
+    job = run_job(tmp_path, script, ["h1", "h2"], "127.0.1.1", submitted_with=given)
+    assert job.code == 0, job.output
+    assert sets(job.args("actor.0"))["transport.control"] == f"tcp://127.0.0.1:{DERIVED_PORT + 3}"
+
+
 def test_the_job_exits_with_the_learners_code_when_it_did_not_finish(tmp_path: Path) -> None:
     script = write_script(tmp_path, "--nodes", "1", "--set", "supervisor.stop_grace=1")
     job = run_job(tmp_path, script, ["solo"], "127.0.0.1", EXIT_learner="1")

@@ -155,13 +155,14 @@ LEAVE_SECONDS=<<LEAVE_SECONDS>>
 : "${SLURM_JOB_NODELIST:?is not set: submit this script with sbatch}"
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 NODES=$SLURM_JOB_NUM_NODES
-# What the learner and the supervisor bind and every role connects to, as seen from this node.
+# What the learner and the supervisor bind and every role connects to, as seen from this node:
+# ZMQRL_ADDRESS as given (several "nodes" on one host may share loopback), else worked out here.
 ADDRESS=${ZMQRL_ADDRESS:-<<ADDRESS>>}
 if [ -z "$ADDRESS" ]; then
   echo "error: no address for the first node $HEAD: set ZMQRL_ADDRESS (or zmqrl slurm --interface)" >&2
   exit 2
 fi
-if [ "$NODES" -gt 1 ] && [[ $ADDRESS == 127.* ]]; then
+if [ -z "${ZMQRL_ADDRESS:-}" ] && [ "$NODES" -gt 1 ] && [[ $ADDRESS == 127.* ]]; then
   echo "error: $HEAD resolves to $ADDRESS (loopback) on itself, which the other nodes cannot reach:" \\
     "set ZMQRL_ADDRESS to its cluster address (or zmqrl slurm --interface)" >&2
   exit 2
