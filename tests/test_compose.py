@@ -531,7 +531,8 @@ def _assert_actors_got_weights(summary: dict[str, Any]) -> None:
 def test_compose_runs_appo_when_zmqrl_config_names_its_file(appo_project: Project) -> None:
     project = appo_project
     try:
-        project.compose("build", "supervisor", timeout=BUILD_TIMEOUT)
+        project.compose("build", "--force-rm", "supervisor", timeout=BUILD_TIMEOUT)
+        _name_the_build_cache_and_prune(project)  # the code may have changed since the other test
         project.compose("up", "-d", "--no-build", "--scale", f"actor={ACTORS}")
 
         def run_over() -> bool:
