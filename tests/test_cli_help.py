@@ -28,6 +28,7 @@ COMMANDS = [
     "config",
     "plot",
     "status",
+    "slurm",
     "bench",
 ]
 

@@ -55,8 +55,7 @@ SAFE_DIRECTIVE = re.compile(r"[^\s]+")
 def register(app: typer.Typer) -> None:
     """Adds ``slurm`` to ``app``, with the example its help ends with."""
     app.command(
-        epilog="Example: zmqrl slurm configs/cartpole_dqn.yaml --nodes 3 --actors-per-node 8 "
-        "--time 2:00:00 --output cartpole.sbatch && sbatch cartpole.sbatch"
+        epilog="Example: zmqrl slurm configs/cartpole_dqn.yaml --nodes 3 -o job.sbatch && sbatch job.sbatch"
     )(slurm)
 
 
