@@ -39,7 +39,9 @@ KEYS_DIR = "/keys"
 # a control token on the run volume; a cluster network is shared, so the manifests use Curve keys
 # (one client pair per role) instead.
 COMPOSE_ONLY_ENV = {"ZMQRL_TRANSPORT__INSECURE", "ZMQRL_TRANSPORT__CONTROL_TOKEN_FILE"}
-K8S_ONLY_ENV = {"ZMQRL_TRANSPORT__KEYS_DIR", "ZMQRL_ACTOR__NUM_ACTORS"}
+K8S_ONLY_ENV = {"ZMQRL_TRANSPORT__KEYS_DIR"}
+# Set by both, each to its own number of actors (compose: ${ZMQRL_ACTORS:-2}; k8s: the replicas).
+LADDER_ENV = "ZMQRL_ACTOR__NUM_ACTORS"
 # Set for the cluster whether or not compose sets them: where each role serves /healthz and
 # /readyz for the kubelet (every role), and where the supervisor serves /metrics for Prometheus.
 HEALTH_HTTP_ENV = "ZMQRL_SUPERVISOR__HEALTH_HTTP"
@@ -259,6 +261,7 @@ def test_the_same_environment_configures_every_role(
             # Unique per pod and kept by a replacement: the StatefulSet's ordinal.
             assert env.pop("ZMQRL_ACTOR_ID") == "metadata.labels['apps.kubernetes.io/pod-index']"
         k8s_only = {k: env.pop(k) for k in K8S_ONLY_ENV}
+        assert env.pop(LADDER_ENV) and expected.pop(LADDER_ENV), name
         for key in CLUSTER_ENV[name]:
             assert key in env, (name, key)
             env.pop(key)
@@ -272,8 +275,15 @@ def test_the_same_environment_configures_every_role(
 def test_the_ladder_spans_as_many_actors_as_the_statefulset_runs(objects: list[dict[str, Any]]) -> None:
     actors = workload(objects, "actor")
     assert actors["kind"] == "StatefulSet"
-    assert effective_env(objects, actors)["ZMQRL_ACTOR__NUM_ACTORS"] == str(actors["spec"]["replicas"])
+    assert effective_env(objects, actors)[LADDER_ENV] == str(actors["spec"]["replicas"])
     assert actors["spec"]["replicas"] > 1
+
+
+def test_compose_sizes_the_ladder_with_the_number_of_actor_replicas() -> None:
+    raw = yaml.safe_load(COMPOSE.read_text())  # before interpolation: the same variable on both sides
+    replicas = raw["services"]["actor"]["deploy"]["replicas"]
+    assert replicas == "${ZMQRL_ACTORS:-2}"
+    assert raw["x-env"][LADDER_ENV] == replicas
 
 
 def test_services_expose_the_ports_the_endpoints_name(
