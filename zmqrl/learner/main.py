@@ -14,6 +14,7 @@ import zmq
 
 from zmqrl.checkpoints.files import CheckpointWriteError
 from zmqrl.config import Config
+from zmqrl.learner.dynamo_import import defer_dynamo_import, preload_in_background
 from zmqrl.learner.ingest import warn_if_queues_hide_lag
 from zmqrl.learner.reporting import LearnerReports, write_stats
 from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
@@ -32,6 +33,8 @@ from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
 from zmqrl.transport.security import start_authenticator
 
+# When this module (and torch with it) finished importing: the first of the start-up marks.
+IMPORTED = time.time()
 # Main loop: updates between (cheap, time-gated) housekeeping calls.
 HOUSEKEEPING_EVERY = 8
 # How long the closing weights socket may take to deliver the learner's stop announcement.
@@ -39,6 +42,8 @@ STOP_LINGER_MS = 500
 # While waiting for the first transitions, the learner answers joining actors this often: the
 # run's start waits on each actor's first weights.
 WAIT_TICK_SECONDS = 0.02
+# How long a learner that ends early waits for its background torch._dynamo import to finish.
+DYNAMO_JOIN_SECONDS = 30.0
 # Longest single wait for the replay ratio to admit an update, so the loop still heartbeats.
 TRAIN_WAIT_SECONDS = 0.1
 
@@ -84,6 +89,11 @@ class Learner:
         self.reports: LearnerReports | None = None  # built by run() once the sockets are bound
         self._auth: Any = None  # the Curve authenticator, when the run uses keys
         self._state = "failed"  # what the final heartbeat reports; run() sets it when it gets there
+        # Start-up, in seconds after the launch (wall clock): torch imported, sockets bound, first
+        # weights published, replay at min_replay_size, first update done. In the final stats
+        # (learner-stats.json "startup") for `zmqrl bench`'s start-up part.
+        self.startup: dict[str, float] = {}
+        self._launched = time.time()  # the launch's wall time, once run() has read it
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -115,6 +125,9 @@ class Learner:
         with contextlib.ExitStack() as built:
             built.callback(self.link.close)
             built.callback(self._report_end)
+            # torch._dynamo (~0.7 s) is imported while the actors fill replay, not before the
+            # first weights (zmqrl/learner/dynamo_import.py).
+            defer_dynamo_import()
             self.trainer = trainer = Trainer(
                 cfg,
                 self.run_dir,
@@ -144,7 +157,9 @@ class Learner:
             self.receiver = SampleReceiver(samples_sock, trainer.spec, BadMessages("learner samples", log))
             self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
             built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
-            launched = launch_time(log)
+            launched = self._launched = launch_time(log)
+            self._mark("imported", IMPORTED)
+            self._mark("bound")
             tb = self._logger or run_logger(self.run_dir, "learner", launched=launched, config=cfg)
             built.callback(tb.close)
             self.reports = reports = LearnerReports(
@@ -165,7 +180,12 @@ class Learner:
             self.ready.set()
             log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
             self._publish(trainer.publish())  # first publish: actors adopt the learner's weights
+            self._mark("first_weights")
+            dynamo = preload_in_background()
+            if dynamo is not None:
+                built.callback(dynamo.join, DYNAMO_JOIN_SECONDS)
             self._wait_for_replay()
+            self._mark("replay_ready")
             if not self.stop_event.is_set() and trainer.ended is None:
                 self._train()
             self._raise_if_thread_died()
@@ -192,10 +212,17 @@ class Learner:
                 self.stats = {**final, **self.trainer.end_stats(state)}
             else:
                 self.stats = {"state": state}
+            if self.startup:
+                self.stats["startup"] = dict(self.startup)
+                self.stats["launched"] = self._launched  # what the marks count from (Unix seconds)
             write_stats(self.run_dir, self.stats)
         finally:
             counters = self._counters() if self.reports is not None else {}
             self.link.final(state, counters, self.endpoints)
+
+    def _mark(self, what: str, when: float | None = None) -> None:
+        """Note a start-up step's time (now, or ``when``), in seconds after the launch."""
+        self.startup[what] = round((time.time() if when is None else when) - self._launched, 3)
 
     def _publish(self, published: Published) -> None:
         self.publisher.publish(published.weights, env_steps=published.env_steps)
@@ -295,6 +322,9 @@ class Learner:
                 self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
                 continue
             self._train_step()
+            if "first_update" not in self.startup:
+                self._mark("first_update")
+                log.info("first update %.2f s after the launch", self.startup["first_update"])
             if trainer.ended is not None:  # the evaluation in this step held the target
                 return
             updates = trainer.counters.updates
