@@ -1,30 +1,22 @@
-"""Keeping ``torch._dynamo``'s import off the learner's start-up path.
+"""Keeping ``torch._dynamo``'s import out of the learner: Adam without the compiler's start-up.
 
 torch (2.x, 2.13 included) imports ``torch._dynamo`` (sympy, the FX shape machinery: about 0.7 s
 on a busy 2-core machine, a quarter of a CartPole launch) the first time an optimizer method
-wrapped by ``torch._disable_dynamo`` runs, and ``Optimizer.__init__`` calls one
-(``add_param_group``). The wrapper only marks the method "not to be traced by dynamo", which
-means nothing while no dynamo is loaded. So until ``torch._dynamo`` is imported, those methods
-run as they are; once it is (by :func:`preload_in_background`, torch.compile, or the first
-``optimizer.step()``, which imports it itself), torch's own wrapper takes over again.
-
-The learner builds its agent (and optimizer) with the import deferred, binds its sockets and
-publishes its first weights, then imports ``torch._dynamo`` on a thread while it waits for the
-actors' first ``learner.min_replay_size`` transitions: the import overlaps the warm-up instead
-of delaying the first weights by its length.
+wrapped by ``torch._disable_dynamo`` runs (``Optimizer.__init__`` calls one,
+``add_param_group``), and on every ``Adam.step`` (to mark graph breaks around it). Both only
+tell a compiler what not to trace, which means nothing while no dynamo is loaded: nothing can be
+compiling then. So until ``torch._dynamo`` is imported, those methods run without it; once
+anything imports it (torch.compile in a plugin agent, say), torch's own wrappers take over again
+from their next call. The built-in agents never need it, so a learner never imports it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-import logging
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
-
-log = logging.getLogger("zmqrl.learner")
 
 DYNAMO = "torch._dynamo"
 # The attribute torch's ``_disable_dynamo`` wrapper caches its real wrapper under, on the function
@@ -53,6 +45,50 @@ def defer_dynamo_import() -> list[str]:
     return deferred
 
 
+def defer_adam_step_import() -> bool:
+    """Let ``torch.optim.Adam.step`` (every built-in agent's optimizer) run without importing
+    ``torch._dynamo`` while it is not loaded. torch wraps it so that it sets the grad mode,
+    imports ``torch._dynamo`` and marks two graph breaks around the step; a graph break means
+    nothing outside a compiled region, and nothing is compiled while dynamo is not loaded. So
+    until it is, the step runs with the grad mode set as torch sets it; from then on through
+    torch's own wrapper. False (nothing changed) when Adam is already in use, or its step is not
+    the wrapper described here."""
+    import torch.optim
+
+    current: Any = torch.optim.Adam.__dict__.get("step")
+    code = getattr(current, "__code__", None)
+    if (
+        DYNAMO in sys.modules
+        or code is None
+        or code.co_name != "_use_grad"  # already hooked, or another torch's wrapper
+        or not callable(getattr(current, "__wrapped__", None))
+    ):
+        return False
+    torch.optim.Adam.step = _step_until_dynamo_loads(current)  # type: ignore[method-assign]
+    return True
+
+
+def _step_until_dynamo_loads(wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's ``_use_grad`` step ``wrapper`` while dynamo is loaded, else the same without
+    its graph breaks (see :func:`defer_adam_step_import`)."""
+    import torch
+
+    step = wrapper.__wrapped__  # type: ignore[attr-defined]
+
+    @functools.wraps(step)
+    def deferred(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if DYNAMO in sys.modules:
+            return wrapper(self, *args, **kwargs)
+        grad_was = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(grad_was)
+
+    return deferred
+
+
 def _until_dynamo_loads(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` itself while ``torch._dynamo`` is not loaded (nothing can be tracing it then); from
     the first call after it is loaded, torch's own ``torch._dynamo.disable(fn)``, cached in
@@ -68,23 +104,3 @@ def _until_dynamo_loads(fn: Callable[..., Any]) -> Callable[..., Any]:
         return disabled(*args, **kwargs)
 
     return call
-
-
-def preload_in_background() -> threading.Thread | None:
-    """Import ``torch._dynamo`` on a daemon thread (None when it is loaded already). A failure
-    is logged and ignored: the first ``optimizer.step()`` imports it again and raises there."""
-    if DYNAMO in sys.modules:
-        return None
-
-    def load() -> None:
-        started = time.perf_counter()
-        try:
-            importlib.import_module(DYNAMO)
-        except Exception as exc:  # the main thread's own import reports it
-            log.debug("importing %s in the background failed: %s", DYNAMO, exc)
-            return
-        log.debug("%s imported in the background in %.2f s", DYNAMO, time.perf_counter() - started)
-
-    thread = threading.Thread(target=load, name="dynamo-import", daemon=True)
-    thread.start()
-    return thread

@@ -14,7 +14,7 @@ import zmq
 
 from zmqrl.checkpoints.files import CheckpointWriteError
 from zmqrl.config import Config
-from zmqrl.learner.dynamo_import import defer_dynamo_import, preload_in_background
+from zmqrl.learner.dynamo_import import defer_adam_step_import, defer_dynamo_import
 from zmqrl.learner.ingest import warn_if_queues_hide_lag
 from zmqrl.learner.reporting import LearnerReports, write_stats
 from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
@@ -42,8 +42,6 @@ STOP_LINGER_MS = 500
 # While waiting for the first transitions, the learner answers joining actors this often: the
 # run's start waits on each actor's first weights.
 WAIT_TICK_SECONDS = 0.02
-# How long a learner that ends early waits for its background torch._dynamo import to finish.
-DYNAMO_JOIN_SECONDS = 30.0
 # Longest single wait for the replay ratio to admit an update, so the loop still heartbeats.
 TRAIN_WAIT_SECONDS = 0.1
 
@@ -125,9 +123,10 @@ class Learner:
         with contextlib.ExitStack() as built:
             built.callback(self.link.close)
             built.callback(self._report_end)
-            # torch._dynamo (~0.7 s) is imported while the actors fill replay, not before the
-            # first weights (zmqrl/learner/dynamo_import.py).
+            # Adam without importing torch._dynamo (~0.7 s of start-up, never used by the
+            # built-in agents): zmqrl/learner/dynamo_import.py.
             defer_dynamo_import()
+            defer_adam_step_import()
             self.trainer = trainer = Trainer(
                 cfg,
                 self.run_dir,
@@ -181,9 +180,6 @@ class Learner:
             log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
             self._publish(trainer.publish())  # first publish: actors adopt the learner's weights
             self._mark("first_weights")
-            dynamo = preload_in_background()
-            if dynamo is not None:
-                built.callback(dynamo.join, DYNAMO_JOIN_SECONDS)
             self._wait_for_replay()
             self._mark("replay_ready")
             if not self.stop_event.is_set() and trainer.ended is None:
