@@ -159,6 +159,12 @@ class Learner:
             launched = self._launched = launch_time(log)
             self._mark("imported", IMPORTED)
             self._mark("bound")
+            trainer.start(launched)
+            # The first weights before the rest is built (the TensorBoard writer, the ingest
+            # thread): the actors act with them meanwhile, and their first batches wait in the
+            # samples queue.
+            self._publish(trainer.publish())  # first publish: actors adopt the learner's weights
+            self._mark("first_weights")
             tb = self._logger or run_logger(self.run_dir, "learner", launched=launched, config=cfg)
             built.callback(tb.close)
             self.reports = reports = LearnerReports(
@@ -168,7 +174,6 @@ class Learner:
                 seqs=self.receiver.seqs,
                 extra=self._extra,
             )
-            trainer.start(launched)
             self.started = time.monotonic()
             ingest = start_guarded(
                 lambda: trainer.ingest.drain(self.receiver, self._ingest_stop),
@@ -178,8 +183,6 @@ class Learner:
             built.callback(self._stop_ingest, ingest)
             self.ready.set()
             log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
-            self._publish(trainer.publish())  # first publish: actors adopt the learner's weights
-            self._mark("first_weights")
             self._wait_for_replay()
             self._mark("replay_ready")
             if not self.stop_event.is_set() and trainer.ended is None:
