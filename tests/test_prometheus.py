@@ -303,7 +303,9 @@ def test_the_monitor_says_the_url_first_serves_while_open_and_stops_at_close(
     monitor.open(ctx, time.time(), socket_limits(cfg), None)
     try:
         url = monitor.metrics_url
-        assert url is not None and said == [URL_LINE + url]
+        assert url is not None and said == []  # nothing is said before the supervisor's beat runs
+        monitor.announce()
+        assert said == [URL_LINE + url]
         record = StatusRecord.read(cfg.run_dir)  # `zmqrl status` and scripts find it there
         assert record is not None and record.metrics_url == url
         with urllib.request.urlopen(url, timeout=5) as reply:
@@ -326,6 +328,7 @@ def test_a_port_in_use_is_one_warning_and_the_monitor_opens_all_the_same(
         monitor = monitor_of(cfg, {}, said, clock)
         try:
             endpoint = monitor.open(ctx, time.time(), socket_limits(cfg), None)
+            monitor.announce()
             monitor.refresh()  # the loop goes on without /metrics
         finally:
             monitor.close()

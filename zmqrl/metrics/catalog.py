@@ -56,6 +56,7 @@ LEFT_OUT = {
     "target_held_time": "a milestone, the Unix time the target return was held: in stats.json",
     "target_held_samples": "a milestone: in stats.json",
     "target_held_updates": "a milestone: in stats.json",
+    "launched": "the Unix time the learner's start-up marks count from: in learner-stats.json",
     "queue_capacity_rollouts": "on-policy: the queue's capacity in rollouts; replay_capacity has it in steps",
 }
 # Buckets of the policy-lag histogram, in weights versions.

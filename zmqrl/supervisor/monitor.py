@@ -75,6 +75,7 @@ class RunMonitor:
         self.scalars: Logger = NullLogger()
         self.prometheus = PrometheusExporter(cfg, slots, command=command, clock=clock)
         self.metrics_url: str | None = None  # the /metrics URL served (port 0 resolved), if any
+        self._pending: list[str] = []  # lines open() leaves for announce()
 
     # ------------------------------------------------------------------ lifetime
     def open(
@@ -89,9 +90,12 @@ class RunMonitor:
         the ``try`` whose ``finally`` closes this); returns the status endpoint bound.
         Raises BindError / SecurityError as the other sockets do."""
         run_dir = self.cfg.run_dir
-        self.metrics_url = self.prometheus.start(self._say)
+        # Said by announce(), once the supervisor's heartbeat runs: a console that blocks (a paused
+        # terminal) must not hold up the opening of a run.
+        self._pending = []
+        self.metrics_url = self.prometheus.start(self._pending.append)
         if self.metrics_url is not None:
-            self._say(URL_LINE + self.metrics_url)
+            self._pending.append(URL_LINE + self.metrics_url)
         self._builder = SnapshotBuilder(self.cfg, run_dir, launched)
         self._sock, endpoint = sockets.status_router(
             ctx, self.cfg.supervisor.status, limits, security=security, insecure=self.cfg.transport.insecure
@@ -116,6 +120,12 @@ class RunMonitor:
             run_dir, "supervisor", launched=launched, config=self.cfg
         )
         return endpoint
+
+    def announce(self) -> None:
+        """The lines ``open`` had to say (where /metrics is served, or why it is not)."""
+        pending, self._pending = self._pending, []
+        for line in pending:
+            self._say(line)
 
     def close(self) -> None:
         """The view's last frame (state "finished") and the view taken down, then the socket and
