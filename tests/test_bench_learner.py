@@ -11,7 +11,7 @@ import pytest
 
 from zmqrl.api import load_config
 from zmqrl.bench import learner
-from zmqrl.bench.report import BenchSettings
+from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings
 from zmqrl.spec import SampleSpec
 from zmqrl.types import RolloutBatch
 
@@ -19,11 +19,15 @@ from zmqrl.types import RolloutBatch
 @pytest.mark.slow
 def test_learner_part_compares_flooded_with_idle_training_and_leaves_no_process() -> None:
     settings = BenchSettings(quick=True, repeats=1, seconds=0.2)
-    c = learner.compare("uniform", [], settings, settings.repeats, learner.TARGET)
+    c, cost = learner.compare("uniform", [], settings, settings.repeats, learner.TARGET)
     assert c.group == "learner" and c.unit == "updates/s" and c.reference is not None
     assert c.ours.median > 0 and c.reference.median > 0 and c.target == learner.TARGET
     # The flood really arrived: the ingest thread took transitions in while training ran.
     assert c.extra["ingest_transitions_per_s"] > 0
+    # What an update cost the learner process in CPU, flooded against idle: a cost, no target.
+    assert cost.unit == CPU_PER_UPDATES and cost.name == "uniform: learner CPU per 1,000 updates"
+    assert cost.reference is not None and cost.reference.median > 0 and cost.ours.median > 0
+    assert not cost.higher_is_better and cost.target is None and cost.passed is None
     assert mp.active_children() == []
 
 
@@ -92,8 +96,10 @@ def test_synthetic_rollouts_are_what_the_learner_accepts_discrete_and_continuous
 
 def test_appo_rows_time_the_agent_update_in_updates_and_env_steps_per_second() -> None:
     settings = BenchSettings(quick=True, repeats=2, seconds=0.05)
-    ups, steps = learner.on_policy(learner.APPO_CONFIG, settings, appo_overrides())
+    ups, steps, cost = learner.on_policy(learner.APPO_CONFIG, settings, appo_overrides())
     assert (ups.group, ups.unit, steps.unit) == ("learner", "updates/s", "env steps/s")
+    assert cost.unit == CPU_PER_UPDATES and not cost.higher_is_better and cost.ours.median > 0
+    assert cost.name.startswith("cartpole_appo (APPO, cpu): learner CPU per 1,000 updates")
     assert ups.reference is None and ups.ratio is None and "APPO, cpu" in ups.name
     assert len(ups.ours.values) == 2 and ups.ours.median > 0
     assert steps.ours.values == pytest.approx([u * 64 for u in ups.ours.values])

@@ -11,6 +11,7 @@ the other parts still run, and the command exits 1.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import os
@@ -26,10 +27,11 @@ from typing import Annotated, Any
 
 import typer
 
+from zmqrl.agents.configs import DEVICE_NAMES
 from zmqrl.bench.report import HEADERS, BenchSettings, Comparison, markdown_table, table_rows, write_json
 
 # Every part, in the order a full run measures them.
-PARTS = ("actor", "learner", "ingest", "weights", "scaling", "replay", "atari")
+PARTS = ("actor", "learner", "ingest", "weights", "scaling", "replay", "atari", "startup")
 # Where the results go without --json.
 DEFAULT_JSON = Path("runs/bench/bench.json")
 # Seconds (full, quick) for parts that do not say (SECONDS in their module).
@@ -44,8 +46,10 @@ app = typer.Typer(
     "the ratios. Parts: actor (transitions/s of a real actor vs a bare env + policy loop), learner "
     "(updates/s while ingesting vs not; APPO's updates/s on rollouts), ingest (samples into "
     "replay vs raw PUSH/PULL), weights (publish-to-applied latency vs raw PUB/SUB), scaling (1-8 "
-    "actors, 32 senders), replay and atari. A full run takes about 5 minutes, --quick about 1. "
-    "Missed targets are results (exit 0); a part that crashes makes the exit code 1.",
+    "actors, 32 senders, CNN learners' updates/s on --device), replay and atari; CPU-seconds "
+    "per 1,000 env steps (actors) and per 1,000 updates (learner) where they run. A full run "
+    "takes about 6 minutes, --quick about 1.5. Missed targets are results (exit 0); a part "
+    "that crashes makes the exit code 1.",
     epilog="Example: zmqrl bench --quick --only actor,ingest --json runs/bench/quick.json",
 )
 
@@ -61,6 +65,44 @@ def parse_only(only: str | None) -> list[str]:
         typer.echo(f"error: --only: {what}; choose from {', '.join(PARTS)} (comma-separated)", err=True)
         raise typer.Exit(EXIT_USAGE)
     return [name for name in PARTS if name in names]
+
+
+def parse_actors(actors: str | None) -> tuple[int, ...] | None:
+    """The actor counts ``--actors`` names (``1,2,4,8,16``); exits 2 on anything but positive
+    integers."""
+    if actors is None:
+        return None
+    try:
+        counts = tuple(int(part) for part in actors.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        typer.echo(
+            f"error: --actors: expected positive integers separated by commas, got {actors!r}", err=True
+        )
+        raise typer.Exit(EXIT_USAGE)
+    return counts
+
+
+def check_device(device: str | None) -> None:
+    """Exits 2 with one line when ``--device`` is unknown or names a device this machine lacks:
+    a bench that asked for a GPU must not quietly measure a CPU."""
+    if device is None:
+        return
+    if device not in DEVICE_NAMES:
+        typer.echo(f"error: --device: expected one of {', '.join(DEVICE_NAMES)}, got {device!r}", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support"
+            typer.echo(
+                f"error: --device cuda: torch {torch.__version__} ({build}) sees no CUDA device on this "
+                "machine; use --device cpu or auto",
+                err=True,
+            )
+            raise typer.Exit(EXIT_USAGE)
 
 
 def load_part(name: str) -> ModuleType | None:
@@ -187,6 +229,23 @@ def bench(
         Path | None,
         typer.Option("--markdown", metavar="PATH", help="Also write the table as markdown (README style)."),
     ] = None,
+    actors: Annotated[
+        str | None,
+        typer.Option(
+            "--actors",
+            metavar="COUNTS",
+            help="Actor counts of the scaling runs, e.g. 1,2,4,8,16 (default 1,2,4,8; --quick: 2).",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            metavar="DEVICE",
+            help="The learner's device in the scaling part (its runs and the CNN learners): auto, "
+            "cpu or cuda (default: each config's own). A device this machine lacks exits 2.",
+        ),
+    ] = None,
 ) -> None:
     """Each row is zmqrl's real code and the same work done without it, measured alternately in
     the same run (medians, with min-max over the repeats), and the ratio against its target.
@@ -194,12 +253,20 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     names = parse_only(only)
-    settings = BenchSettings.make(quick)
+    counts = parse_actors(actors)
+    check_device(device)
+    settings = dataclasses.replace(BenchSettings.make(quick), actors=counts, device=device)
     started = time.monotonic()
     comparisons, outcome = run_parts(names, settings)
     if comparisons:
         print_results(comparisons)
-    command = "zmqrl bench" + (" --quick" if quick else "") + (f" --only {','.join(names)}" if only else "")
+    command = (
+        "zmqrl bench"
+        + (" --quick" if quick else "")
+        + (f" --only {','.join(names)}" if only else "")
+        + (f" --actors {','.join(map(str, counts))}" if counts else "")
+        + (f" --device {device}" if device else "")
+    )
     meta = {
         **machine_meta(),
         "command": command,
@@ -207,6 +274,8 @@ def bench(
         "quick": quick,
         "repeats": settings.repeats,
         "seconds_per_measurement": settings.seconds,
+        "actors": list(counts) if counts else None,
+        "device": device,
         "total_seconds": round(time.monotonic() - started, 1),
         **outcome,
     }

@@ -23,7 +23,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,8 @@ import zmq
 from zmqrl.agents import make_learner
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.api import load_config
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
+from zmqrl.bench.cpu import per_thousand
+from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 from zmqrl.bench.senders import SampleShape, Senders, sample_batch
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent
@@ -103,24 +104,29 @@ class _Rig:
                 raise RuntimeError("the benchmark's ingest thread did not stop")
             self._thread = None
 
-    def measure(self, seconds: float) -> tuple[float, float, float]:
-        """Train for ``seconds``: updates/s, transitions/s ingested, ingest thread's CPU share."""
+    def measure(self, seconds: float) -> tuple[float, float, float, float | None]:
+        """Train for ``seconds``: updates/s, transitions/s ingested, the ingest thread's CPU share,
+        and the process's CPU seconds per 1,000 updates (every thread: training, ingest, ZeroMQ's
+        I/O; the senders are processes of their own, the actors' side, and not counted)."""
         trainer = self.trainer
         for _ in range(20):  # warm caches after a switch
             trainer.train_step()
         thread = self._thread
         clock_id = time.pthread_getcpuclockid(thread.ident) if thread and thread.ident else None
         cpu0 = time.clock_gettime(clock_id) if clock_id is not None else 0.0
+        process0 = time.process_time()
         samples0, updates0 = trainer.counters.samples, trainer.counters.updates
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             trainer.train_step()
         elapsed = time.perf_counter() - start
         cpu = time.clock_gettime(clock_id) - cpu0 if clock_id is not None else 0.0
+        updates = trainer.counters.updates - updates0
         return (
-            (trainer.counters.updates - updates0) / elapsed,
+            updates / elapsed,
             (trainer.counters.samples - samples0) / elapsed,
             cpu / elapsed,
+            per_thousand(time.process_time() - process0, updates),
         )
 
     def close(self) -> None:
@@ -132,63 +138,86 @@ class _Rig:
 
 def compare(
     name: str, overrides: list[str], settings: BenchSettings, repeats: int, target: float | None
-) -> Comparison:
+) -> list[Comparison]:
+    """Updates/s flooded against idle (the row with ``target``), then the learner process's CPU
+    seconds per 1,000 updates on both sides: what the flood costs per update."""
     with tempfile.TemporaryDirectory(prefix="zmqrl-bench-") as tmp:
         rig = _Rig(overrides, Path(tmp))
         try:
             with Senders(rig.endpoint, SENDERS, SampleShape(batch=rig.trainer.cfg.actor.send_batch)):
                 bare, flooded, ingested, shares = [], [], [], []
+                bare_cost, flooded_cost = [], []
                 for _ in range(repeats):
-                    bare.append(rig.measure(settings.seconds)[0])
+                    ups, _, _, cost = rig.measure(settings.seconds)
+                    bare.append(ups)
+                    bare_cost += [] if cost is None else [cost]
                     rig.start_ingest()
-                    ups, rate, share = rig.measure(settings.seconds)
+                    ups, rate, share, cost = rig.measure(settings.seconds)
                     rig.stop_ingest()
                     flooded.append(ups)
+                    flooded_cost += [] if cost is None else [cost]
                     ingested.append(rate)
                     shares.append(share)
         finally:
             rig.close()
-    return Comparison(
-        group="learner",
-        name=name,
-        unit="updates/s",
-        ours=Stat.of(flooded),
-        reference=Stat.of(bare),
-        target=target,
-        notes=f"{SENDERS} senders flooding vs none; ingest {Stat.of(ingested).median:,.0f} transitions/s, "
-        f"ingest thread {Stat.of(shares).median:.0%} CPU",
-        extra={
-            "ingest_transitions_per_s": Stat.of(ingested).median,
-            "ingest_cpu_share": Stat.of(shares).median,
-        },
-    )
+    extra = {
+        "ingest_transitions_per_s": Stat.of(ingested).median,
+        "ingest_cpu_share": Stat.of(shares).median,
+    }
+    rows = [
+        Comparison(
+            group="learner",
+            name=name,
+            unit="updates/s",
+            ours=Stat.of(flooded),
+            reference=Stat.of(bare),
+            target=target,
+            notes=f"{SENDERS} senders flooding vs none; ingest {Stat.of(ingested).median:,.0f} "
+            f"transitions/s, ingest thread {Stat.of(shares).median:.0%} CPU",
+            extra=extra,
+        )
+    ]
+    if flooded_cost and bare_cost:
+        rows.append(
+            Comparison(
+                group="learner",
+                name=f"{name}: learner CPU per 1,000 updates",
+                unit=CPU_PER_UPDATES,
+                ours=Stat.of(flooded_cost),
+                reference=Stat.of(bare_cost),
+                higher_is_better=False,
+                notes="the learner process's CPU time (all threads) per 1,000 updates, flooded vs idle",
+                extra=extra,
+            )
+        )
+    return rows
 
 
 def run(settings: BenchSettings) -> list[Comparison]:
     torch.set_num_threads(1)  # as the learner does (learner.torch_threads)
     uncapped_repeats = max(1, min(settings.repeats, 2))
     return [
-        compare(
+        *compare(
             "CartPole DQN, uniform, 2 senders flooding",
             ["replay.prioritized=false"],
             settings,
             settings.repeats,
             TARGET,
         ),
-        compare(
+        *compare(
             "CartPole DQN, prioritized, 2 senders flooding",
             ["replay.prioritized=true"],
             settings,
             settings.repeats,
             TARGET,
         ),
-        compare(
+        *compare(
             "same, uniform, ingest budget off (ingest_max_share null)",
             ["replay.prioritized=false", "learner.ingest_max_share=null"],
             settings,
             uncapped_repeats,
             None,
-        ),
+        )[:1],
         *on_policy(APPO_CONFIG, settings),
     ]
 
@@ -196,20 +225,22 @@ def run(settings: BenchSettings) -> list[Comparison]:
 # ---- on-policy: APPO's update on synthetic rollouts ---------------------------------------------
 
 
-def rollout_spec(cfg: Config) -> SampleSpec:
-    """The spec an on-policy learner checks rollouts against: the env's spaces and bounds, a
-    rollout's per-step reward limit, and rows of exactly ``actor.rollout_length`` steps."""
-    env = make_env(cfg.env, training=False)
-    try:
-        spec = sample_spec(
-            env, max_abs_obs=cfg.transport.max_abs_obs, max_abs_reward=cfg.transport.max_abs_reward
-        )
-    finally:
-        env.close()
-    return dataclasses.replace(spec, rollout_length=cfg.actor.rollout_length)
+def rollout_spec(cfg: Config, base: SampleSpec | None = None) -> SampleSpec:
+    """The spec an on-policy learner checks rollouts against: the env's spaces and bounds (or
+    ``base``'s), a rollout's per-step reward limit, and rows of exactly ``actor.rollout_length``
+    steps."""
+    if base is None:
+        env = make_env(cfg.env, training=False)
+        try:
+            base = sample_spec(
+                env, max_abs_obs=cfg.transport.max_abs_obs, max_abs_reward=cfg.transport.max_abs_reward
+            )
+        finally:
+            env.close()
+    return dataclasses.replace(base, rollout_length=cfg.actor.rollout_length)
 
 
-def _observations(spec: SampleSpec, count: int, rng: np.random.Generator) -> np.ndarray:
+def observations(spec: SampleSpec, count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` observations inside the spec's limits: floats standard normal clipped to them,
     integers uniform over them (Atari's frames: 0..255)."""
     shape = (count, *spec.obs_shape)
@@ -254,7 +285,7 @@ def rollout_batch(spec: SampleSpec, rows: int, rng: np.random.Generator) -> Roll
     action, logp = _actions(spec, (rows, steps), rng)
     terminated = rng.random((rows, steps)) < TERMINATE_P
     truncated = (rng.random((rows, steps)) < TRUNCATE_P) & ~terminated
-    obs = _observations(spec, rows * (steps + 1), rng).reshape(rows, steps + 1, *spec.obs_shape)
+    obs = observations(spec, rows * (steps + 1), rng).reshape(rows, steps + 1, *spec.obs_shape)
     return RolloutBatch(
         obs=obs,
         action=action,
@@ -262,54 +293,88 @@ def rollout_batch(spec: SampleSpec, rows: int, rng: np.random.Generator) -> Roll
         terminated=terminated,
         truncated=truncated,
         logp=logp,
-        final_obs=_observations(spec, int(truncated.sum()), rng),
+        final_obs=observations(spec, int(truncated.sum()), rng),
     )
 
 
-def _updates_per_second(agent: LearningAgent, batches: Sequence[RolloutBatch], seconds: float) -> float:
-    """Updates for ``seconds`` (whole updates, at least one), cycling through ``batches``. Only
-    updates that trained count (a refused, non-finite one would not; valid batches have none)."""
+def _synchronize(agent: LearningAgent) -> None:
+    """Wait for a GPU's queued work, so that a measurement ends when its updates have."""
+    if str(getattr(agent, "device", "cpu")).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _updates_per_second(
+    agent: LearningAgent, batches: Sequence[RolloutBatch], seconds: float, sync_interval: int
+) -> tuple[float, float | None]:
+    """Updates for ``seconds`` (whole updates, at least one), cycling through ``batches``, the
+    weights exported every ``sync_interval`` as the learner publishes them; and the process's CPU
+    seconds per 1,000 updates. Only updates that trained count (a refused, non-finite one would
+    not; valid batches have none)."""
     for i in range(APPO_WARMUP):
         agent.update(batches[i % len(batches)])
+    _synchronize(agent)
     done = trained = 0
-    start = time.perf_counter()
+    cpu0, start = time.process_time(), time.perf_counter()
     while True:
         result = agent.update(batches[done % len(batches)])
         done += 1
         trained += not result.skipped
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return trained / elapsed
+        if done % sync_interval == 0:
+            agent.export_weights()
+        if time.perf_counter() - start >= seconds:
+            _synchronize(agent)
+            elapsed = time.perf_counter() - start
+            return trained / elapsed, per_thousand(time.process_time() - cpu0, trained)
 
 
-def on_policy(config: Path, settings: BenchSettings, overrides: Sequence[str] = ()) -> list[Comparison]:
-    """APPO's updates/s and env steps trained per second on ``config`` (its agent, device and
-    batch), over ``settings.repeats`` measurements of ``settings.seconds``."""
+def on_policy(
+    config: Path,
+    settings: BenchSettings,
+    overrides: Sequence[str] = (),
+    base_spec: Callable[[Config], SampleSpec] | None = None,
+) -> list[Comparison]:
+    """APPO's updates/s, env steps trained per second, and CPU seconds per 1,000 updates on
+    ``config`` (its agent, device and batch), over ``settings.repeats`` measurements of
+    ``settings.seconds``. ``base_spec`` gives the env's spec (default: from the env itself)."""
     cfg = load_config(config, list(overrides))
     agent_cfg = cfg.agent
     if not isinstance(agent_cfg, APPOConfig):
         raise ValueError(f"{config}: agent.kind {agent_cfg.kind!r} is not on-policy (appo)")
-    spec = rollout_spec(cfg)
+    spec = rollout_spec(cfg, base_spec(cfg) if base_spec else None)
     steps, steps_per_update = cfg.actor.rollout_length, agent_cfg.batch_size
     rows = steps_per_update // steps
     rng = np.random.default_rng(cfg.run.seed)
     batches = [rollout_batch(spec, rows, rng) for _ in range(APPO_BATCHES)]
     agent = make_learner(agent_cfg, spec, seed=cfg.run.seed)
-    ups = Stat.of([_updates_per_second(agent, batches, settings.seconds) for _ in range(settings.repeats)])
+    measured = [
+        _updates_per_second(agent, batches, settings.seconds, cfg.learner.sync_interval)
+        for _ in range(settings.repeats)
+    ]
+    ups = Stat.of([u for u, _ in measured])
     env_steps = Stat.of([u * steps_per_update for u in ups.values])
+    costs = [c for _, c in measured if c is not None]
     family = "IMPALA" if agent_cfg.clip is None else "APPO"
     device = str(getattr(agent, "device", "cpu"))
     name = f"{config.stem} ({family}, {device}): update on synthetic rollouts"
     notes = (
         f"{steps_per_update} env steps per update ({rows} rollouts x {steps} steps), "
-        f"{agent_cfg.epochs} epochs x {agent_cfg.minibatches} minibatches; agent.update alone, no ingest"
+        f"{agent_cfg.epochs} epochs x {agent_cfg.minibatches} minibatches, weights exported every "
+        f"{cfg.learner.sync_interval} update(s); agent.update alone, no ingest"
     )
     extra = {
         "env_steps_per_update": float(steps_per_update),
         "gradient_steps_per_update": float(agent_cfg.epochs * min(agent_cfg.minibatches, rows)),
         "env_steps_per_s": env_steps.median,
     }
-    return [
+    results = [
         Comparison("learner", name, "updates/s", ups, None, notes=notes, extra=extra),
         Comparison("learner", name, "env steps/s", env_steps, None, notes=notes, extra=extra),
     ]
+    if costs:
+        cost = f"{name.split(':')[0]}: learner CPU per 1,000 updates"
+        results.append(
+            Comparison(
+                "learner", cost, CPU_PER_UPDATES, Stat.of(costs), None, higher_is_better=False, notes=notes
+            )
+        )
+    return results

@@ -15,14 +15,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Units of the cost rows: CPU seconds (user + system, every thread of the processes named) per
+# 1,000 env steps of the actors, per 1,000 updates of the learner.
+CPU_PER_STEPS = "CPU-s/1k env steps"
+CPU_PER_UPDATES = "CPU-s/1k updates"
+
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How long to measure: ``quick`` is the one-minute smoke run, the default the full one."""
+    """How long to measure: ``quick`` is the one-minute smoke run, the default the full one.
+    ``actors`` and ``device`` are for a bigger machine (``zmqrl bench --actors --device``)."""
 
     quick: bool = False
     repeats: int = 5  # measurements per side; the table shows their median, min and max
     seconds: float = 2.0  # length of one measurement where a benchmark measures by time
+    actors: tuple[int, ...] | None = None  # actor counts of the scaling runs (None: the part's own)
+    device: str | None = None  # the learner's agent.device: auto, cpu, cuda (None: each config's own)
 
     @classmethod
     def make(cls, quick: bool) -> BenchSettings:

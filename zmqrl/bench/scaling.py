@@ -11,6 +11,16 @@ WARMUP_SECONDS after every actor is up and training has begun; the rates between
 heartbeats from then on are the values whose median, min and max the table shows. Total actor
 transitions/s is what the learner received. These are plain measurements: on 2 cores, more
 actors mostly compete with the learner for the same CPUs.
+
+What each sample costs: at every status answer the sampler also reads the CPU time the kernel
+charged the learner and the actors so far (:mod:`zmqrl.bench.cpu`, all threads); between two
+heartbeats, the CPU seconds the learner used per second over its updates per second is its
+CPU-seconds per 1,000 updates, and the actors' (added up) over the transitions received per
+second, theirs per 1,000 env steps (CartPole DQN: one env per actor, one transition per step).
+The supervisor (this process) is in neither.
+
+``--actors`` gives the counts (``settings.actors``), ``--device`` the learner's device for these
+runs and for the convolutional learners' rows that follow (:mod:`zmqrl.bench.cnn_learner`).
 """
 
 from __future__ import annotations
@@ -25,11 +35,13 @@ from pathlib import Path
 
 import zmq
 
+from zmqrl.bench import cnn_learner
 from zmqrl.bench.actor import CARTPOLE
+from zmqrl.bench.cpu import per_thousand, process_cpu_seconds, total_cpu_seconds
 from zmqrl.bench.ingest import cases, measure
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
+from zmqrl.bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 
-SECONDS = (100, 25)
+SECONDS = (100 + cnn_learner.SECONDS[0], 25 + cnn_learner.SECONDS[1])
 ACTOR_COUNTS = (1, 2, 4, 8)
 QUICK_ACTOR_COUNTS = (2,)  # start-up dominates: one run (~15 s on a busy 2-core machine)
 # Training seconds per run (learner.max_seconds): a base, plus per actor (they start one by one).
@@ -43,9 +55,10 @@ SYNTHETIC_SENDERS = 32
 QUICK_SENDERS = 8
 
 
-def run_overrides(run_dir: Path, actors: int, seconds: float) -> dict[str, object]:
+def run_overrides(run_dir: Path, actors: int, seconds: float, device: str | None = None) -> dict[str, object]:
     endpoints = ("samples", "weights", "heartbeat", "control")
     return {
+        **({} if device is None else {"agent.device": device}),
         "run.dir": str(run_dir),
         "run.name": f"actors-{actors}",
         "actor.num_actors": actors,
@@ -66,26 +79,64 @@ def run_overrides(run_dir: Path, actors: int, seconds: float) -> dict[str, objec
 
 @dataclass(frozen=True)
 class Point:
-    """The learner's counters as of one heartbeat (``time``: monotonic, when it was sent)."""
+    """The learner's counters as of one heartbeat (``time``: monotonic, when it was sent), and
+    the CPU seconds the learner and the actors had used when it was read (``read``; None where
+    /proc could not tell), with the processes' ids (a restart is a new process)."""
 
     time: float
     updates: int
     samples: int
     actors_alive: int
+    read: float = 0.0
+    learner_cpu: float | None = None
+    actors_cpu: float | None = None
+    pids: tuple[int, ...] = ()
+
+
+def _steady(points: list[Point], actors: int, warmup: float) -> list[tuple[Point, Point]]:
+    """Successive heartbeats from ``warmup`` seconds after the first one that saw all ``actors``
+    up and training begun (the same heartbeat seen twice is not an interval)."""
+    began = next((p.time for p in points if p.actors_alive >= actors and p.updates > 0), None)
+    steady = [p for p in points if began is not None and p.time >= began + warmup]
+    return [(a, b) for a, b in itertools.pairwise(steady) if b.time - a.time > 0.05]
 
 
 def steady_rates(points: list[Point], actors: int, warmup: float = WARMUP_SECONDS) -> dict[str, list[float]]:
-    """Updates/s and transitions/s between successive heartbeats, from ``warmup`` seconds after
-    the first one that saw all ``actors`` up and training begun."""
-    began = next((p.time for p in points if p.actors_alive >= actors and p.updates > 0), None)
-    steady = [p for p in points if began is not None and p.time >= began + warmup]
+    """Updates/s and transitions/s between successive heartbeats in steady state."""
     rates: dict[str, list[float]] = {"updates": [], "samples": []}
-    for a, b in itertools.pairwise(steady):
+    for a, b in _steady(points, actors, warmup):
         dt = b.time - a.time
-        if dt > 0.05:  # the same heartbeat seen twice is not an interval
-            rates["updates"].append((b.updates - a.updates) / dt)
-            rates["samples"].append((b.samples - a.samples) / dt)
+        rates["updates"].append((b.updates - a.updates) / dt)
+        rates["samples"].append((b.samples - a.samples) / dt)
     return rates
+
+
+def _cost(
+    cpu_a: float | None, cpu_b: float | None, dt_read: float, done: int, dt_beat: float
+) -> float | None:
+    """CPU seconds per 1,000 of what was ``done``: the CPU rate between two reads over the
+    throughput between the two heartbeats (each on its own clock; in steady state both rates
+    describe the same seconds)."""
+    if cpu_a is None or cpu_b is None or dt_read <= 0 or dt_beat <= 0:
+        return None
+    return per_thousand((cpu_b - cpu_a) / dt_read, done / dt_beat)
+
+
+def steady_costs(points: list[Point], actors: int, warmup: float = WARMUP_SECONDS) -> dict[str, list[float]]:
+    """The learner's CPU seconds per 1,000 updates and the actors' per 1,000 transitions, between
+    successive heartbeats in steady state where the same processes were read at both ends."""
+    costs: dict[str, list[float]] = {"learner": [], "actors": []}
+    for a, b in _steady(points, actors, warmup):
+        if a.pids != b.pids or not a.pids:
+            continue
+        dt_read, dt_beat = b.read - a.read, b.time - a.time
+        for key, cost in (
+            ("learner", _cost(a.learner_cpu, b.learner_cpu, dt_read, b.updates - a.updates, dt_beat)),
+            ("actors", _cost(a.actors_cpu, b.actors_cpu, dt_read, b.samples - a.samples, dt_beat)),
+        ):
+            if cost is not None:
+                costs[key].append(cost)
+    return costs
 
 
 class StatusSampler:
@@ -123,7 +174,19 @@ class StatusSampler:
                 )
                 if snap is None or learner is None or learner.heartbeat_age is None:
                     continue
-                point = Point(asked - learner.heartbeat_age, snap.updates, snap.samples, snap.actors_alive)
+                actors = sorted(row.pid for row in snap.processes if row.role == "actor" and row.pid)
+                learner_pid = [learner.pid] if learner.pid else []
+                read = time.monotonic()
+                point = Point(
+                    asked - learner.heartbeat_age,
+                    snap.updates,
+                    snap.samples,
+                    snap.actors_alive,
+                    read=read,
+                    learner_cpu=process_cpu_seconds(learner.pid) if learner.pid else None,
+                    actors_cpu=total_cpu_seconds(actors) if actors else None,
+                    pids=tuple(learner_pid + actors),
+                )
                 if not self.points or (point.updates, point.samples) != (
                     self.points[-1].updates,
                     self.points[-1].samples,
@@ -138,21 +201,70 @@ class StatusSampler:
         self._thread.join(timeout=5)
 
 
-def measure_run(run_root: Path, actors: int, seconds: float) -> tuple[list[float], list[float], bool]:
-    """Steady-state (updates/s, transitions/s) values of one real run with ``actors`` actors, and
-    whether they are steady-state (False: too short a run, the whole run's averages instead)."""
+@dataclass(frozen=True)
+class RunRates:
+    """What one run measured: per-interval values, and whether they are steady state (False: too
+    short a run; rates are then the whole run's averages, costs from every interval with updates)."""
+
+    updates: list[float]
+    samples: list[float]
+    steady: bool
+    learner_cost: list[float]  # CPU-s per 1,000 updates
+    actors_cost: list[float]  # CPU-s per 1,000 env steps, all actors together
+
+
+def measure_run(run_root: Path, actors: int, seconds: float, device: str | None = None) -> RunRates:
+    """One real run with ``actors`` actors, measured from its supervisor's status answers."""
     from zmqrl.api import train
 
-    overrides = run_overrides(run_root, actors, seconds)
+    overrides = run_overrides(run_root, actors, seconds, device)
     sampler = StatusSampler(run_root / f"actors-{actors}")
     try:
         result = train(CARTPOLE, mode="processes", overrides=overrides, out=io.StringIO())
     finally:
         sampler.stop()
     rates = steady_rates(sampler.points, actors)
+    costs = steady_costs(sampler.points, actors)
     if rates["updates"]:
-        return rates["updates"], rates["samples"], True
-    return [float(result.learner["updates_per_s"])], [float(result.learner["samples_per_s"])], False
+        return RunRates(rates["updates"], rates["samples"], True, costs["learner"], costs["actors"])
+    costs = steady_costs(sampler.points, 0, warmup=0.0)
+    return RunRates(
+        [float(result.learner["updates_per_s"])],
+        [float(result.learner["samples_per_s"])],
+        False,
+        costs["learner"],
+        costs["actors"],
+    )
+
+
+def run_rows(actors: int, seconds: float, measured: RunRates) -> list[Comparison]:
+    """One run's rows: transitions/s, updates/s, then what they cost in CPU (where measured)."""
+    plural = "s" if actors > 1 else ""
+    how = "steady state, between learner heartbeats" if measured.steady else "whole run (too short)"
+    notes = f"zmqrl launch, {seconds:g} s of training, {how}"
+    extra = {"steady": float(measured.steady), "learner_max_seconds": seconds}
+    rows = []
+    for unit, values, what, better in (
+        ("transitions/s", measured.samples, "total actor transitions", True),
+        ("updates/s", measured.updates, "learner updates", True),
+        (CPU_PER_STEPS, measured.actors_cost, "actors' CPU per 1,000 env steps", False),
+        (CPU_PER_UPDATES, measured.learner_cost, "learner CPU per 1,000 updates", False),
+    ):
+        if values:
+            name = f"CartPole, {actors} uncapped actor{plural}: {what}"
+            rows.append(
+                Comparison(
+                    "scaling",
+                    name,
+                    unit,
+                    Stat.of(values),
+                    None,
+                    higher_is_better=better,
+                    notes=notes,
+                    extra=extra,
+                )
+            )
+    return rows
 
 
 def run(
@@ -161,34 +273,21 @@ def run(
     actor_counts: tuple[int, ...] | None = None,
     senders: int | None = None,
     run_root: Path | None = None,
+    learners: bool = True,
 ) -> list[Comparison]:
-    """Plain rows: transitions/s and updates/s per actor count, then the senders' ingest. Runs go
-    to ``run_root`` (default: a temporary directory, removed after)."""
+    """Plain rows: per actor count (``actor_counts``, else ``settings.actors``, else the part's
+    own), transitions/s, updates/s and their CPU costs; the senders' ingest; then (``learners``)
+    the convolutional learners' updates/s on ``settings.device``. Runs go to ``run_root``
+    (default: a temporary directory, removed after)."""
     senders = senders or (QUICK_SENDERS if settings.quick else SYNTHETIC_SENDERS)
-    counts = actor_counts or (QUICK_ACTOR_COUNTS if settings.quick else ACTOR_COUNTS)
+    counts = actor_counts or settings.actors or (QUICK_ACTOR_COUNTS if settings.quick else ACTOR_COUNTS)
     base = RUN_SECONDS[1 if settings.quick else 0]
     results = []
     with tempfile.TemporaryDirectory(prefix="zmqrl-bench-") as tmp:
         for actors in counts:
             seconds = base + RUN_SECONDS_PER_ACTOR * actors
-            updates, samples, steady = measure_run(run_root or Path(tmp), actors, seconds)
-            plural = "s" if actors > 1 else ""
-            how = "steady state, between learner heartbeats" if steady else "whole-run average (too short)"
-            for unit, values, what in (
-                ("transitions/s", samples, "total actor transitions"),
-                ("updates/s", updates, "learner updates"),
-            ):
-                results.append(
-                    Comparison(
-                        group="scaling",
-                        name=f"CartPole, {actors} uncapped actor{plural}: {what}",
-                        unit=unit,
-                        ours=Stat.of(values),
-                        reference=None,
-                        notes=f"zmqrl launch, {seconds:g} s of training, {how}",
-                        extra={"steady": float(steady), "learner_max_seconds": seconds},
-                    )
-                )
+            measured = measure_run(run_root or Path(tmp), actors, seconds, settings.device)
+            results += run_rows(actors, seconds, measured)
     ctx = zmq.Context()
     try:
         cartpole = cases()[0]
@@ -205,4 +304,6 @@ def run(
             notes="SampleReceiver + Ingest.drain into replay, as the ingest bench",
         )
     )
+    if learners:
+        results += cnn_learner.run(settings)
     return results

@@ -1,0 +1,223 @@
+"""`zmqrl bench`'s scaling part made ready for a bigger machine: CPU cost per 1,000 env steps and
+updates read off the processes' kernel counters, ``--actors`` and ``--device`` (an absent device
+is one line and exit 2), the convolutional learners' rows, and benchmarks/device_check.sh's JSON.
+
+Speed is never asserted: only what is measured, how it is computed and what shape it takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tests.conftest import processes_mentioning
+from zmqrl.api import load_config
+from zmqrl.bench import cli, cnn_learner, cpu, scaling
+from zmqrl.bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison
+from zmqrl.errors import EnvError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = BenchSettings(quick=True, repeats=1, seconds=0.05)
+
+
+# ---- CPU time of a process ----------------------------------------------------------------------
+
+
+def test_a_process_cpu_seconds_are_its_kernel_counters_and_grow_with_its_work() -> None:
+    before = cpu.process_cpu_seconds(os.getpid())
+    assert before is not None and before >= 0
+    start = time.process_time()
+    while time.process_time() - start < 0.1:  # work, not a sleep: CPU time must be charged
+        sum(range(1000))
+    after = cpu.process_cpu_seconds(os.getpid())
+    assert after is not None and after - before >= 0.05  # clock ticks: 10 ms resolution
+    assert cpu.total_cpu_seconds([os.getpid(), os.getpid()]) == pytest.approx(2 * after, abs=0.1)
+
+
+def test_a_gone_process_reads_as_none_and_nothing_counted_has_no_cost() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: its /proc entry is gone
+    assert cpu.process_cpu_seconds(proc.pid) is None
+    assert cpu.total_cpu_seconds([os.getpid(), proc.pid]) is None
+    assert cpu.per_thousand(3.0, 0) is None and cpu.per_thousand(3.0, 1500) == 2.0
+
+
+# ---- costs between heartbeats ---------------------------------------------------------------------
+
+
+def point(
+    t: float, updates: int, samples: int, learner: float, actors: float, pids=(10, 11)
+) -> scaling.Point:
+    # Read 0.1 s after each heartbeat: both clocks advance alike in steady state.
+    return scaling.Point(t, updates, samples, 1, t + 0.1, learner, actors, pids)
+
+
+def test_costs_are_cpu_rates_over_throughputs_of_the_same_processes_in_steady_state() -> None:
+    points = [
+        point(0.0, 0, 0, 0.0, 0.0),  # training not begun: before steady state
+        point(1.0, 100, 10_000, 0.5, 0.4),
+        point(2.0, 600, 50_000, 1.5, 1.2),  # 500 updates/s on 1 CPU-s/s: 2 CPU-s per 1,000
+        point(2.5, 850, 70_000, 2.0, 1.6),  # 40k transitions/s on 0.8 CPU-s/s: 0.02 per 1,000
+        point(3.0, 1100, 90_000, 2.5, 2.0, pids=(10, 12)),  # an actor restarted: not comparable
+        point(3.5, 1350, 110_000, 3.0, None, pids=(10, 12)),  # its CPU could not be read
+    ]
+    costs = scaling.steady_costs(points, actors=1, warmup=0.0)
+    assert costs["learner"] == pytest.approx([2.0, 2.0, 2.0])
+    assert costs["actors"] == pytest.approx([0.02, 0.02])
+    assert scaling.steady_rates(points, actors=1, warmup=0.0)["updates"] == pytest.approx([500.0] * 4)
+    assert scaling.steady_costs(points[:1], actors=1) == {"learner": [], "actors": []}
+
+
+def test_a_runs_rows_give_throughputs_then_their_cpu_costs_and_leave_out_what_was_not_read() -> None:
+    measured = scaling.RunRates([500.0], [40_000.0], True, [2.0], [0.02])
+    rows = scaling.run_rows(2, 7.0, measured)
+    assert [r.unit for r in rows] == ["transitions/s", "updates/s", CPU_PER_STEPS, CPU_PER_UPDATES]
+    assert [r.higher_is_better for r in rows] == [True, True, False, False]
+    assert rows[2].name == "CartPole, 2 uncapped actors: actors' CPU per 1,000 env steps"
+    assert all(r.group == "scaling" and r.reference is None and "steady state" in r.notes for r in rows)
+    unread = scaling.run_rows(1, 6.5, scaling.RunRates([500.0], [40_000.0], False, [], []))
+    assert [r.unit for r in unread] == ["transitions/s", "updates/s"] and "whole run" in unread[0].notes
+
+
+# ---- --actors and --device ------------------------------------------------------------------------
+
+
+def recording_part(seen: list[BenchSettings]) -> SimpleNamespace:
+    def run(settings: BenchSettings) -> list[Comparison]:
+        seen.append(settings)
+        return []
+
+    return SimpleNamespace(run=run, SECONDS=(1, 1))
+
+
+def test_a_device_this_machine_lacks_is_one_line_and_exit_2_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[BenchSettings] = []
+    monkeypatch.setattr(cli, "load_part", lambda name: recording_part(seen))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(cli.app, ["--only", "scaling", "--device", "cuda", "--json", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0, result.output
+    assert result.output.startswith("error: --device cuda:") and "no CUDA device" in result.output
+    for bad in (["--device", "tpu"], ["--actors", "1,0"], ["--actors", "two"]):
+        result = CliRunner().invoke(cli.app, ["--only", "scaling", *bad, "--json", str(out)])
+        assert result.exit_code == 2 and result.output.startswith(f"error: {bad[0]}:"), result.output
+    assert seen == [] and not out.exists()
+
+
+def test_actors_and_device_reach_the_parts_and_the_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[BenchSettings] = []
+    monkeypatch.setattr(cli, "load_part", lambda name: recording_part(seen))
+    out = tmp_path / "b.json"
+    args = ["--quick", "--only", "scaling", "--actors", "1,2,16", "--device", "cpu", "--json", str(out)]
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert [(s.actors, s.device, s.quick) for s in seen] == [((1, 2, 16), "cpu", True)]
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["actors"] == [1, 2, 16] and meta["device"] == "cpu"
+    assert meta["command"] == "zmqrl bench --quick --only scaling --actors 1,2,16 --device cpu"
+
+
+# ---- the convolutional learners ----------------------------------------------------------------------
+
+
+def test_cpu_rows_cut_an_appo_batch_to_whole_rollouts_and_a_gpu_keeps_the_configs() -> None:
+    cfg = load_config(cnn_learner.CONFIG_DIR / "pong_appo.yaml", [])
+    cut = cnn_learner.appo_overrides(cfg, "cpu", quick=True)
+    assert cut == [
+        "agent.device=cpu",
+        "agent.batch_size=128",
+        "agent.minibatches=2",
+        "actor.envs_per_actor=2",
+    ]
+    assert load_config(cnn_learner.CONFIG_DIR / "pong_appo.yaml", cut).agent.batch_size == 128  # valid
+    assert cnn_learner.appo_overrides(cfg, "cuda", quick=True) == ["agent.device=cuda"]
+
+
+def test_without_the_env_package_the_games_known_spaces_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(*args: object, **kwargs: object) -> None:
+        raise EnvError("ale-py is not installed")
+
+    monkeypatch.setattr(cnn_learner, "make_env", missing)
+    for name, shape, actions in (("pong_dqn", (4, 84, 84), 6), ("minatar_breakout_appo", (4, 10, 10), 3)):
+        spec, source = cnn_learner.spec_for(load_config(cnn_learner.CONFIG_DIR / f"{name}.yaml", []))
+        assert (spec.obs_shape, spec.obs_dtype, spec.num_actions) == (shape, "uint8", actions)
+        assert "known spaces" in source
+        batch = cnn_learner.transition_batch(spec, 8, np.random.default_rng(0))
+        assert batch.obs.shape == (8, *shape) and batch.obs.dtype == np.uint8
+        assert batch.obs.max() <= spec.obs_high and (batch.action < actions).all()
+
+
+def test_the_cnn_learner_rows_time_each_config_on_the_device_with_its_cpu_cost() -> None:
+    rows = cnn_learner.run(BenchSettings(quick=True, repeats=1, seconds=0.05, device="cpu"))
+    names = {r.name.split(" ")[0] for r in rows}
+    assert names == set(cnn_learner.CONFIGS)
+    assert all(r.group == "scaling" and r.reference is None and r.ours.median > 0 for r in rows)
+    dqn = [r for r in rows if r.name.startswith("pong_dqn")]
+    assert [r.unit for r in dqn] == ["updates/s", CPU_PER_UPDATES] and "(DQN, cpu)" in dqn[0].name
+    assert "batches of 64" in dqn[0].name and "synthetic" in dqn[0].notes
+    appo = [r for r in rows if r.name.startswith("pong_appo")]
+    assert [r.unit for r in appo] == ["updates/s", "env steps/s", CPU_PER_UPDATES]
+    assert all("(CPU: batch 128 of the config's 4096)" in r.name for r in appo)
+
+
+# ---- benchmarks/device_check.sh ---------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a real launch and the CNN rows: about 35 s on 2 cores
+def test_device_check_quick_mode_writes_one_json_of_the_scaling_set(tmp_path: Path, run_root: Path) -> None:
+    out = tmp_path / "device_check.json"
+    run_root.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "ZMQRL_DEVICE_CHECK_QUICK": "1",
+        "ZMQRL": f"{sys.executable} -m zmqrl",
+        "TMPDIR": str(run_root),  # the bench's runs go under it: the fixture kills any leftover
+    }
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "benchmarks" / "device_check.sh"), str(out)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    data = json.loads(out.read_text())
+    meta = data["meta"]
+    assert meta["ran"] == ["scaling"] and meta["failed"] == [] and meta["quick"] is True
+    assert meta["actors"] == [1] and meta["device"] == "cpu"
+    rows = data["results"]
+    units = {(r["name"].split(":")[0], r["unit"]) for r in rows}
+    assert {
+        ("CartPole, 1 uncapped actor", u)
+        for u in ("transitions/s", "updates/s", CPU_PER_STEPS, CPU_PER_UPDATES)
+    } <= units
+    assert any(r["name"].startswith("ingest from") for r in rows)
+    for name in cnn_learner.CONFIGS:
+        assert any(r["name"].startswith(name) and r["unit"] == "updates/s" for r in rows), name
+    for r in rows:
+        assert r["group"] == "scaling" and r["reference"] is None and r["ratio"] is None
+        assert r["ours"]["values"] and all(v >= 0 for v in r["ours"]["values"])
+    assert processes_mentioning(str(run_root)) == []
