@@ -11,8 +11,8 @@ transitions, importance-weighted with the TD errors read back when replay is pri
 priorities: one device-to-host copy per update, as the trainer makes), and the weights exported
 every ``learner.sync_interval`` updates (what a publish copies off the device). APPO:
 :func:`zmqrl.bench.learner.on_policy`, the agent's update on rollouts of ``batch_size`` env steps,
-weights exported after each as the configs publish. Each row also keeps this process's CPU
-seconds per 1,000 updates: what a GPU learner still asks of the host.
+weights exported after each as the configs publish. A row per config gives this process's CPU
+seconds per 1,000 updates (all threads): what a GPU learner still asks of the host.
 
 On a CPU an APPO update on the Nature CNN takes tens of seconds (Pong's 4096 env steps x 4
 epochs, two networks), so CPU rows cap an APPO batch at CPU_APPO_STEPS env steps and say so in

@@ -6,14 +6,17 @@ them, into the learner's real receive -> validate -> insert path on its own inge
 a launched learner. "Nothing arriving" is the same trainer with its ingest thread stopped (the
 senders then wait on the high-water mark and cost nothing). The two alternate repeat by repeat.
 A last row shows the flood with the ingest budget off (``learner.ingest_max_share: null``): what
-the GIL did to training before the budget existed.
+the GIL did to training before the budget existed. Beside each budgeted row, the learner
+process's CPU seconds per 1,000 updates (every thread: training, ingest, ZeroMQ's I/O; the
+senders, the actors' side, are not in it), flooded against idle: what ingest costs per update.
 
 On-policy (APPO, configs/cartpole_appo.yaml) there is no replay to sample from: each update trains
 on one batch of ``agent.batch_size`` env steps, rollouts of ``actor.rollout_length`` steps, and
 never again. Its rows time the agent's update alone on synthetic rollouts of the run's spec (valid
 as the learner's checks want them), built through ``make_learner`` as the learner builds it:
 updates/s, and the env steps they train per second (what actors may produce before the learner
-falls behind). They have no reference side: no bare APPO exists to hold them against.
+falls behind), and the CPU seconds per 1,000 updates. They have no reference side: no bare
+APPO exists to hold them against.
 """
 
 from __future__ import annotations
