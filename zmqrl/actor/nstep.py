@@ -4,9 +4,11 @@ Doing the n-step folding in the actor (rather than in replay) means the learner 
 ready-made ``(obs, action, reward, next_obs, discount)`` rows and never needs ``n`` or ``gamma``:
 ``discount`` already carries both the horizon (``gamma ** k``) and termination (0.0).
 
-This runs once per env step in every actor, so it keeps to plain Python floats, a deque, and
-precomputed powers of gamma; it never copies observation arrays. ``VectorNStep`` runs one
-``NStepProcessor`` per sub-env of a gymnasium vector env (``AutoresetMode.NEXT_STEP``).
+These classes are the per-transition definition of that folding: ``NStepProcessor`` for one env
+(``zmqrl.core.StepProcessor``), ``VectorNStep`` for a gymnasium vector env (``AutoresetMode.
+NEXT_STEP``), ``ActedVersions`` for the weights version each window step was acted with. The
+actor itself runs ``zmqrl.actor.nstep_log.NStepLog``, which gives the same batches from arrays
+at a fraction of the per-step cost; tests/test_nstep_log.py holds it to these.
 """
 
 from __future__ import annotations
@@ -208,6 +210,32 @@ class VectorNStep:
         self.real_steps = real
         self.ended = ended
         return out
+
+
+class ActedVersions:
+    """The weights version each step still inside an n-step window was acted with.
+
+    An n-step transition leaves its window up to ``n - 1`` steps after its action was taken, with
+    possibly older weights than the actor holds when it leaves, so the version is recorded per
+    step: one queue per (sub-)env, kept exactly as long as that env's window. Windows emit oldest
+    first, so what the windows emitted is what leaves the front of the queues.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self._queues: list[deque[int]] = [deque() for _ in range(num_envs)]
+
+    def step(self, version: int, fed: Sequence[bool], pending_after: Sequence[int]) -> int | None:
+        """Record ``version`` for each env that was fed a real step (``fed``), then drop the steps
+        the windows emitted (each queue shrinks to its window's length, ``pending_after``).
+        Returns the oldest version among the emitted steps, or None if none was emitted."""
+        oldest: int | None = None
+        for queue, was_fed, left in zip(self._queues, fed, pending_after, strict=True):
+            if was_fed:
+                queue.append(version)
+            while len(queue) > left:
+                acted = queue.popleft()
+                oldest = acted if oldest is None else min(oldest, acted)
+        return oldest
 
 
 def to_batch(

@@ -8,8 +8,9 @@ caller decides what to do about it: the sampler never calls back into its role.
 With ``actor.envs_per_actor`` = E > 1 it steps a gymnasium ``SyncVectorEnv`` (autoreset mode
 NEXT_STEP) with one batched ``act`` per vector step, and behaves like E single-env actors on
 consecutive rungs of the Ape-X ladder. One acting loop serves both: what differs between one env
-and a vector of them (how a step is taken and an ended episode reset, n-step windows per sub-env,
-the versions each window's steps were acted with) is in two small steppers. ``steps`` counts real
+and a vector of them (how a step is taken and an ended episode reset) is in two small steppers,
+which log each step in an ``NStepLog`` (n-step windows per sub-env, the versions each step was
+acted with), folded into transitions once per batch (nstep_log.py says why). ``steps`` counts real
 env transitions (sub-env steps that are not a NEXT_STEP autoreset step), and everything scheduled
 by it (weight polls, epsilon annealing) goes by that count.
 """
@@ -20,13 +21,13 @@ import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 import numpy as np
 
 from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, ladder_epsilon
-from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
+from zmqrl.actor.nstep import ActedVersions as ActedVersions  # where tests and callers found it
+from zmqrl.actor.nstep_log import NStepLog
 from zmqrl.agents import PriorityFn
 from zmqrl.config import Config
 from zmqrl.core import Policy
@@ -72,58 +73,28 @@ class Collected(enum.Enum):
     BUDGET_SPENT = "budget spent"  # the step budget was taken, and neither of the above
 
 
-# What one env step gave: the n-step transitions it completed, the oldest weights version those
-# were acted with (None when none was completed), the real env transitions in it, the episodes
-# that ended in it.
-Stepped: TypeAlias = tuple[list[Transition], int | None, int, Sequence[EpisodeStat]]
-NO_EPISODES: tuple[EpisodeStat, ...] = ()
-
-
-class ActedVersions:
-    """The weights version each step still inside an n-step window was acted with.
-
-    An n-step transition leaves its window up to ``n - 1`` steps after its action was taken, with
-    possibly older weights than the actor holds when it leaves, so the version is recorded per
-    step: one queue per (sub-)env, kept exactly as long as that env's window. Windows emit oldest
-    first, so what the windows emitted is what leaves the front of the queues.
-    """
-
-    def __init__(self, num_envs: int) -> None:
-        self._queues: list[deque[int]] = [deque() for _ in range(num_envs)]
-
-    def step(self, version: int, fed: Sequence[bool], pending_after: Sequence[int]) -> int | None:
-        """Record ``version`` for each env that was fed a real step (``fed``), then drop the steps
-        the windows emitted (each queue shrinks to its window's length, ``pending_after``).
-        Returns the oldest version among the emitted steps, or None if none was emitted."""
-        oldest: int | None = None
-        for queue, was_fed, left in zip(self._queues, fed, pending_after, strict=True):
-            if was_fed:
-                queue.append(version)
-            while len(queue) > left:
-                acted = queue.popleft()
-                oldest = acted if oldest is None else min(oldest, acted)
-        return oldest
-
-
 class EnvStepper(Protocol):
-    """Steps the env(s) with one batch of actions and folds the steps into n-step transitions."""
+    """Steps the env(s) with one batch of actions and logs the steps for n-step folding."""
 
     env: Any
+    log: NStepLog
 
     @property
     def obs(self) -> np.ndarray:
         """The rows the next actions are chosen from (sub-envs on axis 0)."""
 
-    def step(self, actions: np.ndarray, version: int) -> Stepped: ...
+    def step(self, actions: np.ndarray, version: int) -> int:
+        """Take one (vector) step acted with weights ``version``; returns its real env
+        transitions. Episodes that ended are appended to ``finished``."""
 
 
 class SingleEnvStepper:
-    """One gymnasium env, reset as soon as an episode ends; one n-step window."""
+    """One gymnasium env, reset as soon as an episode ends."""
 
-    def __init__(self, env: Any, seed: int, n_step: int, gamma: float) -> None:
+    def __init__(self, env: Any, seed: int, log: NStepLog, finished: list[EpisodeStat]) -> None:
         self.env = env
-        self._nstep = NStepProcessor(n_step, gamma)
-        self._acted: deque[int] = deque()
+        self.log = log
+        self._finished = finished
         self._obs, _ = env.reset(seed=seed)
         self._return, self._length = 0.0, 0
 
@@ -131,50 +102,44 @@ class SingleEnvStepper:
     def obs(self) -> np.ndarray:
         return self._obs[None]
 
-    def step(self, actions: np.ndarray, version: int) -> Stepped:
-        obs, action, nstep, acted = self._obs, actions[0], self._nstep, self._acted
+    def step(self, actions: np.ndarray, version: int) -> int:
+        obs, action = self._obs, actions[0]
         next_obs, reward, terminated, truncated, _ = self.env.step(action)
-        self._return += float(reward)
+        reward = float(reward)
+        self._return += reward
         self._length += 1
-        emitted = nstep.step(obs, action, float(reward), terminated, truncated, next_obs)
-        # One env's versions never decrease, so the first step to leave the window is the oldest
-        # of those that left (no min needed, unlike ActedVersions over sub-envs).
-        acted.append(version)
-        oldest = None
-        if emitted:
-            oldest = acted.popleft()
-            while len(acted) > len(nstep):
-                acted.popleft()
-        ended: Sequence[EpisodeStat] = NO_EPISODES
+        self.log.add_single(obs, action, reward, terminated, truncated, next_obs, version)
         if terminated or truncated:
-            ended = (EpisodeStat(self._return, self._length),)
+            self._finished.append(EpisodeStat(self._return, self._length))
             self._return, self._length = 0.0, 0
             self._obs, _ = self.env.reset()
         else:
             self._obs = next_obs
-        return emitted, oldest, 1, ended
+        return 1
 
 
 class VectorEnvStepper:
-    """A ``SyncVectorEnv`` (autoreset NEXT_STEP): one n-step window per sub-env, whose autoreset
-    steps are not transitions (``VectorNStep``)."""
+    """A ``SyncVectorEnv`` (autoreset NEXT_STEP), whose autoreset steps are not transitions: the
+    log tells them apart and keeps each sub-env's windows its own."""
 
-    def __init__(self, env: Any, seed: int, num_envs: int, n_step: int, gamma: float) -> None:
+    def __init__(
+        self, env: Any, seed: int, num_envs: int, log: NStepLog, finished: list[EpisodeStat]
+    ) -> None:
         self.env = env
-        self.vec = VectorNStep(num_envs, n_step, gamma)
-        self._acted = ActedVersions(num_envs)
+        self.log = log
+        self._finished = finished
         # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each
-        # step, so transitions may keep row views of them.
+        # step, so the log may keep them until its batch is taken.
         self.obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
 
-    def step(self, actions: np.ndarray, version: int) -> Stepped:
-        vec = self.vec
+    def step(self, actions: np.ndarray, version: int) -> int:
+        log = self.log
         next_obs, rewards, terminated, truncated, _ = self.env.step(actions)
-        fed = [not reset for reset in vec.autoreset]  # rows in their autoreset step are skipped
-        emitted = vec.step(self.obs, actions, rewards, terminated, truncated, next_obs)
-        oldest = self._acted.step(version, fed, [len(p) for p in vec.processors])
+        real = log.add(self.obs, actions, rewards, terminated, truncated, next_obs, version)
+        if log.ended:
+            self._finished.extend(stat for _, stat in log.ended)
         self.obs = next_obs
-        return emitted, oldest, vec.real_steps, [stat for _, stat in vec.ended]
+        return real
 
 
 class Sampler:
@@ -216,15 +181,22 @@ class Sampler:
         self.priority_seconds = 0.0
         self.recent_returns: deque[float] = deque(maxlen=20)
         self._seq = 0
-        self._pending: list[Transition] = []
-        self._pending_version = weights.version  # the oldest version acted with among pending
-        self._finished: list[EpisodeStat] = []
+        self._finished: list[EpisodeStat] = []  # episodes ended since the last message
+        self._counted = 0  # how many of them episodes and recent_returns include
         self._bad_priorities_logged = False
-        seed, n_step, gamma = actor_seed(cfg, actor_id), cfg.agent.n_step, cfg.agent.gamma
+        seed = actor_seed(cfg, actor_id)
+        self.log = NStepLog(
+            self.num_envs,
+            cfg.agent.n_step,
+            cfg.agent.gamma,
+            self._send_batch,
+            spec.obs_dtype,
+            spec.action_dtype,
+        )
         self.envs: EnvStepper = (
-            SingleEnvStepper(env, seed, n_step, gamma)
+            SingleEnvStepper(env, seed, self.log, self._finished)
             if self.num_envs == 1
-            else VectorEnvStepper(env, seed, self.num_envs, n_step, gamma)
+            else VectorEnvStepper(env, seed, self.num_envs, self.log, self._finished)
         )
         # Epsilon-random rows around the policy's own acting, on this actor's rungs.
         self.explorer = EpsilonExplorer(policy, spec, seed=seed, epsilon=self._epsilon())
@@ -237,7 +209,7 @@ class Sampler:
 
     @property
     def batch_ready(self) -> bool:
-        return len(self._pending) >= self._send_batch
+        return self.log.ready
 
     def describe(self) -> str:
         """How this actor explores, for its start-up line."""
@@ -256,17 +228,18 @@ class Sampler:
     def message(self) -> SamplesMsg:
         """The ready batch as a samples message (with Ape-X initial priorities when asked for);
         starts the next batch."""
-        batch = to_batch(self._pending, self.spec.obs_dtype, self.spec.action_dtype)
+        batch, version = self.log.take()
         msg = SamplesMsg(
             actor_id=self.actor_id,
             seq=self._seq,
-            weights_version=self._pending_version,
+            weights_version=version,
             batch=batch,
-            episodes=self._finished,
+            episodes=list(self._finished),
             priorities=self._priorities(batch) if self._priority_fn is not None else None,
         )
         self._seq += 1
-        self._pending, self._finished = [], []
+        self._finished.clear()  # the steppers append to this very list
+        self._counted = 0
         return msg
 
     def close(self) -> None:
@@ -288,35 +261,38 @@ class Sampler:
         }
 
     def _act(self, until: int) -> bool:
-        """The acting loop, for one env or a vector of them: act, step, fold, until ``until`` steps
+        """The acting loop, for one env or a vector of them: act, step, log, until ``until`` steps
         or a full batch; True if it stopped because weights are due."""
-        explorer, weights, envs = self.explorer, self.weights, self.envs
-        pending, send_batch = self._pending, self._send_batch
-        while self.steps < until and len(pending) < send_batch:
-            if self.steps >= self._next_poll:
-                self._next_poll = self.steps + self._poll_every
-                return True
-            if self.steps >= self._next_epsilon:
-                explorer.epsilon = self._epsilon()
-                self._next_epsilon = self.steps + HOUSEKEEPING_EVERY
-            version = weights.version
-            actions = explorer.act(envs.obs)  # each row explores at its sub-env's epsilon
-            emitted, oldest, real_steps, ended = envs.step(actions, version)
-            if oldest is not None:
-                self._pending_version = oldest if not pending else min(self._pending_version, oldest)
-                pending.extend(emitted)
-            self.steps += real_steps
-            for stat in ended:
-                self._finished.append(stat)
-                self.recent_returns.append(stat.ret)
-                self.episodes += 1
-        return False
+        explorer, weights, envs, log = self.explorer, self.weights, self.envs, self.log
+        steps = self.steps
+        next_event = min(self._next_poll, self._next_epsilon)
+        try:
+            while steps < until and not log.ready:
+                if steps >= next_event:
+                    if steps >= self._next_poll:
+                        self._next_poll = steps + self._poll_every
+                        return True
+                    if steps >= self._next_epsilon:
+                        self.steps = steps
+                        explorer.epsilon = self._epsilon()
+                        self._next_epsilon = steps + HOUSEKEEPING_EVERY
+                    next_event = min(self._next_poll, self._next_epsilon)
+                # Each row explores at its sub-env's epsilon.
+                steps += envs.step(explorer.act(envs.obs), weights.version)
+            return False
+        finally:
+            self.steps = steps
+            if len(self._finished) > self._counted:
+                for stat in self._finished[self._counted :]:
+                    self.recent_returns.append(stat.ret)
+                self.episodes += len(self._finished) - self._counted
+                self._counted = len(self._finished)
 
     def _epsilon(self) -> float | np.ndarray:
         """The policy's epsilon now: one env's from its schedule over the actor's steps, a vector's
         per sub-env over that sub-env's own steps."""
         if isinstance(self.envs, VectorEnvStepper):
-            return self.sub_env_epsilons(np.asarray(self.envs.vec.env_steps))
+            return self.sub_env_epsilons(self.log.env_steps)
         return self._schedule(self.steps)
 
     def sub_env_epsilons(self, env_steps: np.ndarray) -> np.ndarray:
