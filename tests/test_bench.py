@@ -54,8 +54,9 @@ def assert_measured(c: Comparison, group: str, compared: bool = True) -> None:
 def test_actor_part_compares_the_real_actor_and_its_sampling_code_with_the_bare_loop() -> None:
     row, alone, unprioritized = actor.run(TINY)
     assert_measured(row, "actor")
-    assert row.unit == "transitions/s" and row.target == 0.9 and row.higher_is_better
+    assert row.unit == "transitions/s" and row.target == actor.TARGET and row.higher_is_better
     assert row.extra["bytes_per_s"] > 0, "the actor's batches reached the PULL socket"
+    assert row.extra["cpu_s_per_1k_steps"] > 0, "the actor's CPU time over its window, from /proc"
     assert_measured(alone, "actor")  # the sampling code alone: a diagnosis, without a target
     assert "alone" in alone.name and alone.target is None and alone.passed is None
     assert_measured(unprioritized, "actor")
