@@ -58,6 +58,8 @@ class Supervisor(Oversight):
         t = self.cfg.transport
         # With fixed ports the actors start right away (they block until the learner binds), which
         # hides one process start-up; with port 0 they must learn the learner's real ports first.
+        # The evaluator starts once the learner is up: its own start (torch) would otherwise
+        # share the CPU with the learner's, which the run's first update waits for.
         early = not (_asks_os_for_port(t.samples) or _asks_os_for_port(t.weights))
         if early:
             self._spawn_actors()
@@ -70,6 +72,8 @@ class Supervisor(Oversight):
             )
             save_config(self.cfg, config_path)
             self._spawn_actors()
+        if self.cfg.evaluator.enabled:
+            self._spawn("evaluator", 0)
         self._say(
             f"learner on {endpoints['samples']} (samples) / {endpoints['weights']} (weights); "
             f"{self.cfg.actor.num_actors} actor(s) started"
@@ -79,10 +83,6 @@ class Supervisor(Oversight):
 
     # ------------------------------------------------------------------ processes
     def _spawn_actors(self) -> None:
-        """Every role that consumes the learner's weights: the evaluator (if enabled) first, as it
-        starts slowest (torch, TensorBoard) and should hear the early versions, then the actors."""
-        if self.cfg.evaluator.enabled:
-            self._spawn("evaluator", 0)
         for i in range(self.cfg.actor.num_actors):
             self._spawn("actor", i)
 
