@@ -54,14 +54,19 @@ def recv_bounded(sock: zmq.Socket, limit: FrameLimit, *, copy: bool, flags: int 
     socket stands at the next message. Costs what ``recv_multipart`` costs (the same receive and
     one ``RCVMORE`` query per frame) plus a length sum.
     """
-    first = sock.recv(flags, copy=copy)
-    frames = [first]
-    total = len(first)
+    return recv_rest(sock, limit, [sock.recv(flags, copy=copy)], copy=copy)
+
+
+def recv_rest(sock: zmq.Socket, limit: FrameLimit, frames: list[Any], *, copy: bool) -> list[Any]:
+    """The rest of a message whose first ``frames`` (at least its first) were read already, as
+    :func:`recv_bounded` reads it: for a reader that looks at the first frame before it decides
+    how to read the others."""
+    total = sum(len(f) for f in frames)
     too_large = total > limit.max_bytes
     while sock.getsockopt(zmq.RCVMORE):
         if too_large or len(frames) >= limit.max_frames:
             return _drop_rest(sock, limit, len(frames), total)
-        frame = sock.recv(flags, copy=copy)
+        frame = sock.recv(zmq.NOBLOCK, copy=copy)
         frames.append(frame)
         total += len(frame)
         too_large = total > limit.max_bytes

@@ -30,6 +30,7 @@ from zmqrl.transport import wire
 from zmqrl.transport.bad_messages import BadMessages, Clock
 from zmqrl.transport.peers import PeerWatch
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
+from zmqrl.transport.sample_groups import GroupReader
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import SamplesMsg, WireError
 from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, Batch, RolloutBatch, TransitionBatch
@@ -286,10 +287,13 @@ class SampleReceiver:
         self.limit = channel_limit(sock, SAMPLES_MAX_FRAMES)
         self.zero_copy = spec.obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
         self._held: SamplesMsg | None = None  # received, validated in layout, for the next group
+        # Small transition rows of known layouts are received straight into a group's columns.
+        fast = GroupReader.usable(sock, spec, self.zero_copy)
+        self._reader = GroupReader(sock, spec, self.limit) if fast else None
 
     def wait(self, timeout_ms: int) -> bool:
         """Whether a message is ready within ``timeout_ms`` (so the ingest thread never spins)."""
-        return bool(self._sock.poll(timeout_ms, zmq.POLLIN))
+        return self._held is not None or bool(self._sock.poll(timeout_ms, zmq.POLLIN))
 
     def recv_nowait(self) -> SamplesMsg | bool | None:
         """One message: a valid ``SamplesMsg``; ``None`` if it was malformed (counted); ``False``
@@ -314,6 +318,8 @@ class SampleReceiver:
         good ones stay. A message whose priorities (present or absent) differ from the group's
         so far waits for the next group.
         """
+        if self._reader is not None:
+            return self._recv_into_group(self._reader, limit)
         messages: list[SamplesMsg] = []
         if self._held is not None:
             messages.append(self._held)
@@ -333,7 +339,20 @@ class SampleReceiver:
             messages.append(msg)
         if not messages:
             return None
-        group = SampleGroup.of(messages)
+        return self._checked(SampleGroup.of(messages))
+
+    def _recv_into_group(self, reader: GroupReader, limit: int) -> SampleGroup | None:
+        """``recv_group`` for small transition rows (:meth:`GroupReader.read`)."""
+        while True:
+            read, self._held = reader.read(limit, self._held, self.bad)
+            group = None if read is None else self._checked(SampleGroup(*read))
+            if group is not None or self._held is None:  # a held message is never left waiting
+                return group
+
+    def _checked(self, group: SampleGroup) -> SampleGroup | None:
+        """``group`` less the messages whose contents fail (counted), their sequence numbers
+        accounted; None if none is left."""
+        messages = group.messages
         try:
             wire.validate_content(group.batch, group.priorities, self.spec)
         except WireError:
@@ -347,6 +366,5 @@ class SampleReceiver:
             if not good:
                 return None
             group = SampleGroup.of(good)
-        for msg in group.messages:
-            self.seqs.observe(msg.actor_id, msg.seq, msg.batch.size)
+        self.seqs.observe_all([(msg.actor_id, msg.seq, msg.batch.size) for msg in group.messages])
         return group

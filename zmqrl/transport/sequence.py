@@ -62,27 +62,38 @@ class SequenceTracker:
     def observe(self, actor_id: int, seq: int, samples: int) -> None:
         """Account one valid samples message (``samples`` transitions)."""
         with self._lock:
-            stats = self._actors.get(actor_id)
-            if stats is None:
-                if len(self._actors) >= self.max_actors:
-                    self._untracked_batches += 1
-                    self._untracked_samples += samples
-                    return
-                stats = self._actors[actor_id] = ActorSeqStats(last_seq=seq)
-            elif seq == 0:
-                stats.restarts += 1
-                stats.last_seq = 0
-            elif seq > stats.last_seq:
-                stats.lost += seq - stats.last_seq - 1
-                stats.last_seq = seq
-            elif stats.last_seq - seq <= self.reorder_window:
-                stats.reordered += 1
-            else:
-                stats.restarts += 1
-                stats.lost += seq
-                stats.last_seq = seq
-            stats.batches += 1
-            stats.samples += samples
+            self._observe(actor_id, seq, samples)
+
+    def observe_all(self, messages: list[tuple[int, int, int]]) -> None:
+        """Account valid messages as ``(actor_id, seq, samples)`` in the order received, under one
+        taking of the lock (a group's messages; the same counts as ``observe`` one by one)."""
+        with self._lock:
+            for actor_id, seq, samples in messages:
+                self._observe(actor_id, seq, samples)
+
+    def _observe(self, actor_id: int, seq: int, samples: int) -> None:
+        """One message, the lock held."""
+        stats = self._actors.get(actor_id)
+        if stats is None:
+            if len(self._actors) >= self.max_actors:
+                self._untracked_batches += 1
+                self._untracked_samples += samples
+                return
+            stats = self._actors[actor_id] = ActorSeqStats(last_seq=seq)
+        elif seq == 0:
+            stats.restarts += 1
+            stats.last_seq = 0
+        elif seq > stats.last_seq:
+            stats.lost += seq - stats.last_seq - 1
+            stats.last_seq = seq
+        elif stats.last_seq - seq <= self.reorder_window:
+            stats.reordered += 1
+        else:
+            stats.restarts += 1
+            stats.lost += seq
+            stats.last_seq = seq
+        stats.batches += 1
+        stats.samples += samples
 
     def per_actor(self) -> dict[int, dict[str, int]]:
         """A copy of every tracked actor's counters, by actor id (ascending)."""
