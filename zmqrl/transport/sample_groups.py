@@ -25,6 +25,8 @@ full decoder gives for it.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +48,9 @@ from zmqrl.types import BATCH_FIELDS, EpisodeStat, TransitionBatch
 MAX_LAYOUTS = 8
 # A samples header's exact keys (samples have no optional ones).
 _SAMPLES_KEYS = frozenset(("proto", "kind", "arrays", "actor_id", "seq", "weights_version", "episodes"))
-_RCVMORE = int(zmq.RCVMORE)
+_RCVMORE, _NOBLOCK = int(zmq.RCVMORE), int(zmq.NOBLOCK)
+# The full decoder's msgpack options, bound once (a keyword expansion per header costs).
+_unpack: Callable[[bytes], Any] = functools.partial(msgpack.unpackb, ext_hook=reject_ext, **UNPACK_LIMITS)
 # A transitions message's array names in header order.
 PRIORITY_COLUMNS = (*BATCH_FIELDS, PRIORITY_FIELD)
 
@@ -59,11 +63,13 @@ class Layout:
     descs: tuple[ArrayDesc, ...]
     rows: int
     nbytes: int  # all array frames together
+    sizes: tuple[int, ...]  # each array frame's
 
     @classmethod
     def of(cls, descs: tuple[ArrayDesc, ...]) -> Layout:
         arrays = [{"name": d.name, "dtype": d.dtype, "shape": list(d.shape)} for d in descs]
-        return cls(arrays, tuple(descs), descs[0].shape[0], sum(d.nbytes for d in descs))
+        sizes = tuple(d.nbytes for d in descs)
+        return cls(arrays, tuple(descs), descs[0].shape[0], sum(sizes), sizes)
 
     @property
     def priorities(self) -> bool:
@@ -106,6 +112,7 @@ class GroupReader:
         self.spec = spec
         self.limit = limit
         self.layouts: list[Layout] = []
+        self._get, self._recv_into = sock.get, sock.recv_into  # bound once: called per frame
 
     @staticmethod
     def usable(sock: zmq.Socket, spec: SampleSpec, zero_copy: bool) -> bool:
@@ -120,19 +127,29 @@ class GroupReader:
         if len(head) > MAX_HEADER_BYTES:
             return None
         try:
-            header = msgpack.unpackb(head, ext_hook=reject_ext, **UNPACK_LIMITS)
+            header = _unpack(head)
         except Exception:  # the full decoder says what is wrong
             return None
         if type(header) is not dict or header.keys() != _SAMPLES_KEYS:
             return None
-        proto = header["proto"]
-        if type(proto) is not int or proto != PROTO_VERSION or header["kind"] != KIND_SAMPLES:
-            return None
-        for key in ("actor_id", "seq", "weights_version"):
-            value = header[key]
-            if type(value) is not int or not 0 <= value <= INT64_MAX:
-                return None
-        if type(header["episodes"]) is not list:
+        proto, actor, seq, version = (
+            header["proto"],
+            header["actor_id"],
+            header["seq"],
+            header["weights_version"],
+        )
+        if not (
+            type(proto) is int
+            and proto == PROTO_VERSION
+            and header["kind"] == KIND_SAMPLES
+            and type(actor) is int
+            and type(seq) is int
+            and type(version) is int
+            and 0 <= actor <= INT64_MAX
+            and 0 <= seq <= INT64_MAX
+            and 0 <= version <= INT64_MAX
+            and type(header["episodes"]) is list
+        ):
             return None
         arrays = header["arrays"]
         for layout in self.layouts:
@@ -160,19 +177,19 @@ class GroupReader:
     def receive(self, layout: Layout, columns: Columns, head_bytes: int) -> WireError | None:
         """The message's array frames into ``columns`` at its next free row; None when they came
         as described (the rows then count as filled), else the reason (every frame was read)."""
-        sock, get = self._sock, self._sock.get
+        get, recv_into = self._get, self._recv_into
         start = columns.rows
-        sizes: list[int] = []
-        for i, desc in enumerate(layout.descs):
+        for i, (column, row_bytes, nbytes) in enumerate(
+            zip(columns.bytes, columns.row_bytes, layout.sizes, strict=True)
+        ):
             if not get(_RCVMORE):
-                return self._refused(head_bytes, sizes, False, layout)
-            offset = start * columns.row_bytes[i]
-            size = sock.recv_into(columns.bytes[i][offset : offset + desc.nbytes], flags=zmq.NOBLOCK)
-            sizes.append(size)
-            if size != desc.nbytes:
-                return self._refused(head_bytes, sizes, bool(get(_RCVMORE)), layout)
+                return self._refused(head_bytes, list(layout.sizes[:i]), False, layout)
+            offset = start * row_bytes
+            size = recv_into(column[offset : offset + nbytes], flags=_NOBLOCK)
+            if size != nbytes:
+                return self._refused(head_bytes, [*layout.sizes[:i], size], bool(get(_RCVMORE)), layout)
         if get(_RCVMORE):
-            return self._refused(head_bytes, sizes, True, layout)
+            return self._refused(head_bytes, list(layout.sizes), True, layout)
         columns.rows += layout.rows
         return None
 
@@ -211,7 +228,7 @@ class GroupReader:
         while len(spans) < limit:
             if held is None:
                 try:
-                    head = sock.recv(zmq.NOBLOCK)
+                    head = sock.recv(_NOBLOCK)
                 except zmq.Again:
                     break
                 known = self.match(head)
@@ -252,10 +269,13 @@ class GroupReader:
         if columns is None or not spans:
             return None, held
         messages = []
-        for i, (actor_id, seq, version, start, episodes) in enumerate(spans):
-            stop = spans[i + 1][3] if i + 1 < len(spans) else columns.rows
-            batch, priorities = columns.batch(start, stop)
-            messages.append(SamplesMsg(actor_id, seq, version, batch, episodes, priorities))
+        arrays, with_priorities = columns.arrays, columns.priorities
+        stops = [span[3] for span in spans[1:]] + [columns.rows]
+        for (actor_id, seq, version, start, episodes), stop in zip(spans, stops, strict=True):
+            cols = [a[start:stop] for a in arrays]
+            batch = TransitionBatch(cols[0], cols[1], cols[2], cols[3], cols[4])
+            msg = SamplesMsg(actor_id, seq, version, batch, episodes, cols[5] if with_priorities else None)
+            messages.append(msg)
         merged, priorities = columns.batch(0, columns.rows)
         return (tuple(messages), merged, priorities), held
 
