@@ -69,7 +69,7 @@ def test_ingest_part_measures_cartpole_and_atari_sized_batches() -> None:
     assert [r.name.split(" ")[0] for r in rows] == ["CartPole-sized", "Atari-sized"]
     for row in rows:
         assert_measured(row, "ingest")
-        assert row.target == 0.5
+        assert row.target == ingest.INGEST_TARGET
     assert children() == [], "the synthetic senders are gone"
 
 
