@@ -102,10 +102,26 @@ def _fingerprint_scalar(value: Any, what: str) -> FingerprintScalar:
     fail(f"{what} must be a string, number or bool, got {short(value)}")
 
 
+def _signature(fingerprint: dict[Any, Any]) -> tuple[Any, ...]:
+    """The exact types of a fingerprint's values (of a list's items too), in order."""
+    return tuple(tuple(map(type, v)) if type(v) is list else type(v) for v in fingerprint.values())
+
+
+# The last fingerprint that passed, with its signature. A run's learner sends one fingerprint with
+# every weights message, and checking it from scratch was ~8 us on each side of every publish. A
+# map equal to it whose values have the same exact types is as valid: equal strings have equal
+# lengths, equal ints the same range, equal floats are finite (NaN equals nothing).
+_KNOWN_FINGERPRINT: tuple[dict[Any, Any], tuple[Any, ...]] | None = None
+
+
 def parse_fingerprint(value: Any) -> Fingerprint:
     """A flat map of short strings to scalars or short lists of scalars; nothing nested."""
+    global _KNOWN_FINGERPRINT
     if type(value) is not dict:
         fail(f"'fingerprint' must be a map, got {short(value)}")
+    known = _KNOWN_FINGERPRINT
+    if known is not None and value == known[0] and _signature(value) == known[1]:
+        return value
     if len(value) > MAX_FINGERPRINT_ENTRIES:
         fail(f"fingerprint has {len(value)} entries > {MAX_FINGERPRINT_ENTRIES}")
     out: Fingerprint = {}
@@ -117,6 +133,7 @@ def parse_fingerprint(value: Any) -> Fingerprint:
             out[name] = [_fingerprint_scalar(x, f"fingerprint {name!r} item") for x in item]
         else:
             out[name] = _fingerprint_scalar(item, f"fingerprint {name!r}")
+    _KNOWN_FINGERPRINT = (out, _signature(out))
     return out
 
 
