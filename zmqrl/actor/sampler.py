@@ -21,6 +21,7 @@ import enum
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -73,19 +74,22 @@ class Collected(enum.Enum):
     BUDGET_SPENT = "budget spent"  # the step budget was taken, and neither of the above
 
 
+# The acting side of a policy: observation rows in, one action row per sub-env out.
+Act = Callable[[np.ndarray], np.ndarray]
+
+
 class EnvStepper(Protocol):
-    """Steps the env(s) with one batch of actions and logs the steps for n-step folding."""
+    """Steps the env(s) and logs the steps for n-step folding."""
 
     env: Any
     log: NStepLog
 
-    @property
-    def obs(self) -> np.ndarray:
-        """The rows the next actions are chosen from (sub-envs on axis 0)."""
-
-    def step(self, actions: np.ndarray, version: int) -> int:
-        """Take one (vector) step acted with weights ``version``; returns its real env
-        transitions. Episodes that ended are appended to ``finished``."""
+    def run(self, act: Act, budget: int, version: int) -> int:
+        """Act and step until about ``budget`` real env transitions were taken (a vector step
+        may overshoot by fewer than E) or the log holds a batch, acting with weights
+        ``version``; returns the transitions taken. Episodes that ended are appended to the
+        ``finished`` list the stepper was given. One call runs many steps: the acting loop's
+        per-step work is all here, in locals."""
 
 
 class SingleEnvStepper:
@@ -98,24 +102,26 @@ class SingleEnvStepper:
         self._obs, _ = env.reset(seed=seed)
         self._return, self._length = 0.0, 0
 
-    @property
-    def obs(self) -> np.ndarray:
-        return self._obs[None]
-
-    def step(self, actions: np.ndarray, version: int) -> int:
-        obs, action = self._obs, actions[0]
-        next_obs, reward, terminated, truncated, _ = self.env.step(action)
-        reward = float(reward)
-        self._return += reward
-        self._length += 1
-        self.log.add_single(obs, action, reward, terminated, truncated, next_obs, version)
-        if terminated or truncated:
-            self._finished.append(EpisodeStat(self._return, self._length))
-            self._return, self._length = 0.0, 0
-            self._obs, _ = self.env.reset()
-        else:
-            self._obs = next_obs
-        return 1
+    def run(self, act: Act, budget: int, version: int) -> int:
+        env, log, add, finished = self.env, self.log, self.log.add_single, self._finished
+        obs, ret, length = self._obs, self._return, self._length
+        taken = 0
+        while taken < budget and not log.ready:
+            action = act(obs[None])[0]
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            reward = float(reward)
+            ret += reward
+            length += 1
+            taken += 1
+            add(obs, action, reward, terminated, truncated, next_obs, version)
+            if terminated or truncated:
+                finished.append(EpisodeStat(ret, length))
+                ret, length = 0.0, 0
+                obs, _ = env.reset()
+            else:
+                obs = next_obs
+        self._obs, self._return, self._length = obs, ret, length
+        return taken
 
 
 class VectorEnvStepper:
@@ -132,14 +138,19 @@ class VectorEnvStepper:
         # step, so the log may keep them until its batch is taken.
         self.obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
 
-    def step(self, actions: np.ndarray, version: int) -> int:
-        log = self.log
-        next_obs, rewards, terminated, truncated, _ = self.env.step(actions)
-        real = log.add(self.obs, actions, rewards, terminated, truncated, next_obs, version)
-        if log.ended:
-            self._finished.extend(stat for _, stat in log.ended)
-        self.obs = next_obs
-        return real
+    def run(self, act: Act, budget: int, version: int) -> int:
+        env, log, finished = self.env, self.log, self._finished
+        obs = self.obs
+        taken = 0
+        while taken < budget and not log.ready:
+            actions = act(obs)
+            next_obs, rewards, terminated, truncated, _ = env.step(actions)
+            taken += log.add(obs, actions, rewards, terminated, truncated, next_obs, version)
+            if log.ended:
+                finished.extend(stat for _, stat in log.ended)
+            obs = next_obs
+        self.obs = obs
+        return taken
 
 
 class Sampler:
@@ -277,8 +288,8 @@ class Sampler:
                         explorer.epsilon = self._epsilon()
                         self._next_epsilon = steps + HOUSEKEEPING_EVERY
                     next_event = min(self._next_poll, self._next_epsilon)
-                # Each row explores at its sub-env's epsilon.
-                steps += envs.step(explorer.act(envs.obs), weights.version)
+                # Each row explores at its sub-env's epsilon, until the next event.
+                steps += envs.run(explorer.act, min(until, next_event) - steps, weights.version)
             return False
         finally:
             self.steps = steps
