@@ -145,8 +145,8 @@ class Oversight:
         # From here on the control socket is the beacon thread's (stop and end go through it).
         self.beacon = ControlBeacon(self.control, self.cfg.supervisor.heartbeat_interval, self._beat_health)
         opened.callback(self.beacon.close)  # before the socket closes
-        self.monitor.announce()  # console lines only now that a blocked console cannot stop the beat
         self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
+        self.monitor.announce()  # console lines only now that a blocked console cannot stop the beat
         previous = self._install_signals()
         code = EXIT_FAILED
         try:
