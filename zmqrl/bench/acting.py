@@ -16,13 +16,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from zmqrl.config import Config
+from zmqrl.config import Config, load_config
 from zmqrl.supervisor.processes import BLAS_THREADS_ENV
 
+# Repository configs the benchmarks measure (the bench runs from a checkout).
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CARTPOLE = CONFIGS / "cartpole_dqn.yaml"
 # Steps of the bare loop between clock reads.
 CLOCK_EVERY = 64
 # Each measured window starts this long after its side is running (first batch out, caches warm).
@@ -31,12 +35,27 @@ WARMUP_SECONDS = 0.2
 CHILD_SETUP_SECONDS = 30.0
 
 
+def actor_config(envs_per_actor: int, *extra: str, **endpoints: str) -> Config:
+    """The CartPole DQN config, uncapped, without epsilon annealing, on ``endpoints``."""
+    overrides = [
+        *extra,
+        "actor.max_steps_per_s=null",
+        # The default queues: the shipped config keeps one message queued for its replay ratio,
+        # which paces an actor by the receiver's round trips, not by what acting costs.
+        "transport.samples_hwm=64",
+        "transport.samples_buffer_kb=0",
+        "actor.epsilon_decay_steps=0",
+        f"actor.envs_per_actor={envs_per_actor}",
+        *(f"transport.{name}={endpoint}" for name, endpoint in endpoints.items()),
+    ]
+    return load_config(CARTPOLE, overrides)
+
+
 def _acting_parts(envs: int) -> tuple[Config, Any, Any, Any]:
     """What both in-process sides act with: the config, its env (vectorized for ``envs`` > 1),
     the sample spec and the policy, seeded as actor 0."""
     from zmqrl.actor.sampler import actor_seed
     from zmqrl.agents import make_policy
-    from zmqrl.bench.actor import actor_config
     from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 
     cfg = actor_config(envs)

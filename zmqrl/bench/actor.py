@@ -32,16 +32,15 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zmqrl.bench.acting import measure_in_child
+from zmqrl.bench.acting import CARTPOLE as CARTPOLE
+from zmqrl.bench.acting import CONFIGS as CONFIGS
+from zmqrl.bench.acting import actor_config, measure_in_child
 from zmqrl.bench.cpu import per_thousand, process_cpu_seconds
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
-from zmqrl.config import Config, load_config, save_config
+from zmqrl.config import Config, save_config
 from zmqrl.runtime.link import PARENT_PID_ENV, SUPERVISED_ENV
 from zmqrl.supervisor.processes import BLAS_THREADS_ENV
 
-# Repository configs the benchmarks measure (the bench runs from a checkout).
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CARTPOLE = CONFIGS / "cartpole_dqn.yaml"
 # The real actor's rate against the bare loop's that issue 27 asks for.
 TARGET = 0.8
 # About how long the part takes (full, quick), for the progress line.
@@ -52,22 +51,6 @@ WARMUP_SECONDS = 0.2
 FIRST_BATCH_TIMEOUT = 30.0
 # The measured actor's heartbeats (its step counts) come this often, in seconds.
 HEARTBEAT_SECONDS = 0.1
-
-
-def actor_config(envs_per_actor: int, *extra: str, **endpoints: str) -> Config:
-    """The CartPole DQN config, uncapped, without epsilon annealing, on ``endpoints``."""
-    overrides = [
-        *extra,
-        "actor.max_steps_per_s=null",
-        # The default queues: the shipped config keeps one message queued for its replay ratio,
-        # which paces an actor by the receiver's round trips, not by what acting costs.
-        "transport.samples_hwm=64",
-        "transport.samples_buffer_kb=0",
-        "actor.epsilon_decay_steps=0",
-        f"actor.envs_per_actor={envs_per_actor}",
-        *(f"transport.{name}={endpoint}" for name, endpoint in endpoints.items()),
-    ]
-    return load_config(CARTPOLE, overrides)
 
 
 class FakeLearnerSide:
