@@ -12,7 +12,9 @@ the counters) are fixed, not per row, and with CartPole-sized messages they were
 ingest time. So the receiver takes the messages that are already queued, up to a limit, scans
 their merged rows once, and the learner inserts them as one all-or-nothing replay add. Each
 message still counts on its own: sequence numbers, policy lag, episodes, and a bad one is dropped
-alone.
+alone. For small transition rows the group is read straight into its merged columns, message by
+message, once a layout is known (:mod:`zmqrl.transport.sample_groups`): no per-message arrays and no
+concatenation, with every check of the full decoder made on every message.
 """
 
 from __future__ import annotations
