@@ -94,8 +94,9 @@ class NStepLog:
         # (or will be) and its autoreset steps so far; the step from which, unless an episode
         # ends, every window stays full (so the pending count stays as it is).
         self._clock = 0
-        self._begin = np.zeros(self.num_envs, dtype=np.int64)
-        self._autoresets = np.zeros(self.num_envs, dtype=np.int64)
+        # (Python lists: with a few sub-envs, plain ints beat numpy's per-call cost.)
+        self._begin = [0] * self.num_envs
+        self._autoresets = [0] * self.num_envs
         self._steady_from = self.n - 1
         self._resetting: np.ndarray | None = None  # sub-envs in their autoreset step next
         self._resetting_count = 0
@@ -115,7 +116,7 @@ class NStepLog:
     @property
     def env_steps(self) -> np.ndarray:
         """Each sub-env's real steps so far (a vector env's autoreset steps are not counted)."""
-        return self._clock - self._autoresets
+        return self._clock - np.array(self._autoresets, dtype=np.int64)
 
     def add_single(
         self,
@@ -166,32 +167,33 @@ class NStepLog:
         self._versions.append(version)
         resetting = self._resetting
         real = num if resetting is None else num - self._resetting_count
-        ended = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
+        terminated = np.asarray(terminated, dtype=bool)
+        ended = terminated | np.asarray(truncated, dtype=bool)
         count = int(np.count_nonzero(ended))
         self._vector = True
-        self._clock += 1
+        self._clock = clock = self._clock + 1
         self._unemitted += real
         self._returns += rewards
+        begin = self._begin
         if resetting is not None:  # gymnasium ignored their actions: no reward, no step
             self._returns[resetting] = 0.0
-            self._autoresets += resetting
+            for j in np.flatnonzero(resetting).tolist():
+                self._autoresets[j] += 1
         if count:
-            self._ends.append((len(self._obs) - 1, ended, ended & np.asarray(terminated, dtype=bool)))
-            lengths = self._clock - self._begin
-            self.ended = [
-                (j, EpisodeStat(float(self._returns[j]), int(lengths[j])))
-                for j in np.flatnonzero(ended).tolist()
-            ]
-            self._begin[ended] = self._clock + 1  # after the autoreset step
+            self._ends.append((len(self._obs) - 1, ended, ended & terminated))
+            finished = np.flatnonzero(ended).tolist()
+            self.ended = [(j, EpisodeStat(float(self._returns[j]), clock - begin[j])) for j in finished]
+            for j in finished:
+                begin[j] = clock + 1  # after the autoreset step
             self._resetting, self._resetting_count = ended, count
         else:
             self._resetting = None
             if self.ended:
                 self.ended = []
-        if count or resetting is not None or self._clock <= self._steady_from:
-            lengths = np.clip(self._clock - self._begin, 0, self.n - 1)
-            self._pending = int(lengths.sum())
-            self._steady_from = int(self._begin.max()) + self.n - 1
+        if count or resetting is not None or clock <= self._steady_from:
+            longest = self.n - 1
+            self._pending = sum(min(longest, max(0, clock - b)) for b in begin)
+            self._steady_from = max(begin) + longest
         return real
 
     def take(self) -> tuple[TransitionBatch, int]:
