@@ -38,6 +38,11 @@ CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
 LEARNER_INFO = {"samples": "tcp://127.0.0.1:5555", "weights": "tcp://127.0.0.1:5556", "host": "h"}
 
 
+# When the parametrized cases' records were made (at collection, maybe minutes before their test
+# runs in a whole suite): fresh() moves one to now, keeping its ages.
+MADE = time.time()
+
+
 def record(role: str = "actor", *, age: float = 0.1, stuck: float = 0.5, **fields: object) -> HealthRecord:
     """A record written ``age`` seconds ago, whose progress last moved ``stuck`` seconds ago."""
     now = time.time()
@@ -55,6 +60,12 @@ def record(role: str = "actor", *, age: float = 0.1, stuck: float = 0.5, **field
     )
     values.update(fields)
     return HealthRecord(**values)  # type: ignore[arg-type]
+
+
+def fresh(rec: HealthRecord) -> HealthRecord:
+    """A parametrized case's ``rec`` (made at MADE) as if it had been made now."""
+    shift = time.time() - MADE
+    return dataclasses.replace(rec, time=rec.time + shift, progress_time=rec.progress_time + shift)
 
 
 class Views:
@@ -107,6 +118,7 @@ def test_healthz_answers_the_verdict_of_zmqrl_health(
     served: tuple[HealthServer, Views], case: str, rec: HealthRecord, status: int, words: str
 ) -> None:
     server, views = served
+    rec = fresh(rec)
     views.current = ProbeView(rec, {"weights_version": 3})
     code, body, headers = get(f"{server.url}/healthz")
     healthy, reason = judge(rec)
@@ -159,6 +171,8 @@ def test_healthz_before_the_first_heartbeat_is_503(served: tuple[HealthServer, V
     ],
 )
 def test_readiness(case: str, view: ProbeView, ready: bool, words: str) -> None:
+    if view.record is not None:
+        view = ProbeView(fresh(view.record), view.counters)
     ok, reason = readyz(view)
     assert ok is ready, (case, reason)
     assert words in reason, (case, reason)
