@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +32,9 @@ import torch
 
 from zmqrl.agents import make_learner
 from zmqrl.api import load_config
-from zmqrl.bench.cpu import per_thousand
-from zmqrl.bench.learner import observations, on_policy
+from zmqrl.bench.learner import observations, on_policy, timed_updates
 from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 from zmqrl.config import Config
-from zmqrl.core import LearningAgent
 from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.errors import EnvError
 from zmqrl.spec import SampleSpec
@@ -98,39 +95,6 @@ def transition_batch(spec: SampleSpec, rows: int, rng: np.random.Generator) -> T
     )
 
 
-def _synchronize(agent: LearningAgent) -> None:
-    """Wait for a GPU's queued work, so that a measurement ends when its updates have."""
-    if str(getattr(agent, "device", "cpu")).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def dqn_updates(
-    agent: LearningAgent,
-    batches: Sequence[TransitionBatch],
-    importance: np.ndarray | None,
-    sync_interval: int,
-    seconds: float,
-) -> tuple[float, float | None]:
-    """Updates/s for ``seconds`` (whole updates, at least one), and CPU seconds per 1,000."""
-    for i in range(DQN_WARMUP):
-        agent.update(batches[i % len(batches)], importance)
-    _synchronize(agent)
-    done = trained = 0
-    cpu0, start = time.process_time(), time.perf_counter()
-    while True:
-        result = agent.update(batches[done % len(batches)], importance)
-        if importance is not None:
-            result.td_errors  # noqa: B018 - the new priorities' device-to-host copy, as the trainer reads them
-        done += 1
-        trained += not result.skipped
-        if done % sync_interval == 0:
-            agent.export_weights()
-        if time.perf_counter() - start >= seconds:
-            _synchronize(agent)
-            elapsed = time.perf_counter() - start
-            return trained / elapsed, per_thousand(time.process_time() - cpu0, trained)
-
-
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """The learner's intra-op threads (learner.torch_threads) while measuring on a CPU."""
@@ -151,7 +115,14 @@ def off_policy(cfg: Config, name: str, settings: BenchSettings, device: str | No
     batches = [transition_batch(spec, batch_size, rng) for _ in range(DQN_BATCHES)]
     importance = rng.uniform(0.1, 1.0, batch_size).astype(np.float32) if cfg.replay.prioritized else None
     measured = [
-        dqn_updates(agent, batches, importance, cfg.learner.sync_interval, settings.seconds)
+        timed_updates(
+            agent,
+            batches,
+            settings.seconds,
+            cfg.learner.sync_interval,
+            warmup=DQN_WARMUP,
+            importance=importance,
+        )
         for _ in range(settings.repeats)
     ]
     ups = Stat.of([u for u, _ in measured])

@@ -46,7 +46,7 @@ from zmqrl.learner.trainer import Trainer
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import BadMessages, SampleReceiver
 from zmqrl.transport.messages import SamplesMsg
-from zmqrl.types import RolloutBatch
+from zmqrl.types import Batch, RolloutBatch
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.yaml"
 APPO_CONFIG = CONFIG.with_name("cartpole_appo.yaml")
@@ -306,20 +306,29 @@ def _synchronize(agent: LearningAgent) -> None:
         torch.cuda.synchronize()
 
 
-def _updates_per_second(
-    agent: LearningAgent, batches: Sequence[RolloutBatch], seconds: float, sync_interval: int
+def timed_updates(
+    agent: LearningAgent,
+    batches: Sequence[Batch],
+    seconds: float,
+    sync_interval: int,
+    *,
+    warmup: int,
+    importance: np.ndarray | None = None,
 ) -> tuple[float, float | None]:
-    """Updates for ``seconds`` (whole updates, at least one), cycling through ``batches``, the
-    weights exported every ``sync_interval`` as the learner publishes them; and the process's CPU
-    seconds per 1,000 updates. Only updates that trained count (a refused, non-finite one would
-    not; valid batches have none)."""
-    for i in range(APPO_WARMUP):
-        agent.update(batches[i % len(batches)])
+    """Updates/s for ``seconds`` (whole updates, at least one) after ``warmup`` untimed ones,
+    cycling through ``batches``, the weights exported every ``sync_interval`` as the learner
+    publishes them; and the process's CPU seconds per 1,000 updates. With ``importance``
+    (prioritized replay) the new priorities are read back, as the trainer does. Only updates that
+    trained count (a refused, non-finite one would not; valid batches have none)."""
+    for i in range(warmup):
+        agent.update(batches[i % len(batches)], importance)
     _synchronize(agent)
     done = trained = 0
     cpu0, start = time.process_time(), time.perf_counter()
     while True:
-        result = agent.update(batches[done % len(batches)])
+        result = agent.update(batches[done % len(batches)], importance)
+        if importance is not None:
+            result.td_errors  # noqa: B018 - the new priorities' device-to-host copy, as the trainer reads them
         done += 1
         trained += not result.skipped
         if done % sync_interval == 0:
@@ -350,7 +359,7 @@ def on_policy(
     batches = [rollout_batch(spec, rows, rng) for _ in range(APPO_BATCHES)]
     agent = make_learner(agent_cfg, spec, seed=cfg.run.seed)
     measured = [
-        _updates_per_second(agent, batches, settings.seconds, cfg.learner.sync_interval)
+        timed_updates(agent, batches, settings.seconds, cfg.learner.sync_interval, warmup=APPO_WARMUP)
         for _ in range(settings.repeats)
     ]
     ups = Stat.of([u for u, _ in measured])
