@@ -9,7 +9,10 @@ or at the file write itself.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,7 +27,8 @@ from zmqrl.checkpoints.files import LATEST, CheckpointWriteError, load_checkpoin
 from zmqrl.config import Config
 from zmqrl.learner.checkpointing import REPLAY_ENTRY
 from zmqrl.learner.main import Learner
-from zmqrl.learner.trainer import Trainer
+from zmqrl.learner.nonfinite import NonFiniteTraining
+from zmqrl.learner.trainer import Trainer, UpdateReport
 from zmqrl.types import TransitionBatch
 
 
@@ -53,6 +57,15 @@ def checkpoint_at(t: Trainer, updates: int, rows: int) -> None:
     t.replay.add(transitions(t, rows, float(updates)))
     t.counters.updates = updates
     t.checkpoints.save_latest()
+
+
+def held_until(gate: threading.Event) -> Callable[[], None]:
+    """A writer hook: each write waits for ``gate`` (a write that takes its time)."""
+
+    def hold() -> None:
+        gate.wait(30)
+
+    return hold
 
 
 def names(directory: Path) -> list[str]:
@@ -238,3 +251,57 @@ def test_a_full_disk_in_the_background_writer_ends_the_learner_with_that_error_n
     assert learner.stats["state"] == "failed"
     assert "thread 'checkpoint-writer' died" not in caplog.text, "an operator's error, not a traceback"
     assert not [p for p in (cfg.run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_a_checkpoint_due_while_the_previous_is_still_being_written_is_taken_right_after_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Skipping it left the newest checkpoint a whole interval behind: a learner failing soon after
+    (a run of non-finite updates) resumed from further back than it had to (CI, stop 31)."""
+    cfg = tiny_config(tmp_path, learner__checkpoint_interval=100, learner__eval_interval=0)
+    caplog.set_level(logging.INFO, "zmqrl")
+    t = Trainer(cfg, cfg.run_dir, background_checkpoints=True)
+    gate = threading.Event()
+    t.checkpoints.writer._before_write = held_until(gate)  # the write at 100 takes its time
+    t.replay.add(transitions(t, 10, 0.0))
+    for updates in (100, 200, 201):
+        t.counters.updates = updates
+        t.follow_up(UpdateReport(updates))
+    assert "checkpoint at 200 updates deferred" in caplog.text and t.checkpoints.deferred == 1
+    gate.set()
+    t.checkpoints.writer.wait(30)
+    assert load_checkpoint(t.checkpoints.directory / LATEST)["counters"]["updates"] == 100
+    t.counters.updates = 202  # the first update after the write ended takes the deferred one
+    t.follow_up(UpdateReport(202))
+    t.checkpoints.writer.wait(30)
+    assert load_checkpoint(t.checkpoints.directory / LATEST)["counters"]["updates"] == 202
+    t.counters.updates = 203  # owed no more: nothing until the next interval
+    t.follow_up(UpdateReport(203))
+    assert not t.checkpoints.writer.busy and t.end_stats("stopped")["checkpoints_deferred"] == 1
+    t.close()
+
+
+def test_a_learner_giving_up_on_nonfinite_updates_first_writes_the_checkpoint_it_still_owed(
+    tmp_path: Path,
+) -> None:
+    """Its state is the last finite one (skipped updates change nothing): the write in flight is
+    finished, and the one deferred behind it taken, before the learner exits 1."""
+    cfg = tiny_config(
+        tmp_path, learner__checkpoint_interval=100, learner__eval_interval=0, learner__max_nonfinite_updates=2
+    )
+    gate = threading.Event()
+    t = Trainer(cfg, cfg.run_dir, background_checkpoints=True, progress=gate.set)  # waiting ticks open it
+    t.checkpoints.writer._before_write = held_until(gate)
+    t.replay.add(transitions(t, 10, 0.0))
+    for updates in (100, 200):
+        t.counters.updates = updates
+        t.follow_up(UpdateReport(updates))
+    assert t.checkpoints.owed and t.checkpoints.writer.busy
+    t.counters.updates = 201
+    t._count_skipped(True, 201)
+    t.counters.updates = 202
+    with pytest.raises(NonFiniteTraining, match="gave up after 2 updates"):
+        t._count_skipped(True, 202)
+    assert load_checkpoint(t.checkpoints.directory / LATEST)["counters"]["updates"] == 202
+    assert not t.checkpoints.writer.busy
+    t.close()

@@ -7,7 +7,8 @@ guarded background thread writes the pair: ``replay-<updates>.npz`` first, ``ckp
 second, ``latest`` last (zmqrl.checkpoints.files). A crash anywhere in between leaves the previous pair
 whole, and a resume that falls back to an older checkpoint finds that checkpoint's own snapshot.
 One write in flight at a time: a checkpoint that comes due while one is still being written is
-skipped (the next interval catches up), and the final one waits.
+taken at the first update after that write ends (zmqrl.learner.checkpointing), and the final one
+waits.
 
 A write that fails for want of room (or any OSError) becomes one ``CheckpointWriteError``: the
 learner exits 2 with its line instead of being restarted into the same full disk.
@@ -144,7 +145,7 @@ class CheckpointWriter:
             self.wait()
             self._write(updates, payload, snap, total_added)
             return
-        self._wait_ticking(tick)
+        self.wait_ticking(tick)
         failed: list[BaseException] = []
 
         def write() -> None:
@@ -155,7 +156,7 @@ class CheckpointWriter:
 
         self._thread = threading.Thread(target=write, name="checkpoint-final", daemon=True)
         self._thread.start()
-        self._wait_ticking(tick)
+        self.wait_ticking(tick)
         if failed:
             raise failed[0]
 
@@ -163,7 +164,8 @@ class CheckpointWriter:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _wait_ticking(self, tick: Callable[[], None]) -> None:
+    def wait_ticking(self, tick: Callable[[], None]) -> None:
+        """Wait for the write in flight, calling ``tick`` every TICK_SECONDS meanwhile."""
         while self.busy:
             tick()
             self.wait(TICK_SECONDS)

@@ -94,6 +94,8 @@ class Checkpoints:
             between=self._torn_pair if faults is not None else None,
         )
         self.held_seconds = 0.0  # how long the last save_latest held the training thread (copies)
+        self._owed = False  # a checkpoint came due while the previous one was still being written
+        self.deferred = 0  # how many did (each written at the first update after the write ended)
         # What restore() brought back (None: a fresh start), for the final stats: a restarted
         # learner's stats say where it resumed from, so no one has to read it out of the log.
         self.resumed_from: dict[str, Any] | None = None
@@ -163,11 +165,41 @@ class Checkpoints:
             "config": t.cfg.to_dict(),
         }
 
+    def due(self, at_interval: bool) -> bool:
+        """Whether to save ``latest`` after this update: ``at_interval`` (the count is a multiple
+        of checkpoint.interval), or the first update after one that came due while the previous
+        write was still going. Deferred, not skipped: a learner that dies soon after (a run of
+        non-finite updates, a crash) then resumes from a checkpoint at most one write old, where
+        skipping left it a whole interval further back. No copies are held while it waits."""
+        if not (at_interval or self._owed):
+            return False
+        if self.background and self.writer.busy:
+            if at_interval and not self._owed:
+                self.deferred += 1
+                log.info(
+                    "checkpoint at %d updates deferred: the previous one is still being written",
+                    self.trainer.counters.updates,
+                )
+            self._owed = True
+            return False
+        self._owed = False
+        return True
+
+    @property
+    def owed(self) -> bool:
+        """A checkpoint came due while the previous write was going, and is not taken yet."""
+        return self._owed
+
+    def finish_writing(self, tick: Callable[[], None]) -> None:
+        """Wait for the write in flight (``tick`` reports progress meanwhile)."""
+        self.writer.wait_ticking(tick)
+
     def save_latest(self, final: bool = False, tick: Callable[[], None] | None = None) -> None:
         """Checkpoint and its replay snapshot from copies taken under the lock (the only time the
         training thread is held: ``held_seconds``); the final one (and every one in serial mode)
         is on disk before this returns."""
         t = self.trainer
+        self._owed = False
         snap: TransitionBatch | None = None
         started = time.perf_counter()
         with t.counters.lock:  # counters and replay snapshot from the same instant

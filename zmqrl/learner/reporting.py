@@ -161,7 +161,6 @@ class LearnerReports:
             tb.scalar("learner/policy_lag_min", float(np.min(lags)), step)
             tb.scalar("learner/policy_lag_mean", float(np.mean(lags)), step)
             tb.scalar("learner/policy_lag_max", float(np.max(lags)), step)
-        tb.scalar("learner/stale_batches", t.counters.stale_batches, step)
         limits = t.limiter.stats
         tb.scalar("replay/samples_per_insert", limits["ratio"], step)
         tb.scalar("perf/sample_blocked_seconds", limits["sample_blocked_seconds"], step)
@@ -177,6 +176,16 @@ class LearnerReports:
         tb.scalar("replay/megabytes", t.replay.nbytes / 2**20, step)
         for key, value in t.replay.stats().items():
             tb.scalar(f"replay/{key}", value, step)
+        self.log_counters()
+
+    def log_counters(self) -> None:
+        """The learner/ counts at the current update: at each log point, and once more at the
+        run's end, so that TensorBoard's last values are the final stats' (a run whose last
+        batches arrived after its last log point, or that stopped between two, would otherwise
+        end its curves short)."""
+        t, tb = self.trainer, self.tb
+        step = t.counters.updates
+        tb.scalar("learner/stale_batches", t.counters.stale_batches, step)
         tb.scalar("learner/weights_version", t.published_version, step)
         tb.scalar("learner/bad_messages", self._bad_messages(), step)
         tb.scalar("learner/nonfinite_updates", t.nonfinite.total, step)

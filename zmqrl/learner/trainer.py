@@ -226,7 +226,7 @@ class Trainer:
         self.limiter.sampled(batch_size)
         self.counters.updates += 1
         updates = self.counters.updates
-        self._refuse(self.nonfinite.record, result.skipped, updates)
+        self._refuse(self._count_skipped, result.skipped, updates)
         report = UpdateReport(updates)
         if updates % lcfg.sync_interval == 0:
             report.published = self.publish()
@@ -241,7 +241,7 @@ class Trainer:
         result = None
         if self.evaluates and lcfg.eval_interval and updates % lcfg.eval_interval == 0:
             result = self.evaluate()
-        if lcfg.checkpoint_interval and updates % lcfg.checkpoint_interval == 0:
+        if self.checkpoints.due(bool(lcfg.checkpoint_interval) and updates % lcfg.checkpoint_interval == 0):
             self.save_latest()
         return result
 
@@ -303,6 +303,7 @@ class Trainer:
         stats: dict[str, Any] = {"ended": ended, "target_held": self.evals.held}
         if self.failure is not None:
             stats["failure"] = self.failure
+        stats["checkpoints_deferred"] = self.checkpoints.deferred  # came due mid-write: taken after it
         if self.checkpoints.resumed_from is not None:
             stats["resumed_from"] = self.checkpoints.resumed_from
         return stats
@@ -322,6 +323,20 @@ class Trainer:
             if self.failure is None:
                 self.failure = str(exc)
             log.error("%s", exc)
+            raise
+
+    def _count_skipped(self, skipped: bool, updates: int) -> None:
+        """Count a skipped update. Giving up, first finish the checkpoint being written and take
+        one that came due meanwhile: skipped updates changed nothing, so the state is the last
+        finite one, and the restarted learner resumes from as close to it as checkpoint.interval
+        allows (a process exit would kill the writer's thread mid-write)."""
+        try:
+            self.nonfinite.record(skipped, updates)
+        except NonFiniteTraining:
+            if self.checkpoints.owed:
+                self.save_latest(final=True)  # waits for the write in flight first
+            else:
+                self.checkpoints.finish_writing(self._progress)
             raise
 
     def _eval_tick(self) -> bool:
