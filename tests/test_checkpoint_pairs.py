@@ -257,7 +257,7 @@ def test_a_checkpoint_due_while_the_previous_is_still_being_written_is_taken_rig
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Skipping it left the newest checkpoint a whole interval behind: a learner failing soon after
-    (a run of non-finite updates) resumed from further back than it had to (CI, stop 31)."""
+    (a run of non-finite updates) resumed from further back than it had to (the CI of stop 30)."""
     cfg = tiny_config(tmp_path, learner__checkpoint_interval=100, learner__eval_interval=0)
     caplog.set_level(logging.INFO, "zmqrl")
     t = Trainer(cfg, cfg.run_dir, background_checkpoints=True)
