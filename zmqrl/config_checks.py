@@ -80,6 +80,7 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
         ("supervisor.actor_progress_timeout must be > 0", cfg.supervisor.actor_progress_timeout > 0),
         ("supervisor.extra_slots must be >= 0", cfg.supervisor.extra_slots >= 0),
         ("supervisor.progress_seconds must be > 0", cfg.supervisor.progress_seconds > 0),
+        ("supervisor.no_progress_seconds must be >= 0 (0: off)", cfg.supervisor.no_progress_seconds >= 0),
         ("learner.eval_interval must be >= 0", cfg.learner.eval_interval >= 0),
         ("learner.eval_episodes must be >= 1", cfg.learner.eval_episodes >= 1),
         ("learner.checkpoint_interval must be >= 0", cfg.learner.checkpoint_interval >= 0),
