@@ -178,9 +178,7 @@ class SupervisorConfig:
     restart_backoff_max: float = 30.0  # the longest delay before a restart
     stop_grace: float = 10.0  # seconds from the stop broadcast to SIGTERM, and again to SIGKILL
     progress_seconds: float = 5.0  # seconds between progress lines on the console
-    no_progress_seconds: float = (
-        600.0  # no new best eval this long (3+ evals): "no progress" warning (0: off)
-    )
+    no_progress_seconds: float = 600.0  # no new best eval for this long, 3+ evals: warn (0: off)
     status: str = "tcp://127.0.0.1:0"  # supervisor answers `zmqrl status` here (port 0: any free port)
     extra_slots: int = 8  # `supervise`: senders tracked beyond the config's roles (more are dropped)
     metrics_http: str | None = "127.0.0.1:9464"  # Prometheus /metrics of the run (port 0: any; None: off)
