@@ -194,6 +194,11 @@ class RunMonitor:
         return snap
 
     @property
+    def no_progress(self) -> str:
+        """The no-progress warning as of the latest snapshot ("" when none, or no snapshot yet)."""
+        return self._builder.no_progress.text if self._builder is not None else ""
+
+    @property
     def bad_requests(self) -> int:
         """Malformed status requests dropped so far (for the summary's stats.json)."""
         return self.status.bad.count if self.status is not None else 0

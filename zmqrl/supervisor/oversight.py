@@ -309,5 +309,7 @@ class Oversight:
                 if slot.last is not None and slot.last.counters.get(CONTROL_DROPS_COUNTER)
             },
             "outcome": outcome,
+            # The no-progress warning standing at the end (None: none): see progress_watch.py.
+            "no_progress": self.monitor.no_progress or None,
         }
         self.summary = self.reporter.final(self.slots, extra)

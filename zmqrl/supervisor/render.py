@@ -1,8 +1,9 @@
 """The snapshot on a terminal: the live dashboard (rich) and the one-line form for logs and pipes.
 
 Laid out for a 100x30 terminal: a header, the progress bar, a table with a row per process (the
-first ``max_rows``), then four lines of run-wide figures. A value not measured shows as "-"; a
-health counter that just rose shows in bold red with its rise ("+3")."""
+first ``max_rows``), then four lines of run-wide figures, and the no-progress warning when the
+run has one. A value not measured shows as "-"; a health counter that just rose shows in bold red
+with its rise ("+3")."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 MAX_ROWS = 16
 PROGRESS_BAR_WIDTH = 40
 RISING_STYLE = "bold red"
+NO_PROGRESS_STYLE = "bold yellow"
 STATE_STYLES = {
     "running": "green",
     "finished": "dim",
@@ -98,7 +100,17 @@ def render_dashboard(snap: RunSnapshot, max_rows: int = MAX_ROWS) -> RenderableT
         _returns(snap),
         _replay(snap),
         _counters(snap),
+        *([_no_progress(snap.no_progress)] if snap.no_progress else []),
     )
+
+
+def _no_progress(message: str) -> Table:
+    """The warning under its label, a long one wrapped under itself (not under the label)."""
+    grid = Table.grid()
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(Text(_label("warning")[0], style="bold"), Text(message, style=NO_PROGRESS_STYLE))
+    return grid
 
 
 def _header(snap: RunSnapshot) -> Text:
@@ -224,4 +236,6 @@ def plain_line(snap: RunSnapshot) -> str:
     )
     if snap.rising:
         line += " | " + ", ".join(f"{k} +{snap.rises.get(k, 0)}" for k in snap.rising)
+    if snap.no_progress:  # last: the parts before keep their places
+        line += f" | {snap.no_progress}"
     return line

@@ -22,6 +22,7 @@ from typing import Any
 from zmqrl.agents import is_on_policy
 from zmqrl.config import Config
 from zmqrl.supervisor.liveness import FINAL_STATES
+from zmqrl.supervisor.progress_watch import NoProgressWarning
 from zmqrl.supervisor.snapshot_fields import finite, from_fields, to_plain
 from zmqrl.supervisor.summary import Slot
 
@@ -101,6 +102,8 @@ class RunSnapshot:
     insert_wait_share: float | None = None  # share of recent time the learner's ingest was held back
     ingest_budget_share: float | None = None  # share of recent time ingest paused on its CPU budget
     rises: dict[str, int] = field(default_factory=dict)  # for each name in `rising`, by how much
+    no_progress: str = ""  # the no-progress warning and what to try (supervisor.no_progress_seconds)
+    no_progress_seconds: float | None = None  # seconds without a new best evaluation, while warned
 
     @property
     def replay_fill(self) -> float | None:
@@ -152,6 +155,7 @@ class SnapshotBuilder:
         self._seen: dict[str, tuple[int, dict[str, int]]] = {}  # (pid, counts) of its latest
         self._totals: dict[str, int] = {}
         self._rose: dict[str, tuple[float, int]] = {}  # name -> (clock of latest rise, rise shown)
+        self.no_progress = NoProgressWarning(cfg, run_dir)
 
     def build(self, slots: Mapping[str, Slot], now: float, *, state: str = "running") -> RunSnapshot:
         """``now``: the supervisor's monotonic clock (the one ``Slot.live.last_seen`` uses)."""
@@ -170,6 +174,8 @@ class SnapshotBuilder:
         evc: Mapping[str, float | int] = ev.last.counters if ev is not None and ev.last else {}
         if ev is not None and ev.last is not None:
             self._note_eval(ev.last.pid, evc)
+        best, alpha = finite(evc.get("eval_best")), finite(lc.get("alpha"))
+        stalled = self.no_progress.update(now, best, finite(evc.get("evaluations")), alpha)
         actors = [s for s in slots.values() if s.role == "actor"]
         returns = [finite(a.last.counters.get("recent_return")) for a in actors if a.last is not None]
         train = [r for r in returns if r is not None]
@@ -191,7 +197,7 @@ class SnapshotBuilder:
             processes=rows,
             train_return=sum(train) / len(train) if train else None,
             eval_return=finite(evc.get("eval_return")),
-            eval_best=finite(evc.get("eval_best")),
+            eval_best=best,
             eval_history=list(self._history),
             replay_size=int(finite(lc.get("replay_size")) or 0),
             replay_capacity=int(
@@ -211,6 +217,8 @@ class SnapshotBuilder:
             insert_wait_share=_share(lrates.get("insert_blocked_seconds")),
             ingest_budget_share=_share(lrates.get("ingest_budget_seconds")),
             rises=rising,
+            no_progress=stalled,
+            no_progress_seconds=self.no_progress.seconds,
         )
 
     def recent_rate(self, name: str, counter: str) -> float:

@@ -251,6 +251,8 @@ class Reporter:
         if dropped := extra.get("bad_control"):  # by the roles, on the control channel
             each = ", ".join(f"{name} {n}" for name, n in sorted(dropped.items()))
             print(f"control messages dropped by roles (malformed or forged): {each}", file=out)
+        if stalled := extra.get("no_progress"):  # still standing at the end: what to try next
+            print(f"\nwarning: {stalled}", file=out)
         outcome = extra.get("outcome")
         if outcome:
             print(f"\nrun {outcome}", file=out)
