@@ -137,6 +137,8 @@ class SACConfig(AgentConfigBase):
     policy_update_interval: int = 1  # critic steps per policy (and alpha) step
     max_grad_norm: float = 0.0  # clip each network's gradient norm to this; <= 0 disables clipping
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+    noise_beta: float = 0.0  # acting noise PSD ~ 1/f**beta: 0 white, 1 pink (sparse rewards), 2 red
+    noise_horizon: int = 1000  # colored noise length, ~ an episode: 1/horizon is its slowest frequency
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value."""
@@ -161,6 +163,16 @@ class SACConfig(AgentConfigBase):
                 raise ValueError(f"agent.{name}: must be >= 1, got {getattr(self, name)}")
         if self.device not in DEVICE_NAMES:
             raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
+        if not 0.0 <= self.noise_beta <= 2.0:
+            raise ValueError(
+                f"agent.noise_beta: must be in [0, 2] (0 white, 1 pink, 2 red), got {self.noise_beta}; "
+                "use 1 for sparse-reward tasks, 0 for the usual white noise"
+            )
+        if self.noise_horizon < 2:
+            raise ValueError(
+                f"agent.noise_horizon: must be >= 2 steps, got {self.noise_horizon}; "
+                "set it near the episode length (e.g. 1000)"
+            )
 
 
 # Values of APPOConfig.log_std: how the Gaussian policy of continuous actions gets its spread.

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from zmqrl.agents.colored_noise import ColoredNoise
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.layers import ActingNet, dqn_net, dueling_q, sac_policy_net
 from zmqrl.agents.torsos import CONV_TORSOS, fan_in
@@ -110,10 +111,12 @@ def sac_policy_outputs(
 
 class SquashedActions:
     """SAC's acting rule onto ``[low, high]``, shared by SACAgent and NumpySACPolicy (same draws,
-    same order): ``explore`` samples the tanh-squashed Gaussian; greedy is ``tanh(mean)``."""
+    same order): ``explore`` samples the tanh-squashed Gaussian, its noise white or colored as
+    ``config.noise_beta`` says (see zmqrl.agents.colored_noise); greedy is ``tanh(mean)``."""
 
-    def __init__(self, low: np.ndarray, high: np.ndarray) -> None:
+    def __init__(self, low: np.ndarray, high: np.ndarray, config: SACConfig) -> None:
         self.low, self.high = low, high
+        self.noise = ColoredNoise(config.noise_beta, config.noise_horizon)
         self.scale = (high - low) / 2.0
         self.shift = (high + low) / 2.0
 
@@ -126,7 +129,7 @@ class SquashedActions:
     ) -> np.ndarray:
         mean, log_std = outputs(obs)
         if explore:
-            noise = rng.standard_normal(mean.shape, dtype=np.float32)
+            noise = self.noise(rng, mean.shape)
             squashed = np.tanh(mean + np.exp(log_std) * noise)
         else:
             squashed = np.tanh(mean)
@@ -233,7 +236,7 @@ class NumpySACPolicy(LoadedArrays):
         self.obs_shape = tuple(spec.obs_shape)
         self.act_dim = sac_act_dim(spec)
         self.action_low, self.action_high = squashed_action_bounds(spec)
-        self._actions = SquashedActions(self.action_low, self.action_high)
+        self._actions = SquashedActions(self.action_low, self.action_high, config)
         self.net = sac_policy_net(config.hidden_sizes, self.act_dim)
         self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
         self.rng = np.random.default_rng(seed)  # acting draws, in SACAgent's order

@@ -87,7 +87,7 @@ class SACAgent:
         self.alpha_optimizer = fused_adam([self.log_alpha], lr=config.alpha_lr) if config.autotune else None
 
         # env action = scale * squashed + shift, and back; kept on the device for update().
-        self._actions = SquashedActions(self.action_low, self.action_high)
+        self._actions = SquashedActions(self.action_low, self.action_high, config)
         self._scale_t = torch.as_tensor(self._actions.scale, device=self._device)
         self._shift_t = torch.as_tensor(self._actions.shift, device=self._device)
 
