@@ -262,3 +262,20 @@ def test_zmqrl_status_shows_the_warning(ctx: zmq.Context) -> None:
         server.close()
     assert code == 0, out
     assert "no progress: no new best evaluation" in out and "docs/results.md" in out
+
+
+def test_the_loop_feeds_the_watch_every_heartbeat_so_the_first_evaluation_is_seen_as_the_first() -> None:
+    """Off a terminal a snapshot is built only at each progress line, by when the evaluator may have
+    scored several times: the supervisor's loop feeds the watch every heartbeat meanwhile."""
+    cfg = stalled_config("NoSuchEnv-v0")
+    cfg.learner.target_return = -200.0
+    b = builder(cfg)
+    ev = slot("evaluator")
+    run: dict[str, Slot] = {ev.name: ev}
+    for n, t in enumerate(range(10, 130, 5)):
+        beat(ev, float(t), 300, evaluations=n + 1, eval_return=-0.05, eval_best=-0.03)
+        b.watch_progress(run, float(t))
+    snap = b.build(run, now=130.0)
+    assert "learner.target_return -200 was met by the first evaluation" in snap.no_progress
+    late = builder(cfg)  # built first at the end: the count says the first was missed
+    assert late.build(run, now=130.0).no_progress == "", "a target reached is never a stall"

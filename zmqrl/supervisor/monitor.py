@@ -160,6 +160,7 @@ class RunMonitor:
             self.status.serve()
         self.prometheus.refresh()
         now = self._clock()
+        self._watch_progress(now)
         if self.view.due(now):
             snap = self.snapshot()
             if snap is not None:
@@ -174,6 +175,17 @@ class RunMonitor:
         if not self.view.live:
             self._say(plain_line(snap))
         self._write_scalars(snap, actors_alive, bad_heartbeats)
+
+    def _watch_progress(self, now: float) -> None:
+        """The no-progress watch hears every turn's heartbeats (see SnapshotBuilder.watch_progress);
+        like the snapshots, it must never end the run."""
+        if self._builder is None or self._broken:
+            return
+        try:
+            self._builder.watch_progress(self._slots, now)
+        except Exception:
+            self._broken = True
+            log.exception("cannot watch the run's progress: the dashboard and `zmqrl status` stop here")
 
     def snapshot(self, *, fresh: bool = False, state: str | None = None) -> RunSnapshot | None:
         """The run now (or as of at most REFRESH_SECONDS ago, unless ``fresh``); None when no

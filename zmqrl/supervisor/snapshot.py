@@ -174,8 +174,7 @@ class SnapshotBuilder:
         evc: Mapping[str, float | int] = ev.last.counters if ev is not None and ev.last else {}
         if ev is not None and ev.last is not None:
             self._note_eval(ev.last.pid, evc)
-        best, alpha = finite(evc.get("eval_best")), finite(lc.get("alpha"))
-        stalled = self.no_progress.update(now, best, finite(evc.get("evaluations")), alpha)
+        stalled = self.watch_progress(slots, now)
         actors = [s for s in slots.values() if s.role == "actor"]
         returns = [finite(a.last.counters.get("recent_return")) for a in actors if a.last is not None]
         train = [r for r in returns if r is not None]
@@ -197,7 +196,7 @@ class SnapshotBuilder:
             processes=rows,
             train_return=sum(train) / len(train) if train else None,
             eval_return=finite(evc.get("eval_return")),
-            eval_best=best,
+            eval_best=finite(evc.get("eval_best")),
             eval_history=list(self._history),
             replay_size=int(finite(lc.get("replay_size")) or 0),
             replay_capacity=int(
@@ -219,6 +218,17 @@ class SnapshotBuilder:
             rises=rising,
             no_progress=stalled,
             no_progress_seconds=self.no_progress.seconds,
+        )
+
+    def watch_progress(self, slots: Mapping[str, Slot], now: float) -> str:
+        """The no-progress warning ("" when none) as of the evaluations heard by ``now``: from every
+        build, and from every turn of the supervisor's loop (RunMonitor.refresh), so that the
+        watch sees the run's first evaluation as the first whatever the view's refresh rate."""
+        ev, learner = self._eval_source(slots), slots.get("learner-0")
+        evc: Mapping[str, float | int] = ev.last.counters if ev is not None and ev.last else {}
+        alpha = finite(learner.last.counters.get("alpha")) if learner and learner.last else None
+        return self.no_progress.update(
+            now, finite(evc.get("eval_best")), finite(evc.get("evaluations")), alpha
         )
 
     def recent_rate(self, name: str, counter: str) -> float:
