@@ -277,7 +277,7 @@ def test_a_checkpoint_due_while_the_previous_is_still_being_written_is_taken_rig
     assert load_checkpoint(t.checkpoints.directory / LATEST)["counters"]["updates"] == 202
     t.counters.updates = 203  # owed no more: nothing until the next interval
     t.follow_up(UpdateReport(203))
-    assert not t.checkpoints.writer.busy and t.end_stats("stopped")["checkpoints_deferred"] == 1
+    assert not t.checkpoints.writer.busy and t.checkpoints.deferred == 1
     t.close()
 
 

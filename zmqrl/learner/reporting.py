@@ -87,6 +87,7 @@ class LearnerReports:
             "weights_version": t.published_version,
             "bad_messages": self._bad_messages(),
             "nonfinite_updates": t.nonfinite.total,
+            "checkpoints_deferred": t.checkpoints.deferred,  # came due mid-write: taken right after it
             "updates_per_s": c.updates / elapsed,
             "samples_per_s": samples / elapsed,
             "duration": elapsed,

@@ -303,7 +303,6 @@ class Trainer:
         stats: dict[str, Any] = {"ended": ended, "target_held": self.evals.held}
         if self.failure is not None:
             stats["failure"] = self.failure
-        stats["checkpoints_deferred"] = self.checkpoints.deferred  # came due mid-write: taken after it
         if self.checkpoints.resumed_from is not None:
             stats["resumed_from"] = self.checkpoints.resumed_from
         return stats

@@ -268,6 +268,8 @@ PROMETHEUS: tuple[Metric, ...] = (
            "batches dropped for a lag above `learner.max_policy_lag`"),
     Metric("zmqrl_learner_nonfinite_updates_total", COUNTER, "learner", "nonfinite_updates", "updates",
            "updates skipped for a non-finite loss or gradient"),
+    Metric("zmqrl_learner_checkpoints_deferred_total", COUNTER, "learner", "checkpoints_deferred",
+           "checkpoints", "checkpoints due while the previous one was being written (taken right after it)"),
     Metric("zmqrl_learner_lost_batches_total", COUNTER, "learner", "lost_batches", "batches",
            "batches missing by `seq`, summed over actors"),
     Metric("zmqrl_learner_reordered_batches_total", COUNTER, "learner", "reordered_batches", "batches",
