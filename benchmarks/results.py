@@ -111,14 +111,40 @@ ROWS = {
         MINATAR,
         ("env.id=MinAtar/SpaceInvaders-v1",),
     ),
-    "halfcheetah": Row(
-        "halfcheetah",
-        "configs/halfcheetah_sac.yaml",
-        1,
-        None,
-        "SAC, 4 actors, evaluator, replay ratio 256",
-        ("learner.max_seconds=420",),
+    # configs/zoo: one tuned config per task (CartPole's and Pendulum's are the rows above).
+    "zoo-acrobot": Row(
+        "zoo-acrobot",
+        "configs/zoo/acrobot_dqn.yaml",
+        3,
+        -100.0,
+        "DQN, prioritized replay, 2 actors, replay ratio 32 (RL Zoo: −76.6 at 100k steps)",
     ),
+    "zoo-mountaincar": Row(
+        "zoo-mountaincar",
+        "configs/zoo/mountaincar_dqn.yaml",
+        3,
+        -110.0,
+        "DQN, 2 actors, replay ratio 64 (RL Zoo: −100.8 at 120k steps)",
+    ),
+    "zoo-mountaincar-continuous": Row(
+        "zoo-mountaincar-continuous",
+        "configs/zoo/mountaincar_continuous_sac.yaml",
+        3,
+        90.0,
+        "SAC with pink exploration noise, 2 actors, evaluator (RL Zoo: 94.7 at 50k steps)",
+    ),
+    **{
+        f"zoo-{task}": Row(
+            f"zoo-{task}",
+            f"configs/zoo/{task}_sac.yaml",
+            1,
+            None,
+            f"SAC, 2 actors, evaluator, replay ratio 256, 10 minutes (RL Zoo: {zoo} at 1M steps)",
+            ("learner.max_seconds=600",),
+            timeout=900.0,
+        )
+        for task, zoo in (("halfcheetah", "9,535"), ("hopper", "2,326"), ("walker2d", "3,863"), ("ant", "4,616"))
+    },
     "pong": Row(
         "pong",
         "configs/pong_dqn.yaml",
@@ -292,7 +318,7 @@ def readme_table(stored: dict[str, dict[str, Any]]) -> str:
             else f"{s['median_wall_seconds'] / 60:.1f} min"
         )
         lines.append(
-            f"| `{Path(row.config).name}`{sets} | {row.algorithm} | {seeds} | {reached} | {_time(s)} | "
+            f"| `{Path(row.config).relative_to('configs')}`{sets} | {row.algorithm} | {seeds} | {reached} | {_time(s)} | "
             f"{steps} | "
             f"{final} | {_spread(s['best_evals'])} | {s['median_updates_per_s']:.0f} | {wall} | "
             f"{', '.join(entry['measured'])} |"

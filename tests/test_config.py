@@ -409,7 +409,9 @@ def test_nested_env_atari_section_round_trips_through_yaml(tmp_path: Path) -> No
     assert again == cfg
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: str(p.relative_to(REPO / "configs"))
+)
 def test_every_shipped_config_loads_and_names_its_run_after_its_file(path: Path) -> None:
     cfg = load_config(path)
     assert cfg.run.name == path.stem
