@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from zmqrl.bench.runs import reached_in_history, run_process  # noqa: E402
+from zmqrl.bench.runs import reached_in_history, run_process, training_returns  # noqa: E402
 
 STORE = REPO / "docs" / "results"
 README = REPO / "README.md"
@@ -54,12 +54,18 @@ class Row:
     algorithm: str
     sets: tuple[str, ...] = ()
     timeout: float = 1800.0  # seconds; a run past it is stopped and counted as not reaching
+    # Env steps at which each run also stores its training return (the mean of the last 100
+    # exploring episodes: the MinAtar paper's measure), as ``train_return`` {mark: value}.
+    train_at: tuple[int, ...] = ()
 
     def command(self) -> str:
         sets = "".join(f" --set {s}" for s in self.sets)
         return f"zmqrl launch {self.config}{sets} --set run.seed=S"
 
 
+# The marks (frames = env steps: MinAtar has no frame skip) a MinAtar row's training return is
+# stored at, for the comparison with the paper's curves in docs/results.md.
+MINATAR_MARKS = (500_000, 1_000_000, 2_000_000)
 MINATAR = "DQN, MinAtar CNN (3×3×16 conv, 128 units), 2 actors, replay ratio 8"
 # Young & Tian 2019 (arXiv:1903.03176), DQN's training return (mean of the last 100 episodes, 30
 # seeds) read off its learning curves, at the frames (= env steps) a 15-minute run here reaches.
@@ -109,6 +115,7 @@ ROWS = {
         3,
         10.0,
         f"{MINATAR} (paper's DQN: {MINATAR_PAPER['Breakout']})",
+        train_at=MINATAR_MARKS,
     ),
     # The other four MinAtar games with Breakout's config as it is (issue 28: one config, 3 seeds,
     # against the MinAtar paper's DQN at the same number of frames: docs/results.md).
@@ -120,6 +127,7 @@ ROWS = {
             None,
             f"{MINATAR} (paper's DQN: {MINATAR_PAPER[game]})",
             (f"env.id=MinAtar/{game}-v1",),
+            train_at=MINATAR_MARKS,
         )
         for game in ("Asterix", "Freeway", "Seaquest", "SpaceInvaders")
     },
@@ -239,7 +247,37 @@ def run_once(code: Path, row: Row, seed: int, runs: Path, sets: tuple[str, ...] 
     if exit_code != 0 or not isinstance(stats, dict):
         why = "timed out" if exit_code is None else f"exit code {exit_code}"
         return {"seed": seed, "ok": False, "error": f"{why}\n{log.read_text(errors='replace')[-4000:]}"}
-    return {"seed": seed, "ok": True, **figures(stats, row.target, started), "wall_seconds": wall}
+    result = {"seed": seed, "ok": True, **figures(stats, row.target, started), "wall_seconds": wall}
+    if row.train_at:
+        result["train_return"] = training_returns(run_dir / "metrics.jsonl", row.train_at)
+    return result
+
+
+def backfill_training_returns(kept: Path, where: Path = STORE) -> list[str]:
+    """Training returns of runs kept with ``--keep`` (directories ``<row>-s<seed>``), merged into
+    the stored entry of the same row and seed: for runs made before the script stored them. An
+    entry whose seed was measured again since (more samples than the kept run had) is left alone.
+    Returns one line per run dir, what was done."""
+    done: list[str] = []
+    for run_dir in sorted(p for p in kept.glob("*/*-s*") if p.is_dir()):
+        name, _, seed_text = run_dir.name.rpartition("-s")
+        row, path = ROWS.get(name), where / f"{name}.json"
+        if row is None or not row.train_at or not seed_text.isdigit() or not path.exists():
+            continue
+        try:
+            samples = json.loads((run_dir / "stats.json").read_text())["learner"]["samples"]
+        except (OSError, ValueError, KeyError, TypeError):
+            done.append(f"{run_dir}: no stats.json, skipped")
+            continue
+        stored = json.loads(path.read_text())
+        entry = next((r for r in stored["runs"] if r["seed"] == int(seed_text)), None)
+        if entry is None or entry.get("samples") != samples:
+            done.append(f"{run_dir}: not the stored run of {name} seed {seed_text}, skipped")
+            continue
+        entry["train_return"] = training_returns(run_dir / "metrics.jsonl", row.train_at)
+        path.write_text(json.dumps(stored, indent=2) + "\n")
+        done.append(f"{run_dir}: {name} seed {seed_text} train_return {entry['train_return']}")
+    return done
 
 
 def _median(values: list[float]) -> float:
@@ -452,7 +490,18 @@ def main() -> None:
     parser.add_argument(
         "--render", action="store_true", help="run nothing: rewrite README from docs/results/"
     )
+    parser.add_argument(
+        "--train-returns-from",
+        type=Path,
+        default=None,
+        metavar="KEEP",
+        help="run nothing: store the training returns of the runs kept under KEEP (by an earlier "
+        "--keep) in their rows' entries",
+    )
     args = parser.parse_args()
+    if args.train_returns_from:
+        print("\n".join(backfill_training_returns(args.train_returns_from)) or "no kept runs found")
+        return
     if args.render:
         render_readme()
         print(f"{README}: results table rewritten from {STORE}")

@@ -154,3 +154,52 @@ def test_spreads_use_true_minus_signs_and_seed_runs_read_as_ranges() -> None:
     assert results._spread([-144.2, -154.6, -135.4]) == "−144.2 (−154.6 to −135.4)"
     assert results._spread([7.0]) == "7.0" and results._spread([]) == "—"
     assert results._seeds([0, 1, 2, 3]) == "0–3" and results._seeds([0, 2]) == "0, 2"
+
+
+def write_episodes(path: Path, episodes: list[tuple[int, float]]) -> None:
+    """A metrics.jsonl with training episodes (step, return) among other tags, as the learner
+    writes it."""
+    import json
+
+    rows = []
+    for step, value in episodes:
+        rows.append({"source": "learner", "tag": "losses/loss", "step": 1, "value": 0.5, "time": 1.0})
+        rows.append({"source": "learner", "tag": "charts/episodic_return", "step": step, "value": value})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut short\n')
+
+
+def test_training_return_is_the_mean_of_the_last_episodes_at_each_mark(tmp_path: Path) -> None:
+    from zmqrl.bench.runs import training_returns
+
+    metrics = tmp_path / "metrics.jsonl"
+    # 300 episodes with return 1 up to step 500, then 150 with return 3 from step 501 to 948.
+    write_episodes(
+        metrics, [(i * 5 // 3, 1.0) for i in range(300)] + [(501 + i * 3, 3.0) for i in range(150)]
+    )
+    got = training_returns(metrics, (500, 700, 2000), window=100)
+    assert got["500"] == 1.0  # the last 100 at or before 500: all from the first part
+    # At 700: episodes up to step 700 of the second part (67 of them) and 33 of the first.
+    assert got["700"] == pytest.approx((67 * 3.0 + 33 * 1.0) / 100)
+    assert got["2000"] is None  # never passed: no figure it did not reach
+    assert training_returns(tmp_path / "missing.jsonl", (1,)) == {"1": None}
+
+
+def test_kept_runs_training_returns_are_stored_in_their_own_seeds_entry_only(tmp_path: Path) -> None:
+    import json
+
+    results = load_script()
+    row = results.ROWS["minatar-seaquest"]
+    store_dir = tmp_path / "store"
+    results.store(
+        row, [{**run(2, None, 3.0), "samples": 2_100_000}, {**run(1, None, 2.0), "samples": 7}], store_dir
+    )
+    for seed, samples in ((2, 2_100_000), (1, 999)):  # seed 1 was measured again since: not this run
+        run_dir = tmp_path / "keep" / f"0-{seed}" / f"minatar-seaquest-s{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "stats.json").write_text(json.dumps({"learner": {"samples": samples}}))
+        write_episodes(run_dir / "metrics.jsonl", [(s, 2.0) for s in range(0, 2_100_000, 10_000)])
+    lines = results.backfill_training_returns(tmp_path / "keep", store_dir)
+    runs = {r["seed"]: r for r in results.load_stored(store_dir)["minatar-seaquest"]["runs"]}
+    assert runs[2]["train_return"] == {"500000": 2.0, "1000000": 2.0, "2000000": 2.0}
+    assert "train_return" not in runs[1]
+    assert any("skipped" in line for line in lines)

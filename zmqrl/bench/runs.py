@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import signal
 import statistics
@@ -53,6 +54,40 @@ def reached_in_history(history: Sequence[dict[str, Any]], target: float, steps_k
         best=max(means) if means else None,
         every=_cadence([float(r[steps_key]) for r in history if isinstance(r.get(steps_key), (int, float))]),
     )
+
+
+TRAIN_TAG = "charts/episodic_return"
+
+
+def training_returns(metrics: Path, marks: Sequence[int], window: int = 100) -> dict[str, float | None]:
+    """The MinAtar paper's measure at each mark of env steps: the mean of the last ``window``
+    training episodes (the actors' exploring ones, ``charts/episodic_return``) reported at or
+    before it. None for a mark the run never passed (no episode reported at or beyond it), so a
+    short run never reads as a figure it did not reach. Keys are the marks as strings (JSON)."""
+    steps: list[float] = []
+    values: list[float] = []
+    with contextlib.suppress(OSError), metrics.open(encoding="utf-8") as f:
+        for line in f:
+            if TRAIN_TAG not in line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(row, dict) or row.get("tag") != TRAIN_TAG:
+                continue
+            step, value = row.get("step"), row.get("value")
+            if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (step, value)):
+                steps.append(float(step))
+                values.append(float(value))
+    out: dict[str, float | None] = {}
+    for mark in marks:
+        if not steps or max(steps) < mark:
+            out[str(mark)] = None
+            continue
+        before = [v for s, v in zip(steps, values, strict=True) if s <= mark][-window:]
+        out[str(mark)] = statistics.fmean(before) if before else None
+    return out
 
 
 def reached_in_run_dir(run_dir: Path, target: float) -> Reached:
