@@ -77,7 +77,9 @@ def training_returns(metrics: Path, marks: Sequence[int], window: int = 100) -> 
             if not isinstance(row, dict) or row.get("tag") != TRAIN_TAG:
                 continue
             step, value = row.get("step"), row.get("value")
-            if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (step, value)):
+            if not (isinstance(step, (int, float)) and isinstance(value, (int, float))):
+                continue
+            if math.isfinite(step) and math.isfinite(value):
                 steps.append(float(step))
                 values.append(float(value))
     out: dict[str, float | None] = {}
