@@ -70,6 +70,25 @@ def _float_dim(h: dict) -> None:
     h["arrays"][0]["shape"] = [float(d) for d in h["arrays"][0]["shape"]]
 
 
+def _entries(frames: Frames, entries: list[tuple[str, object]]) -> Frames:
+    """The header written entry by entry as a map of 7 (duplicate keys kept, as bytes allow)."""
+    assert len(entries) == 7
+    packed = b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in entries)
+    return [b"\x87" + packed, *frames[1:]]
+
+
+def _arrays_first(frames: Frames) -> Frames:
+    """Valid, but not as zmqrl's encoder orders it: the fast path's tail does not match."""
+    entries = list(msgpack.unpackb(frames[0]).items())
+    return _entries(frames, [entries[-1], *entries[:-1]])
+
+
+def _arrays_twice(frames: Frames) -> Frames:
+    """ "episodes" replaced by a second "arrays": the known tail still ends the header."""
+    entries = [("arrays", []) if k == "episodes" else (k, v) for k, v in msgpack.unpackb(frames[0]).items()]
+    return _entries(frames, entries)
+
+
 # Ways to break a valid message; each takes its frames and returns the frames sent.
 BREAKS: dict[str, Callable[[Frames], Frames]] = {
     "none": lambda f: f,
@@ -85,6 +104,10 @@ BREAKS: dict[str, Callable[[Frames], Frames]] = {
     "extra key": lambda f: _header(f, lambda h: h.__setitem__("x", 1)),
     "rollouts kind": lambda f: _header(f, lambda h: h.__setitem__("kind", "rollouts")),
     "bad episode": lambda f: _header(f, lambda h: h.__setitem__("episodes", [["x", 1]])),
+    "arrays first": _arrays_first,
+    "arrays twice": _arrays_twice,
+    "map16 header": lambda f: [b"\xde\x00\x07" + f[0][1:], *f[1:]],
+    "empty header": lambda f: [b"", *f[1:]],
 }
 VALUES = st.sampled_from(
     [{}, {}, {}, {}, {}, {}, {"reward": float("nan")}, {"action": 5}, {"obs": 3.0}, {"ret": 1e12}]
@@ -175,3 +198,13 @@ def test_a_stream_of_one_layout_takes_the_fast_path_and_is_read_whole() -> None:
     assert layouts == 1  # learned from the first message, which the full decoder read
     for actor in (0, 1):
         assert seqs[actor] | {"last_seq": 19} == {**seqs[actor], "batches": 20, "samples": 160, "lost": 0}
+
+
+def test_the_encoders_headers_end_with_their_layouts_tail() -> None:
+    """What lets a known layout skip unpacking its descriptors: zmqrl's encoder writes "arrays"
+    last, so every header of that layout ends with the same bytes."""
+    from zmqrl.transport.sample_groups import Layout, descs_of
+
+    for frames in (valid(3), valid(4, actor=2, n=4, episodes=2, priorities=True)):
+        msg = wire.load_samples(frames, SPEC)
+        assert frames[0].endswith(Layout.of(descs_of(msg)).tail)

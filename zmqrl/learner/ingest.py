@@ -21,6 +21,7 @@ from zmqrl.replay import Limiter, NoLimit
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
+from zmqrl.transport.messages import MessageInfo
 from zmqrl.transport.sample_channel import SampleGroup
 from zmqrl.transport.wire import SamplesMsg, WireError
 from zmqrl.types import EpisodeStat
@@ -248,7 +249,7 @@ class Ingest:
         group = admitted
         n = group.size
         counters = self.counters
-        if self._faults is not None and (counters.samples > 0 or len(group.messages) > 1):
+        if self._faults is not None and (counters.samples > 0 or len(group.infos) > 1):
             self._faults.before_insert()  # from the second batch on
         while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
             if stop is None or stop.is_set():
@@ -256,25 +257,27 @@ class Ingest:
         # Lag is measured when a batch would enter replay; never negative (see _admitted: the
         # published version only grows, so what was not from the future then is not now).
         published = self._published_version()
-        lags = [published - msg.weights_version for msg in group.messages]
+        infos = group.infos
+        lags = [published - info.weights_version for info in infos]
         fresh: SampleGroup | None = group
-        stale: list[SamplesMsg] = []
-        if self._max_policy_lag is not None and max(lags) > self._max_policy_lag:
-            keep = [msg for msg, lag in zip(group.messages, lags, strict=True) if lag <= self._max_policy_lag]
-            stale = [msg for msg, lag in zip(group.messages, lags, strict=True) if lag > self._max_policy_lag]
-            fresh = SampleGroup.of(keep) if keep else None
+        stale: list[MessageInfo] = []
+        most = self._max_policy_lag
+        if most is not None and max(lags) > most:
+            fresh = group.only([i for i, lag in enumerate(lags) if lag <= most])
+            stale = [info for info, lag in zip(infos, lags, strict=True) if lag > most]
         with counters.lock:  # replay and counters change together, so a checkpoint sees them agree
-            for msg in stale:
+            for info in stale:
                 counters.stale_batches += 1
-                counters.stale_samples += msg.batch.size
+                counters.stale_samples += info.size
             if fresh is not None:
                 self.replay.add(fresh.batch, fresh.priorities)
                 self.limiter.inserted(fresh.size)
                 counters.samples += fresh.size
-                counters.batches += len(fresh.messages)
-            for msg in group.messages:
-                counters.episodes += len(msg.episodes)
-                counters.episode_queue.extend(msg.episodes)
+                counters.batches += len(fresh.infos)
+            for info in infos:
+                if info.episodes:
+                    counters.episodes += len(info.episodes)
+                    counters.episode_queue.extend(info.episodes)
             counters.lags.extend(lags)
             counters.recent_lags.extend(lags)
         self.note_replay_size()
@@ -283,18 +286,19 @@ class Ingest:
     def _admitted(self, group: SampleGroup, bad: BadMessages) -> SampleGroup | None:
         """``group`` less its bad messages (recorded in ``bad``); None if none is left."""
         published = self._published_version()
-        keep = [msg for msg in group.messages if msg.weights_version <= published]
-        if len(keep) == len(group.messages):
+        infos = group.infos
+        keep = [i for i, info in enumerate(infos) if info.weights_version <= published]
+        if len(keep) == len(infos):
             return group
-        for msg in group.messages:
-            if msg.weights_version > published:
+        for info in infos:
+            if info.weights_version > published:
                 bad.record(
                     WireError(
-                        f"weights_version {msg.weights_version} is above the newest published "
+                        f"weights_version {info.weights_version} is above the newest published "
                         f"({published}): no actor can have acted with it"
                     )
                 )
-        return SampleGroup.of(keep) if keep else None
+        return group.only(keep)
 
     def note_replay_size(self) -> None:
         if len(self.replay) >= self._min_replay_size:
@@ -321,7 +325,7 @@ class Ingest:
                 if group is None:
                     break
                 self.accept_group(group, stop, receiver.bad)
-                drained += len(group.messages)
+                drained += len(group.infos)
                 if capped and budget.wait_time() > 0:
                     break
             if capped:

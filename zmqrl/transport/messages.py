@@ -9,6 +9,7 @@ can import it without a cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -73,6 +74,23 @@ class SamplesMsg:
     # sixth array frame named "priority". None: the learner gives new rows its maximum priority.
     # Transitions only: rollouts carry none.
     priorities: np.ndarray | None = None
+
+
+class MessageInfo(NamedTuple):
+    """What a group keeps of each of its messages besides its rows: who sent it, its place in the
+    sender's sequence, the weights it was acted with, its rows' span in the group's batch
+    (``start``..``stop``) and its finished episodes."""
+
+    actor_id: int
+    seq: int
+    weights_version: int
+    start: int
+    stop: int
+    episodes: list[EpisodeStat]
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass
