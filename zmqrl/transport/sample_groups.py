@@ -9,7 +9,9 @@ as a :class:`Layout`: the header's ``"arrays"`` value exactly as it came, and th
 each column. A later header that carries that same value (compared exactly: equal, and every
 dimension a real integer) fits the run's spec as the first one did, so its array frames are
 received with ``recv_into`` directly into the group's preallocated columns at the next free row:
-no bytes object, no view, no concatenation.
+no bytes object, no view, no concatenation. zmqrl's encoder writes "arrays" last, so a header of
+a known layout ends with the same bytes every time: such a header is compared by those bytes and
+only its other six entries are unpacked (the descriptors were most of the header's decoding).
 
 Every check stays, on every message: the header is unpacked with the same limits and its keys,
 protocol, kind and integer fields checked as :func:`zmqrl.transport.header.parse_header` checks
