@@ -30,165 +30,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.result_rows import MINATAR_MARKS, MINATAR_PAPER, ROWS, Row  # noqa: E402
 from zmqrl.bench.runs import reached_in_history, run_process, training_returns  # noqa: E402
 
 STORE = REPO / "docs" / "results"
 README = REPO / "README.md"
 BEGIN = "<!-- results table: written by `python benchmarks/results.py`, do not edit by hand -->"
 END = "<!-- end of results table -->"
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    config: str
-    seeds: int
-    target: float | None  # None: a row that reports its returns, with no target to reach
-    algorithm: str
-    sets: tuple[str, ...] = ()
-    timeout: float = 1800.0  # seconds; a run past it is stopped and counted as not reaching
-    # Env steps at which each run also stores its training return (the mean of the last 100
-    # exploring episodes: the MinAtar paper's measure), as ``train_return`` {mark: value}.
-    train_at: tuple[int, ...] = ()
-
-    def command(self) -> str:
-        sets = "".join(f" --set {s}" for s in self.sets)
-        return f"zmqrl launch {self.config}{sets} --set run.seed=S"
-
-
-# The marks (frames = env steps: MinAtar has no frame skip) a MinAtar row's training return is
-# stored at, for the comparison with the paper's curves in docs/results.md.
-MINATAR_MARKS = (500_000, 1_000_000, 2_000_000)
-MINATAR = "DQN, MinAtar CNN (3×3×16 conv, 128 units), 2 actors, replay ratio 8"
-# Young & Tian 2019 (arXiv:1903.03176), DQN's training return (mean of the last 100 episodes, 30
-# seeds) read off its learning curves, at the frames (= env steps) a 15-minute run here reaches.
-MINATAR_PAPER = {
-    "Asterix": "≈ 12 at 1.2M frames, 15 at 2.5M",
-    "Breakout": "≈ 9 at 0.5M frames, 10 from 1M",
-    "Freeway": "≈ 45 at 0.5M frames, 50 from 1M",
-    "Seaquest": "≈ 1 at 1M frames",
-    "SpaceInvaders": "≈ 25 at 0.5M frames, 35 at 1M",
-}
-ROWS = {
-    "cartpole": Row(
-        "cartpole",
-        "configs/cartpole_dqn.yaml",
-        20,
-        475.0,
-        "DQN, prioritized replay, 2 actors, replay ratio 8, 20-episode evals",
-    ),
-    "pendulum": Row(
-        "pendulum", "configs/pendulum_sac.yaml", 3, -200.0, "SAC, 2 actors, evaluator, replay ratio 128"
-    ),
-    "cartpole-appo": Row(
-        "cartpole-appo",
-        "configs/cartpole_appo.yaml",
-        20,
-        475.0,
-        "APPO (V-trace, PPO clip), 2 actors × 8 envs, 32-step rollouts, 1024-step batches",
-    ),
-    "pendulum-appo": Row(
-        "pendulum-appo",
-        "configs/pendulum_appo.yaml",
-        3,
-        -200.0,
-        "APPO, clipped Gaussian policy, 2 actors × 8 envs, 64-step rollouts",
-    ),
-    "minatar-breakout-appo": Row(
-        "minatar-breakout-appo",
-        "configs/minatar_breakout_appo.yaml",
-        3,
-        10.0,
-        "APPO, MinAtar CNN, 2 actors × 16 envs, 64-step rollouts",
-        ("learner.max_seconds=300",),
-    ),
-    "minatar-breakout": Row(
-        "minatar-breakout",
-        "configs/minatar_breakout_dqn.yaml",
-        3,
-        10.0,
-        f"{MINATAR} (paper's DQN: {MINATAR_PAPER['Breakout']})",
-        train_at=MINATAR_MARKS,
-    ),
-    # The other four MinAtar games with Breakout's config as it is (issue 28: one config, 3 seeds,
-    # against the MinAtar paper's DQN at the same number of frames: docs/results.md).
-    **{
-        f"minatar-{game.lower()}": Row(
-            f"minatar-{game.lower()}",
-            "configs/minatar_breakout_dqn.yaml",
-            3,
-            None,
-            f"{MINATAR} (paper's DQN: {MINATAR_PAPER[game]})",
-            (f"env.id=MinAtar/{game}-v1",),
-            train_at=MINATAR_MARKS,
-        )
-        for game in ("Asterix", "Freeway", "Seaquest", "SpaceInvaders")
-    },
-    # configs/zoo: one tuned config per task (CartPole's and Pendulum's are the rows above).
-    "zoo-acrobot": Row(
-        "zoo-acrobot",
-        "configs/zoo/acrobot_dqn.yaml",
-        3,
-        -100.0,
-        "DQN, prioritized replay, 2 actors, replay ratio 32 (RL Zoo: −76.6 at 100k steps)",
-    ),
-    "zoo-mountaincar": Row(
-        "zoo-mountaincar",
-        "configs/zoo/mountaincar_dqn.yaml",
-        3,
-        -110.0,
-        "DQN, 2 actors, replay ratio 64, lr annealed (RL Zoo: −100.8 at 120k steps)",
-    ),
-    "zoo-mountaincar-continuous": Row(
-        "zoo-mountaincar-continuous",
-        "configs/zoo/mountaincar_continuous_sac.yaml",
-        3,
-        90.0,
-        "SAC with pink exploration noise, 2 actors, evaluator, replay ratio 512 (RL Zoo: 94.7 at 50k steps)",
-    ),
-    # HalfCheetah: 3 seeds of 7 minutes against 3,000 (issue 27's bar for this machine kind).
-    "zoo-halfcheetah": Row(
-        "zoo-halfcheetah",
-        "configs/zoo/halfcheetah_sac.yaml",
-        3,
-        3000.0,
-        "SAC, 2 actors, evaluator, replay ratio 256, 7 minutes (RL Zoo: 9,535 at 1M steps)",
-        ("learner.max_seconds=420",),
-        timeout=900.0,
-    ),
-    **{
-        f"zoo-{task}": Row(
-            f"zoo-{task}",
-            f"configs/zoo/{task}_sac.yaml",
-            1,
-            None,
-            f"SAC, 2 actors, evaluator, replay ratio 256, 10 minutes (RL Zoo: {zoo} at 1M steps)",
-            ("learner.max_seconds=600",),
-            timeout=900.0,
-        )
-        for task, zoo in (
-            ("hopper", "2,326"),
-            ("walker2d", "3,863"),
-            ("ant", "4,616"),
-        )
-    },
-    "pong": Row(
-        "pong",
-        "configs/pong_dqn.yaml",
-        1,
-        None,
-        "Ape-X DQN (Nature CNN, PER, shared-frame replay, 4×4 vector actors, evaluator); "
-        "not learned on a CPU",
-        ("learner.max_seconds=240",),
-    ),
-}
+# docs/results.md's MinAtar comparison with the paper, written from the stored rows the same way.
+RESULTS_DOC = REPO / "docs" / "results.md"
+MINATAR_BEGIN = "<!-- minatar table: written by `python benchmarks/results.py`, do not edit by hand -->"
+MINATAR_END = "<!-- end of minatar table -->"
 
 
 def own_ports(runs: Path, name: str) -> list[str]:
@@ -390,6 +248,52 @@ def readme_table(stored: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _millions(steps: list[float]) -> str:
+    if not steps:
+        return "—"
+    low, high = min(steps) / 1e6, max(steps) / 1e6
+    return f"{low:.2f}M" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}M–{high:.2f}M"
+
+
+def minatar_table(stored: dict[str, dict[str, Any]]) -> str:
+    """docs/results.md's MinAtar rows against the paper: per game, the seeds, the frames a run
+    reached, the training return at each mark (the mean over the seeds that stored it; which
+    seeds those are), the final greedy evaluations and the paper's figure."""
+    marks = MINATAR_MARKS
+    header = " / ".join(f"{m / 1e6:g}M" for m in marks)
+    lines = [
+        f"| game | seeds | env steps in the run | training return at {header} frames: mean over seeds | "
+        "final greedy eval per seed | paper's DQN (training return) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for game in MINATAR_PAPER:
+        entry = stored.get(f"minatar-{game.lower()}")
+        if entry is None:
+            continue
+        runs = [r for r in entry["runs"] if r.get("ok")]
+        kept = [r for r in runs if isinstance(r.get("train_return"), dict)]
+        means = []
+        for mark in marks:
+            values = [
+                r["train_return"][str(mark)] for r in kept if r["train_return"].get(str(mark)) is not None
+            ]
+            # A mark that fewer of them passed says over how many seeds its mean is.
+            fewer = f" ({len(values)} seed{'s' * (len(values) > 1)})" if 0 < len(values) < len(kept) else ""
+            means.append(f"{_num(statistics.fmean(values))}{fewer}" if values else "—")
+        trained = (
+            f"{' / '.join(means)}; seed{'s' * (len(kept) > 1)} {_seeds([int(r['seed']) for r in kept])}"
+            if kept
+            else "not stored"
+        )
+        finals = ", ".join(_num(r["final_eval"]) for r in runs if r.get("final_eval") is not None)
+        lines.append(
+            f"| {game} | {_seeds([int(r['seed']) for r in runs])} | "
+            f"{_millions([float(r['samples']) for r in runs if r.get('samples')])} | {trained} | "
+            f"{finals} | {MINATAR_PAPER[game]} |"
+        )
+    return "\n".join(lines)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError, StopIteration):  # Linux names the model; elsewhere, the arch
@@ -427,16 +331,26 @@ def load_stored(where: Path = STORE) -> dict[str, dict[str, Any]]:
 
 
 def render_readme() -> None:
-    """README's table redrawn from everything stored."""
-    README.write_text(rewrite_readme(README.read_text(), readme_table(load_stored())))
+    """README's table, and docs/results.md's MinAtar table, redrawn from everything stored."""
+    stored = load_stored()
+    README.write_text(rewrite_readme(README.read_text(), readme_table(stored)))
+    RESULTS_DOC.write_text(
+        rewrite_readme(
+            RESULTS_DOC.read_text(), minatar_table(stored), MINATAR_BEGIN, MINATAR_END, RESULTS_DOC
+        )
+    )
 
 
-def rewrite_readme(text: str, table: str) -> str:
+def rewrite_readme(
+    text: str, table: str, begin: str = BEGIN, end_marker: str = END, where: Path = README
+) -> str:
     """``text`` with the part between the markers replaced by ``table``."""
-    start, end = text.find(BEGIN), text.find(END)
+    start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"{README}: the markers of the results table are missing ({BEGIN!r} ... {END!r})")
-    return f"{text[: start + len(BEGIN)]}\n{table}\n{text[end:]}"
+        raise SystemExit(
+            f"{where}: the markers of the results table are missing ({begin!r} ... {end_marker!r})"
+        )
+    return f"{text[: start + len(begin)]}\n{table}\n{text[end:]}"
 
 
 def code_label(code: Path) -> str:
@@ -504,7 +418,7 @@ def main() -> None:
         return
     if args.render:
         render_readme()
-        print(f"{README}: results table rewritten from {STORE}")
+        print(f"{README} and {RESULTS_DOC}: results tables rewritten from {STORE}")
         return
     unknown = [name for name in args.rows.split(",") if name not in ROWS]
     if unknown:
@@ -520,6 +434,7 @@ def main() -> None:
     storing = not args.code and not args.variant and not args.no_store  # the shipped configs, measured
     if storing:
         rewrite_readme(README.read_text(), "")  # missing markers: say so before hours of runs
+        rewrite_readme(RESULTS_DOC.read_text(), "", MINATAR_BEGIN, MINATAR_END, RESULTS_DOC)
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {r.name: {lb: [] for lb, _, _ in runs_of} for r in rows}
     with tempfile.TemporaryDirectory(prefix="zmqrl-results-") as scratch:
         tmp = args.keep or scratch

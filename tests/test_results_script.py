@@ -203,3 +203,33 @@ def test_kept_runs_training_returns_are_stored_in_their_own_seeds_entry_only(tmp
     assert runs[2]["train_return"] == {"500000": 2.0, "1000000": 2.0, "2000000": 2.0}
     assert "train_return" not in runs[1]
     assert any("skipped" in line for line in lines)
+
+
+def test_docs_minatar_table_is_what_the_stored_results_render() -> None:
+    results = load_script()
+    doc = results.RESULTS_DOC.read_text()
+    table = results.minatar_table(results.load_stored())
+    assert results.rewrite_readme(doc, table, results.MINATAR_BEGIN, results.MINATAR_END) == doc
+
+
+def test_the_minatar_table_averages_stored_training_returns_per_mark() -> None:
+    results = load_script()
+    runs = [
+        {**run(0, None, 2.0), "samples": 2_180_000},  # measured before training returns were stored
+        {
+            **run(1, None, 3.0),
+            "samples": 2_050_000,
+            "train_return": {"500000": 1.0, "1000000": 2.0, "2000000": 3.0},
+        },
+        {
+            **run(2, None, 1.5),
+            "samples": 1_930_000,
+            "train_return": {"500000": 2.0, "1000000": 3.0, "2000000": None},
+        },
+    ]
+    table = results.minatar_table({"minatar-seaquest": {"runs": runs}})
+    line = next(line for line in table.splitlines() if line.startswith("| Seaquest"))
+    assert line == (
+        "| Seaquest | 0–2 | 1.93M–2.18M | 1.5 / 2.5 / 3.0 (1 seed); seeds 1, 2 | 2.0, 3.0, 1.5 | "
+        f"{results.MINATAR_PAPER['Seaquest']} |"
+    )
