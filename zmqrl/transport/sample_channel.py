@@ -57,8 +57,8 @@ class SampleGroup:
     transitions (``batch`` a TransitionBatch) or all rollouts (a RolloutBatch), never mixed.
 
     Each message is an :class:`MessageInfo` (``infos``), not a ``SamplesMsg``: ingest needs only
-    its sender, sequence, version and episodes, and building a message object with a view of each
-    column per message was a tenth of the learner's ingest time with CartPole-sized messages.
+    its sender, sequence, version and episodes, and a message object with a view of each column
+    cost ~1.3 us per message against ~0.3 for the record (a CartPole-sized message costs ~15 us).
     ``messages`` gives them as messages where that is needed (a group split by policy lag or by
     a failed content scan: rare)."""
 
