@@ -310,11 +310,13 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def store(row: Row, results: list[dict[str, Any]], where: Path = STORE) -> None:
+def store(row: Row, results: list[dict[str, Any]], where: Path = STORE, code: str | None = None) -> None:
     """Merge ``results`` into the row's stored seeds: a seed measured again replaces its entry."""
     path = where / f"{row.name}.json"
     old = json.loads(path.read_text()) if path.exists() else {"runs": []}
-    stamp = f"{machine()}, commit {commit()}"
+    # The commit the runs were started from (``code``, taken as each run starts: a sweep takes
+    # hours and the checkout may move on meanwhile), else the checkout's now.
+    stamp = f"{machine()}, commit {code or commit()}"
     fresh = [{**r, "measured": stamp} for r in results]
     seeds = {r["seed"] for r in fresh}
     runs = sorted([r for r in old["runs"] if r["seed"] not in seeds] + fresh, key=lambda r: r["seed"])
@@ -442,10 +444,11 @@ def main() -> None:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or row.seeds)):
                 for i, (lb, code, sets) in enumerate(runs_of):  # alternate: same machine conditions
                     runs = Path(tmp) / f"{len(raw[row.name][lb])}-{i}"
+                    started_at = commit()
                     result = run_once(code, row, seed, runs, sets)
                     raw[row.name][lb].append(result)
                     if storing:  # at once: an interrupted sweep keeps the seeds it measured
-                        store(row, [result])
+                        store(row, [result], code=started_at)
                         render_readme()
                     shown = {k: v for k, v in result.items() if k != "error"}
                     print(f"{row.name} {lb}: {json.dumps(shown)}", flush=True)
