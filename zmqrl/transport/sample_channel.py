@@ -1,5 +1,5 @@
 """The samples channel (actor -> learner): :class:`SampleSender` and :class:`SampleReceiver`, and
-the :class:`SampleGroup` the receiver hands the learner (several messages, their rows merged).
+the :class:`SampleGroup` (defined with the other messages) the receiver hands the learner.
 
 The sender says when the learner's high-water mark holds a message back (backpressure), keeps it
 for retries while its caller does what it must meanwhile, and tells a learner that is connected
@@ -21,22 +21,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
 import zmq
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.bad_messages import BadMessages, Clock
-from zmqrl.transport.messages import MessageInfo
+from zmqrl.transport.messages import SampleGroup
 from zmqrl.transport.peers import PeerWatch
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
 from zmqrl.transport.sample_groups import GroupReader
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import SamplesMsg, WireError
-from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, Batch, RolloutBatch, TransitionBatch
+from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS
 
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
@@ -49,90 +46,6 @@ ZERO_COPY_MIN_OBS_BYTES = 1024
 SAMPLES_MAX_FRAMES = 1 + max(len(BATCH_FIELDS) + 1, len(ROLLOUT_FIELDS))
 # The setting a samples (or weights) message's size limit comes from, named when one is refused.
 MESSAGE_SIZE_SETTING = "transport.max_message_mb"
-
-
-@dataclass(frozen=True)
-class SampleGroup:
-    """Valid messages in the order received, and their rows concatenated in that order: all
-    transitions (``batch`` a TransitionBatch) or all rollouts (a RolloutBatch), never mixed.
-
-    Each message is an :class:`MessageInfo` (``infos``), not a ``SamplesMsg``: ingest needs only
-    its sender, sequence, version and episodes, and a message object with a view of each column
-    cost ~1.3 us per message against ~0.3 for the record (a CartPole-sized message costs ~15 us).
-    ``messages`` gives them as messages where that is needed (a group split by policy lag or by
-    a failed content scan: rare)."""
-
-    infos: tuple[MessageInfo, ...]
-    batch: Batch
-    priorities: np.ndarray | None  # all the messages carry priorities, or none does (rollouts: none)
-    # The messages it was built from (``of``), if it was: rollouts cannot be cut back by rows.
-    originals: tuple[SamplesMsg, ...] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def size(self) -> int:
-        return self.batch.size
-
-    @property
-    def messages(self) -> tuple[SamplesMsg, ...]:
-        """Each message with its rows as views of the group's (transitions), or as it came."""
-        if self.originals is not None:
-            return self.originals
-        batch, priorities = self.batch, self.priorities
-        return tuple(
-            SamplesMsg(
-                info.actor_id,
-                info.seq,
-                info.weights_version,
-                TransitionBatch(*(col[info.start : info.stop] for col in batch)),
-                info.episodes,
-                None if priorities is None else priorities[info.start : info.stop],
-            )
-            for info in self.infos
-        )
-
-    def only(self, keep: Sequence[int]) -> SampleGroup | None:
-        """The group of the messages at indices ``keep`` (in order); None when there are none."""
-        if len(keep) == len(self.infos):
-            return self
-        messages = self.messages
-        return SampleGroup.of([messages[i] for i in keep]) if keep else None
-
-    @classmethod
-    def of(cls, messages: Sequence[SamplesMsg]) -> SampleGroup:
-        """Merge ``messages`` (at least one; all of one batch type; all with priorities or all
-        without).
-
-        Every column is concatenated along its first axis in message order. For rollouts that
-        keeps final_obs right too: its rows follow the truncated flags in row-major order, and
-        concatenating whole rows in message order puts each message's flags, and its final_obs
-        rows, after the previous message's, so the k-th truncated step of the merged batch still
-        owns its k-th final_obs row.
-        """
-        if not messages:
-            raise ValueError("a sample group needs at least one message")
-        kind = type(messages[0].batch)
-        if any(type(m.batch) is not kind for m in messages):
-            raise ValueError("a sample group's messages must all carry transitions, or all rollouts")
-        infos, start = [], 0
-        for m in messages:
-            stop = start + m.batch.size
-            infos.append(MessageInfo(m.actor_id, m.seq, m.weights_version, start, stop, m.episodes))
-            start = stop
-        if len(messages) == 1:  # the common case under a replay ratio: nothing to copy
-            only = messages[0]
-            return cls(tuple(infos), only.batch, only.priorities, (only,))
-        with_priorities = {m.priorities is not None for m in messages}
-        if len(with_priorities) != 1:
-            raise ValueError("a sample group's messages must all carry priorities, or none")
-        columns = zip(*(m.batch for m in messages), strict=True)
-        merged = [np.concatenate(col) for col in columns]
-        batch: Batch = RolloutBatch(*merged) if kind is RolloutBatch else TransitionBatch(*merged)
-        priorities = (
-            np.concatenate([m.priorities for m in messages if m.priorities is not None])
-            if with_priorities == {True}
-            else None
-        )
-        return cls(tuple(infos), batch, priorities, tuple(messages))
 
 
 def channel_limit(sock: zmq.Socket, max_frames: int) -> FrameLimit:
