@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zmqrl.metrics import TRAIN_TAG, read_metrics
+
 # Seconds a timed-out run gets to stop on SIGTERM (zmqrl's supervisor stops its children and
 # writes stats.json) before its whole process group is killed.
 STOP_GRACE_S = 30.0
@@ -56,9 +58,6 @@ def reached_in_history(history: Sequence[dict[str, Any]], target: float, steps_k
     )
 
 
-TRAIN_TAG = "charts/episodic_return"
-
-
 def training_returns(metrics: Path, marks: Sequence[int], window: int = 100) -> dict[str, float | None]:
     """The MinAtar paper's measure at each mark of env steps: the mean of the last ``window``
     training episodes (the actors' exploring ones, ``charts/episodic_return``) reported at or
@@ -66,18 +65,12 @@ def training_returns(metrics: Path, marks: Sequence[int], window: int = 100) -> 
     short run never reads as a figure it did not reach. Keys are the marks as strings (JSON)."""
     steps: list[float] = []
     values: list[float] = []
-    with contextlib.suppress(OSError), metrics.open(encoding="utf-8") as f:
-        for line in f:
-            if TRAIN_TAG not in line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(row, dict) or row.get("tag") != TRAIN_TAG:
-                continue
+    with contextlib.suppress(OSError):
+        for row in read_metrics(metrics):  # skips (and counts) lines a crash cut short
             step, value = row.get("step"), row.get("value")
-            if not (isinstance(step, (int, float)) and isinstance(value, (int, float))):
+            if row["tag"] != TRAIN_TAG or not (
+                isinstance(step, (int, float)) and isinstance(value, (int, float))
+            ):
                 continue
             if math.isfinite(step) and math.isfinite(value):
                 steps.append(float(step))

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from zmqrl.metrics import METRICS_FILE, read_metrics
+from zmqrl.metrics import METRICS_FILE, TRAIN_TAG, read_metrics
 
-TRAIN_TAG = "charts/episodic_return"
 EVAL_TAG = "charts/eval_return"
 # Points on the common x grid a group of runs is interpolated to.
 GRID_POINTS = 200

@@ -41,6 +41,9 @@ from zmqrl.metrics.trackers import (
 )
 
 METRICS_FILE = "metrics.jsonl"
+# The tag of each training (exploring) episode's return: what curves and the MinAtar paper's
+# measure are read from.
+TRAIN_TAG = "charts/episodic_return"
 TB_DIR = "tb"
 # The first path segment every tag must have (docs/metrics.md explains each).
 NAMESPACES = ("charts", "losses", "actor", "learner", "replay", "perf", "supervisor")
