@@ -514,6 +514,39 @@ def test_actors_and_the_evaluator_get_one_blas_thread_unless_the_environment_set
     assert blas_threads("actor") == "4"  # the user's own setting wins
 
 
+def test_on_an_avx512_cpu_actors_get_openblas_avx2_kernels_unless_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zmqrl.supervisor import processes
+
+    show = [sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_CORETYPE'))"]
+
+    def coretype(role: str) -> str:
+        log_path = tmp_path / f"{role}-{len(list(tmp_path.iterdir()))}.log"
+        proc = processes.start_child(show, log_path, 0.0, role)
+        assert proc.wait(timeout=30) == 0
+        return log_path.read_text().strip()
+
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.setattr(processes, "has_avx512", lambda: True)
+    assert [coretype(r) for r in ("actor", "evaluator", "learner")] == ["Haswell", "Haswell", "None"]
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    assert coretype("actor") == "Zen"  # the user's own setting wins
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    monkeypatch.setattr(processes, "has_avx512", lambda: False)
+    assert coretype("actor") == "None"  # a CPU without AVX-512 keeps OpenBLAS's own choice
+
+
+def test_avx512_is_read_from_the_cpu_flags(tmp_path: Path) -> None:
+    from zmqrl.supervisor.processes import has_avx512
+
+    with_it, without = tmp_path / "with", tmp_path / "without"
+    with_it.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    without.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512_vnni_like\n")
+    assert has_avx512(str(with_it)) and not has_avx512(str(without))
+    assert not has_avx512(str(tmp_path / "missing"))  # not Linux, or unreadable
+
+
 def test_children_do_not_inherit_the_supervisors_health_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,6 +1,7 @@
 """The in-process sides of the actor benchmark (zmqrl/bench/actor.py): the bare env-and-policy
 loop, and zmqrl's acting code alone (``Sampler`` with each batch encoded, no socket), measured
-one after the other in a child process started as an actor is (one BLAS thread).
+one after the other in a child process started as an actor is (one BLAS thread; on an AVX-512
+CPU, OpenBLAS's AVX2 kernels).
 
 The bare loop steps the actor's env with the actor's numpy policy behind the same epsilon
 explorer, at the same vectorization, and does nothing else. Between it and the real actor, the
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.config import Config, load_config
-from zmqrl.supervisor.processes import BLAS_THREADS_ENV
+from zmqrl.supervisor.processes import BLAS_THREADS_ENV, small_maths_env
 
 # Repository configs the benchmarks measure (the bench runs from a checkout).
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -148,7 +149,7 @@ def measure_in_child(envs: int, seconds: float) -> dict[str, float]:
         "from zmqrl.bench.acting import child_rates\n"
         "print(json.dumps(child_rates(int(sys.argv[1]), float(sys.argv[2]))))"
     )
-    env = {**os.environ, BLAS_THREADS_ENV: "1"}
+    env = {**small_maths_env(), **os.environ, BLAS_THREADS_ENV: "1"}
     done = subprocess.run(
         [sys.executable, "-c", code, str(envs), str(seconds)],
         env=env,

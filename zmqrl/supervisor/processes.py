@@ -9,6 +9,7 @@ leader has exited, so nothing a role started outlives it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -31,6 +32,31 @@ Procs = Mapping[str, "subprocess.Popen[bytes]"]
 # about 60 us on one thread. One BLAS thread each, unless the user's environment says otherwise.
 ONE_BLAS_THREAD_ROLES = ("actor", "evaluator")
 BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
+# And on a CPU with AVX-512, OpenBLAS's AVX2 kernels. Its AVX-512 ones (its choice there) made the
+# actor's Ape-X priority pass, one (2B, 128) product per batch, slow down the single-row steps
+# after it: the acting loop took 24.2 instead of 20.6 us per CartPole step with the same priority
+# work, and the real actor 0.61x -> 0.68x of its bare loop (docs/performance.md). The bare loop
+# itself, all one-row products, runs as fast with either.
+BLAS_CORE_ENV = "OPENBLAS_CORETYPE"
+AVX2_CORE = "Haswell"
+
+
+@functools.cache
+def has_avx512(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has AVX-512 (Linux; elsewhere, or unreadable: False)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def small_maths_env() -> dict[str, str]:
+    """The environment ONE_BLAS_THREAD_ROLES start with unless the user's sets these variables."""
+    return {BLAS_THREADS_ENV: "1", **({BLAS_CORE_ENV: AVX2_CORE} if has_avx512() else {})}
 
 
 def role_command(role: str, index: int, config_path: Path, *, replacement: bool, resume: bool) -> list[str]:
@@ -53,7 +79,7 @@ def start_child(cmd: list[str], log_path: Path, launched: float, role: str = "")
     the supervisor's own health file (``ZMQRL_HEALTH_FILE``: every child would write the same)."""
     inherited = {k: v for k, v in without_config_variables(os.environ).items() if k != HEALTH_FILE_ENV}
     env = {
-        **({BLAS_THREADS_ENV: "1"} if role in ONE_BLAS_THREAD_ROLES else {}),
+        **(small_maths_env() if role in ONE_BLAS_THREAD_ROLES else {}),
         **inherited,
         "PYTHONUNBUFFERED": "1",
         SUPERVISED_ENV: "1",
