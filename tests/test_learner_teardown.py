@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config
+from zmqrl.learner import endpoints as endpoints_module
 from zmqrl.learner import main as learner_module
 from zmqrl.learner.main import Learner
 from zmqrl.transport.channels import BadMessages
@@ -90,7 +91,7 @@ def test_a_learner_that_cannot_bind_closes_its_trainer_and_reports(
         raise BindError("cannot bind samples: address already in use")
 
     monkeypatch.setattr(learner_module, "Trainer", FakeTrainer)
-    monkeypatch.setattr(learner_module.sockets, "samples_pull", port_in_use)
+    monkeypatch.setattr(endpoints_module.sockets, "samples_pull", port_in_use)
     FakeTrainer.closed = False
     cfg = tiny_config(tmp_path, transport__heartbeat=hb_ep, transport__control=ctl_ep)
     learner = Learner(cfg, ctx=ctx)

@@ -15,9 +15,9 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.actor.main import Actor
+from zmqrl.actor.main import EARLY_BATCHES_MAX, Actor, early_batches
 from zmqrl.agents import make_learner
-from zmqrl.config import Config
+from zmqrl.config import Config, load_config
 from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.learner.main import Learner
 from zmqrl.runtime.link import SupervisorLink
@@ -309,10 +309,11 @@ def test_only_supervised_roles_outlive_a_failed_learner(
 def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_with(
     ctx: zmq.Context, tmp_path: Path, envs_per_actor: int
 ) -> None:
-    """With n = 3, the transition of step s leaves its window at step s + 2. Steps 1-3 are acted with
-    the actor's initial weights (version 0): it then holds its first batch until the learner's
-    weights arrive, and acts with version 5 from step 4 on. So the batches holding steps 1, 2, 3
-    are stamped 0, though they are sent while the actor already holds version 5."""
+    """With n = 3, the transition of step s leaves its window at step s + 2. Steps 1-4 are acted with
+    the actor's initial weights (version 0): its warm-up share (min_replay_size 1: one batch) is
+    collected at step 3, then it holds the next batch until the learner's weights arrive, and acts
+    with version 5 from step 5 on. So the batches holding steps 1 to 4 are stamped 0, though all
+    are sent while the actor already holds version 5."""
     sup, fake = FakeSupervisor(ctx), FakeLearner(ctx)
     cfg = with_transport(
         tiny_config(
@@ -321,13 +322,14 @@ def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_wit
             actor__send_batch=1,
             actor__weights_poll_steps=1,
             actor__envs_per_actor=envs_per_actor,
+            learner__min_replay_size=1,
         ),
         **fake.endpoints(),
         **sup.endpoints(),
     )
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
-    wait_until(lambda: actor.steps == 3 * envs_per_actor, 20, "the first n-step window to fill")
+    wait_until(lambda: actor.steps == 4 * envs_per_actor, 20, "the warm-up batch and the next to fill")
     reference = {k: np.zeros_like(v) for k, v in actor.agent.arrays.items()}  # type: ignore[attr-defined]
     v5 = wire.dump(WeightsMsg(Weights(5, {k: np.full_like(v, 0.01) for k, v in reference.items()}), "dqn"))
 
@@ -337,7 +339,7 @@ def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_wit
 
     wait_until(loaded, 20, "the actor to load version 5 and send its first batch")
     msgs = []
-    for _ in range(4):
+    for _ in range(5):
         assert fake.pull.poll(20_000), "actor sent nothing"
         msg = wire.load(fake.pull.recv_multipart())
         assert isinstance(msg, SamplesMsg)
@@ -348,9 +350,65 @@ def test_a_batch_is_stamped_with_the_version_its_oldest_transition_was_acted_wit
     fake.close()
     sup.close()
     assert not any(m.episodes for m in msgs), "an episode end in the first steps would change the windows"
-    assert [m.batch.size for m in msgs] == [envs_per_actor] * 4  # one transition per sub-env each
+    assert [m.batch.size for m in msgs] == [envs_per_actor] * 5  # one transition per sub-env each
     assert actor.weights_client.version == 5
-    assert [m.weights_version for m in msgs] == [0, 0, 0, 5], "steps 1-3 were acted with version 0"
+    assert [m.weights_version for m in msgs] == [0, 0, 0, 0, 5], "steps 1-4 were acted with version 0"
+
+
+def test_an_actor_collects_its_warm_up_share_before_the_learner_is_up_and_sends_it_at_once(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    """The learner starts seconds after its actors (it imports torch): a replay agent's actor keeps
+    collecting its share of min_replay_size meanwhile, sends nothing, and delivers all of it, in
+    order, once it is heard, scored for prioritized replay when sent (the greeting's weights,
+    version 0, are never loaded: under the actor's own)."""
+    sup, fake = FakeSupervisor(ctx), FakeLearner(ctx)
+    cfg = with_transport(
+        tiny_config(
+            tmp_path,
+            actor__send_batch=4,
+            actor__num_actors=2,
+            learner__min_replay_size=20,  # 10 per actor: 3 batches of 4
+            replay__prioritized=True,
+        ),
+        **fake.endpoints(),
+        **sup.endpoints(),
+    )
+    assert early_batches(cfg) == 3
+    actor = Actor(cfg, 0, ctx=ctx)
+    thread = start(actor.run)
+    try:
+        wait_until(lambda: len(actor._early) == 3, 20, "the actor's warm-up share")
+        assert not fake.pull.poll(0), "nothing may be sent before the learner was heard"
+        fake.greet_until(cfg, lambda: fake.pull.poll(0), 20, "the actor's first samples")
+        msgs = []
+        while len(msgs) < 4:
+            assert fake.pull.poll(20_000), "the actor sent less than its warm-up share and one more batch"
+            msg = wire.load(fake.pull.recv_multipart())
+            assert isinstance(msg, SamplesMsg)
+            msgs.append(msg)
+    finally:
+        sup.stop()
+        thread.join(timeout=20)
+        fake.close()
+        sup.close()
+    assert not thread.is_alive()
+    assert [m.seq for m in msgs] == [0, 1, 2, 3]
+    for msg in msgs:
+        assert msg.priorities is not None
+        expected = actor.agent.initial_priorities(msg.batch)  # type: ignore[attr-defined]
+        np.testing.assert_allclose(msg.priorities, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_how_many_batches_an_actor_collects_before_the_learner_is_heard(tmp_path: Path) -> None:
+    cartpole = load_config(Path(__file__).parent.parent / "configs" / "cartpole_dqn.yaml")
+    assert early_batches(cartpole) == 8  # 1,000 / 2 actors in batches of 64
+    big = load_config(
+        Path(__file__).parent.parent / "configs" / "cartpole_dqn.yaml", ["learner.min_replay_size=90000"]
+    )
+    assert early_batches(big) == EARLY_BATCHES_MAX
+    appo = load_config(Path(__file__).parent.parent / "configs" / "cartpole_appo.yaml")
+    assert early_batches(appo) == 0  # rollouts must be acted with the learner's weights
 
 
 def test_an_actor_that_never_hears_the_learner_gives_up_after_connect_timeout(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 import time
@@ -12,16 +13,20 @@ from typing import Any
 import zmq
 
 from zmqrl.actor.parts import Collector, build_acting
-from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, actor_seed
+from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, Sampler, actor_seed
+from zmqrl.agents import is_on_policy
 from zmqrl.config import Config
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, LearnerUnreachable, SampleSender, WeightsSubscriber
+from zmqrl.transport.wire import SamplesMsg
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50
+# Most batches a replay agent's actor collects before the learner is heard from (see early_batches).
+EARLY_BATCHES_MAX = 64
 # Pacing never banks more than this many seconds of unused step budget.
 PACE_MAX_DEBT = 0.05
 # Longest single sleep of the pacer: a low cap still reports progress (the actor's watchdog) and
@@ -69,6 +74,16 @@ class Pacer:
                     return
 
 
+def early_batches(cfg: Config) -> int:
+    """How many batches an actor may collect before the learner is heard from: a replay agent's
+    share of ``learner.min_replay_size`` (its warm-up), at most EARLY_BATCHES_MAX; none for an
+    on-policy agent."""
+    if is_on_policy(cfg.agent):
+        return 0
+    share = cfg.learner.min_replay_size / max(1, cfg.actor.num_actors)
+    return min(EARLY_BATCHES_MAX, math.ceil(share / cfg.actor.send_batch))
+
+
 class Actor:
     """Steps its env with exploration, turns steps into n-step transitions and ships them.
 
@@ -76,9 +91,13 @@ class Actor:
     adopts every newer version (never an older one) and stamps each batch with the version its
     oldest transition was acted with, so the learner can measure policy lag.
 
-    Nothing is sent before the learner was heard from: the first batch waits until a valid
-    weights message arrived, which carries the learner's run fingerprint. An actor whose settings
-    differ raises ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition.
+    Nothing is sent before the learner was heard from: batches wait until a valid weights message
+    arrived, which carries the learner's run fingerprint. An actor whose settings differ raises
+    ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition. Meanwhile a
+    replay agent's actor goes on collecting its share of the learner's warm-up
+    (``early_batches``), so the learner, which starts seconds after its actors (torch's import),
+    can train as soon as it has published; an on-policy actor holds its first rollouts, which
+    must be acted with the learner's weights.
 
     ``faults`` are a test's (zmqrl.runtime.testhooks; the process main builds them from the
     environment): none by default, and then no fault code runs.
@@ -110,6 +129,8 @@ class Actor:
         self.weights_loaded = 0
         self.num_envs = cfg.actor.envs_per_actor
         self._learner_heard = False  # a valid (and, if fingerprinted, matching) weights message arrived
+        self._early: list[SamplesMsg] = []  # batches collected before that, sent once it has
+        self._early_limit = early_batches(cfg)
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -185,24 +206,59 @@ class Actor:
                 if self._hang_at is not None and sampler.steps >= self._hang_at and self._faults is not None:
                     self._faults.actor_hangs()
             if max_steps is not None and sampler.steps >= max_steps:
-                return True
+                return self._deliver_early()
             budget = next_housekeeping - sampler.steps
             if max_steps is not None:
                 budget = min(budget, max_steps - sampler.steps)
             collected = sampler.collect(budget)
             if collected is Collected.WEIGHTS_DUE:
                 self._sync_weights()
+                if self._early and self._learner_heard and not self._send_early():
+                    return False
             elif collected is Collected.BATCH_READY and not self._ship():
                 return False
 
     def _ship(self) -> bool:
-        """Send the ready batch; returns False if told to stop while the learner's queue was
-        full, or before the learner was heard from."""
+        """Send the ready batch (before the learner was heard from: keep it, up to the early limit,
+        then wait); returns False if told to stop while the learner's queue was full, or before
+        the learner was heard from."""
         if not self._learner_heard:
-            log.info("holding the first batch until the learner's weights (and run fingerprint) arrive")
+            if len(self._early) < self._early_limit:
+                if not self._early:
+                    log.info(
+                        "collecting up to %d batches until the learner's weights (and run "
+                        "fingerprint) arrive",
+                        self._early_limit,
+                    )
+                # Ape-X priorities when sent, under the learner's weights by then.
+                self._early.append(self.sampler.message(priorities=False))
+                return True
+            log.info("holding the next batch until the learner's weights (and run fingerprint) arrive")
             if not self._await_learner(lambda: self._learner_heard):
                 return False
-        msg = self.sampler.message()  # Ape-X priorities under the weights held now
+        if self._early and not self._send_early():
+            return False
+        return self._send(self.sampler.message())  # Ape-X priorities under the weights held now
+
+    def _deliver_early(self) -> bool:
+        """At ``actor.max_steps``: what was collected before the learner was heard from still goes
+        to it (waiting for it, as a first batch always did). False if told to stop first."""
+        if self._early and not self._learner_heard and not self._await_learner(lambda: self._learner_heard):
+            return False
+        return self._send_early()
+
+    def _send_early(self) -> bool:
+        """Send the batches collected before the learner was heard from, oldest first."""
+        while self._early:
+            msg = self._early[0]
+            if msg.priorities is None and isinstance(self.sampler, Sampler):
+                self.sampler.add_priorities(msg)
+            if not self._send(msg):
+                return False
+            self._early.pop(0)
+        return True
+
+    def _send(self, msg: SamplesMsg) -> bool:
         sent = self.sender.send(msg)
         while not sent:  # held back by the learner's queue: housekeeping between retries
             if self._idle():

@@ -118,8 +118,9 @@ class RolloutCollector:
                 return Collected.BATCH_READY
         return Collected.BUDGET_SPENT
 
-    def message(self) -> SamplesMsg:
-        """The ready rollouts as a samples message (kind "rollouts" on the wire)."""
+    def message(self, priorities: bool = True) -> SamplesMsg:
+        """The ready rollouts as a samples message (kind "rollouts" on the wire; rollouts carry no
+        priorities, whatever ``priorities`` says)."""
         assert self._ready is not None, "message() after collect() said BATCH_READY"
         msg, self._ready = self._ready, None
         return msg

@@ -236,9 +236,9 @@ class Sampler:
             return Collected.WEIGHTS_DUE
         return Collected.BATCH_READY if self.batch_ready else Collected.BUDGET_SPENT
 
-    def message(self) -> SamplesMsg:
-        """The ready batch as a samples message (with Ape-X initial priorities when asked for);
-        starts the next batch."""
+    def message(self, priorities: bool = True) -> SamplesMsg:
+        """The ready batch as a samples message (with Ape-X initial priorities when the sampler
+        computes them and ``priorities`` asks for them); starts the next batch."""
         batch, version = self.log.take()
         msg = SamplesMsg(
             actor_id=self.actor_id,
@@ -246,12 +246,18 @@ class Sampler:
             weights_version=version,
             batch=batch,
             episodes=list(self._finished),
-            priorities=self._priorities(batch) if self._priority_fn is not None else None,
+            priorities=self._priorities(batch) if priorities and self._priority_fn is not None else None,
         )
         self._seq += 1
         self._finished.clear()  # the steppers append to this very list
         self._counted = 0
         return msg
+
+    def add_priorities(self, msg: SamplesMsg) -> None:
+        """Give ``msg``, taken earlier with ``message(priorities=False)``, its Ape-X initial
+        priorities under the weights held now (when the sampler computes them)."""
+        if self._priority_fn is not None and isinstance(msg.batch, TransitionBatch):
+            msg.priorities = self._priorities(msg.batch)
 
     def close(self) -> None:
         self.env.close()

@@ -2,12 +2,13 @@
 
 Each repeat runs the real command (``python -m zmqrl launch configs/cartpole_dqn.yaml``, on free
 ports, until a few updates are made) and reads what the run left: the learner's start-up marks
-(learner-stats.json ``startup``: torch imported, sockets bound, first weights, replay warm, first
-update, in seconds after the launch) and each role's log (its first line: the process is up and
-its CLI loaded; its "up" line: its sockets are bound or connected). Repeats with and without the
-evaluator alternate, so what the evaluator adds is measured side by side. Each role's import
-time is ``python -X importtime -c "import <its main module>"`` in a fresh interpreter, alternated
-with ``import torch`` alone: the part of a role's start-up that torch is.
+(learner-stats.json ``startup``: sockets bound (before torch's import), torch imported, first
+weights, replay warm, first update, in seconds after the launch) and each role's log (its first
+line: the process is up and its CLI loaded; its "up" line: its sockets are bound or connected).
+Repeats with and without the evaluator alternate, so what the evaluator adds is measured side by
+side. Each role's import time is ``python -X importtime -c "import <its main module>"`` in a
+fresh interpreter, alternated with ``import torch`` alone: the part of a role's start-up that
+torch is.
 
 Rows: launch -> first update against the 2 s target (the ratio is to 2 s: at most 1 meets it),
 the same with the evaluator against without it, each role's import time, and when each role
@@ -45,7 +46,7 @@ RUN_UPDATES = 20
 # A launch that has not finished by then failed (seconds).
 LAUNCH_TIMEOUT = 120.0
 # The learner's start-up marks, in the order they happen (zmqrl/learner/main.py).
-MARKS = ("imported", "bound", "first_weights", "replay_ready", "first_update")
+MARKS = ("bound", "imported", "first_weights", "replay_ready", "first_update")
 # Each role's main module, whose import is that role's import time ("cli": what every command loads).
 ROLE_MODULES = {
     "cli": "zmqrl.cli.app",

@@ -25,7 +25,7 @@ from zmqrl.cli.options import (
     fail,
     load,
 )
-from zmqrl.cli.process import role_exit_code, run_role, setup_logging, start_link
+from zmqrl.cli.process import Role, role_exit_code, run_role, setup_logging, start_link
 from zmqrl.transport.control_trust import with_role_key
 
 
@@ -80,12 +80,27 @@ def learner(
         save_config(cfg, cfg.run_dir / "config.yaml")
     cfg = with_role_key(cfg, "learner", 0)  # with keys: the client pair bound to this role
     link = start_link(cfg, "learner", 0)
-    from zmqrl.learner.main import Learner
     from zmqrl.runtime.testhooks import Faults
 
     received: list[int] = []
     faults = Faults.from_env()  # a test's injected faults (ZMQRL_TEST_HOOKS), read here only
-    stats = run_role(lambda: Learner(cfg, resume=resume, link=link, faults=faults), received)
+
+    def make() -> Role:
+        # The sockets before torch's import (about a second): actors connect while it loads.
+        import zmq
+
+        from zmqrl.learner.endpoints import bind_learner_sockets
+
+        bound = bind_learner_sockets(cfg, zmq.Context.instance())
+        try:
+            from zmqrl.learner.main import Learner
+
+            return Learner(cfg, resume=resume, link=link, faults=faults, bound=bound)
+        except BaseException:
+            bound.close()
+            raise
+
+    stats = run_role(make, received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"learner": stats}))
     raise typer.Exit(role_exit_code(stats, received))

@@ -15,30 +15,21 @@ import zmq
 from zmqrl.checkpoints.files import CheckpointWriteError
 from zmqrl.config import Config
 from zmqrl.learner.dynamo_import import defer_adam_step_import, defer_dynamo_import
+from zmqrl.learner.endpoints import LearnerSockets, bind_learner_sockets
 from zmqrl.learner.ingest import warn_if_queues_hide_lag
 from zmqrl.learner.reporting import LearnerReports, write_stats
 from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
 from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.runtime.guard import ThreadDied, start_guarded
-from zmqrl.runtime.link import (
-    END_ACTORS_DONE,
-    SupervisorLink,
-    launch_time,
-    socket_limits,
-    transport_security,
-)
+from zmqrl.runtime.link import END_ACTORS_DONE, SupervisorLink, launch_time
 from zmqrl.runtime.testhooks import Faults
-from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
-from zmqrl.transport.security import start_authenticator
 
 # When this module (and torch with it) finished importing: the first of the start-up marks.
 IMPORTED = time.time()
 # Main loop: updates between (cheap, time-gated) housekeeping calls.
 HOUSEKEEPING_EVERY = 8
-# How long the closing weights socket may take to deliver the learner's stop announcement.
-STOP_LINGER_MS = 500
 # While waiting for the first transitions, the learner answers joining actors this often: the
 # run's start waits on each actor's first weights.
 WAIT_TICK_SECONDS = 0.02
@@ -68,8 +59,10 @@ class Learner:
         resume: bool = False,
         link: SupervisorLink | None = None,
         faults: Faults | None = None,
+        bound: LearnerSockets | None = None,
     ) -> None:
         self.cfg = cfg
+        self._bound = bound  # bound by the process main before torch loaded, or here in run()
         self._faults = faults
         self.resume = resume  # continue from the run directory's newest readable checkpoint
         self._ctx = ctx or zmq.Context.instance()
@@ -87,7 +80,7 @@ class Learner:
         self.reports: LearnerReports | None = None  # built by run() once the sockets are bound
         self._auth: Any = None  # the Curve authenticator, when the run uses keys
         self._state = "failed"  # what the final heartbeat reports; run() sets it when it gets there
-        # Start-up, in seconds after the launch (wall clock): torch imported, sockets bound, first
+        # Start-up, in seconds after the launch (wall clock): sockets bound, torch imported, first
         # weights published, replay at min_replay_size, first update done. In the final stats
         # (learner-stats.json "startup") for `zmqrl bench`'s start-up part.
         self.startup: dict[str, float] = {}
@@ -123,6 +116,8 @@ class Learner:
         with contextlib.ExitStack() as built:
             built.callback(self.link.close)
             built.callback(self._report_end)
+            if self._bound is not None:
+                built.callback(self._bound.close)
             # Adam without importing torch._dynamo (~0.7 s of start-up, never used by the
             # built-in agents): zmqrl/learner/dynamo_import.py.
             defer_dynamo_import()
@@ -138,27 +133,18 @@ class Learner:
             built.callback(trainer.close)
             self.agent = trainer.agent
             warn_if_queues_hide_lag(cfg)
-            limits = socket_limits(cfg)
-            security = transport_security(cfg)
-            if security is not None:  # authentication must be running before a Curve server socket binds
-                self._auth = start_authenticator(security, self._ctx)
-                built.callback(self._auth.stop)
-            insecure = cfg.transport.insecure
-            samples_sock, samples_ep = sockets.samples_pull(
-                self._ctx, cfg.transport.samples, limits, security=security, insecure=insecure
-            )
-            built.callback(samples_sock.close, linger=0)
-            weights_sock, weights_ep = sockets.weights_pub(
-                self._ctx, cfg.transport.weights, limits, security=security, insecure=insecure
-            )
-            built.callback(weights_sock.close, linger=STOP_LINGER_MS)
-            self.endpoints = {"samples": samples_ep, "weights": weights_ep}
-            self.receiver = SampleReceiver(samples_sock, trainer.spec, BadMessages("learner samples", log))
-            self.publisher = WeightsPublisher(weights_sock, cfg.agent.kind, fingerprint=trainer.fingerprint)
+            bound = self._bound
+            if bound is None:
+                bound = bind_learner_sockets(cfg, self._ctx)
+                built.callback(bound.close)
+            self._auth = bound.auth
+            self.endpoints = {"samples": bound.samples_endpoint, "weights": bound.weights_endpoint}
+            self.receiver = SampleReceiver(bound.samples, trainer.spec, BadMessages("learner samples", log))
+            self.publisher = WeightsPublisher(bound.weights, cfg.agent.kind, fingerprint=trainer.fingerprint)
             built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
             launched = self._launched = launch_time(log)
             self._mark("imported", IMPORTED)
-            self._mark("bound")
+            self._mark("bound", bound.bound_at)
             trainer.start(launched)
             # The first weights before the rest is built (the TensorBoard writer, the ingest
             # thread): the actors act with them meanwhile, and their first batches wait in the
@@ -182,7 +168,7 @@ class Learner:
             )
             built.callback(self._stop_ingest, ingest)
             self.ready.set()
-            log.info("learner up: samples %s, weights %s", samples_ep, weights_ep)
+            log.info("learner up: samples %s, weights %s", bound.samples_endpoint, bound.weights_endpoint)
             self._wait_for_replay()
             self._mark("replay_ready")
             if not self.stop_event.is_set() and trainer.ended is None:
