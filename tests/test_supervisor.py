@@ -495,18 +495,22 @@ def test_a_child_whose_parent_is_already_gone_leaves_at_once(tmp_path: Path) -> 
     assert b"is already gone: exiting" in child.stderr
 
 
+def seen_by_child(tmp_path: Path, role: str, variable: str) -> str:
+    """The value of ``variable`` in the environment ``start_child`` gives a ``role`` ("None": unset)."""
+    from zmqrl.supervisor.processes import start_child
+
+    show = [sys.executable, "-c", f"import os; print(os.environ.get({variable!r}))"]
+    log_path = tmp_path / f"{role}-{len(list(tmp_path.iterdir()))}.log"
+    proc = start_child(show, log_path, 0.0, role)
+    assert proc.wait(timeout=30) == 0
+    return log_path.read_text().strip()
+
+
 def test_actors_and_the_evaluator_get_one_blas_thread_unless_the_environment_sets_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zmqrl.supervisor.processes import start_child
-
-    show = [sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_NUM_THREADS'))"]
-
     def blas_threads(role: str) -> str:
-        log_path = tmp_path / f"{role}-{len(list(tmp_path.iterdir()))}.log"
-        proc = start_child(show, log_path, 0.0, role)
-        assert proc.wait(timeout=30) == 0
-        return log_path.read_text().strip()
+        return seen_by_child(tmp_path, role, "OPENBLAS_NUM_THREADS")
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     assert [blas_threads(r) for r in ("actor", "evaluator", "learner")] == ["1", "1", "None"]
@@ -519,13 +523,8 @@ def test_on_an_avx512_cpu_actors_get_openblas_avx2_kernels_unless_the_environmen
 ) -> None:
     from zmqrl.supervisor import processes
 
-    show = [sys.executable, "-c", "import os; print(os.environ.get('OPENBLAS_CORETYPE'))"]
-
     def coretype(role: str) -> str:
-        log_path = tmp_path / f"{role}-{len(list(tmp_path.iterdir()))}.log"
-        proc = processes.start_child(show, log_path, 0.0, role)
-        assert proc.wait(timeout=30) == 0
-        return log_path.read_text().strip()
+        return seen_by_child(tmp_path, role, "OPENBLAS_CORETYPE")
 
     monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
     monkeypatch.setattr(processes, "has_avx512", lambda: True)

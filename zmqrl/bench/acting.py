@@ -134,6 +134,12 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
         sampler.close()
 
 
+def actor_like_env() -> dict[str, str]:
+    """This process's environment with what ``zmqrl launch`` gives an actor's BLAS (one thread
+    always; its kernels unless the environment chooses them), for the bench's children."""
+    return {**small_maths_env(), **os.environ, BLAS_THREADS_ENV: "1"}
+
+
 def measure_in_child(envs: int, seconds: float) -> dict[str, float]:
     """The in-process sides (``sampler``; ``unprioritized`` for one env; ``bare``), measured one
     after the other in a child process that, like the actor ``measure_actor`` starts, runs one
@@ -149,10 +155,9 @@ def measure_in_child(envs: int, seconds: float) -> dict[str, float]:
         "from zmqrl.bench.acting import child_rates\n"
         "print(json.dumps(child_rates(int(sys.argv[1]), float(sys.argv[2]))))"
     )
-    env = {**small_maths_env(), **os.environ, BLAS_THREADS_ENV: "1"}
     done = subprocess.run(
         [sys.executable, "-c", code, str(envs), str(seconds)],
-        env=env,
+        env=actor_like_env(),
         capture_output=True,
         text=True,
         timeout=CHILD_SETUP_SECONDS + 10 * seconds,

@@ -34,12 +34,11 @@ import zmq
 
 from zmqrl.bench.acting import CARTPOLE as CARTPOLE
 from zmqrl.bench.acting import CONFIGS as CONFIGS
-from zmqrl.bench.acting import actor_config, measure_in_child
+from zmqrl.bench.acting import actor_config, actor_like_env, measure_in_child
 from zmqrl.bench.cpu import per_thousand, process_cpu_seconds
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.config import Config, save_config
 from zmqrl.runtime.link import PARENT_PID_ENV, SUPERVISED_ENV
-from zmqrl.supervisor.processes import BLAS_THREADS_ENV, small_maths_env
 
 # The real actor's rate against the bare loop's that issue 27 asks for.
 TARGET = 0.8
@@ -180,7 +179,7 @@ def start_actor(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     """The actor as ``zmqrl launch`` starts it (one BLAS thread, the same BLAS kernels; dies with
     this process), except that it does not watch for a supervisor's heartbeats: this bench sends
     none."""
-    env = {**small_maths_env(), **os.environ, BLAS_THREADS_ENV: "1", PARENT_PID_ENV: str(os.getpid())}
+    env = {**actor_like_env(), PARENT_PID_ENV: str(os.getpid())}
     env.pop(SUPERVISED_ENV, None)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
