@@ -156,7 +156,7 @@ def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(
             run_root,
             actor__num_actors=2,
             learner__max_updates=1_000_000,
-            learner__max_seconds=20,  # per learner incarnation; outlasts slow actor start-ups
+            learner__max_seconds=30,  # per learner incarnation; outlasts slow start-ups
             learner__checkpoint_interval=50,
             learner__eval_interval=0,
             supervisor__restart_backoff=1.0,
@@ -164,12 +164,21 @@ def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(
     )
     checkpoints = run_dir / "checkpoints"
     wait_until((checkpoints / "latest").is_file, 90, "the learner to be training")
+    assert "learner finished" not in launch.output, f"the learner ended before the fault:\n{launch.output}"
     marker.unlink()  # the next batch the learner accepts raises in its ingest thread
+    # Each step waited on in turn, so that a failure says which one did not happen (the hook
+    # recreates the marker when it fires).
+    try:
+        wait_until(marker.is_file, 30, "the learner's ingest fault to fire")
+        launch.wait_for("learner-0 exited with code 1", 30)
+    except AssertionError as exc:
+        learner_log = run_dir / "logs" / "learner-0.log"
+        tail = "\n".join(learner_log.read_text().splitlines()[-40:]) if learner_log.is_file() else "(none)"
+        raise AssertionError(f"{exc}\nlearner-0.log, last lines:\n{tail}\nlaunch:\n{launch.output}") from None
 
     code = launch.finish(timeout=120)
     assert code == 0, launch.output
     assert_nothing_left(run_dir)
-    assert "learner-0 exited with code 1" in launch.output
     stats = run_state.run_stats(run_dir)
     assert stats["learner"]["state"] == "finished" and stats["learner"]["restarts"] == 1
     resumed = stats["learner"]["resumed_from"]
