@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from zmqrl.actor.parts import Collector, build_acting
-from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, Sampler, actor_seed
+from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, actor_seed
 from zmqrl.agents import is_on_policy
 from zmqrl.config import Config
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
@@ -251,8 +251,7 @@ class Actor:
         """Send the batches collected before the learner was heard from, oldest first."""
         while self._early:
             msg = self._early[0]
-            if msg.priorities is None and isinstance(self.sampler, Sampler):
-                self.sampler.add_priorities(msg)
+            self.sampler.add_priorities(msg)
             if not self._send(msg):
                 return False
             self._early.pop(0)

@@ -125,6 +125,9 @@ class RolloutCollector:
         msg, self._ready = self._ready, None
         return msg
 
+    def add_priorities(self, msg: SamplesMsg) -> None:
+        """Nothing: rollouts carry no priorities (the samplers' counterpart scores replay batches)."""
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
