@@ -5,6 +5,9 @@ failure there left threads and sockets behind and no final heartbeat or stats.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 import zmq
 
-from tests.conftest import tiny_config
+from tests.conftest import REPO, tiny_config
 from zmqrl.learner import endpoints as endpoints_module
 from zmqrl.learner import main as learner_module
 from zmqrl.learner.main import Learner
@@ -100,3 +103,53 @@ def test_a_learner_that_cannot_bind_closes_its_trainer_and_reports(
     assert FakeTrainer.closed, "the trainer's envs and files were left open"
     assert final_state(receiver) == "failed"
     assert learner.link._thread is not None and not learner.link._thread.is_alive()
+
+
+# A learner process whose main thread fails while its checkpoint writer is inside torch.save.
+FAILS_WHILE_WRITING = textwrap.dedent(
+    """
+    import io, sys, threading, time
+    from pathlib import Path
+    import torch
+    from tests.conftest import tiny_config
+    from zmqrl.learner.trainer import Trainer
+
+    cfg = tiny_config(Path(sys.argv[1]))
+    trainer = Trainer(cfg, cfg.run_dir)
+    writer = trainer.checkpoints.writer
+    real_save, inside, big = writer.save, threading.Event(), {"w": torch.zeros(2**21)}
+
+    def slow_save(*args):  # a big checkpoint: a second inside torch.save's C++ code
+        inside.set()
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            torch.save(big, io.BytesIO())
+        real_save(*args)
+
+    writer.save = slow_save
+    trainer.checkpoints.save_latest()  # in the background, as during training
+    inside.wait(30)
+    try:
+        raise RuntimeError("the learner failed while a checkpoint was being written")
+    finally:
+        trainer.close()
+    """
+)
+
+
+def test_a_learner_that_fails_while_a_checkpoint_is_written_exits_1_not_sigabrt(tmp_path: Path) -> None:
+    """The interpreter kills daemon threads as it exits; one inside torch.save dies mid C++ frame
+    and takes the process with it (SIGABRT, "terminate called without an active exception"). The
+    supervisor then reported a failed learner (exit 1, a bug) as a crash, and a CI run's restart
+    test waited for "exited with code 1" in vain. Closing the trainer waits for the write."""
+    child = subprocess.run(
+        [sys.executable, "-c", FAILS_WHILE_WRITING, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 1, f"exit {child.returncode}:\n{child.stderr[-3000:]}"
+    assert "RuntimeError: the learner failed while a checkpoint was being written" in child.stderr
+    assert "terminate called" not in child.stderr
+    assert (tmp_path / "t" / "checkpoints" / "latest").is_file(), "the write in flight was finished"

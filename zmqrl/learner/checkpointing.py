@@ -194,6 +194,16 @@ class Checkpoints:
         """Wait for the write in flight (``tick`` reports progress meanwhile)."""
         self.writer.wait_ticking(tick)
 
+    def settle(self) -> None:
+        """Wait for the write in flight, whatever ended the run: a daemon thread still inside
+        torch.save when the interpreter exits is killed mid C++ frame, and the process dies of
+        SIGABRT ("terminate called without an active exception") instead of exiting with its
+        code, so a failure (exit 1) would be reported as a crash. No progress is reported
+        meanwhile: a write that never ends is the watchdog's to end (exit 3)."""
+        if self.writer.busy:
+            log.info("waiting for the checkpoint being written before the learner exits")
+            self.writer.wait()
+
     def save_latest(self, final: bool = False, tick: Callable[[], None] | None = None) -> None:
         """Checkpoint and its replay snapshot from copies taken under the lock (the only time the
         training thread is held: ``held_seconds``); the final one (and every one in serial mode)

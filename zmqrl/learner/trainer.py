@@ -309,6 +309,7 @@ class Trainer:
 
     def close(self) -> None:
         self.limiter.close()  # an ingest thread waiting for room must not outlive the run
+        self.checkpoints.settle()  # nor a checkpoint writer (it would turn exit 1 into SIGABRT)
         for env in self.eval_envs:
             env.close()
         self.versions.close()
