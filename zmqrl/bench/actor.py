@@ -1,6 +1,6 @@
 """Actor throughput: the real actor (zmqrl/actor/main.py) against the bare env-and-policy loop.
 
-*Ours* is ``python -m zmqrl actor`` as ``zmqrl launch`` starts it (its own process, one BLAS
+*Ours* is the actor command as ``zmqrl launch`` starts it (its own process, one BLAS
 thread), configured from configs/cartpole_dqn.yaml, uncapped, pushing to a learner-side PULL
 socket in this process that a thread reads and discards (with the supervisor's two sockets bound
 here too). Its rate is the actor's own count of env transitions, read from two of its heartbeats
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ from zmqrl.bench.cpu import per_thousand, process_cpu_seconds
 from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.config import Config, save_config
 from zmqrl.runtime.link import PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.supervisor.processes import role_command
 
 # The real actor's rate against the bare loop's that issue 27 asks for.
 TARGET = 0.8
@@ -148,7 +148,7 @@ def measure_actor(ctx: zmq.Context, envs: int, seconds: float) -> tuple[float, d
         config_path = Path(tmp) / "actor.yaml"
         save_config(cfg, config_path)
         log_path = Path(tmp) / "actor.log"
-        command = [sys.executable, "-m", "zmqrl", "actor", str(config_path), "--id", "0"]
+        command = role_command("actor", 0, config_path, replacement=False, resume=False)
         try:
             proc = start_actor(command, log_path)
             hello = greeting(cfg)

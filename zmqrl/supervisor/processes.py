@@ -60,9 +60,11 @@ def small_maths_env() -> dict[str, str]:
 
 
 def role_command(role: str, index: int, config_path: Path, *, replacement: bool, resume: bool) -> list[str]:
-    """``python -m zmqrl ROLE CONFIG``: a replacement actor waits for current weights; a learner
-    (or evaluator) started again, or in a resumed run, continues from its checkpoint."""
-    cmd = [sys.executable, "-m", "zmqrl", role, str(config_path)]
+    """``python -m zmqrl.cli.rolestart ROLE CONFIG``, ``zmqrl ROLE CONFIG`` without typer's start-up
+    (that module says why; it understands exactly what this writes): a replacement actor waits for
+    current weights; a learner (or evaluator) started again, or in a resumed run, continues from its
+    checkpoint."""
+    cmd = [sys.executable, "-m", "zmqrl.cli.rolestart", role, str(config_path)]
     if role == "actor":
         cmd += ["--id", str(index)]
         if replacement:
