@@ -31,6 +31,7 @@ from zmqrl.runtime.testhooks import (
     INGEST_FAULT_ONCE,
     SLOW_CHECKPOINT,
 )
+from zmqrl.supervisor.liveness import os_stopped
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 # The bounds.
@@ -301,8 +302,9 @@ def test_ctrl_c_while_an_actor_is_stopped_ends_within_five_seconds_with_nothing_
     )
     for name in ("actor-0", "actor-1"):
         run_state.wait_until_up(run_dir, name, 90, alive=launch.running)
-    os.kill(wait_for_pid(run_dir, "actor", 0), signal.SIGSTOP)
-    time.sleep(0.5)
+    stopped = wait_for_pid(run_dir, "actor", 0)
+    os.kill(stopped, signal.SIGSTOP)
+    wait_until(lambda: os_stopped(stopped), 10, "actor-0 to be stopped by SIGSTOP")
     interrupted = time.monotonic()
     launch.proc.send_signal(signal.SIGINT)
     code = launch.finish(timeout=60)
