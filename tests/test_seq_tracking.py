@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from zmqrl.transport.sequence import REORDER_WINDOW, SequenceTracker
+from zmqrl.transport.sequence import EXTRA_TRACKED_IDS, MAX_SEQ_GAP, REORDER_WINDOW, SequenceTracker
 
 
 def feed(tracker: SequenceTracker, actor_id: int, *seqs: int, samples: int = 1) -> None:
@@ -98,15 +98,47 @@ def test_actors_are_tracked_independently_and_totals_sum_them() -> None:
     }
 
 
-def test_random_actor_ids_cannot_grow_memory_past_the_cap() -> None:
-    tracker = SequenceTracker(max_actors=16)
+def test_ids_outside_the_run_are_counted_in_one_bucket_not_one_entry_each() -> None:
+    tracker = SequenceTracker.for_run(num_actors=4)
     for actor_id in range(10_000):
         tracker.observe(actor_id * 7919, 0, 2)
+    tracked = [a * 7919 for a in range(10_000) if a * 7919 < 4 + EXTRA_TRACKED_IDS]
     totals = tracker.totals()
-    assert totals["tracked_actors"] == 16 == len(tracker.per_actor())
-    assert totals["untracked_batches"] == 10_000 - 16 and totals["untracked_samples"] == 2 * (10_000 - 16)
-    tracker.observe(0, 1, 2)  # an id tracked before the cap filled is still followed
+    assert totals["tracked_actors"] == len(tracked) == len(tracker.per_actor())
+    assert totals["untracked_batches"] == 10_000 - len(tracked)
+    assert totals["untracked_samples"] == 2 * (10_000 - len(tracked))
+    tracker.observe(-1, 0, 2)  # a negative id is no actor of the run either
+    assert tracker.totals()["untracked_batches"] == 10_000 - len(tracked) + 1
+    tracker.observe(0, 1, 2)  # the run's own ids are followed one by one
     assert stats(tracker)["batches"] == 2
+
+
+def test_scaled_replicas_past_the_config_are_still_tracked_one_by_one() -> None:
+    tracker = SequenceTracker.for_run(num_actors=2)
+    feed(tracker, 2 + EXTRA_TRACKED_IDS - 1, 0, 1)
+    assert tracker.per_actor()[2 + EXTRA_TRACKED_IDS - 1]["batches"] == 2
+
+
+def test_a_jump_no_queue_can_lose_is_a_restart_not_a_loss() -> None:
+    tracker = SequenceTracker()
+    feed(tracker, 0, 0, MAX_SEQ_GAP + 1)  # the largest gap queues can explain
+    assert (stats(tracker)["lost"], stats(tracker)["restarts"]) == (MAX_SEQ_GAP, 0)
+    feed(tracker, 1, 0, 2**63 - 1)
+    assert (stats(tracker, 1)["lost"], stats(tracker, 1)["restarts"]) == (0, 1)
+    feed(tracker, 1, 2**62)  # far behind, and too far from 0 to be a new incarnation's losses
+    assert (stats(tracker, 1)["lost"], stats(tracker, 1)["restarts"]) == (0, 2)
+
+
+def test_counters_saturate_at_what_a_heartbeat_can_carry() -> None:
+    tracker = SequenceTracker()
+    for actor_id in range(3):
+        feed(tracker, actor_id, 0, samples=2**62)
+        feed(tracker, actor_id, 1, samples=2**62)
+    assert stats(tracker)["samples"] == 2**63 - 1
+    assert tracker.totals()["untracked_samples"] == 0
+    for actor_id in range(3):  # gaps from many actors cannot sum past int64 either
+        tracker._actors[actor_id].lost = 2**62  # as if after 2**62 lost messages
+    assert tracker.totals()["lost_batches"] == 2**63 - 1
 
 
 def test_per_actor_is_a_copy_and_observing_from_another_thread_is_safe() -> None:

@@ -111,7 +111,7 @@ class SerialRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         self.actors: list[SerialActor] = []
-        self.seqs = SequenceTracker()
+        self.seqs = SequenceTracker.for_run(cfg.actor.num_actors)
         self.trainer = trainer = Trainer(cfg, self.run_dir, resume=self.resume, background_checkpoints=False)
         launched = time.time()  # serial mode is its own launch: "time" in metrics.jsonl counts from here
         tb = self._logger or run_logger(self.run_dir, "learner", launched=launched, config=cfg)

@@ -25,6 +25,7 @@ from zmqrl.runtime.guard import ThreadDied, start_guarded
 from zmqrl.runtime.link import END_ACTORS_DONE, SupervisorLink, launch_time
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
+from zmqrl.transport.sequence import SequenceTracker
 
 # When this module (and torch with it) finished importing: the first of the start-up marks.
 IMPORTED = time.time()
@@ -139,7 +140,12 @@ class Learner:
                 built.callback(bound.close)
             self._auth = bound.auth
             self.endpoints = {"samples": bound.samples_endpoint, "weights": bound.weights_endpoint}
-            self.receiver = SampleReceiver(bound.samples, trainer.spec, BadMessages("learner samples", log))
+            self.receiver = SampleReceiver(
+                bound.samples,
+                trainer.spec,
+                BadMessages("learner samples", log),
+                seqs=SequenceTracker.for_run(cfg.actor.num_actors),
+            )
             self.publisher = WeightsPublisher(bound.weights, cfg.agent.kind, fingerprint=trainer.fingerprint)
             built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
             launched = self._launched = launch_time(log)

@@ -19,6 +19,8 @@ is read within :data:`CONTROL_LIMIT` (frame by frame: ZeroMQ's size limit is per
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import math
 import os
 import time
@@ -37,8 +39,11 @@ from zmqrl.transport.control_auth import (
     ReplayGuard,
     Unauthenticated,
 )
+from zmqrl.transport.fields import INT64_MAX, INT64_MIN
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
 from zmqrl.transport.wire import HeartbeatMsg, StopMsg, WireError
+
+log = logging.getLogger("zmqrl.transport")
 
 # Most messages one drain of the heartbeat or control socket reads; the rest wait for the next
 # call, so a flood cannot hold the supervisor's (or a role's) loop inside one drain.
@@ -56,6 +61,10 @@ TARGET_HELD = "target held"
 CONTROL_DROPS_COUNTER = "bad_control"
 # The most one heartbeat or control message may hold: the authentication envelope and a header.
 CONTROL_LIMIT = FrameLimit(max_frames=2, max_bytes=ENVELOPE_BYTES + wire.MAX_HEADER_BYTES)
+
+# A beat sent without its counters (they could not be encoded) is logged the first time and then
+# once per this many, so a bug that hits every beat cannot flood the log.
+UNENCODABLE_LOG_EVERY = 100
 
 _M = TypeVar("_M", bound=HeartbeatMsg | StopMsg)
 
@@ -80,6 +89,7 @@ class HeartbeatSender:
         self._auth = auth or ControlAuth()
         self._last = -float("inf")
         self.unsent = 0  # beats not sent because the run's token file has not appeared yet
+        self.unencodable = 0  # beats whose counters or info could not be encoded (sent without them)
 
     def due(self) -> bool:
         return self._clock() - self._last >= self.interval
@@ -96,18 +106,41 @@ class HeartbeatSender:
             pid=os.getpid(),
             time=time.time(),
             state=state,
-            # NaN means "not measured yet"; the wire only carries finite numbers, so leave it out.
-            counters={k: v for k, v in counters.items() if math.isfinite(v)},
+            counters=carried_counters(counters),
             info=dict(info or {}),
         )
         self._last = self._clock()
-        frames = self._auth.seal(wire.dump(msg), HEARTBEAT)
+        try:
+            encoded = wire.dump(msg)
+        except WireError as exc:
+            # A report this role cannot encode is its own bug, never a reason to go silent or die:
+            # the beat still goes out, without what could not be said.
+            self.unencodable += 1
+            if self.unencodable == 1 or self.unencodable % UNENCODABLE_LOG_EVERY == 0:
+                log.error("heartbeat sent without counters and info (%d so far): %s", self.unencodable, exc)
+            encoded = wire.dump(dataclasses.replace(msg, counters={}, info={}))
+        frames = self._auth.seal(encoded, HEARTBEAT)
         if frames is None:
             self.unsent += 1
             return
         # Supervisor absent or slow: drop it, a stale heartbeat is worth nothing anyway.
         with contextlib.suppress(zmq.Again):
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+
+
+def carried_counters(counters: Mapping[str, float | int]) -> dict[str, float | int]:
+    """What of ``counters`` a heartbeat can carry: integers held within int64 (a saturated count
+    is still the truest report there is), finite floats; NaN means "not measured yet" and the wire
+    only carries finite numbers, so it is left out, as is anything that is not a number."""
+    out: dict[str, float | int] = {}
+    for name, value in counters.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, int):
+            out[name] = min(max(value, INT64_MIN), INT64_MAX)
+        elif math.isfinite(value):
+            out[name] = value
+    return out
 
 
 class _ControlReceiver:
