@@ -2,6 +2,9 @@
 parser), then by Debian's real Prometheus server (heavy), asked through its HTTP API that
 zmqrl_learner_updates_total is above zero and rising.
 
+A watch-only `zmqrl supervise` with a client connected to /metrics that sends nothing must still
+answer a scrape, and exit within seconds of SIGTERM (issue 37 item 1).
+
 The launch trains a tiny CartPole DQN with no update limit in reach and is stopped (SIGTERM) once
 the test has seen what it needs; the run_root fixture kills anything left.
 """
@@ -17,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -45,6 +49,13 @@ def free_port() -> int:
 def launched(run_root: Path, command: str = "launch") -> Iterator[str]:
     """A launch (or supervise) in the background; yields its /metrics URL (read from its first
     lines), stops it with SIGTERM at the end."""
+    with started(run_root, command) as (_, url):
+        yield url
+
+
+@contextlib.contextmanager
+def started(run_root: Path, command: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``launched``'s process and URL: SIGTERM at the end, if the test did not end it first."""
     out = run_root.parent / f"{command}.out"
     run_root.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "zmqrl", command, str(REPO / "configs" / "cartpole_dqn.yaml")]
@@ -58,7 +69,7 @@ def launched(run_root: Path, command: str = "launch") -> Iterator[str]:
         wait_until(lambda: URL.search(out.read_text()) or proc.poll() is not None, 60, "the /metrics line")
         found = URL.search(out.read_text())
         assert found, f"no {URL_LINE!r} line:\n{out.read_text()}"
-        yield found.group(1)
+        yield proc, found.group(1)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -130,6 +141,30 @@ def test_a_watch_only_supervisor_serves_metrics_too(run_root: Path) -> None:
     (info,) = families["zmqrl_run_info"].samples
     assert info.labels["command"] == "supervise" and info.labels["run"] == "t"
     assert families["zmqrl_up"].samples == [], "no role has reported yet"
+
+
+# Seconds a supervisor may take from SIGTERM to its exit with an idle client on /metrics (issue
+# 37 item 1: it used to wait for that client forever).
+EXIT_SECONDS = 5.0
+
+
+@pytest.mark.slow
+def test_an_idle_metrics_client_stops_neither_a_scrape_nor_the_supervisors_exit(run_root: Path) -> None:
+    with started(run_root, "supervise") as (proc, url):
+        host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+        assert host is not None and port is not None
+        with socket.create_connection((host, port), timeout=5):  # connected, sends nothing
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                assert b"zmqrl_run_info" in reply.read()
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"zmqrl supervise still running {EXIT_SECONDS} s after SIGTERM")
+            print(f"\nsupervise exited {code} {time.monotonic() - began:.2f} s after SIGTERM")
+    out = (run_root.parent / "supervise.out").read_text()
+    assert "Traceback" not in out, out
 
 
 def query(api: str, promql: str) -> list[dict[str, object]]:

@@ -19,23 +19,27 @@ handler that raises answers 500 and is counted and logged, never taken further: 
 not be what ends a role. Under ``zmqrl launch`` every role shares one host, so a fixed port would
 collide: use port 0 there (each role's address is in its heartbeat info and its log); a container
 or a pod has a network of its own and uses a fixed port.
+
+The server is zmqrl/runtime/http_server.py's bounded one (a timeout per connection, a cap on
+them, a bounded close), so idle clients can neither exhaust the role's descriptors nor keep the
+kubelet's probe from an answer. A bind beyond loopback (a pod's 0.0.0.0) is one warning in the log.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from zmqrl.config import Config
 from zmqrl.config_checks import health_http_problem, parse_http_address
 from zmqrl.runtime.health import HealthRecord, judge
+from zmqrl.runtime.http_server import BoundedServer, exposure_warning
 from zmqrl.transport.sockets import BindError
 
 HEALTHZ = "/healthz"
@@ -44,8 +48,6 @@ READYZ = "/readyz"
 SETTING = "supervisor.health_http"
 # The heartbeat info key holding the address the server really bound (port 0 resolved).
 INFO_KEY = "health_http"
-# How often the serving thread looks for a shutdown request: bounds how long close() waits.
-POLL_SECONDS = 0.1
 # Counter a role's weights version is reported under (learner, actor, evaluator alike).
 WEIGHTS_VERSION = "weights_version"
 # The learner reports the endpoints it bound under these info keys once its sockets are up.
@@ -119,17 +121,16 @@ CHECKS: dict[str, Callable[[ProbeView, float | None], tuple[bool, str]]] = {
 }
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a client that never finishes its request must not hold up close()
-    allow_reuse_address = True  # a restarted role rebinds its fixed port at once
+class _Server(BoundedServer):
+    """The bounded server (see the module's docstring) answering with :class:`_Handler`."""
 
     def __init__(self, address: tuple[str, int], probe: HealthServer) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.probe = probe
         super().__init__(address, _Handler)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that broke outside a handler (a client gone mid-answer): counted, logged."""
+    def handle_failure(self, request: Any, client_address: Any) -> None:
+        """An unexpected failure outside a handler's own ``try``: counted, logged. (A client gone,
+        idle or pushed out is not a failure: BoundedServer drops it quietly.)"""
         self.probe.note_error(f"connection from {client_address[0]}", sys.exc_info()[1])
 
 
@@ -201,10 +202,10 @@ class HealthServer:
         bound_host, bound_port = str(self._server.server_address[0]), self._server.server_address[1]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.address = f"{shown}:{bound_port}"  # port 0 resolved
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(POLL_SECONDS,), name=name, daemon=True
-        )
-        self._thread.start()
+        exposed = exposure_warning(SETTING, host, bound_port, f"{HEALTHZ} and {READYZ}")
+        if exposed is not None:  # allowed (the kubelet probes the pod's address), never silently
+            log.warning("%s", exposed)
+        self._server.start(name)
 
     @property
     def url(self) -> str:
@@ -217,8 +218,6 @@ class HealthServer:
         log.error("health http: %s failed (%d so far): %r", what, count, exc, exc_info=count == 1)
 
     def close(self) -> None:
-        """Stop serving and release the port (within POLL_SECONDS); idempotent."""
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=2.0)
-        self._server.server_close()
+        """Stop serving, release the port and drop every connection, within a bounded time
+        (http_server.CLOSE_SECONDS) whatever the clients do; idempotent."""
+        self._server.close()

@@ -6,20 +6,21 @@ its summary and `zmqrl status` show), so one scrape target covers the whole run,
 processes and hosts it spans, and no role opens a port it did not have.
 
 Threads: the exposition is prometheus_client's (its WSGI app, OpenMetrics when the scraper asks
-for it) on a daemon thread, with a registry of its own. The scrape never touches the supervisor's
+for it) with a registry of its own, served by zmqrl/runtime/http_server.py's bounded server (a
+daemon thread per connection, each with a timeout, a cap on them, a bounded close: an idle client
+can neither hold up a scrape nor the supervisor's exit). The scrape never touches the supervisor's
 live slots: the supervisor's loop publishes an immutable :class:`RunView` (copies of the slots'
 last counters) at most every :data:`PUBLISH_SECONDS`, and :class:`RunCollector` reads whichever
 view is current when a scrape arrives (a reference swap, atomic under the GIL).
 
 Metrics are a report, never a reason to die: an address that cannot be bound is one warning and
-the run goes on without /metrics.
+the run goes on without /metrics. A bind beyond loopback (0.0.0.0 in a pod, for a Prometheus
+elsewhere) is allowed, the endpoint being read-only, and is one warning too.
 """
 
 from __future__ import annotations
 
 import math
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from zmqrl.metrics.catalog import (
     SUPERVISOR_BAD_REASONS,
     Metric,
 )
+from zmqrl.runtime.http_server import BoundedServer, exposure_warning
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.summary import Slot
 
@@ -65,8 +67,8 @@ PUBLISH_SECONDS = 0.25
 METRICS_PATH = "/metrics"
 # What the launch's line with the bound URL starts with.
 URL_LINE = "Prometheus metrics: "
-# Seconds the server thread waits between checks for shutdown (bounds close()'s wait).
-POLL_SECONDS = 0.05
+# The config key, named in every warning about the address.
+SETTING = "supervisor.metrics_http"
 # The histogram of the learner's policy lag (the catalog's row; its feed is a heartbeat counter).
 LAG_METRIC = next(m for m in PROMETHEUS if m.kind == HISTOGRAM and m.feed == "policy_lag")
 
@@ -228,32 +230,27 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-class _ThreadingServer(WSGIServer):
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
+class _BoundedWSGIServer(BoundedServer, WSGIServer):
+    """The library's WSGI server made safe to face a network (zmqrl/runtime/http_server.py): a
+    thread per connection with a timeout, a cap on them, a close bounded whatever clients do."""
 
 
 class MetricsServer:
-    """``/metrics`` of one registry, served from a daemon thread until :meth:`close`."""
+    """``/metrics`` of one registry, served from daemon threads until :meth:`close`."""
 
     def __init__(self, registry: CollectorRegistry, address: str) -> None:
         host, port = parse_http_address(address)
-        server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
         # OSError when the address cannot be bound (in use, not this host's): the caller warns.
-        self._httpd = make_server(host, port, make_wsgi_app(registry), server_class, _QuietHandler)
-        self.url = url_of(host, int(self._httpd.server_address[1]))
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(POLL_SECONDS,), name="zmqrl-metrics-http", daemon=True
-        )
-        self._thread.start()
+        self._httpd = make_server(host, port, make_wsgi_app(registry), _BoundedWSGIServer, _QuietHandler)
+        bound_port = int(self._httpd.server_address[1])
+        self.url = url_of(host, bound_port)
+        # Allowed beyond loopback (a Prometheus on another host scrapes it), never silently.
+        self.exposed = exposure_warning(SETTING, host, bound_port, METRICS_PATH)
+        self._httpd.start("zmqrl-metrics-http")
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=1.0)
+        """Within http_server.CLOSE_SECONDS, even with a client connected that never sends."""
+        self._httpd.close()
 
 
 class PrometheusExporter:
@@ -290,11 +287,10 @@ class PrometheusExporter:
         try:
             self.server = MetricsServer(self.registry, address)
         except (OSError, ValueError) as exc:
-            say(
-                f"warning: supervisor.metrics_http {address}: cannot serve /metrics ({exc}); "
-                "the run goes on without it"
-            )
+            say(f"warning: {SETTING} {address}: cannot serve /metrics ({exc}); the run goes on without it")
             return None
+        if self.server.exposed is not None:
+            say(f"warning: {self.server.exposed}")
         self.publish(force=True)
         return self.server.url
 
