@@ -36,9 +36,21 @@ IMAGE_ENTRYPOINT = ["zmqrl"]  # docker/Dockerfile's ENTRYPOINT, which `args` lea
 HEALTH = ["zmqrl", "health"]
 KEYS_DIR = "/keys"
 # The compose file's project network is private to it, so it runs the channels in plaintext with
-# a control token on the run volume; a cluster network is shared, so the manifests use Curve keys
-# (one client pair per role) instead.
-COMPOSE_ONLY_ENV = {"ZMQRL_TRANSPORT__INSECURE", "ZMQRL_TRANSPORT__CONTROL_TOKEN_FILE"}
+# a control token (the supervisor's) and role keys derived from it, each on a volume of its own; a
+# cluster network is shared, so the manifests use Curve keys (one client pair per role) instead.
+COMPOSE_ONLY_ENV = {
+    "ZMQRL_TRANSPORT__INSECURE",
+    "ZMQRL_TRANSPORT__CONTROL_TOKEN_FILE",
+    "ZMQRL_TRANSPORT__CONTROL_KEYS_DIR",
+}
+# The volumes compose mounts besides the run volume: the control secret (the supervisor's) and the
+# role keys (each role its own).
+COMPOSE_KEY_VOLUMES = {
+    "supervisor": ["control-secret:/secret", *(f"keys-{r}:/keys/{r}" for r in ROLES[1:])],
+    "learner": ["keys-learner:/keys/learner"],
+    "actor": ["keys-actor:/keys/actor"],
+    "evaluator": ["keys-evaluator:/keys/evaluator"],
+}
 K8S_ONLY_ENV = {"ZMQRL_TRANSPORT__KEYS_DIR"}
 # Set by both, each to its own number of actors (compose: ${ZMQRL_ACTORS:-2}; k8s: the replicas).
 LADDER_ENV = "ZMQRL_ACTOR__NUM_ACTORS"
@@ -352,7 +364,8 @@ def test_roles_stop_with_the_same_grace_and_share_the_run_volume(
     assert "ReadWriteMany" in claim["spec"]["accessModes"]
     for name in SERVICES:
         obj = workload(objects, name)
-        assert compose[name]["volumes"] == ["runs:/runs"]
+        runs = "runs:/runs:ro" if name == "tensorboard" else "runs:/runs"  # it only reads
+        assert compose[name]["volumes"] == [runs, *COMPOSE_KEY_VOLUMES.get(name, [])], name
         pod = obj["spec"]["template"]["spec"]
         (mount,) = [m for m in container(obj)["volumeMounts"] if m["mountPath"] == "/runs"]
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]

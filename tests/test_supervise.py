@@ -191,7 +191,8 @@ def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_i
     import zmq
 
     from zmqrl.transport import wire
-    from zmqrl.transport.control_auth import HEARTBEAT, ControlAuth, TokenSource
+    from zmqrl.transport.control_auth import HEARTBEAT, ControlAuth
+    from zmqrl.transport.control_keys import KeySource
     from zmqrl.transport.wire import HeartbeatMsg
 
     token = tmp_path / "shared" / "control.token"
@@ -212,7 +213,7 @@ def test_supervise_with_a_run_token_drops_a_forged_learner_finished_and_random_i
     # Then one with the token, on the same connection, which keeps its order: once it is heard, every
     # forged one before it was received and counted, however loaded the machine.
     marker = HeartbeatMsg("evaluator", 0, 4243, 0.0, "running", {"progress": 1}, {"start": "e" * 16})
-    sealed = ControlAuth(TokenSource(None, token)).seal(wire.dump(marker), HEARTBEAT)
+    sealed = ControlAuth(KeySource(None, token, role="evaluator")).seal(wire.dump(marker), HEARTBEAT)
     assert sealed is not None
     push.send_multipart(sealed)
     push.close()

@@ -159,6 +159,7 @@ class TransportConfig:
     insecure: bool = False  # allow binding a non-loopback address without keys (prints a warning)
     connect_timeout: float | None = 300.0  # an actor with no learner connected this long exits 1 (None: no)
     control_token_file: str | None = None  # run secret for heartbeats/control without keys (supervise writes)
+    control_keys_dir: str | None = None  # role keys derived from it: ROLE/control.key (the supervisor writes)
     max_abs_reward: float = 1e6  # a reward beyond this per env step makes a samples message bad (dropped)
     max_abs_obs: float = 1e6  # observation limit where the env's space declares no finite bound
 

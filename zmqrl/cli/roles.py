@@ -308,34 +308,51 @@ def keys(
         typer.Option(
             "--token",
             metavar="FILE",
-            help="Write a fresh control token to FILE (mode 0600; an existing file is kept): the run's "
-            "secret that authenticates heartbeats and control messages without keys "
-            "(transport.control_token_file=FILE for the supervisor and every role).",
+            help="Write a fresh control token to FILE (mode 0600): the run's secret that authenticates "
+            "heartbeats and control messages without keys. It is the supervisor's "
+            "(transport.control_token_file=FILE); give roles their keys with --role-keys.",
+        ),
+    ] = None,
+    role_keys: Annotated[
+        Path | None,
+        typer.Option(
+            "--role-keys",
+            metavar="DIR",
+            help="With --token FILE (new or existing): write each role's control key, derived from the "
+            "token, to DIR/ROLE/control.key (learner, actor, evaluator). Copy each role only its own "
+            "and run it with transport.control_keys_dir=DIR: no role can then speak as another.",
         ),
     ] = None,
 ) -> None:
     """Make CurveZMQ keys: a server pair (learner, supervisor), client pairs (every process that
     connects), and KEYS_DIR/authorized/ listing the clients the servers accept. Then run with
     --set transport.keys_dir=KEYS_DIR (docs/deployment.md 'Security'). With --token, (also) a
-    control token file."""
-    from zmqrl.transport.control_auth import write_token_file
+    control token file, and with --role-keys the role keys from it."""
+    from zmqrl.transport.control_keys import TokenError, parse_token, write_role_keys, write_token_file
     from zmqrl.transport.keys import SecurityError, create_keys
 
     if keys_dir is None and token is None:
         fail("give a KEYS_DIR to make keys in, or --token FILE for a control token (or both)", EXIT_CONFIG)
+    if role_keys is not None and token is None:
+        fail("--role-keys DIR derives the keys from a token: give --token FILE too", EXIT_CONFIG)
     written: list[Path] = []
     try:
         if keys_dir is not None:
             written = create_keys(keys_dir, list(client) if client else None)
         if token is not None:
-            if token.exists():
+            if not token.exists():
+                write_token_file(token)
+                written.append(token)
+            elif role_keys is None:
                 fail(
-                    f"{token} already exists; refusing to replace a run's token (delete it first)",
+                    f"{token} already exists; refusing to replace a run's token (delete it first, or add "
+                    "--role-keys DIR to derive role keys from it)",
                     EXIT_RUNTIME,
                 )
-            write_token_file(token)
-            written.append(token)
-    except (SecurityError, FileExistsError, ValueError, OSError) as exc:
+            if role_keys is not None:
+                secret = parse_token(token.read_text(encoding="ascii", errors="replace"), str(token))
+                written += write_role_keys(secret, role_keys)
+    except (SecurityError, TokenError, FileExistsError, ValueError, OSError) as exc:
         fail(str(exc), EXIT_RUNTIME)
     for path in written:
         typer.echo(str(path))

@@ -33,7 +33,7 @@ from zmqrl.transport import wire
 from zmqrl.transport.bad_messages import BadMessages, Clock
 from zmqrl.transport.control_auth import (
     CONTROL,
-    ENVELOPE_BYTES,
+    ENVELOPE_MAX_BYTES,
     HEARTBEAT,
     ControlAuth,
     ReplayGuard,
@@ -60,7 +60,7 @@ TARGET_HELD = "target held"
 # The heartbeat counter in which a role reports the control messages it dropped (bad or forged).
 CONTROL_DROPS_COUNTER = "bad_control"
 # The most one heartbeat or control message may hold: the authentication envelope and a header.
-CONTROL_LIMIT = FrameLimit(max_frames=2, max_bytes=ENVELOPE_BYTES + wire.MAX_HEADER_BYTES)
+CONTROL_LIMIT = FrameLimit(max_frames=2, max_bytes=ENVELOPE_MAX_BYTES + wire.MAX_HEADER_BYTES)
 
 # A beat sent without its counters (they could not be encoded) is logged the first time and then
 # once per this many, so a bug that hits every beat cannot flood the log.
@@ -164,11 +164,12 @@ class _ControlReceiver:
             try:
                 frames = recv_bounded(self._sock, CONTROL_LIMIT, copy=False)
                 user_id = _user_id(frames[0]) if self._auth.curve_identities else None
-                msg = wire.load(self._auth.open(frames, self.purpose, self._guard))
+                signer, opened = self._auth.open(frames, self.purpose, self._guard)
+                msg = wire.load(opened)
                 if not isinstance(msg, kind):
                     raise WireError(f"expected {names}, got {type(msg).__name__} on {self.bad.channel}")
                 if isinstance(msg, HeartbeatMsg) and self.purpose == HEARTBEAT:
-                    self._auth.check_speaker(user_id, msg.role, msg.id)
+                    self._auth.check_speaker(user_id, signer, msg.role, msg.id)
             except zmq.Again:
                 break
             except WireError as exc:

@@ -7,18 +7,21 @@ One forged heartbeat used to end a run: anything that reached the heartbeat port
   each connection its client key's name as User-Id, and a heartbeat is taken only when that key may
   speak as the role and id it claims (:mod:`zmqrl.transport.identity`). Control messages come from
   the Curve server, which every client authenticates by its key.
-* **A per-run secret** (no keys): every message gets an envelope frame in front of its header,
-  ``MAGIC | time | nonce | HMAC-SHA256``, the MAC keyed by the secret (one key per direction) over
-  the envelope's fields and the exact header bytes. The secret itself never travels. A receiver
-  takes a message only if the MAC matches, its time is within ``REPLAY_WINDOW_SECONDS`` of its own
-  clock and its nonce was not seen inside that window (so a recorded message cannot be replayed).
-  The secret comes from ``ZMQRL_CONTROL_TOKEN`` (hex) or ``transport.control_token_file``; `zmqrl
-  launch` writes a fresh one per run into the run directory (mode 0600) and names it in the config
-  its children read, so it never appears on a command line.
+* **Role keys derived from the run's token** (no Curve keys; :mod:`zmqrl.transport.control_keys`):
+  every message gets an envelope frame in front of its header, ``MAGIC | time | nonce | count |
+  (name, HMAC-SHA256)...``, each MAC made with a role's key (one key per direction derived from it)
+  over the envelope's fixed fields, the entry's name and the exact frames. A heartbeat carries one
+  entry, its sender's role; the supervisor holds the token, derives that role's key, and takes the
+  heartbeat only if the MAC matches *and* the heartbeat speaks as that role. The supervisor's messages
+  carry one entry per role, so each role verifies with the one key it holds. A receiver also
+  refuses a message whose time is not within ``REPLAY_WINDOW_SECONDS`` of its own clock or whose
+  nonce it saw inside that window (a recorded message cannot be replayed).
 
-The wire layout is in docs/protocol.md ("Control-plane authentication"). A receiver without a
-secret accepts an enveloped message unverified (it cannot check it), so a role given a secret can
-talk to a supervisor that has none; a receiver with one drops everything it cannot verify.
+So an actor's key cannot pass as the learner's (it can speak for actors only, and stop only actors);
+no role's key leads back to the token. The wire layout is in docs/protocol.md ("Control-plane
+authentication"). A receiver without any secret accepts an enveloped message unverified (it cannot
+check it), so a role given a key can talk to a supervisor that has none; a receiver with one drops
+everything it cannot verify.
 """
 
 from __future__ import annotations
@@ -26,37 +29,28 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
-import logging
-import os
 import secrets
-import stat
 import struct
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from zmqrl.transport.control_keys import KEY_ROLES, KeySource, role_key
 from zmqrl.transport.identity import speaker_of
 from zmqrl.transport.messages import WireError
 
-log = logging.getLogger("zmqrl.security")
-
-# The environment variable that may carry the run's control secret, hex-encoded.
-CONTROL_TOKEN_ENV = "ZMQRL_CONTROL_TOKEN"
-# Bytes of secret `zmqrl launch` and `zmqrl keys --token` make; the fewest a token may have.
-TOKEN_BYTES = 32
-MIN_TOKEN_BYTES = 16
-# The command that makes a token file, named in every "what to do next".
-TOKEN_COMMAND = "zmqrl keys --token FILE"
-# The file `zmqrl launch` writes the run's secret to, in the run directory.
-LAUNCH_TOKEN_FILE = "control.token"
-# Envelope: magic, sender's Unix time in ms (uint64 LE), a random nonce, the MAC.
-ENVELOPE_MAGIC = b"ZQRLMAC1"
+# Envelope: magic, sender's Unix time in ms (uint64 LE), a random nonce, the number of entries, then
+# per entry the length of its name (one byte), the name (a role, ASCII) and its MAC.
+ENVELOPE_MAGIC = b"ZQRLMAC2"
 NONCE_BYTES = 16
 MAC_BYTES = 32
-ENVELOPE_BYTES = len(ENVELOPE_MAGIC) + 8 + NONCE_BYTES + MAC_BYTES
 _TIME = struct.Struct("<Q")
 _LENGTH = struct.Struct("<I")
+FIXED_BYTES = len(ENVELOPE_MAGIC) + _TIME.size + NONCE_BYTES + 1
+MAX_NAME_BYTES = 32
+# Most entries an envelope may carry (one per role the supervisor speaks to), and so its largest size.
+MAX_ENTRIES = len(KEY_ROLES)
+ENVELOPE_MAX_BYTES = FIXED_BYTES + MAX_ENTRIES * (1 + MAX_NAME_BYTES + MAC_BYTES)
 # A message whose time is further than this from the receiver's clock is refused; inside it, a
 # nonce seen before is. Generous for clocks of hosts kept by NTP, short enough to keep few nonces.
 REPLAY_WINDOW_SECONDS = 60.0
@@ -73,12 +67,14 @@ class Unauthenticated(WireError):
     says; dropped and counted like every bad message."""
 
 
-def _derive(secret: bytes, purpose: str) -> bytes:
-    return hmac.new(secret, b"zmqrl control plane v1 " + purpose.encode("ascii"), hashlib.sha256).digest()
+def direction_key(key: bytes, purpose: str) -> bytes:
+    """The key one role's ``key`` gives for one direction (``HEARTBEAT`` or ``CONTROL``)."""
+    return hmac.new(key, b"zmqrl control plane v2 " + purpose.encode("ascii"), hashlib.sha256).digest()
 
 
-def _mac(key: bytes, head: bytes, frames: Sequence[Any]) -> bytes:
-    mac = hmac.new(key, head, hashlib.sha256)
+def _mac(key: bytes, fixed: bytes, name: bytes, frames: Sequence[Any]) -> bytes:
+    mac = hmac.new(key, fixed, hashlib.sha256)
+    mac.update(bytes([len(name)]) + name)
     for frame in frames:
         view = memoryview(frame)
         mac.update(_LENGTH.pack(view.nbytes))
@@ -86,19 +82,47 @@ def _mac(key: bytes, head: bytes, frames: Sequence[Any]) -> bytes:
     return mac.digest()
 
 
-def seal(key: bytes, frames: Sequence[Any], now: float, nonce: bytes | None = None) -> list[Any]:
-    """``frames`` with the envelope in front: MAC over magic, time, nonce and every frame."""
+def seal(
+    keys: Mapping[str, bytes], frames: Sequence[Any], now: float, nonce: bytes | None = None
+) -> list[Any]:
+    """``frames`` with the envelope in front: one MAC per ``name: key`` over the fixed fields, the
+    name and every frame."""
+    if not 1 <= len(keys) <= MAX_ENTRIES:
+        raise ValueError(f"an envelope carries 1 to {MAX_ENTRIES} MACs, not {len(keys)}")
     nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_BYTES)
-    head = ENVELOPE_MAGIC + _TIME.pack(int(now * 1000)) + nonce
-    return [head + _mac(key, head, frames), *frames]
+    fixed = ENVELOPE_MAGIC + _TIME.pack(int(now * 1000)) + nonce + bytes([len(keys)])
+    entries = []
+    for name, key in keys.items():
+        raw = name.encode("ascii")
+        if not 0 < len(raw) <= MAX_NAME_BYTES:
+            raise ValueError(f"a MAC's name has 1 to {MAX_NAME_BYTES} bytes: {name!r}")
+        entries.append(bytes([len(raw)]) + raw + _mac(key, fixed, raw, frames))
+    return [fixed + b"".join(entries), *frames]
 
 
 def is_enveloped(frames: Sequence[Any]) -> bool:
     return (
         len(frames) >= 2
-        and memoryview(frames[0]).nbytes == ENVELOPE_BYTES
+        and FIXED_BYTES < memoryview(frames[0]).nbytes <= ENVELOPE_MAX_BYTES
         and (bytes(memoryview(frames[0])[: len(ENVELOPE_MAGIC)]) == ENVELOPE_MAGIC)
     )
+
+
+def envelope_entries(envelope: bytes) -> tuple[bytes, dict[str, bytes]]:
+    """The envelope's fixed fields and its MACs by name; raises Unauthenticated when malformed."""
+    fixed, count = envelope[:FIXED_BYTES], envelope[FIXED_BYTES - 1]
+    entries: dict[str, bytes] = {}
+    at = FIXED_BYTES
+    for _ in range(count):
+        size = envelope[at] if at < len(envelope) else 0
+        name, mac = envelope[at + 1 : at + 1 + size], envelope[at + 1 + size : at + 1 + size + MAC_BYTES]
+        if not 0 < size <= MAX_NAME_BYTES or len(mac) != MAC_BYTES or not name.isascii():
+            raise Unauthenticated("a malformed authentication envelope")
+        entries[name.decode("ascii")] = mac
+        at += 1 + size + MAC_BYTES
+    if at != len(envelope) or not entries:
+        raise Unauthenticated("a malformed authentication envelope")
+    return fixed, entries
 
 
 class ReplayGuard:
@@ -126,108 +150,28 @@ class ReplayGuard:
             seen.popitem(last=False)
 
 
-def unseal(key: bytes, frames: Sequence[Any], now: float, guard: ReplayGuard) -> list[Any]:
-    """The frames after a verified envelope; raises Unauthenticated otherwise."""
+def unseal(
+    key_of: Callable[[str], bytes | None], frames: Sequence[Any], now: float, guard: ReplayGuard
+) -> tuple[str, list[Any]]:
+    """The frames after a verified envelope, and the name whose MAC verified them. ``key_of(name)``
+    gives the key a receiver checks an entry with, None for a name it does not check (a role checks
+    its own entry only; the supervisor any role's). Raises Unauthenticated otherwise."""
     if not is_enveloped(frames):
         raise Unauthenticated("no authentication envelope: this receiver requires the run's control token")
-    envelope = bytes(memoryview(frames[0]))
-    head, mac = envelope[:-MAC_BYTES], envelope[-MAC_BYTES:]
-    if not hmac.compare_digest(mac, _mac(key, head, frames[1:])):
-        raise Unauthenticated("bad MAC: the sender does not hold this run's control token")
-    sent_ms = _TIME.unpack_from(head, len(ENVELOPE_MAGIC))[0]
-    guard.admit(sent_ms / 1000.0, head[len(ENVELOPE_MAGIC) + _TIME.size :], now)
-    return list(frames[1:])
-
-
-# --------------------------------------------------------------------------------------------
-# Where the secret comes from
-# --------------------------------------------------------------------------------------------
-
-
-class TokenError(RuntimeError):
-    """A control token that cannot be used; the message says what to do next."""
-
-
-def parse_token(text: str, where: str) -> bytes:
-    try:
-        token = bytes.fromhex(text.strip())
-    except ValueError:
-        raise TokenError(f"{where} is not a control token (hex): make one with `{TOKEN_COMMAND}`") from None
-    if len(token) < MIN_TOKEN_BYTES:
-        raise TokenError(
-            f"{where} holds {len(token)} bytes of secret, fewer than {MIN_TOKEN_BYTES}: make a new one "
-            f"with `{TOKEN_COMMAND}`"
-        )
-    return token
-
-
-def new_token_text() -> str:
-    return secrets.token_hex(TOKEN_BYTES) + "\n"
-
-
-def write_token_file(path: Path, replace: bool = False) -> None:
-    """A fresh secret in ``path``, mode 0600 from its first byte. ``replace`` swaps in a new one
-    atomically (a launch's per-run token); otherwise an existing file is left alone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    target = path.with_name(f".{path.name}.{os.getpid()}.tmp") if replace else path
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        if replace:
-            raise
-        return  # made meanwhile by another process: theirs counts
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, new_token_text().encode("ascii"))
-    finally:
-        os.close(fd)
-    if replace:
-        os.replace(target, path)
-
-
-class TokenSource:
-    """The run's control secret: from ``ZMQRL_CONTROL_TOKEN``, else ``transport.control_token_file``.
-
-    A file that does not exist yet is looked for again on every use (a supervisor started after
-    the roles writes it), and said once in the log meanwhile. Keys are derived per direction."""
-
-    def __init__(self, env_value: str | None, path: Path | None) -> None:
-        self.path = path
-        self._keys: dict[str, bytes] | None = None
-        self._waiting_logged = False
-        if env_value:
-            self._set(parse_token(env_value, CONTROL_TOKEN_ENV))
-
-    @property
-    def configured(self) -> bool:
-        return self._keys is not None or self.path is not None
-
-    def describe(self) -> str:
-        return f"transport.control_token_file={self.path}" if self.path is not None else CONTROL_TOKEN_ENV
-
-    def key(self, purpose: str) -> bytes | None:
-        """The key for ``purpose``; None while the token file does not exist yet."""
-        if self._keys is None and self.path is not None:
-            self._load_file(self.path)
-        return None if self._keys is None else self._keys[purpose]
-
-    def _set(self, token: bytes) -> None:
-        self._keys = {purpose: _derive(token, purpose) for purpose in (HEARTBEAT, CONTROL)}
-
-    def _load_file(self, path: Path) -> None:
-        try:
-            text = path.read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            if not self._waiting_logged:
-                self._waiting_logged = True
-                log.info("waiting for the control token file %s (the supervisor writes it)", path)
-            return
-        except OSError as exc:
-            raise TokenError(f"cannot read the control token file {path}: {exc}") from None
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            log.warning("control token file %s is readable by others (mode %o): chmod 600 it", path, mode)
-        self._set(parse_token(text, str(path)))
+    fixed, entries = envelope_entries(bytes(memoryview(frames[0])))
+    signer = None
+    for name, mac in entries.items():
+        key = key_of(name)
+        if key is not None:
+            if not hmac.compare_digest(mac, _mac(key, fixed, name.encode("ascii"), frames[1:])):
+                raise Unauthenticated(f"bad MAC for {name!r}: the sender does not hold that key of this run")
+            signer = name
+            break
+    if signer is None:
+        raise Unauthenticated(f"no MAC this receiver can check (signed for {', '.join(sorted(entries))})")
+    sent_ms = _TIME.unpack_from(fixed, len(ENVELOPE_MAGIC))[0]
+    guard.admit(sent_ms / 1000.0, fixed[len(ENVELOPE_MAGIC) + _TIME.size : -1], now)
+    return signer, list(frames[1:])
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,49 +180,81 @@ class TokenSource:
 
 
 class ControlAuth:
-    """One process's control-plane authentication: a token (or none) and whether Curve keys bind
-    heartbeats to their senders' roles. ``ControlAuth()`` is none at all (loopback by hand)."""
+    """One process's control-plane authentication: its secrets (or none) and whether Curve keys bind
+    heartbeats to their senders' roles. ``ControlAuth()`` is none at all (loopback by hand).
+
+    A role (``keys.role`` set) signs heartbeats with its own key and checks the supervisor's entry
+    for it; the supervisor (``keys.role`` None) holds the token, signs for every role and checks
+    each heartbeat with the key of the role whose entry it carries."""
 
     def __init__(
         self,
-        token: TokenSource | None = None,
+        keys: KeySource | None = None,
         curve_identities: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.token = token if token is not None and token.configured else None
+        self.keys = keys if keys is not None and keys.configured else None
         self.curve_identities = curve_identities
         self._clock = clock
+        self._derived: dict[tuple[str, str], bytes] = {}
 
     @property
     def enabled(self) -> bool:
-        return self.token is not None or self.curve_identities
+        return self.keys is not None or self.curve_identities
+
+    def _key(self, name: str, purpose: str) -> bytes | None:
+        """The direction key of role ``name``: this role's own, or (the supervisor) any role's."""
+        assert self.keys is not None
+        if (name, purpose) in self._derived:
+            return self._derived[(name, purpose)]
+        if self.keys.role is not None:
+            base = self.keys.own_key() if name == self.keys.role else None
+        else:
+            token = self.keys.token() if name in KEY_ROLES else None
+            base = role_key(token, name) if token is not None else None
+        if base is None:
+            return None
+        key = self._derived[(name, purpose)] = direction_key(base, purpose)
+        return key
 
     def seal(self, frames: list[Any], purpose: str) -> list[Any] | None:
-        """``frames`` as sent: enveloped with a token, as they are without one; None while the
-        token file has not appeared yet (send nothing: the receiver would drop it anyway)."""
-        if self.token is None:
+        """``frames`` as sent: enveloped with a key, as they are without one; None while the file
+        the key comes from has not appeared yet (send nothing: the receiver would drop it anyway)."""
+        if self.keys is None:
             return frames
-        key = self.token.key(purpose)
-        return None if key is None else seal(key, frames, self._clock())
+        names = (self.keys.role,) if self.keys.role is not None else KEY_ROLES
+        keys = {}
+        for name in names:
+            key = self._key(name, purpose)
+            if key is None:
+                return None
+            keys[name] = key
+        return seal(keys, frames, self._clock())
 
-    def open(self, frames: Sequence[Any], purpose: str, guard: ReplayGuard) -> list[Any]:
-        """The message's own frames after its envelope is verified (with a token) or set aside
-        (without one: nothing to verify with); raises Unauthenticated."""
-        if self.token is None:
-            return list(frames[1:]) if is_enveloped(frames) else list(frames)
-        key = self.token.key(purpose)
-        if key is None:
-            raise Unauthenticated(f"no control token here yet ({self.token.describe()} does not exist)")
-        return unseal(key, frames, self._clock(), guard)
+    def open(self, frames: Sequence[Any], purpose: str, guard: ReplayGuard) -> tuple[str | None, list[Any]]:
+        """The role that signed the message (None without keys) and its own frames, after its
+        envelope is verified (with keys) or set aside (without: nothing to verify with); raises
+        Unauthenticated."""
+        if self.keys is None:
+            return None, list(frames[1:]) if is_enveloped(frames) else list(frames)
+        if (own := self.keys.role) is not None and self.keys.own_key() is None:
+            raise Unauthenticated(f"no control key here yet ({self.keys.describe()} does not exist)")
+        if own is None and self.keys.token() is None:
+            raise Unauthenticated(f"no control token here yet ({self.keys.describe()} does not exist)")
+        return unseal(lambda name: self._key(name, purpose), frames, self._clock(), guard)
 
-    def check_speaker(self, user_id: str | None, role: str, role_id: int) -> None:
-        """With Curve identities, raise Unauthenticated unless the connection's key may speak as
-        ``role-role_id``."""
-        if not self.curve_identities:
-            return
-        speaker = speaker_of(user_id) if user_id else None
-        if speaker is None or not speaker.allows(role, role_id):
+    def check_speaker(self, user_id: str | None, signer: str | None, role: str, role_id: int) -> None:
+        """Raise Unauthenticated unless the sender may speak as ``role-role_id``: with Curve
+        identities, by its connection's key; with role keys, by the key its MAC was made with."""
+        if self.curve_identities:
+            speaker = speaker_of(user_id) if user_id else None
+            if speaker is None or not speaker.allows(role, role_id):
+                raise Unauthenticated(
+                    f"a heartbeat as {role}-{role_id} over a connection with client key {user_id!r}, "
+                    "which may not speak as it (docs/deployment.md, 'One key per role')"
+                )
+        if self.keys is not None and signer != role:
             raise Unauthenticated(
-                f"a heartbeat as {role}-{role_id} over a connection with client key {user_id!r}, which may "
-                "not speak as it (docs/deployment.md, 'One key per role')"
+                f"a heartbeat as {role}-{role_id} signed with the {signer}'s control key, which may not "
+                "speak as it (docs/deployment.md, 'The control token')"
             )

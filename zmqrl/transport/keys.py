@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import zmq.auth
 # The key layout's reserved names and the client naming rule live with the config checks, which
 # apply the rule to transport.key_name before anything imports zmq.
 from zmqrl.config_checks import AUTHORIZED_DIR, SERVER_NAME, client_name_problem
+from zmqrl.transport.secret_files import exposure_warning
 
 log = logging.getLogger("zmqrl.security")
 
@@ -182,10 +182,9 @@ def _read_key(path: Path, keys_dir: Path, hint: str, need_secret: bool) -> tuple
             raise SecurityError(f"{path}: its public and secret keys do not belong together; remake it")
     except zmq.ZMQError as exc:
         raise SecurityError(f"{path}: not a valid CurveZMQ key ({exc}); remake it") from None
-    if secret is not None:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            log.warning("secret key %s is readable by other users (mode %o): chmod 600 it", path, mode)
+    exposed = exposure_warning(path, "secret key") if secret is not None else None
+    if exposed is not None:  # which modes warn, and why a mounted 0440 does not: secret_files.py
+        log.warning("%s", exposed)
     return public, secret
 
 
