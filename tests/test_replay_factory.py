@@ -38,7 +38,7 @@ from zmqrl.replay import (
     make_replay,
     replay_footprint,
 )
-from zmqrl.replay.memory import ReplayMemoryError
+from zmqrl.replay.memory import MemoryBudget, ReplayMemoryError
 from zmqrl.spec import SampleSpec
 
 IMAGES = SampleSpec(OBS_SHAPE, "uint8", (), "int64", num_actions=6)
@@ -151,17 +151,18 @@ def test_a_buffer_that_does_not_fit_is_refused_naming_replay_capacity(
 ) -> None:
     prioritized, share_frames = KINDS[kind][:2]
     need = replay_footprint(1000, IMAGES, prioritized, share_frames)
-    monkeypatch.setattr(factory, "available_memory_bytes", lambda: need - 1)
+    monkeypatch.setattr(factory, "available_memory", lambda: MemoryBudget(need - 1, "cgroup memory.max"))
     caplog.set_level(logging.INFO, logger="zmqrl.replay")
-    with pytest.raises(ReplayMemoryError, match=r"replay\.capacity 1000 needs .* replay\.capacity=\d+"):
+    refusal = r"replay\.capacity 1000 needs .* is available \(cgroup memory\.max\); .* replay\.capacity=\d+"
+    with pytest.raises(ReplayMemoryError, match=refusal):  # names the limit that bound it
         build(kind, capacity=1000)
     assert "replay: " in caplog.text  # the cost was printed before the refusal
-    monkeypatch.setattr(factory, "available_memory_bytes", lambda: need)
+    monkeypatch.setattr(factory, "available_memory", lambda: MemoryBudget(need, "cgroup memory.max"))
     assert build(kind, capacity=1000).capacity == 1000
 
 
 def test_unknown_available_memory_does_not_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(factory, "available_memory_bytes", lambda: None)
+    monkeypatch.setattr(factory, "available_memory", lambda: None)
     assert len(build("uniform")) == 0
 
 

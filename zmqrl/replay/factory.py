@@ -20,7 +20,7 @@ from zmqrl.core import Replay
 from zmqrl.errors import EnvError
 from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
 from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
-from zmqrl.replay.memory import ReplayMemoryError, available_memory_bytes, format_bytes
+from zmqrl.replay.memory import ReplayMemoryError, available_memory, format_bytes
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.spec import SampleSpec
@@ -96,10 +96,10 @@ def make_replay(
             f"{list(spec.obs_shape)}: set replay.share_frames: false"
         )
     need = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames, max_add_rows=max_add_rows)
-    available = available_memory_bytes()
+    budget = available_memory()
     typical = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames, typical=True)
     log.info(
-        "replay: %s%s, %d transitions of obs %s %s: %s when full (%s available)",
+        "replay: %s%s, %d transitions of obs %s %s: %s when full (%s)",
         "prioritized" if cfg.prioritized else "uniform",
         ", each image plane stored once" if cfg.share_frames else "",
         cfg.capacity,
@@ -108,15 +108,15 @@ def make_replay(
         f"about {format_bytes(typical)}, at most {format_bytes(need)} if frames never repeat"
         if cfg.share_frames
         else format_bytes(need),
-        format_bytes(available) if available is not None else "unknown",
+        f"{format_bytes(budget.available)} available: {budget.source}" if budget else "memory unknown",
     )
-    if available is not None and need > available:
-        fits = max(1, int(cfg.capacity * available / need * SUGGESTED_CAPACITY_FRACTION))
+    if budget is not None and need > budget.available:
+        fits = max(1, int(cfg.capacity * budget.available / need * SUGGESTED_CAPACITY_FRACTION))
         worst = " if no frame repeats (noise frames, or a peer sending them)" if cfg.share_frames else ""
         raise ReplayMemoryError(
-            f"replay.capacity {cfg.capacity} needs {format_bytes(need)}{worst} but this machine has "
-            f"{format_bytes(available)} available; lower replay.capacity (e.g. --set replay.capacity="
-            f"{fits})"
+            f"replay.capacity {cfg.capacity} needs {format_bytes(need)}{worst} but only "
+            f"{format_bytes(budget.available)} is available ({budget.source}); lower replay.capacity "
+            f"(e.g. --set replay.capacity={fits})"
         )
     args = (cfg.capacity, spec.obs_shape, spec.obs_dtype, spec.action_shape, spec.action_dtype)
     if cfg.prioritized:
