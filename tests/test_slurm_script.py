@@ -340,7 +340,7 @@ def test_a_chosen_metrics_address_is_kept(tmp_path: Path) -> None:
     [
         (["--set", "transport.samples=tcp://1.2.3.4:5"], "--set transport.samples: the script sets it"),
         (["--set", "transport.keys_dir=/k"], "--set transport.keys_dir: the script sets it"),
-        (["--time", "1:00:00\nrm -rf ~"], "no spaces or line breaks"),
+        (["--time", "1:00:00\nrm -rf ~"], "no spaces, line breaks or control characters"),
         (["--sbatch", "account=x"], "give an sbatch option"),
     ],
 )

@@ -35,6 +35,7 @@ from zmqrl.cli.slurm_script import (
     PORTS_PER_JOB,
     STOP_BEFORE_LIMIT_S,
     SlurmJob,
+    header_problem,
     render_script,
 )
 
@@ -47,9 +48,10 @@ DERIVED_KEYS = (
     "transport.keys_dir",
     "transport.control_token_file",
 )
-# What a --time, --partition or --sbatch value may contain: no spaces or line breaks, which would
-# end the #SBATCH line (or start a line of script).
-SAFE_DIRECTIVE = re.compile(r"[^\s]+")
+# What a --time, --partition or --sbatch value may contain: no spaces, which would end the option
+# on its #SBATCH line, and no line breaks or other control characters, which would start a line of
+# script (zmqrl/cli/slurm_script.py, HEADER_CONTROL).
+SAFE_DIRECTIVE = re.compile(r"[^\s\x00-\x1f\x7f]+")
 
 
 def register(app: typer.Typer) -> None:
@@ -170,10 +172,21 @@ def slurm(
         *(("--sbatch", v) for v in sbatch_options or []),
     ):
         if value is not None and not SAFE_DIRECTIVE.fullmatch(value):
-            fail(f"{name} {value!r}: no spaces or line breaks in an #SBATCH value", EXIT_CONFIG)
+            fail(
+                f"{name} {value!r}: no spaces, line breaks or control characters in an #SBATCH value",
+                EXIT_CONFIG,
+            )
     for value in sbatch_options or []:
         if not value.startswith("-"):
             fail(f"--sbatch {value!r}: give an sbatch option, e.g. --sbatch=--account=abc", EXIT_CONFIG)
+    workdir = Path.cwd()
+    problem = header_problem(str(workdir))
+    if problem is not None:  # the job's #SBATCH --chdir: the one path on a line bash does not quote
+        fail(
+            f"the working directory {str(workdir)!r}: {problem}; run zmqrl slurm from a directory "
+            "whose path has none (the job starts there and writes slurm-JOBID.out there)",
+            EXIT_CONFIG,
+        )
     from zmqrl.config import SupervisorConfig
 
     cfg = load(config, overrides)
@@ -183,7 +196,7 @@ def slurm(
         config=config.resolve(),
         run_root=Path(cfg.run.dir).resolve(),
         run_dir=Path(cfg.run.dir).resolve() / cfg.run.name,
-        workdir=Path.cwd(),
+        workdir=workdir,
         python=python or sys.executable,
         nodes=nodes,
         actors_per_node=per_node,
@@ -201,7 +214,10 @@ def slurm(
         overrides=overrides,
         sbatch=list(sbatch_options or []),
     )
-    text = render_script(job)
+    try:
+        text = render_script(job)
+    except ValueError as exc:  # a value no #SBATCH line can hold (a " in --partition): named there
+        fail(f"{exc}; give a value without it", EXIT_CONFIG)
     if output is None:
         typer.echo(text, nl=False)
         return

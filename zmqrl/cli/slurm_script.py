@@ -21,6 +21,34 @@ STOP_BEFORE_LIMIT_S = 120
 # Seconds the script gives the supervisor and the actors to leave once the learner has ended, on
 # top of supervisor.stop_grace; then it sends SIGTERM, and the same again before SIGKILL.
 LEAVE_MARGIN_S = 10
+# What no #SBATCH value may hold: bash reads the header as comments and sbatch reads it line by
+# line, so a line break would end the comment and make the rest a line of script (other control
+# characters are refused with it).
+HEADER_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a value this module quotes may not hold either: sbatch unescapes a backslash and ends a
+# quote at ", which not every Slurm version did alike, so such a value is refused, not escaped.
+HEADER_UNQUOTABLE = re.compile(r'["\\]')
+# What sbatch splits a value at, or cuts it at (an unquoted # starts a comment), unless the value
+# is in double quotes (sbatch reads a double-quoted value as one: tried with slurm-wlm 22.05).
+HEADER_NEEDS_QUOTES = re.compile(r"[\s#']")
+
+
+def header_problem(value: str, as_given: bool = False) -> str | None:
+    """Why ``value`` cannot go on an #SBATCH line, or None. ``as_given``: an option the user wrote
+    in sbatch's own syntax (--sbatch), put there unquoted, so only control characters matter."""
+    found = HEADER_CONTROL.search(value) or (None if as_given else HEADER_UNQUOTABLE.search(value))
+    if found is None:
+        return None
+    return f"it holds {found.group()!r}, which an #SBATCH line cannot hold"
+
+
+def header_value(value: str, what: str, as_given: bool = False) -> str:
+    """``value`` as an #SBATCH line holds it (double-quoted where sbatch would split it, unless
+    ``as_given``); raises ValueError naming ``what`` and the value when no #SBATCH line can hold it."""
+    problem = header_problem(value, as_given)
+    if problem is not None:
+        raise ValueError(f"{what} {value!r}: {problem}")
+    return f'"{value}"' if not as_given and HEADER_NEEDS_QUOTES.search(value) else value
 
 
 @dataclass
@@ -54,19 +82,20 @@ class SlurmJob:
 
 def render_script(job: SlurmJob) -> str:
     """The sbatch script for ``job``: its #SBATCH header, then :data:`SCRIPT_BODY` with the job's
-    values in place, each quoted for bash (a --set value is passed to the roles exactly)."""
-    # sbatch reads a double-quoted #SBATCH value as one (tried with slurm-wlm 22.05).
-    chdir = f'"{job.workdir}"' if re.search(r"\s", str(job.workdir)) else str(job.workdir)
+    values in place, each quoted for bash (a --set value, a path, is passed on exactly).
+
+    Raises ValueError, naming the value, when one that goes on an #SBATCH line cannot be put there
+    safely (:func:`header_problem`): `zmqrl slurm` refuses those first, with what to do instead."""
     header = [
-        f"#SBATCH --job-name={job.job_name}",
+        f"#SBATCH --job-name={header_value(job.job_name, 'the job name')}",
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --ntasks-per-node={job.actors_per_node}",
         f"#SBATCH --cpus-per-task={job.cpus_per_actor}",
-        f"#SBATCH --chdir={chdir}",
+        f"#SBATCH --chdir={header_value(str(job.workdir), 'the working directory')}",
         f"#SBATCH --signal=B:TERM@{STOP_BEFORE_LIMIT_S}",
-        *([f"#SBATCH --time={job.time}"] if job.time else []),
-        *([f"#SBATCH --partition={job.partition}"] if job.partition else []),
-        *(f"#SBATCH {option}" for option in job.sbatch),
+        *([f"#SBATCH --time={header_value(job.time, '--time')}"] if job.time else []),
+        *([f"#SBATCH --partition={header_value(job.partition, '--partition')}"] if job.partition else []),
+        *(f"#SBATCH {header_value(option, '--sbatch', as_given=True)}" for option in job.sbatch),
     ]
     q = shlex.quote
     if job.interface:
