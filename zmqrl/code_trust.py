@@ -15,6 +15,13 @@ the built-in agents, plugins installed under the ``zmqrl.agents`` entry points. 
 a module to import: gymnasium, the env factory lookup (:mod:`zmqrl.envs.ids`) and the agent
 registry (:mod:`zmqrl.agents.registry`) all split on it, so the test here is exactly theirs.
 
+``env.kwargs`` is gated too, every string in it at any depth: it goes to the env's constructor,
+and a registered wrapper env turns a string there into an import (shimmy's
+``GymV21Environment-v0`` with ``env_id: "module:Env"`` imports ``module``), so a registered
+``env.id`` with stored kwargs is as much a choice of code as a ``module:...`` id. Which argument of
+which wrapper does that cannot be known here, so any string with a colon is refused, naming its
+key (``env.kwargs.env_id``); one that names no code (a URL) is let through the same ways.
+
 No imports beyond the error type: the config parser, which the supervisor and ``zmqrl config``
 run in a fraction of a second, checks every key through it.
 """
@@ -30,6 +37,9 @@ from zmqrl.errors import ConfigError
 MODULE_SEPARATOR = ":"
 # The config keys whose value can name a module to import.
 CODE_KEYS = ("env.id", "agent.kind")
+# The config keys whose value is handed to code as arguments, where any string, however deep,
+# can name a module to import (see the module's docstring).
+CODE_ARGUMENT_KEYS = ("env.kwargs",)
 # How a caller says "I trust the config stored in this file", on the command line and in Python.
 TRUST_FLAG = "--trust-config"
 TRUST_ARGUMENT = "trust_config=True"
@@ -41,20 +51,56 @@ class UntrustedCode(ConfigError):
     A ConfigError: the CLI exits 2 with this one line, which names the file, the key, the value
     and the two ways to go on."""
 
-    def __init__(self, source: str, key: str, value: str) -> None:
+    def __init__(self, source: str, key: str, value: str, settable: str | None = None) -> None:
+        """``settable``: the key the caller gives instead, when ``key`` lies inside it (a string in
+        ``env.kwargs``, which is set as a whole)."""
         self.source, self.key, self.value = source, key, value
         module = value.partition(MODULE_SEPARATOR)[0]
+        names = f"names code to import (module {module!r})"
+        if settable is not None:
+            names = (
+                f"may name code to import (module {module!r}): {settable} goes to the env, and a "
+                "registered wrapper env imports what such a string names"
+            )
+        given = settable or key
         super().__init__(
-            f"{source}: {key} {value!r} names code to import (module {module!r}), and a stored config "
-            f"may not choose code to run, so nothing was imported. If you trust this file, pass "
-            f"{TRUST_FLAG} (Python: {TRUST_ARGUMENT}); or give {key} yourself: --set {key}=... or "
-            f"--config YOUR_CONFIG.yaml (Python: config=...)"
+            f"{source}: {key} {value!r} {names}, and a stored config may not choose code to run, so "
+            f"nothing was imported. If you trust this file, pass {TRUST_FLAG} (Python: {TRUST_ARGUMENT}); "
+            f"or give {given} yourself: --set {given}=... or --config YOUR_CONFIG.yaml (Python: config=...)"
         )
 
 
 def names_code(key: str, value: object) -> bool:
-    """Whether ``value`` for the dotted ``key`` makes zmqrl import a module."""
-    return key in CODE_KEYS and isinstance(value, str) and MODULE_SEPARATOR in value
+    """Whether ``value`` for the dotted ``key`` makes zmqrl import a module (or, in a
+    CODE_ARGUMENT_KEYS value, may)."""
+    return code_in(key, value) is not None
+
+
+def code_in(key: str, value: object) -> tuple[str, str] | None:
+    """The first (dotted key, string) in ``value`` for ``key`` that can name a module to import:
+    the value itself for CODE_KEYS, any string inside for CODE_ARGUMENT_KEYS (its key then
+    ``env.kwargs.name``, ``env.kwargs.name[0]``); None when there is none."""
+    if key in CODE_KEYS:
+        return (key, value) if isinstance(value, str) and MODULE_SEPARATOR in value else None
+    if key in CODE_ARGUMENT_KEYS:
+        return _string_naming_code(key, value)
+    return None
+
+
+def _string_naming_code(key: str, value: object) -> tuple[str, str] | None:
+    if isinstance(value, str):
+        return (key, value) if MODULE_SEPARATOR in value else None
+    if isinstance(value, dict):
+        inner = ((f"{key}.{name}", item) for name, item in value.items())
+    elif isinstance(value, (list, tuple)):
+        inner = ((f"{key}[{i}]", item) for i, item in enumerate(value))
+    else:
+        return None
+    for inner_key, item in inner:
+        found = _string_naming_code(inner_key, item)
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass
@@ -71,5 +117,7 @@ class CodeGate:
 
     def check(self, key: str, value: object) -> None:
         """Raise :class:`UntrustedCode` if ``value`` names code and the stored data chose it."""
-        if key not in self.supplied and names_code(key, value):
-            raise UntrustedCode(self.source, key, str(value))
+        found = None if key in self.supplied else code_in(key, value)
+        if found is not None:
+            inner_key, text = found
+            raise UntrustedCode(self.source, inner_key, text, settable=key if inner_key != key else None)
