@@ -319,15 +319,21 @@ def test_outside_a_job_the_script_says_to_submit_it(tmp_path: Path) -> None:
     assert done.returncode != 0 and "submit this script with sbatch" in done.stderr
 
 
-def test_insecure_makes_no_keys_and_authenticates_the_control_plane_with_a_token(tmp_path: Path) -> None:
+def test_insecure_makes_no_keys_and_gives_the_token_to_the_supervisor_and_each_role_its_key(
+    tmp_path: Path,
+) -> None:
     script = write_script(tmp_path, "--nodes", "2", "--insecure")
     job = run_job(tmp_path, script, ["h1", "h2"], "10.1.1.1")
     assert job.code == 0, job.output
     assert "keys.0" not in job.started()
-    given = sets(job.args("learner.0"))
-    assert given["transport.insecure"] == "true"
-    assert given["transport.control_token_file"].endswith("/cartpole_dqn/control.token")
-    assert "transport.keys_dir" not in given
+    supervisor = sets(job.args("supervise.0"))
+    assert supervisor["transport.control_token_file"].endswith("/cartpole_dqn/control.token")
+    for role in ("learner.0", "actor.0"):
+        given = sets(job.args(role))
+        assert given["transport.insecure"] == "true"
+        assert given["transport.control_keys_dir"].endswith("/cartpole_dqn/control-keys")
+        assert "transport.control_token_file" not in given, "roles never hold the run's token"
+        assert "transport.keys_dir" not in given
 
 
 def test_a_chosen_metrics_address_is_kept(tmp_path: Path) -> None:

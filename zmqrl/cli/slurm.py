@@ -47,6 +47,7 @@ DERIVED_KEYS = (
     "transport.control",
     "transport.keys_dir",
     "transport.control_token_file",
+    "transport.control_keys_dir",
 )
 # What a --time, --partition or --sbatch value may contain: no spaces, which would end the option
 # on its #SBATCH line, and no line breaks or other control characters, which would start a line of

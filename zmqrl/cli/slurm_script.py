@@ -137,12 +137,16 @@ KEYS=$RUN_DIR/keys
 if [ ! -f "$KEYS/server.key" ]; then
   "$PYTHON" -m zmqrl keys "$KEYS" > /dev/null || exit 1
 fi
-SETS+=(--set "transport.keys_dir=$KEYS")"""
-# --insecure: plaintext data channels; the supervisor writes the control token, the roles read it.
+SETS+=(--set "transport.keys_dir=$KEYS")
+SUPERVISOR_SETS=()"""
+# --insecure: plaintext data channels; the supervisor writes the control token and a key per role
+# derived from it, and each role reads its own key, never the token.
 INSECURE_BLOCK = """\
 # --insecure: plaintext data channels on the cluster network; heartbeats and control messages are
-# still authenticated, with a token file the supervisor writes in the run directory.
-SETS+=(--set transport.insecure=true --set "transport.control_token_file=$RUN_DIR/control.token")"""
+# still authenticated: the supervisor writes the run's token and a key per role derived from it in
+# the run directory, and each role signs with its own key (so none can speak as another).
+SETS+=(--set transport.insecure=true --set "transport.control_keys_dir=$RUN_DIR/control-keys")
+SUPERVISOR_SETS=(--set "transport.control_token_file=$RUN_DIR/control.token")"""
 METRICS_LINE = """
 # Prometheus /metrics of the supervisor, on this node's loopback (an ssh tunnel reaches it).
 SETS+=(--set "supervisor.metrics_http=127.0.0.1:$((PORT_BASE + 4))")"""
@@ -250,7 +254,7 @@ trap 'for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done' EXIT
 export ZMQRL_SUPERVISED=1
 echo "zmqrl-slurm: job ${SLURM_JOB_ID} on $NODES node(s): learner on $HEAD ($ADDRESS, ports" \\
   "$PORT_BASE-$((PORT_BASE + 4))), $ACTORS actor(s) on $ACTOR_NODES node(s); run dir $RUN_DIR"
-"$PYTHON" -m zmqrl supervise "$CONFIG" --plain "${SETS[@]}" &
+"$PYTHON" -m zmqrl supervise "$CONFIG" --plain "${SETS[@]}" "${SUPERVISOR_SETS[@]}" &
 SUPERVISOR=$!
 PIDS+=("$SUPERVISOR")
 # --resume: a resubmitted (or requeued) job continues from the newest checkpoint; the first starts fresh.
