@@ -10,8 +10,13 @@ One write in flight at a time: a checkpoint that comes due while one is still be
 taken at the first update after that write ends (zmqrl.learner.checkpointing), and the final one
 waits.
 
-A write that fails for want of room (or any OSError) becomes one ``CheckpointWriteError``: the
-learner exits 2 with its line instead of being restarted into the same full disk.
+A write that fails for want of room (or any OSError a retry cannot outlast) becomes one
+``CheckpointWriteError``: the learner exits 2 with its line instead of being restarted into the same
+full disk; a transient one (an NFS hiccup) is retried first (zmqrl.checkpoints.files.WriteRetries).
+
+A snapshot is read back as untrusted input: whole (every column decompressed, its CRC checked)
+and checked against the run's spec and its checkpoint's record before anything is restored, so a
+damaged one is refused with one reason instead of a traceback, and replay is never half-filled.
 """
 
 from __future__ import annotations
@@ -20,28 +25,58 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable
+import zipfile
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from zmqrl.checkpoints.files import (
+    LEGACY_REPLAY,
+    CheckpointStorageError,
     CheckpointWriteError,
+    WriteRetries,
     atomic_write,
     periodic_name,
     replay_name,
     save_periodic,
-    write_failure,
 )
 from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.guard import start_guarded
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.messages import WireError
+from zmqrl.transport.validation import validate_content
 from zmqrl.types import TransitionBatch
 
 # How often a caller waiting for a write (write_now with tick) reports progress.
 TICK_SECONDS = 0.5
 
 log = logging.getLogger("zmqrl.learner")
+
+# Checkpoint payload key: the paired replay snapshot's row count and total_added, or None when none
+# was saved (absent: a checkpoint of earlier versions, whose one snapshot is LEGACY_REPLAY).
+REPLAY_ENTRY = "replay_snapshot"
+
+# What np.load raises reading a damaged .npz: found by truncating a real snapshot at every length
+# and flipping its bits at random (BadZipFile for a bad CRC or directory, zlib.error, EOFError,
+# KeyError for a lost member, ValueError, NotImplementedError / RuntimeError for a flipped flag
+# byte), plus what reading a file can raise at all (OSError) and the conversions below (TypeError,
+# OverflowError), and MemoryError for a header claiming a huge shape.
+UNREADABLE = (
+    zipfile.BadZipFile,
+    zlib.error,
+    OSError,
+    EOFError,
+    KeyError,
+    ValueError,
+    TypeError,
+    RuntimeError,
+    OverflowError,
+    MemoryError,
+)
 
 # A step of one pair's write (zmqrl.checkpoints.files.save_periodic's signature): tests inject failures here.
 SaveCheckpoint = Callable[[Path, int, dict[str, Any], int], Path]
@@ -63,14 +98,108 @@ def write_replay_snapshot(path: Path, snap: TransitionBatch, updates: int, total
     )
 
 
-def read_replay_snapshot(path: Path, updates: int) -> tuple[TransitionBatch, int] | None:
-    """The snapshot and its ``total_added`` if it belongs to the checkpoint at ``updates``; None if
-    it is from another checkpoint. Raises OSError / ValueError / KeyError when unreadable."""
-    with np.load(path, allow_pickle=False) as data:
-        if int(data["updates"]) != updates:
-            return None
-        batch = TransitionBatch(*(data[name] for name in TransitionBatch._fields))
-        return batch, int(data["total_added"])
+class SnapshotUnfit(ValueError):
+    """A replay snapshot that cannot be restored: unreadable, of another checkpoint, or not of
+    this run's spec. Its message is the reason, a short phrase for the resume's warning line."""
+
+
+def read_replay_snapshot(
+    path: Path, updates: int, spec: SampleSpec, record: Mapping[str, Any] | None = None
+) -> tuple[TransitionBatch, int]:
+    """The snapshot of the checkpoint at ``updates`` and its ``total_added``, read whole and
+    checked: against ``spec`` (shapes, dtypes, lengths, values) and the checkpoint's ``record``
+    of it (its rows and total_added; None for the one snapshot of earlier versions). Raises
+    ``SnapshotUnfit`` saying why not; nothing is restored before it returns."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            stamp = int(data["updates"])
+            total_added = int(data["total_added"])
+            columns = [np.asarray(data[name]) for name in TransitionBatch._fields]  # read, CRC checked
+    except UNREADABLE as exc:
+        said = " ".join(str(exc).split())[:160]
+        raise SnapshotUnfit(f"is unreadable ({type(exc).__name__}: {said})") from exc
+    if stamp != updates:
+        raise SnapshotUnfit(f"belongs to the checkpoint at {stamp} updates, not {updates}")
+    batch = TransitionBatch(*columns)
+    problem = snapshot_problem(batch, spec)
+    if problem is None and record is not None:
+        rows, total = record.get("rows"), record.get("total_added")
+        if rows != batch.size or total != total_added:
+            problem = f"{batch.size} rows, {total_added} added in all; its checkpoint says {rows} and {total}"
+    if problem is not None:
+        raise SnapshotUnfit(f"does not fit this run: {problem}")
+    return batch, total_added
+
+
+@dataclass
+class PairReplay:
+    """What a checkpoint's replay snapshot brings back: rows read whole and checked (``batch``), or
+    why none (``said``); ``whole``: the pair can be resumed (its snapshot read, or none was due)."""
+
+    whole: bool
+    said: str  # the resume line's replay part: "342 rows from replay-...npz", "empty (why)"
+    name: str | None = None  # the snapshot's file name, when the checkpoint has one
+    batch: TransitionBatch | None = None
+    total_added: int = 0
+
+
+def pair_replay(
+    directory: Path, payload: Mapping[str, Any], spec: SampleSpec, refused: set[str]
+) -> PairReplay:
+    """The replay snapshot of the checkpoint ``payload`` (in ``directory``), read whole and checked,
+    or why it has none; ``refused``: snapshots found unfit already (not read again). The one
+    snapshot of earlier versions (no record in the checkpoint) belongs to one checkpoint only:
+    without it that checkpoint still resumes, with an empty replay. Reads; restores nothing."""
+    updates = int(payload["counters"]["updates"])
+    entry = payload.get(REPLAY_ENTRY, ...)
+    if entry is None:
+        return PairReplay(
+            True, "empty (this checkpoint was saved without replay: checkpoint.replay was false)"
+        )
+    legacy = not isinstance(entry, Mapping)
+    name = LEGACY_REPLAY if legacy else replay_name(updates)
+    snapshot = directory / name
+    if name in refused:  # said already
+        return PairReplay(False, f"its replay snapshot {name} does not read whole", name)
+    if not snapshot.is_file():
+        return PairReplay(
+            legacy, f"empty ({name} is missing)" if legacy else f"its replay snapshot {name} is missing", name
+        )
+    try:
+        batch, total_added = read_replay_snapshot(snapshot, updates, spec, None if legacy else entry)
+    except SnapshotUnfit as exc:
+        if legacy:
+            log.warning("replay snapshot %s not restored: %s", snapshot, exc)
+            return PairReplay(True, f"empty ({name} {exc})", name)
+        return PairReplay(False, f"its replay snapshot {name} {exc}", name)
+    return PairReplay(True, f"{batch.size} rows from {name}", name, batch, total_added)
+
+
+def snapshot_problem(batch: TransitionBatch, spec: SampleSpec) -> str | None:
+    """What makes a snapshot's columns unfit for this run's replay, or None: each column's shape
+    and dtype as the spec (and replay) have them, one length for all, and values the run can mean
+    (the checks received samples pass: a file is as untrusted as a peer)."""
+    if batch.reward.ndim != 1:
+        return f"reward has shape {batch.reward.shape}, not (rows,)"
+    n = batch.size
+    want = {
+        "obs": ((n, *spec.obs_shape), spec.obs_dtype),
+        "action": ((n, *spec.action_shape), spec.action_dtype),
+        "reward": ((n,), "float32"),
+        "next_obs": ((n, *spec.obs_shape), spec.obs_dtype),
+        "discount": ((n,), "float32"),
+    }
+    for name, column in zip(TransitionBatch._fields, batch, strict=True):
+        shape, dtype = want[name]
+        if column.shape != shape or column.dtype != np.dtype(dtype):
+            return f"{name} is {column.dtype} {column.shape}, this run's replay holds {dtype} {shape}"
+    if n == 0:
+        return None
+    try:
+        validate_content(batch, None, spec)
+    except WireError as exc:
+        return str(exc)
+    return None
 
 
 def payload_bytes(payload: Any) -> int:
@@ -95,6 +224,7 @@ class CheckpointWriter:
         before_write: Callable[[], None] | None = None,
         save: SaveCheckpoint = save_periodic,
         between: Callable[[int], None] | None = None,
+        retries: WriteRetries | None = None,
     ) -> None:
         self.directory = directory
         self.keep = keep
@@ -102,6 +232,7 @@ class CheckpointWriter:
         self._before_write = before_write  # a test hook: make writes slow
         self.save = save  # the checkpoint half of a pair (a seam: tests inject failures)
         self.between = between  # runs after the snapshot, before the checkpoint (a test seam)
+        self.retries = retries or WriteRetries()  # transient errors (NFS) tried again; counted there
         self._thread: threading.Thread | None = None
         self.written = 0
         self.skipped = 0
@@ -122,7 +253,7 @@ class CheckpointWriter:
         def write() -> None:
             try:
                 self._write(updates, payload, snap, total_added)
-            except CheckpointWriteError as exc:  # the operator's to fix, not a bug: no traceback
+            except (CheckpointWriteError, CheckpointStorageError) as exc:  # said in one line, no traceback
                 self._on_crash(exc)
 
         self._thread = start_guarded(write, "checkpoint-writer", self._on_crash)
@@ -173,24 +304,30 @@ class CheckpointWriter:
     def _write(
         self, updates: int, payload: dict[str, Any], snap: TransitionBatch | None, total_added: int
     ) -> None:
-        """The pair, snapshot first; any OSError becomes a CheckpointWriteError naming the file."""
+        """The pair, snapshot first, each file's write retried on a transient error; any other
+        OSError becomes a CheckpointWriteError naming the file."""
         if self._before_write is not None:
             self._before_write()
         started = time.monotonic()
-        target, needed, size = self.directory / periodic_name(updates), None, 0
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            if snap is not None:
-                target = self.directory / replay_name(updates)
-                needed = sum(column.nbytes for column in snap)  # an upper bound: it is compressed
-                write_replay_snapshot(target, snap, updates, total_added)
-                size = target.stat().st_size
-            if self.between is not None:
-                self.between(updates)
-            target, needed = self.directory / periodic_name(updates), payload_bytes(payload)
-            self.save(self.directory, updates, payload, self.keep)
-        except OSError as exc:
-            raise write_failure(target, exc, self.directory.parent, needed) from exc
+        run_dir, checkpoint, size = self.directory.parent, self.directory / periodic_name(updates), 0
+        self.retries.run(lambda: self.directory.mkdir(parents=True, exist_ok=True), checkpoint, run_dir)
+        if snap is not None:
+            snapshot = self.directory / replay_name(updates)
+            needed = sum(column.nbytes for column in snap)  # an upper bound: it is compressed
+
+            def write_snapshot() -> int:
+                write_replay_snapshot(snapshot, snap, updates, total_added)
+                return snapshot.stat().st_size
+
+            size = self.retries.run(write_snapshot, snapshot, run_dir, needed)
+        if self.between is not None:
+            self.between(updates)
+        self.retries.run(
+            lambda: self.save(self.directory, updates, payload, self.keep),
+            checkpoint,
+            run_dir,
+            payload_bytes(payload),
+        )
         self.written += 1
         if snap is not None:
             log.info(

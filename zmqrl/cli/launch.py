@@ -127,6 +127,8 @@ def launch(
     elif resume is not None:  # a force saved in RUN_DIR/config.yaml by a forced resume does not carry over
         overrides.insert(0, "checkpoint.force_resume=false")
     cfg = load(config, overrides, log_level)
+    if resume is not None:  # port 0 asked at the first start is asked again, not the port it got then
+        cfg = _asked_endpoints_again(cfg, resume)
     setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
     if not serial:  # --serial builds all of it at once, and says the same in one line
         _preflight(cfg)
@@ -174,6 +176,16 @@ def _preflight(cfg: Config) -> None:
         problem = device_problem(device)
         if problem is not None:
             fail(problem, EXIT_CONFIG)
+
+
+def _asked_endpoints_again(cfg: Config, run_dir: Path) -> Config:
+    """The config a resumed run starts with: RUN_DIR/config.yaml holds the ports its first start
+    was given for the endpoints that asked for port 0 (its actors read them there); those may be
+    anyone's by now, so each one still holding them asks for port 0 again (see
+    zmqrl/supervisor/asked_endpoints.py)."""
+    from zmqrl.supervisor.asked_endpoints import asked_again
+
+    return replace(cfg, transport=asked_again(run_dir, cfg.transport))
 
 
 def _place_run(cfg: Config, resume: bool, serial: bool) -> tuple[Config, bool]:

@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from zmqrl.checkpoints.files import checkpoint_weights_version, load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.files import WriteRetries, checkpoint_weights_version, load_checkpoint, save_checkpoint
 from zmqrl.checkpoints.policy import WEIGHTS_ONLY, load_checkpoint_weights, make_eval_agent
 from zmqrl.config import Config
 from zmqrl.core import Policy
@@ -112,6 +112,8 @@ class Scorer:
         self._pending: WeightsMsg | None = None  # newest weights received and not loaded yet
         self._loaded: Weights | None = None  # the weights the policy holds (what `best` saves)
         self._last_eval_start = -math.inf
+        # `best`'s writes: a transient error (NFS) retried; a full disk one line and exit 2, as the learner's.
+        self.retries = WriteRetries()
 
     @property
     def evaluations(self) -> int:
@@ -208,7 +210,8 @@ class Scorer:
             "config": self.cfg.to_dict(),
             "eval": {"mean": result.mean, "std": result.std, "time": when},
         }
-        save_checkpoint(self.run_dir / BEST, payload)
+        path = self.run_dir / BEST
+        self.retries.run(lambda: save_checkpoint(path, payload), path, self.run_dir)
 
     def counters(self) -> dict[str, float | int]:
         """The scoring counters a heartbeat and the stats carry (the role adds its own)."""

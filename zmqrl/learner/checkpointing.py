@@ -15,15 +15,14 @@ from zmqrl.checkpoints.files import (
     LEGACY_REPLAY,
     PERIODIC_PREFIX,
     REPLAY_PREFIX,
+    WriteRetries,
     checkpoint_weights_version,
-    load_resumable,
     prune,
     remove_stale_temps,
-    replay_name,
+    resumable_checkpoints,
     save_checkpoint,
-    write_failure,
 )
-from zmqrl.checkpoints.snapshots import CheckpointWriter, detached, read_replay_snapshot
+from zmqrl.checkpoints.snapshots import REPLAY_ENTRY, CheckpointWriter, PairReplay, detached, pair_replay
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Replay
 from zmqrl.errors import ConfigError
@@ -40,8 +39,6 @@ from zmqrl.transport.weights_channel import WeightsNumbering
 from zmqrl.transport.wire import Fingerprint
 from zmqrl.types import TransitionBatch
 
-# Payload key: the paired replay snapshot's row count and total_added, or None when none was saved.
-REPLAY_ENTRY = "replay_snapshot"
 # Fingerprint keys that are config settings (the others, obs.* and action.*, follow from env.*):
 # the ones a resume compares with the checkpoint's stored config.
 SETTING_SECTIONS = ("env", "agent")
@@ -86,12 +83,14 @@ class Checkpoints:
         cfg = trainer.cfg.checkpoint
         row_bytes = replay_footprint(1, trainer.spec, prioritized=False)
         self._replay_rows = int(cfg.replay_max_mb * 2**20 // row_bytes) if cfg.replay else 0
+        self.retries = WriteRetries()  # transient write errors, retried: the pairs' and best's alike
         self.writer = CheckpointWriter(
             self.directory,
             cfg.keep,
             on_crash,
             faults.slow_checkpoint if faults is not None else None,
             between=self._torn_pair if faults is not None else None,
+            retries=self.retries,
         )
         self.held_seconds = 0.0  # how long the last save_latest held the training thread (copies)
         self._owed = False  # a checkpoint came due while the previous one was still being written
@@ -232,30 +231,29 @@ class Checkpoints:
         with self.trainer.counters.lock:
             payload = self.payload()
         path = self.directory / BEST
-        try:
-            save_checkpoint(path, payload)
-        except OSError as exc:
-            raise write_failure(path, exc, self.trainer.run_dir) from exc
+        self.retries.run(lambda: save_checkpoint(path, payload), path, self.trainer.run_dir)
 
     def restore(self) -> None:
-        """Load the newest readable checkpoint and its own replay snapshot into the trainer, after
-        checking that it is of this run's settings; one line says what was restored."""
+        """Load the newest whole pair (a readable checkpoint and its own replay snapshot, read and
+        checked before anything is restored) into the trainer, after checking that it is of this
+        run's settings; one line says what was restored."""
         t = self.trainer
-        try:
-            path, payload = load_resumable(self.directory, log)
-        except FileNotFoundError:
+        chosen = self._newest_whole_pair()
+        if chosen is None:
             log.warning(
                 "asked to resume, but %s holds no readable checkpoint: starting fresh", self.directory
             )
             return
-        self._check_settings(path, payload.get("config"))
+        path, payload, replay = chosen
         t.agent.load_state_dict(payload["agent"])
         t.numbering.continue_after(checkpoint_weights_version(payload))
         t.counters.restore(payload["counters"])
         t.evals.load_state(payload.get("eval", {}))
         if payload.get("replay_rng"):
             t.replay.set_rng_state(payload["replay_rng"])
-        replay = self._restore_replay(payload)
+        if replay.batch is not None:
+            t.replay.restore(replay.batch, replay.total_added)
+            self._replay_file = replay.name
         self.resumed_from = {
             "path": str(path),
             "updates": t.counters.updates,
@@ -270,8 +268,34 @@ class Checkpoints:
             t.counters.updates,
             t.counters.samples,
             t.numbering.version,
-            replay,
+            replay.said,
         )
+
+    def _newest_whole_pair(self) -> tuple[Path, dict[str, Any], PairReplay] | None:
+        """The newest checkpoint whose replay snapshot reads whole, newest first; a pair whose
+        snapshot does not is skipped with one warning line naming it and why. If none does, the
+        newest readable checkpoint with an empty replay, said in one line; None: no checkpoint.
+        A checkpoint of other settings is refused (ConfigError) before its snapshot is read."""
+        t = self.trainer
+        newest: tuple[Path, dict[str, Any]] | None = None
+        refused: set[str] = set()  # snapshots found unfit (a copied `latest` shares its pair's)
+        for path, payload in resumable_checkpoints(self.directory, log):
+            self._check_settings(path, payload.get("config"))
+            newest = newest or (path, payload)
+            replay = pair_replay(self.directory, payload, t.spec, refused)
+            if replay.whole:
+                return path, payload, replay
+            if replay.name not in refused:
+                refused.add(str(replay.name))
+                log.warning("skipping %s: %s; trying the next older pair", path, replay.said)
+        if newest is None:
+            return None
+        log.warning(
+            "no checkpoint in %s has a whole replay snapshot: resuming from %s with an empty replay",
+            self.directory,
+            newest[0],
+        )
+        return newest[0], newest[1], PairReplay(True, "empty (no whole replay snapshot: see above)")
 
     def _check_settings(self, path: Path, stored: Any) -> None:
         """Refuse to resume a checkpoint whose run settings (the fingerprint's env and agent keys:
@@ -297,29 +321,6 @@ class Checkpoints:
         checkpoint is not; the writer stops there for good (the training thread goes on)."""
         if self._faults is not None and self.writer.written:
             self._faults.torn_pair(updates)
-
-    def _restore_replay(self, payload: dict[str, Any]) -> str:
-        """Fill replay from the checkpoint's own snapshot; says what it restored, or why nothing."""
-        t = self.trainer
-        updates = t.counters.updates
-        entry = payload.get(REPLAY_ENTRY, ...)
-        if entry is None:
-            return "empty (this checkpoint was saved without replay: checkpoint.replay was false)"
-        name = replay_name(updates) if isinstance(entry, Mapping) else LEGACY_REPLAY
-        snapshot = self.directory / name
-        if not snapshot.is_file():
-            return f"empty ({name} is missing)"
-        try:
-            found = read_replay_snapshot(snapshot, updates)
-            if found is None:
-                return f"empty ({name} belongs to another checkpoint)"
-            batch, total_added = found
-            t.replay.restore(batch, total_added)
-            self._replay_file = name
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("replay snapshot %s unreadable (%s)", snapshot, exc)
-            return f"empty ({name} is unreadable)"
-        return f"{batch.size} rows from {name}"
 
 
 def settings_at(config: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import zmq
 
-from zmqrl.checkpoints.files import CheckpointWriteError
+from zmqrl.checkpoints.files import CheckpointStorageError, CheckpointWriteError
 from zmqrl.config import Config
 from zmqrl.learner.dynamo_import import defer_adam_step_import, defer_dynamo_import
 from zmqrl.learner.endpoints import LearnerSockets, bind_learner_sockets
@@ -250,6 +250,8 @@ class Learner:
         if self._thread_error is not None:
             name, exc = self._thread_error
             if isinstance(exc, CheckpointWriteError):  # a full disk: the operator's (exit 2), not a bug
+                raise exc
+            if isinstance(exc, CheckpointStorageError):  # failing storage, said in one line: exit 1
                 raise exc
             raise ThreadDied(f"the learner's {name} thread died: {type(exc).__name__}: {exc}") from exc
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from zmqrl.config import Config, save_config
 from zmqrl.runtime.link import END_ACTORS_DONE
-from zmqrl.supervisor import restarts
+from zmqrl.supervisor import asked_endpoints, restarts
 from zmqrl.supervisor.liveness import os_stopped
 from zmqrl.supervisor.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR, Oversight
 from zmqrl.supervisor.processes import (
@@ -44,6 +44,8 @@ class Supervisor(Oversight):
     def __init__(self, cfg: Config, *, resume: bool = False, **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self.resume = resume  # the learner continues from the run directory's checkpoints
+        # The endpoints as asked (port 0 before the OS chose one): a later resume asks for them again.
+        self._asked = cfg.transport
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restart_policy = RestartPolicy.from_config(cfg.supervisor)
         self._actors_done_asked = False  # END_ACTORS_DONE sent to the learner
@@ -51,8 +53,7 @@ class Supervisor(Oversight):
     def _run(self) -> int:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "learner-stats.json").unlink(missing_ok=True)  # never report a previous run
-        config_path = self.run_dir / "config.yaml"
-        save_config(self.cfg, config_path)
+        self._save_config()
         self._say(f"run directory {self.run_dir} | TensorBoard: tensorboard --logdir {self.run_dir / 'tb'}")
         learner = self._spawn("learner", 0)
         t = self.cfg.transport
@@ -70,7 +71,7 @@ class Supervisor(Oversight):
             self.cfg = replace(
                 self.cfg, transport=replace(t, samples=endpoints["samples"], weights=endpoints["weights"])
             )
-            save_config(self.cfg, config_path)
+            self._save_config()
             self._spawn_actors()
         if self.cfg.evaluator.enabled:
             self._spawn("evaluator", 0)
@@ -80,6 +81,12 @@ class Supervisor(Oversight):
         )
         self.phase = "running"
         return self._monitor()
+
+    def _save_config(self) -> None:
+        """``config.yaml`` with the real endpoints (what every role it starts reads), and beside it
+        what port 0 resolved to (zmqrl/supervisor/asked_endpoints.py: a resume asks for 0 again)."""
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        asked_endpoints.record(self.run_dir, self._asked, self.cfg.transport)
 
     # ------------------------------------------------------------------ processes
     def _spawn_actors(self) -> None:
