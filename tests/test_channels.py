@@ -233,6 +233,7 @@ def test_roles_leave_when_the_supervisor_falls_silent(ctx: zmq.Context) -> None:
         clock=clock,
         watch_supervisor=True,
         start=False,
+        rejoin_grace=0.0,  # as under `launch`; the grace of watch-only roles: tests/test_rejoin_grace.py
     )
     supervisor = ControlPublisher(pub)
     for t in range(1, 9):  # a live supervisor: heartbeats keep the role going past the timeout

@@ -188,8 +188,8 @@ class Project:
             if c["Config"]["Labels"]["com.docker.compose.service"] == name
         ]
 
-    def volume_dir(self) -> Path:
-        return Path(self.docker_out("volume", "inspect", "-f", "{{.Mountpoint}}", f"{self.name}_runs"))
+    def volume_dir(self, volume: str = "runs") -> Path:
+        return Path(self.docker_out("volume", "inspect", "-f", "{{.Mountpoint}}", f"{self.name}_{volume}"))
 
     def down(self) -> dict[str, list[str]]:
         """`compose down --volumes`, then remove whatever it missed; returns what is still left."""
@@ -447,10 +447,55 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         )
         timings["docker_kill_back"] = time.monotonic() - t0
 
+        # The supervisor SIGKILLed (as an OOM kill would): its init exits 137, the engine restarts it
+        # (`on-failure:3`), and the new one, whose heartbeat starts before anything slow, takes the
+        # running roles back within their rejoin grace, with the restart counts its predecessor kept.
+        sup = project.service("supervisor")[0]
+        sup_name, sup_pid = sup["Name"].lstrip("/"), sup["State"]["Pid"]
+        roles_before = {
+            n: (c["State"]["Pid"], c["RestartCount"])
+            for n, c in project.containers().items()
+            if c["Config"]["Labels"]["com.docker.compose.service"] in ("learner", "actor", "evaluator")
+        }
+        os.kill(_role_pid(sup), signal.SIGKILL)
+
+        def supervisor_back() -> bool:
+            c = project.containers()[sup_name]
+            return bool(c["State"]["Running"] and c["State"]["Pid"] != sup_pid and c["RestartCount"] >= 1)
+
+        _wait("the supervisor restarted by the engine", supervisor_back, RESTART_TIMEOUT, project)
+
+        def roles_taken_back() -> dict[tuple[str, int], Any] | None:
+            try:
+                status = json.loads(
+                    project.docker_out("exec", sup_name, "zmqrl", "status", f"/runs/{RUN_NAME}", "--json")
+                )
+            except subprocess.CalledProcessError:  # not answering yet
+                return None
+            rows = {(p["role"], p["id"]): p for p in status["processes"]}
+            up = all(p["state"] in ("running", "waiting", "blocked", "evaluating") for p in rows.values())
+            return rows if len(rows) == ACTORS + 2 and up else None
+
+        rows = _wait("the new supervisor to hear every role", roles_taken_back, RESTART_TIMEOUT, project)
+        timings["supervisor_back"] = time.monotonic() - t0
+        after = project.containers()
+        assert {
+            n: (after[n]["State"]["Pid"], after[n]["RestartCount"]) for n in roles_before
+        } == roles_before, "the roles must outlive their supervisor's restart: none may exit or be restarted"
+        engine_now = {
+            i: after[n]["RestartCount"] + manual_restarts.get(n, 0) for n, i in ids_by_container.items()
+        }
+        counted_now = {k[1]: r["restarts"] for k, r in rows.items() if k[0] == "actor"}
+        assert counted_now == engine_now, "the restarted supervisor carries the restart counts on"
+
         # Any peer that reaches the heartbeat port (here: this test, over the host's loopback) used
-        # to end the run with one forged `learner-0 finished`; compose ships with the control token
-        # on, so it is counted and dropped, and the learner goes on to its last update (below).
+        # to end the run with one forged `learner-0 finished`; compose ships with the control plane
+        # authenticated, so it is counted and dropped, and the learner goes on to its last update
+        # (below). So is the same forgery signed with the actor's key, as a subverted actor
+        # container would send it: that key speaks only for actors.
         forge_learner_finished(int(project.env["ZMQRL_HEARTBEAT_PORT"]))
+        actor_key = project.volume_dir("keys-actor") / "control.key"
+        forge_learner_finished(int(project.env["ZMQRL_HEARTBEAT_PORT"]), actor_key=actor_key)
 
         # The learner finishes; the supervisor broadcasts stop; every role exits 0 and stays down.
         def run_over() -> bool:
@@ -489,10 +534,45 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         }
         counted = {row["actor_id"]: row["restarts"] for row in summary["actors"]}
         assert counted == engine, f"supervisor's restarts {counted} != the engine's {engine}"
-        assert summary["supervisor"]["unauthenticated_heartbeats"] >= 1, "the forged heartbeat was taken"
-        token = project.volume_dir() / "control.token"
+        assert summary["supervisor"]["unauthenticated_heartbeats"] >= 2, "a forged heartbeat was taken"
+        token = project.volume_dir("control-secret") / "control.token"
         assert token.is_file() and (token.stat().st_mode & 0o077) == 0, "the control token, private"
+        assert not list(project.volume_dir().rglob("control.token")), "no secret on the run volume"
+        # Each container holds its own key and no other; TensorBoard none; only the supervisor the token.
+        for name, c in cs.items():
+            service = c["Config"]["Labels"]["com.docker.compose.service"]
+            mounted = [m["Name"] for m in c["Mounts"] if m["Type"] == "volume"]
+            volumes = {v.removeprefix(f"{project.name}_") for v in mounted}
+            own = {
+                "supervisor": {"control-secret", "keys-learner", "keys-actor", "keys-evaluator"},
+                "tensorboard": set(),
+            }.get(service, {f"keys-{service}"})
+            assert volumes == {"runs", *own}, (name, volumes)
         timings["checked"] = time.monotonic() - t0
+
+        # A second `up` on the finished run, as a new user tries it: the supervisor refuses it and
+        # so does every role, each before it writes anything (one line, exit 2); not a file of the
+        # finished run changes.
+        volume = project.volume_dir()
+        files_before = _files_of(volume)
+        project.compose("up", "-d", "--no-build")
+        roles_then = [n for n in project.containers() if "tensorboard" not in n and n != sup_name]
+
+        def every_role_refused() -> bool:
+            # Exit 2 each (the engine's `on-failure` then retries them, with a growing delay, each
+            # refused again); the supervisor, `on-failure:3`, has given up.
+            cs = project.containers()
+            refused = all(
+                cs[n]["State"]["ExitCode"] == 2 and "will not write into it" in project.logs(n)
+                for n in roles_then
+            )
+            return refused and _exited(project, sup_name)
+
+        _wait("every role to refuse the finished run", every_role_refused, RESTART_TIMEOUT, project)
+        timings["second_up_refused"] = time.monotonic() - t0
+        assert project.containers()[sup_name]["State"]["ExitCode"] == 2
+        assert "not watching it again" in project.logs(sup_name)
+        assert _files_of(volume) == files_before, "a finished run's files changed"
 
         # Down: nothing of the project is left, not even a process.
         leftovers = project.down()
@@ -505,17 +585,41 @@ def test_compose_topology_trains_survives_a_killed_actor_and_leaves_nothing(proj
         print(f"compose test timings (s from start): { ({k: round(v, 1) for k, v in timings.items()}) }")
 
 
-def forge_learner_finished(heartbeat_port: int) -> None:
-    """Send the supervisor `learner-0 finished` from a raw socket without the run's token."""
+def _files_of(root: Path) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file under ``root``."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def forge_learner_finished(heartbeat_port: int, actor_key: Path | None = None) -> None:
+    """Send the supervisor `learner-0 finished` from a raw socket: without any key, or signed with
+    the actor's key (``actor_key``: the file on the actor's key volume), as a subverted actor would."""
+    import shutil
+    import tempfile
+
     import zmq
 
     from zmqrl.transport import wire
+    from zmqrl.transport.control_auth import HEARTBEAT, ControlAuth
+    from zmqrl.transport.control_keys import KeySource, role_key_path
 
+    frames = wire.dump(wire.HeartbeatMsg("learner", 0, 1, time.time(), "finished", {}, {}))
+    if actor_key is not None:
+        with tempfile.TemporaryDirectory() as keys_dir:
+            held = role_key_path(Path(keys_dir), "actor")  # where an actor container reads it
+            held.parent.mkdir()
+            shutil.copy(actor_key, held)
+            sealed = ControlAuth(KeySource(None, None, Path(keys_dir), role="actor")).seal(frames, HEARTBEAT)
+        assert sealed is not None, f"no actor key in {actor_key}"
+        frames = sealed
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 2000)
     push.connect(f"tcp://127.0.0.1:{heartbeat_port}")
-    push.send_multipart(wire.dump(wire.HeartbeatMsg("learner", 0, 1, time.time(), "finished", {}, {})))
+    push.send_multipart(frames)
     push.close()
     ctx.term()
 

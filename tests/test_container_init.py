@@ -5,6 +5,7 @@ real run of it is tests/test_compose.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -24,12 +25,13 @@ from zmqrl.runtime.health import HealthRecord, write_health
 ROLE = """
 import os, sys, threading, time
 from pathlib import Path
-from zmqrl.runtime.health import HealthRecord, write_health
+from zmqrl.runtime.health import HealthRecord, health_clock, write_health
 path = Path(os.environ["ZMQRL_HEALTH_FILE"])
 state = ["running"]
 def beat():
-    now = time.time()
-    write_health(path, HealthRecord("actor", 7, os.getpid(), state[0], now, 1, now, 0.3, 60.0))
+    now, clock = time.time(), health_clock()
+    record = HealthRecord("actor", 7, os.getpid(), state[0], now, 1, now, 0.3, 60.0, progress_clock=clock)
+    write_health(path, record)
 def beats():
     while state[0] == "running":
         beat()
@@ -126,7 +128,7 @@ def test_a_command_that_is_not_there() -> None:
 
 
 @pytest.mark.parametrize(
-    ("beat_age", "state", "floor_age", "pid_matches", "ends"),
+    ("beat_age", "state", "since_freeze", "pid_matches", "ends"),
     [
         (0.5, "running", None, True, False),  # within 2 x 3 s
         (7.0, "running", None, True, True),  # silent past 6 s: stopped
@@ -136,12 +138,14 @@ def test_a_command_that_is_not_there() -> None:
     ],
 )
 def test_stale_verdict(
-    tmp_path: Path, beat_age: float, state: str, floor_age: float | None, pid_matches: bool, ends: bool
+    tmp_path: Path, beat_age: float, state: str, since_freeze: float | None, pid_matches: bool, ends: bool
 ) -> None:
-    now = 1_000_000.0
+    now, clock = 1_000_000.0, 5_000.0
     path = tmp_path / "health.json"
-    assert stale_verdict(path, 42, now, 0.0) is None, "no file yet: starting"
-    write_health(path, HealthRecord("actor", 1, 42, state, now - beat_age, 3, now - beat_age, 3.0, 60.0))
-    floor = 0.0 if floor_age is None else now - floor_age
-    verdict = stale_verdict(path, 42 if pid_matches else 43, now, floor)
+    assert stale_verdict(path, 42, now=now, clock_now=clock) is None, "no file yet: starting"
+    beat = clock - beat_age
+    record = HealthRecord("actor", 1, 42, state, now, 3, now, 3.0, 60.0, clock=beat, progress_clock=beat)
+    write_health(path, record)  # its wall times say nothing: the monotonic clock decides
+    thawed = math.inf if since_freeze is None else since_freeze
+    verdict = stale_verdict(path, 42 if pid_matches else 43, thawed, now=now, clock_now=clock)
     assert (verdict is not None) == ends, verdict

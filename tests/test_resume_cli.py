@@ -18,6 +18,7 @@ import pytest
 from tests import run_state
 from tests.conftest import tiny_overrides, wait_until
 from tests.test_launch import Launch, assert_nothing_left, learner_pid
+from zmqrl.runtime.finished import CONTINUE_FINISHED_ENV
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -30,8 +31,10 @@ SMALL = {
 }
 
 
-def zmqrl(*args: str, limit_file_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_")}
+def zmqrl(
+    *args: str, limit_file_bytes: int | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_")} | (extra_env or {})
 
     def limit() -> None:  # in the child: writes past this size fail with EFBIG, as on a full disk
         if limit_file_bytes is not None:
@@ -99,7 +102,12 @@ def test_resuming_with_a_changed_gamma_or_n_step_is_refused_in_one_line_naming_t
     assert "agent.gamma 0.9 here, 0.99 at the checkpoint" in line and "--force" in line
     assert "agent.n_step" not in line, "only the keys that differ"
 
-    learner = zmqrl("learner", CONFIG, "--resume", *sets(run_dir.parent, agent__n_step=5))
+    # A learner started by hand on the finished run, continuing it on purpose (else it refuses the
+    # finished run before anything else: tests/test_finished_run.py).
+    learner = zmqrl(
+        "learner", CONFIG, "--resume", *sets(run_dir.parent, agent__n_step=5),
+        extra_env={CONTINUE_FINISHED_ENV: "1"},
+    )  # fmt: skip
     assert learner.returncode == 2, learner.stderr
     assert "agent.n_step 5 here, 3 at the checkpoint" in error_line(learner.stderr)
 

@@ -167,8 +167,10 @@ def test_the_warning_for_a_silent_role_says_who_must_replace_it(watching: Watchi
     w.beat("actor", 0, 1, START_A, steps=1)
     wait_until(lambda: w.said("cannot restart it"), 20, "the silent actor reported")
     line = next(x for x in w.out.getvalue().splitlines() if "cannot restart it" in x)
-    assert "no heartbeat for" in line and line.endswith("`docker restart CONTAINER`)"), line
-    assert "`zmqrl health`" in line
+    assert "no heartbeat for" in line and "`zmqrl health`" in line, line
+    # Under compose the image's init and the engine replace it: nothing to do by hand (issue 37).
+    assert "the image's init ends a role that stopped beating" in line and "so wait" in line, line
+    assert "docker restart" not in line, line
 
 
 def test_sigterm_stops_the_watcher_with_exit_0_and_its_summary(watching: Watching) -> None:

@@ -15,7 +15,9 @@ What it leaves alone: a role that has not written its health file yet (starting:
 ``start_period`` covers it), one whose last state is final (finished, stopped, failed, hung: it is
 on its way out), and any time the init itself was frozen (``docker pause`` freezes the whole
 container: after it, the role gets a fresh ``DEAD_FACTOR`` x ``heartbeat_timeout`` to beat again).
-Without ``$ZMQRL_HEALTH_FILE`` it only relays signals and reaps.
+Without ``$ZMQRL_HEALTH_FILE`` it only relays signals and reaps. A beat's age is measured on the
+monotonic clock the role's beats carry (zmqrl/runtime/health.py), so a step of the wall clock (NTP
+at a container's start) neither kills a healthy role nor hides a stopped one.
 
 Usage (the image's entrypoint): ``python3 -m zmqrl.cli.container_init zmqrl learner CONFIG ...``.
 """
@@ -23,6 +25,7 @@ Usage (the image's entrypoint): ``python3 -m zmqrl.cli.container_init zmqrl lear
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -31,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 
 from zmqrl.runtime.exits import EXIT_HUNG, SIGNAL_EXIT_BASE
-from zmqrl.runtime.health import health_path, read_health
+from zmqrl.runtime.health import ages, health_path, read_health
 
 # The role's last beat older than this many heartbeat_timeouts: it is stopped or wedged, not slow.
 # Twice the supervisor's own limit, because a replacement costs a restart, and a beat late under
@@ -56,10 +59,17 @@ def say(message: str) -> None:
     print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
 
 
-def stale_verdict(path: Path, pid: int, now: float, beat_floor: float) -> str | None:
-    """Why the role ``pid`` must be ended, or None. ``beat_floor``: no beat counts as older than
-    this wall time (the end of the init's last freeze), so a pause of the whole container is not
-    blamed on the role."""
+def stale_verdict(
+    path: Path,
+    pid: int,
+    since_freeze: float = math.inf,
+    now: float | None = None,
+    clock_now: float | None = None,
+) -> str | None:
+    """Why the role ``pid`` must be ended, or None. ``since_freeze``: seconds since the end of the
+    init's last freeze; no beat counts as older, so a pause of the whole container is not blamed on
+    the role. ``now``, ``clock_now``: the present on the wall and monotonic clocks (default: read
+    them), as zmqrl.runtime.health.ages takes them."""
     try:
         record = read_health(path)
     except ValueError:
@@ -67,7 +77,7 @@ def stale_verdict(path: Path, pid: int, now: float, beat_floor: float) -> str | 
     if record.pid != pid or record.state in FINAL_STATES:
         return None
     limit = DEAD_FACTOR * record.heartbeat_timeout
-    silent = now - max(record.time, beat_floor)
+    silent = min(ages(record, now, clock_now)[0], since_freeze)
     if silent <= limit:
         return None
     return (
@@ -91,7 +101,7 @@ def spawn(argv: list[str]) -> int:
 def supervise_child(pid: int, health: Path | None) -> int:
     """Wait for the role to exit and return the container's exit code; end it if it stops beating."""
     last_check = time.monotonic()
-    beat_floor = 0.0
+    thawed: float | None = None  # time.monotonic() at the end of the init's last freeze
     while True:
         # Reap every exited child: the role, and orphans the kernel re-parented to pid 1.
         while True:
@@ -108,9 +118,9 @@ def supervise_child(pid: int, health: Path | None) -> int:
         if health is None or mono - last_check < CHECK_SECONDS:
             continue
         if mono - last_check > FROZEN_AFTER * CHECK_SECONDS:
-            beat_floor = time.time()  # we were frozen too: give the role a fresh limit to beat
+            thawed = mono  # we were frozen too: give the role a fresh limit to beat
         last_check = mono
-        why = stale_verdict(health, pid, time.time(), beat_floor)
+        why = stale_verdict(health, pid, math.inf if thawed is None else mono - thawed)
         if why is not None:
             say(f"{why}; killing it and exiting {EXIT_HUNG} so the engine restarts the container")
             with contextlib.suppress(ProcessLookupError):

@@ -100,13 +100,30 @@ def on_stop_signals(request_stop: Callable[[], None], received: list[int] | None
     threading.Thread(target=relay, name="stop-signal", daemon=True).start()
 
 
-def role_exit_code(stats: Mapping[str, Any], received: list[int]) -> int:
+def role_exit_code(stats: Mapping[str, Any], received: list[int], link: SupervisorLink | None = None) -> int:
     """A role command's exit code: 128 + N when signal N stopped it (a stop nobody in the run
-    asked for: a supervisor restarts it), 1 when it ended failed, else 0 (finished, or stopped
+    asked for: a supervisor restarts it), 1 when it ended failed, 4 when its supervisor stayed
+    silent past the rejoin grace (so its orchestrator restarts it), else 0 (finished, or stopped
     because the supervisor or the learner asked)."""
+    from zmqrl.runtime.exits import EXIT_LOST_SUPERVISOR
+
     if received:
         return SIGNAL_EXIT_BASE + received[0]
-    return EXIT_RUNTIME if stats.get("state") == "failed" else 0
+    if stats.get("state") == "failed":
+        return EXIT_RUNTIME
+    return EXIT_LOST_SUPERVISOR if link is not None and link.lost_supervisor else 0
+
+
+def refuse_finished_run(cfg: Config, role: str) -> None:
+    """First thing in a role command, before it writes anything: a run directory whose run finished
+    is one line and exit 2 (zmqrl/runtime/finished.py says why, and who may continue one)."""
+    from zmqrl.runtime.finished import RunFinished
+    from zmqrl.runtime.finished import refuse_finished_run as refuse
+
+    try:
+        refuse(cfg.run_dir, role)
+    except RunFinished as exc:
+        fail(str(exc), EXIT_CONFIG)
 
 
 def run_role(make: Callable[[], Role], received: list[int] | None = None) -> dict[str, Any]:

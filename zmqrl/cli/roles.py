@@ -25,7 +25,7 @@ from zmqrl.cli.options import (
     fail,
     load,
 )
-from zmqrl.cli.process import Role, role_exit_code, run_role, setup_logging, start_link
+from zmqrl.cli.process import Role, refuse_finished_run, role_exit_code, run_role, setup_logging, start_link
 from zmqrl.transport.control_trust import with_role_key
 
 
@@ -73,6 +73,7 @@ def learner(
     flags += ["checkpoint.force_resume=true"] if force else []
     cfg = load(config, [*(set_ or []), *flags], log_level)
     setup_logging(cfg.run.log_level, "learner-0")
+    refuse_finished_run(cfg, "learner")
     from zmqrl.config import save_config
     from zmqrl.runtime.link import SUPERVISED_ENV
 
@@ -103,7 +104,7 @@ def learner(
     stats = run_role(make, received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"learner": stats}))
-    raise typer.Exit(role_exit_code(stats, received))
+    raise typer.Exit(role_exit_code(stats, received, link))
 
 
 def actor(
@@ -134,6 +135,7 @@ def actor(
     """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
     cfg = load(config, set_, log_level)
     setup_logging(cfg.run.log_level, "actor")  # until its id is settled
+    refuse_finished_run(cfg, "actor")  # before its id's lock file is written in the run directory
     from zmqrl.actor.ids import ActorIdError, resolve_actor_id
 
     try:  # the claim's lock reserves the id until this process exits
@@ -154,7 +156,7 @@ def actor(
         lambda: Actor(cfg, actor_id, replacement=replacement, link=link, faults=faults), received
     )
     typer.echo(strictjson.dumps({"actor": actor_id, **stats}))
-    raise typer.Exit(role_exit_code(stats, received))
+    raise typer.Exit(role_exit_code(stats, received, link))
 
 
 def evaluator(
@@ -173,6 +175,7 @@ def evaluator(
     weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
     cfg = load(config, set_, log_level)
     setup_logging(cfg.run.log_level, "evaluator-0")
+    refuse_finished_run(cfg, "evaluator")
     cfg = with_role_key(cfg, "evaluator", 0)  # with keys: the client pair bound to this role
     link = start_link(cfg, "evaluator", 0)
     from zmqrl.evaluator.main import Evaluator
@@ -181,7 +184,7 @@ def evaluator(
     stats = run_role(lambda: Evaluator(cfg, resume=resume, link=link), received)
     stats.pop("eval_history", None)
     typer.echo(strictjson.dumps({"evaluator": stats}))
-    raise typer.Exit(role_exit_code(stats, received))
+    raise typer.Exit(role_exit_code(stats, received, link))
 
 
 def health(

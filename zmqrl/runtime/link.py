@@ -40,6 +40,7 @@ from zmqrl.runtime.health import (
     START_INFO_KEY,
     WORK_COUNTER,
     HealthRecord,
+    health_clock,
     health_path,
     hung_timeout,
     startup_timeout,
@@ -47,6 +48,7 @@ from zmqrl.runtime.health import (
 )
 from zmqrl.runtime.http_probe import INFO_KEY as HEALTH_HTTP_INFO_KEY
 from zmqrl.runtime.http_probe import HealthServer, ProbeView
+from zmqrl.runtime.supervisor_watch import REJOIN_GRACE_SECONDS, SupervisorWatch
 from zmqrl.runtime.watchdog import Watchdog, end_hung_process
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages
@@ -151,6 +153,7 @@ class SupervisorLink:
         start: bool = True,
         health_file: Path | None = None,
         watchdog: bool = False,
+        rejoin_grace: float | None = None,
     ) -> None:
         limits = socket_limits(cfg)
         security = transport_security(cfg)
@@ -169,21 +172,27 @@ class SupervisorLink:
         self.stop_reason = ""
         self._clock = clock
         self._next_control = 0.0
-        # Under a supervisor: leave if it falls silent (it died, or hangs), so no process of a run
-        # outlives its supervisor, whatever killed it. Until it is first heard from, wait for it
-        # up to join_timeout (an orchestrator may start the supervisor after the roles).
+        # Under a supervisor: leave if it stays silent (it died, or hangs: how long is up to the
+        # SupervisorWatch), so no process of a run outlives its supervisor for good. Until it is
+        # first heard from, wait up to join_timeout (an orchestrator may start the supervisor after
+        # the roles).
         if watch_supervisor is None:
             watch_supervisor = os.environ.get(SUPERVISED_ENV) == "1"
         self.supervised = bool(watch_supervisor)
-        self._watch_timeout = scfg.heartbeat_timeout
         # Started by `launch`, the supervisor is known to be up (and the kernel tells us if it dies):
-        # its first heartbeat is due within a start-up's time, not an orchestrator's.
-        started_by_supervisor = bool(os.environ.get(PARENT_PID_ENV))
-        self._join_timeout = scfg.startup_timeout if started_by_supervisor else scfg.join_timeout
+        # its first heartbeat is due within a start-up's time, not an orchestrator's; no grace.
+        by_launch = bool(os.environ.get(PARENT_PID_ENV))
+        self._join_timeout = scfg.startup_timeout if by_launch else scfg.join_timeout
         self._control_endpoint = cfg.transport.control
-        self._created = clock()
-        self._last_service = self._created
-        self._joined_logged = False
+        self._created = self._last_service = clock()
+        grace = (0.0 if by_launch else REJOIN_GRACE_SECONDS) if rejoin_grace is None else rejoin_grace
+        self.watch = SupervisorWatch(
+            self._control_endpoint,
+            self._created,
+            join_timeout=self._join_timeout,
+            heartbeat_timeout=scfg.heartbeat_timeout,
+            rejoin_grace=grace,
+        )
         self._health = health_file if health_file is not None else health_path()
         self._health_limits = (scfg.heartbeat_timeout, hung_timeout(scfg, role))
         self._watchdog = (
@@ -204,7 +213,7 @@ class SupervisorLink:
         self._progress = 0
         self._work = 0
         self._progress_sent = -1
-        self._progress_wall = time.time()
+        self._progress_wall, self._progress_clock = time.time(), health_clock()
         self._closing = threading.Event()
         self._error: BaseException | None = None
         self._beat_lock = threading.Lock()  # final() must not interleave with a beat in flight
@@ -324,33 +333,25 @@ class SupervisorLink:
                 end_hung_process(reason)
 
     def _watch(self, now: float) -> None:
-        seen = self.control.supervisor_seen
-        if seen is not None and not self._joined_logged:
-            self._joined_logged = True
-            log.info("supervisor heard from after %.1f s", now - self._created)
         if self.stop_event.is_set():
             return
-        if seen is None:
-            waited = now - self._created
-            if waited > self._join_timeout:
-                self.stop_reason = (
-                    f"no supervisor at {self._control_endpoint} within {self._join_timeout:.0f} s"
-                )
-                log.error("%s: shutting down (supervisor.join_timeout)", self.stop_reason)
-                self.stop_event.set()
-            return
-        silent = now - seen
-        if silent > self._watch_timeout:
-            self.stop_reason = f"supervisor silent for {silent:.0f} s"
-            log.error("%s: shutting down (the run has lost its supervisor)", self.stop_reason)
+        reason = self.watch.judge(now, self.control.supervisor_seen)
+        if reason is not None:
+            self.stop_reason = reason
             self.stop_event.set()
+
+    @property
+    def lost_supervisor(self) -> bool:
+        """It stopped because its supervisor stayed silent past the rejoin grace: the process exits
+        EXIT_LOST_SUPERVISOR, so that its orchestrator restarts it."""
+        return self.watch.lost
 
     def _beat(self) -> None:
         counters = dict(self._counters()) if self._counters is not None else {}
         progress = self._progress
         if progress != self._progress_sent:
             self._progress_sent = progress
-            self._progress_wall = time.time()
+            self._progress_wall, self._progress_clock = time.time(), health_clock()
         counters.update(self._liveness_counters())
         self._last_counters = counters
         self.heartbeat.beat(self._state, counters, self._with_host(None))
@@ -377,6 +378,7 @@ class SupervisorLink:
             time=time.time(),
             progress=self._progress,
             progress_time=self._progress_wall,
+            progress_clock=self._progress_clock,
             heartbeat_timeout=self._health_limits[0],
             progress_timeout=self._health_limits[1],
             info=self._with_host(None),

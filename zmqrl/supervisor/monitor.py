@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -76,6 +77,9 @@ class RunMonitor:
         self.prometheus = PrometheusExporter(cfg, slots, command=command, clock=clock)
         self.metrics_url: str | None = None  # the /metrics URL served (port 0 resolved), if any
         self._pending: list[str] = []  # lines open() leaves for announce()
+        # Slot marks (restarts, start id) a previous supervisor of the run recorded, for slots not
+        # heard from yet: kept in the record until they are (zmqrl/supervisor/watch.py).
+        self.carried: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ lifetime
     def open(
@@ -111,6 +115,7 @@ class RunMonitor:
             keys_dir=str(Path(t.keys_dir).resolve()) if t.keys_dir else None,
             key_name=t.key_name,
             metrics_url=self.metrics_url,
+            slots=self._slot_marks(),
         )
         try:
             self.record.write(run_dir)
@@ -148,10 +153,28 @@ class RunMonitor:
         if self.record is None:
             return
         self.record.state, self.record.ended = "finished", time.time()
+        self.record.slots = self._slot_marks()
         try:
             self.record.write(self.cfg.run_dir)
         except OSError as exc:
             log.warning("cannot update %s: %s", self.cfg.run_dir, exc)
+
+    def record_slots(self) -> None:
+        """Keep every slot's restart count and start id in the run's record, so a supervisor
+        restarted on the run carries them on (a slot joined, or restarted)."""
+        if self.record is None:
+            return
+        self.record.slots = self._slot_marks()
+        try:
+            self.record.write(self.cfg.run_dir)
+        except OSError as exc:
+            log.warning("cannot update %s: %s", self.cfg.run_dir, exc)
+
+    def _slot_marks(self) -> dict[str, dict[str, Any]]:
+        marks = dict(self.carried)
+        for name, slot in self._slots.items():
+            marks[name] = {"restarts": slot.restarts, "start": slot.live.start}
+        return marks
 
     # ------------------------------------------------------------------ from the loop
     def refresh(self) -> None:

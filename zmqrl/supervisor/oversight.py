@@ -27,7 +27,7 @@ import zmq
 
 from zmqrl.config import Config
 from zmqrl.runtime.guard import ThreadDied
-from zmqrl.runtime.health import HealthRecord, health_path, write_health
+from zmqrl.runtime.health import HealthRecord, health_clock, health_path, write_health
 from zmqrl.runtime.http_probe import HealthServer, ProbeView
 from zmqrl.runtime.link import socket_limits, transport_security
 from zmqrl.supervisor.beacon import ControlBeacon
@@ -97,7 +97,8 @@ class Oversight:
         self._health = health_path()
         self._health_record: HealthRecord | None = None  # the latest beat's, for /healthz
         self._loops = 0  # turns of the loop: its progress (read by the beacon thread)
-        self._health_progress = (0, time.time())  # (loops, wall time they last changed), beacon's own
+        # (loops, wall and health_clock() time they last changed), the beacon's own
+        self._health_progress = (0, time.time(), health_clock())
         self.reporter = Reporter(cfg, self.run_dir, self._out, self._say)
         self.phase = "starting"  # "running" once the roles run; "stopping" from the shutdown on
         self.monitor = RunMonitor(
@@ -131,6 +132,14 @@ class Oversight:
                 self._ctx, self.cfg.transport.control, limits, security=security, insecure=insecure
             )
             opening.callback(ctl_sock.close, linger=0)
+            # The heartbeat first, before anything slow (a W&B or MLflow run that takes up to ~36 s
+            # to open against a tracker that does not answer, TensorBoard's writer): roles take a
+            # silent supervisor for a dead one, and this may be a restarted supervisor they wait for.
+            # From here on the control socket is the beacon thread's (stop and end go through it).
+            self.control = ControlPublisher(ctl_sock, control_auth)
+            interval = self.cfg.supervisor.heartbeat_interval
+            self.beacon = ControlBeacon(self.control, interval, self._beat_health)
+            opening.callback(self.beacon.close)  # before the socket closes
             opening.callback(self.monitor.close)  # also when open() fails halfway
             self.monitor.open(self._ctx, self.launched, limits, security)
             if self.cfg.supervisor.health_http is not None:  # the same probes as its roles
@@ -141,10 +150,6 @@ class Oversight:
                 log.info("health probes on %s (/healthz, /readyz)", probe.url)
             opened = opening.pop_all()
         self.heartbeats = HeartbeatReceiver(hb_sock, BadMessages("supervisor heartbeats", log), control_auth)
-        self.control = ControlPublisher(ctl_sock, control_auth)
-        # From here on the control socket is the beacon thread's (stop and end go through it).
-        self.beacon = ControlBeacon(self.control, self.cfg.supervisor.heartbeat_interval, self._beat_health)
-        opened.callback(self.beacon.close)  # before the socket closes
         self.cfg = replace(self.cfg, transport=replace(self.cfg.transport, heartbeat=hb_ep, control=ctl_ep))
         self.monitor.announce()  # console lines only now that a blocked console cannot stop the beat
         previous = self._install_signals()
@@ -242,7 +247,7 @@ class Oversight:
         wall = time.time()
         loops = self._loops
         if loops != self._health_progress[0]:
-            self._health_progress = (loops, wall)
+            self._health_progress = (loops, wall, health_clock())
         self._health_record = HealthRecord(
             role="supervisor",
             id=0,
@@ -251,6 +256,7 @@ class Oversight:
             time=wall,
             progress=loops,
             progress_time=self._health_progress[1],
+            progress_clock=self._health_progress[2],
             heartbeat_timeout=self.cfg.supervisor.heartbeat_timeout,
             progress_timeout=self.cfg.supervisor.progress_timeout,
         )

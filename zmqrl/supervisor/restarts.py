@@ -10,6 +10,7 @@ supervisor itself did:
   brings on itself (SIGSEGV, SIGABRT, ...);
 - **hung**: exit 3 (its own watchdog ended it), or killed by the supervisor because it went
   silent or stopped making progress while running;
+- exit 4 (the process lost its supervisor: this one was silent too long) counts as crashed;
 - **killed from outside**: a signal somebody else sent (SIGKILL, SIGTERM, ... as -N or 128+N),
   or stopped from outside (SIGSTOP) so that the supervisor killed it.
 
@@ -29,7 +30,7 @@ import signal
 from dataclasses import dataclass, field
 
 from zmqrl.config import SupervisorConfig
-from zmqrl.runtime.exits import EXIT_HUNG, EXIT_OK, EXIT_OPERATOR, SIGNAL_EXIT_BASE
+from zmqrl.runtime.exits import EXIT_HUNG, EXIT_LOST_SUPERVISOR, EXIT_OK, EXIT_OPERATOR, SIGNAL_EXIT_BASE
 
 # What each kind of death is called on the console.
 CRASHED = "crashed"
@@ -87,6 +88,8 @@ def classify(code: int, *, killed_for: str | None, stopped: bool, useful: bool, 
         return Death(NEEDS_OPERATOR, code, f"exited with code {code}", useful, healthy)
     if code == EXIT_HUNG:
         return Death(HUNG, code, f"exited with code {code} (hung: its watchdog ended it)", useful, healthy)
+    if code == EXIT_LOST_SUPERVISOR:  # this supervisor was silent too long (stopped, starved)
+        return Death(CRASHED, code, f"exited with code {code} (lost its supervisor)", useful, healthy)
     signum = ended_by_signal(code)
     if signum is not None and signum not in SELF_INFLICTED:
         return Death(KILLED, code, f"killed by {signal_name(signum)} from outside", useful, healthy)

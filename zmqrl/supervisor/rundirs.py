@@ -7,20 +7,21 @@ instead. ``zmqrl launch`` (both modes) and ``zmqrl.train`` decide this with :fun
 
 ``zmqrl supervise`` cannot move a run elsewhere (the roles it watches were started by something
 else, writing to the directory their config names), so it refuses a directory whose run finished
-(:func:`finished_run`) unless asked to continue it: a second ``docker compose up`` would otherwise
-end at once (the learner resumes at its last update) and overwrite the run's ``stats.json`` with
-that no-op's.
+(``finished_run``, from zmqrl/runtime/finished.py, which the roles ask too) unless asked to continue
+it: a second ``docker compose up`` would otherwise end at once (the learner resumes at its last
+update) and overwrite the run's ``stats.json`` with that no-op's.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-STATS_FILE = "learner-stats.json"  # the learner's final stats, with its "state"
-SUMMARY_FILE = "stats.json"  # the supervisor's final summary, with its "outcome"
+# How a run ended is read below the roles, which refuse a finished run too.
+from zmqrl.runtime.finished import STATS_FILE as STATS_FILE
+from zmqrl.runtime.finished import SUMMARY_FILE as SUMMARY_FILE
+from zmqrl.runtime.finished import finished_run as finished_run
+from zmqrl.runtime.finished import previous_run_state as previous_run_state
 
 
 @dataclass(frozen=True)
@@ -32,18 +33,6 @@ class RunDirChoice:
     previous: str | None  # how the run found in the asked-for directory ended, if it can be continued
     moved: bool  # run_dir is a fresh NAME-N because the asked-for one holds results
     continued: bool  # resume was chosen here because the asked-for directory holds a stopped run
-
-
-def previous_run_state(run_dir: Path) -> str | None:
-    """How the last run in ``run_dir`` ended ("finished", "stopped", "failed"), if it left
-    checkpoints to continue from; None otherwise."""
-    stats = run_dir / STATS_FILE
-    if not (run_dir / "checkpoints" / "latest").is_file() or not stats.is_file():
-        return None
-    try:
-        return str(json.loads(stats.read_text()).get("state"))
-    except (OSError, ValueError):
-        return None
 
 
 def holds_results(run_dir: Path) -> bool:
@@ -75,28 +64,3 @@ def choose_run_dir(run_dir: Path, *, resume: bool, continue_stopped: bool) -> Ru
         fresh = next_free_run_dir(run_dir)
         return RunDirChoice(fresh, resume=False, previous=previous, moved=True, continued=False)
     return RunDirChoice(run_dir, resume=False, previous=previous, moved=False, continued=False)
-
-
-def finished_run(run_dir: Path) -> str | None:
-    """A few words on the finished run in ``run_dir`` ("finished at ..."), or None when none finished
-    there: the supervisor's summary says "finished", or the learner's own stats do (which a learner
-    that merely left since, waiting in vain for a supervisor, may have rewritten as "stopped": so the
-    summary is read first)."""
-    summary = _read_json(run_dir / SUMMARY_FILE)
-    if summary.get("outcome") == "finished":
-        launched, wall = summary.get("launched"), summary.get("wall_seconds")
-        if isinstance(launched, (int, float)) and isinstance(wall, (int, float)):
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(launched + wall))
-            return f"finished at {when}"
-        return "finished"
-    if previous_run_state(run_dir) == "finished":
-        return "finished"
-    return None
-
-
-def _read_json(path: Path) -> dict[str, object]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

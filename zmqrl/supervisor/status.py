@@ -27,7 +27,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,9 @@ class StatusRecord:
     keys_dir: str | None = None  # the run's CurveZMQ keys (a path on the supervisor's host), if any
     key_name: str = "client"  # the client key pair a local `zmqrl status` uses
     metrics_url: str | None = None  # the Prometheus /metrics URL served (port 0 resolved); None: off
+    # Per slot ("actor-1"): {"restarts": N, "start": the start id of its process last heard}. What
+    # a restarted `supervise` carries on from (zmqrl/supervisor/watch.py), so counts survive it.
+    slots: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def write(self, run_dir: Path) -> Path:
         """Write atomically (a reader never sees half a record)."""
@@ -109,9 +112,25 @@ class StatusRecord:
                 keys_dir=str(data["keys_dir"]) if data.get("keys_dir") else None,
                 key_name=str(data.get("key_name") or "client"),
                 metrics_url=str(data["metrics_url"]) if data.get("metrics_url") else None,
+                slots=_slot_marks(data.get("slots")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StatusError(f"{path} is not a supervisor record ({exc})") from None
+
+
+def _slot_marks(raw: Any) -> dict[str, dict[str, Any]]:
+    """The record's ``slots`` as written, each entry kept only when well formed (a record from
+    before they were kept has none)."""
+    if not isinstance(raw, dict):
+        return {}
+    marks: dict[str, dict[str, Any]] = {}
+    for name, mark in raw.items():
+        if not isinstance(name, str) or not isinstance(mark, dict):
+            continue
+        restarts, start = mark.get("restarts"), mark.get("start")
+        if isinstance(restarts, int) and not isinstance(restarts, bool) and restarts >= 0:
+            marks[name] = {"restarts": restarts, "start": start if isinstance(start, str) else None}
+    return marks
 
 
 # --------------------------------------------------------------------------------------------

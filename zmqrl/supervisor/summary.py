@@ -39,6 +39,8 @@ class Slot:
     retired: bool = False  # no longer watched: finished on its own, out of restarts, or gone
     restart_at: float | None = None  # clock() at which a failed slot is started again
     restart_times: list[float] = field(default_factory=list)  # clock() of this slot's restarts
+    # Restarts counted before this supervisor started (a restarted `supervise`: its run's record).
+    carried_restarts: int = 0
     crashes: CrashRecord = field(default_factory=CrashRecord)  # carried to each replacement
     # How its last process ended, in the summary's words: finished, stopped, given up, killed, ...
     end: str | None = None
@@ -49,7 +51,7 @@ class Slot:
 
     @property
     def restarts(self) -> int:
-        return len(self.restart_times)
+        return self.carried_restarts + len(self.restart_times)
 
     @property
     def name(self) -> str:

@@ -15,6 +15,13 @@ gap and whatever its pid (in a container every role is pid 1 on the same hostnam
 tell). Late heartbeats of a start already replaced are dropped. A heartbeat without a start id (a
 role from before it was added) falls back to the pid: a new pid is a restart.
 
+A supervisor that died (SIGKILL, a container's restart) and is started again takes the running
+roles back: they keep beating through its absence (the rejoin grace, zmqrl/runtime/
+supervisor_watch.py), and this supervisor's heartbeat starts before anything slow. The run's
+record (``RUN_DIR/supervisor.json``) keeps each slot's restart count and last start id, so the new
+supervisor carries the counts on (also across ``docker compose stop`` and ``up``) and tells a role
+it takes back (the same start id) from one restarted while nobody watched.
+
 The slots the config expects (the learner, ``actor.num_actors`` actors, the evaluator if enabled)
 are always kept; beyond them at most ``supervisor.extra_slots`` more (scaled replicas with ids past
 ``num_actors``), so heartbeats under random ids cannot grow the table without bound: the rest are
@@ -26,11 +33,13 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from zmqrl.config import Config
 from zmqrl.supervisor.liveness import FINAL_STATES, start_of
 from zmqrl.supervisor.oversight import EXIT_OK, STOP_REPEAT_SECONDS, Oversight
+from zmqrl.supervisor.status import StatusError, StatusRecord
 from zmqrl.supervisor.summary import Slot
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.wire import HeartbeatMsg, WireError
@@ -39,9 +48,10 @@ from zmqrl.transport.wire import HeartbeatMsg, WireError
 WAITING_LINE_SECONDS = 10.0
 # What the operator can do about a role that is down or hung (the watcher restarts nothing).
 REPLACE_IT_HINT = (
-    "whatever started it must replace it (Kubernetes does when its `zmqrl health` probe fails; "
-    "compose restarts only a container whose process exits, which a hung role's own watchdog makes "
-    "it do, so restart a stopped or paused one yourself: `docker restart CONTAINER`)"
+    "whatever started it must replace it: under docker compose the image's init ends a role that "
+    "stopped beating (after 2 x heartbeat_timeout) and a hung one's watchdog ends itself, and the "
+    "engine restarts the container, so wait (a `docker pause`d one waits for `docker unpause`); "
+    "Kubernetes restarts it when its `zmqrl health` probe fails; one started by hand, restart yourself"
 )
 # Replaced start ids remembered per slot, to drop their late heartbeats (a bound, not a policy).
 SUPERSEDED_STARTS_KEPT = 16
@@ -65,6 +75,10 @@ class Watcher(Oversight):
         # Heartbeats from senders past the slot bound: counted, logged at a limited rate, dropped.
         self.unknown_senders = BadMessages("supervisor slots", log)
         self._superseded: dict[str, deque[str]] = {}  # slot name -> start ids replaced in it
+        # A supervisor restarted on a run carries on from the record its predecessor kept: each
+        # slot's restarts, and the start id it last heard (the same one: the process it watched).
+        self._carried, self._predecessor_died = carried_slots(self.run_dir)
+        self.monitor.carried = dict(self._carried)
 
     def _run(self) -> int:
         t = self.cfg.transport
@@ -115,8 +129,8 @@ class Watcher(Oversight):
                 return None
             slot = self._new_slot(hb.role, hb.id, now, pid=hb.pid)
             slot.live.start = start
-            started = f", start {start}" if start else ""
-            self._say(f"{name} joined (pid {hb.pid}{started}, state {hb.state})")
+            self._say(self._joined(slot, hb, start, now))
+            self.monitor.record_slots()
             return slot
         live = slot.live
         if start is not None and start == live.start:
@@ -130,6 +144,28 @@ class Watcher(Oversight):
         if live.start is not None:
             superseded.append(live.start)
         return slot
+
+    def _joined(self, slot: Slot, hb: HeartbeatMsg, start: str | None, now: float) -> str:
+        """The line for a slot first heard by this supervisor, with what its predecessor counted:
+        the same start id is the process it watched (taken back, no restart); another one, after a
+        predecessor that died, is a restart nobody watched; after one that ended cleanly (the run
+        was stopped, then started again) a new start only carries the count on."""
+        what = f"(pid {hb.pid}{f', start {start}' if start else ''}, state {hb.state})"
+        mark = self._carried.pop(slot.name, None)
+        self.monitor.carried.pop(slot.name, None)
+        if mark is None:
+            return f"{slot.name} joined {what}"
+        slot.carried_restarts = int(mark["restarts"])
+        so_far = f"{slot.restarts} restart(s) of {slot.name} so far"
+        if start is not None and start == mark["start"]:
+            return f"{slot.name} rejoined {what}: the process the previous supervisor watched; {so_far}"
+        if self._predecessor_died and start is not None and mark["start"] is not None:
+            slot.restart_times.append(now)
+            return (
+                f"{slot.name} restarted by its orchestrator while no supervisor watched {what}; "
+                f"{slot.restarts} restart(s) of {slot.name} so far"
+            )
+        return f"{slot.name} joined {what}; {so_far}"
 
     def _restarted(self, slot: Slot, hb: HeartbeatMsg, start: str | None, now: float) -> None:
         """A new process in ``slot``: counted as a restart (its orchestrator's), and said in one line
@@ -145,6 +181,7 @@ class Watcher(Oversight):
             f"{slot.name} restarted by its orchestrator ({what}, {pid}{gap}); "
             f"{slot.restarts} restart(s) of {slot.name} so far"
         )
+        self.monitor.record_slots()
 
     def _judge(self, slot: Slot, now: float) -> None:
         """Report (once per verdict) a slot that went silent, hung or left; and its recovery."""
@@ -216,6 +253,20 @@ class Watcher(Oversight):
         for slot in self.slots.values():
             slot.end = slot.end or _end_heard(slot, slot in left, now, self.cfg)
         self.shutdown_seconds = now - started
+
+
+def carried_slots(run_dir: Path) -> tuple[dict[str, dict[str, Any]], bool]:
+    """What a previous ``supervise`` of the run recorded per slot (restarts, start id), and whether
+    it died (its record never said it ended). Nothing from a ``launch`` (its roles died with it) or
+    from a record that cannot be read (said, then ignored: the counts start over)."""
+    try:
+        previous = StatusRecord.read(run_dir)
+    except StatusError as exc:
+        log.warning("%s; restart counts start from 0", exc)
+        return {}, False
+    if previous is None or previous.command != Watcher.command:
+        return {}, False
+    return dict(previous.slots), previous.state != "finished"
 
 
 def _end_heard(slot: Slot, unconfirmed: bool, now: float, cfg: Config) -> str:
