@@ -27,20 +27,31 @@ forward pass fewer (measured on a CPU, CartPole's 64x64 networks, 1024 steps: 3.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
+from zmqrl.agents.appo_batch import (
+    FirstPass,
+    Rollouts,
+    as_rollouts,
+    column_dtypes,
+    final_capacity,
+    first_pass,
+    nonfinite,
+    padded,
+    rollout_arrays,
+)
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
 from zmqrl.agents.appo_policy import APPOActions, appo_net, policy_heads
+from zmqrl.agents.capture import any_flag, captured_update, pack
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.agents.nets import annealed_lr, fused_adam, resolve_device, to_device
 from zmqrl.agents.numpy_policies import PublishedModule, parameter_views
 from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step
-from zmqrl.agents.vtrace import LOG_RATIO_LIMIT, VTraceReturns, vtrace
+from zmqrl.agents.vtrace import LOG_RATIO_LIMIT, VTraceReturns
 from zmqrl.spec import SampleSpec
 from zmqrl.types import Batch, RolloutBatch
 
@@ -60,27 +71,6 @@ _METRICS = (*_STEP_METRICS, "rho_mean", "advantage_mean", "value_mean", "lr", "s
 SHUFFLE_STREAM = 2
 # Added to the advantages' standard deviation before dividing by it (a constant minibatch).
 ADVANTAGE_EPS = 1e-8
-
-
-class _Rollouts(NamedTuple):
-    """A RolloutBatch's columns as tensors on the agent's device."""
-
-    obs: torch.Tensor  # (R, T + 1, *obs_shape)
-    actions: torch.Tensor  # (R, T) int64 or (R, T, act_dim) float32
-    behaviour: torch.Tensor  # (R, T) the actors' log-probabilities
-    rewards: torch.Tensor  # (R, T)
-    terminated: torch.Tensor  # (R, T) bool
-    truncated: torch.Tensor  # (R, T) bool
-    final_obs: torch.Tensor  # (K, *obs_shape)
-
-
-class _FirstPass(NamedTuple):
-    """The forward pass over a whole batch and the targets computed from it."""
-
-    logp: torch.Tensor  # (R * T,) the current policy's log-probabilities of the actions
-    entropy: torch.Tensor  # (R * T,)
-    values: torch.Tensor  # (R, T) V(obs[:, :T])
-    targets: VTraceReturns
 
 
 class APPOAgent:
@@ -117,6 +107,12 @@ class APPOAgent:
         # where the table says numpy is cheap; the Nature CNN's convolutions stay with torch.
         numpy_acting = self._device.type == "cpu" and self._net.numpy_acting
         self._policy_arrays = parameter_views(self.policy) if numpy_acting else None
+        self._dtypes = column_dtypes(self.policy.discrete)
+        # The update as one CUDA graph (agent.capture; zmqrl.agents.capture), or None: eager.
+        dtypes = {**self._dtypes, "perm": torch.int64}
+        self._captured = captured_update(
+            config.capture, self._static_update, self._device, [self.optimizer], dtypes
+        )
 
     @property
     def device(self) -> str:
@@ -162,18 +158,69 @@ class APPOAgent:
         if importance is not None:
             raise ValueError("APPOAgent takes no importance weights (on-policy rollouts are not prioritized)")
         cfg, dev = self.config, self._device
-        data = self._tensors(batch)
-        rows, steps = data.rewards.shape
+        arrays = rollout_arrays(batch)  # checked before anything changes
+        rows = len(arrays["reward"])
         lr = self.current_lr()
         if cfg.lr_final is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
+        if min(cfg.minibatches, rows) > 1:  # step 4's shuffles: a permutation of the rows per epoch
+            arrays["perm"] = np.stack([self._shuffle.permutation(rows) for _ in range(cfg.epochs)])
+        if self._captured is not None:
+            host = self._captured.run(padded(arrays, final_capacity(len(arrays["final_obs"]), rows)))
+            skipped = bool(host[0])
+            if not skipped:
+                self.updates += 1
+            return DeferredUpdate.of_values(_METRICS, host[1:], skipped=skipped)
+        flags, stats, first = self._train(self._on_device(arrays))
+        # The update's one host read of the flags (on an accelerator each step was refused, or
+        # not, on the device): the learner must know, and a refused update does not count.
+        skipped = any_found(flags)
+        if not skipped:
+            self.updates += 1
+
+        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
+            lr_tensor = torch.tensor(lr, device=dev)
+            return self._metric_tensors(flags, stats, first, lr_tensor), torch.zeros(rows, device=dev)
+
+        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
+
+    def targets(self, batch: RolloutBatch) -> VTraceReturns:
+        """V-trace targets of ``batch`` under the current networks, exactly as ``update`` computes
+        them before its steps (steps 1-3 of the module docstring)."""
+        return first_pass(self.policy, self.value, self.config, self._tensors(batch), grad=False).targets
+
+    def _tensors(self, batch: Batch) -> Rollouts:
+        """``batch``'s columns on the device, after the checks the update relies on."""
+        return as_rollouts(self._on_device(rollout_arrays(batch)))
+
+    def _on_device(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {name: to_device(a, self._device, self._dtypes.get(name)) for name, a in arrays.items()}
+
+    def _static_update(self, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The captured update on the static inputs ``x`` (``zmqrl.agents.capture``): the eager
+        update's passes and steps, flags kept on the device, metrics packed."""
+        flags, stats, first = self._train(x, captured=True)
+        found = any_flag(flags)
+        lr = torch.as_tensor(self.optimizer.param_groups[0]["lr"], dtype=torch.float32, device=self._device)
+        no_priorities = torch.zeros_like(first.values[:, 0])
+        return pack(found, self._metric_tensors(flags, stats, first, lr), no_priorities)
+
+    def _train(
+        self, columns: Mapping[str, torch.Tensor], captured: bool = False
+    ) -> tuple[list[Flag], list[torch.Tensor], FirstPass]:
+        """Steps 1-4 on the batch's device ``columns`` (``appo_batch.COLUMNS``, and ``perm``, the
+        rows' order per epoch, when there are several minibatches); returns each step's refusal
+        flag and metrics, and the first pass."""
+        cfg = self.config
+        data = as_rollouts(dict(columns))
+        rows, steps = data.rewards.shape
         slices = min(cfg.minibatches, rows)
         reuse = slices == 1
         # Steps 1-3, with gradient only when the first step reuses the forward pass.
-        first = self._first_pass(data, grad=reuse)
+        first = first_pass(self.policy, self.value, cfg, data, grad=reuse)
         targets = first.targets
-        bad_data = self._nonfinite(data, targets)
+        bad_data = nonfinite(data, targets, captured)
 
         # 4. The steps, each on a slice of the rows (all of them when slices == 1).
         flags: list[Flag] = []
@@ -181,7 +228,7 @@ class APPOAgent:
         for epoch in range(cfg.epochs):
             picks: list[torch.Tensor | slice] = [slice(None)]
             if slices > 1:
-                picks = list(torch.from_numpy(self._shuffle.permutation(rows)).to(dev).tensor_split(slices))
+                picks = list(columns["perm"][epoch].tensor_split(slices))
             for picked in picks:
                 if reuse and epoch == 0:
                     now = (first.logp, first.entropy, first.values)
@@ -197,100 +244,22 @@ class APPOAgent:
                     targets.vs[picked].reshape(-1),
                     targets.pg_advantages[picked].reshape(-1),
                     bad_data,
+                    captured,
                 )
                 flags.append(found)
                 stats.append(step_stats)
+        return flags, stats, first
 
-        # The update's one host read of the flags (on an accelerator each step was refused, or
-        # not, on the device): the learner must know, and a refused update does not count.
-        skipped = any_found(flags)
-        if not skipped:
-            self.updates += 1
-
-        values = first.values.detach()
-
-        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
-            means = torch.stack(stats).mean(dim=0)
-            refused = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=dev) for f in flags]).sum()
-            extra = [targets.rhos.mean(), targets.pg_advantages.mean(), values.mean()]
-            scalars = [*means.unbind(), *extra, torch.tensor(lr, device=dev), refused]
-            return scalars, torch.zeros(rows, device=dev)  # no priorities on-policy
-
-        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
-
-    def targets(self, batch: RolloutBatch) -> VTraceReturns:
-        """V-trace targets of ``batch`` under the current networks, exactly as ``update`` computes
-        them before its steps (steps 1-3 of the module docstring)."""
-        return self._first_pass(self._tensors(batch), grad=False).targets
-
-    def _tensors(self, batch: Batch) -> _Rollouts:
-        """``batch``'s columns on the device, after the checks the update relies on."""
-        if not isinstance(batch, RolloutBatch):
-            raise TypeError(f"APPOAgent trains on RolloutBatch, got {type(batch).__name__}")
-        if int(np.count_nonzero(batch.truncated)) != len(batch.final_obs):
-            raise ValueError(
-                f"final_obs has {len(batch.final_obs)} rows, one per truncated step is "
-                f"{np.count_nonzero(batch.truncated)}"
-            )
+    def _metric_tensors(
+        self, flags: list[Flag], stats: list[torch.Tensor], first: FirstPass, lr: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """The update's metrics in ``_METRICS`` order (0-d tensors on the device)."""
         dev = self._device
-        return _Rollouts(
-            obs=to_device(batch.obs, dev),
-            actions=to_device(batch.action, dev, torch.int64 if self.policy.discrete else torch.float32),
-            behaviour=to_device(batch.logp, dev, torch.float32),
-            rewards=to_device(batch.reward, dev, torch.float32),
-            terminated=to_device(batch.terminated, dev, torch.bool),
-            truncated=to_device(batch.truncated, dev, torch.bool),
-            final_obs=to_device(batch.final_obs, dev),
-        )
-
-    @torch.no_grad()
-    def _nonfinite(self, data: _Rollouts, targets: VTraceReturns) -> Flag:
-        """Whether the batch's float columns or its targets hold a NaN or infinity (or sum past
-        float32's range), as a :data:`zmqrl.agents.updates.Flag`: then no step is taken.
-
-        Checked as a whole, before any step: a bad value poisons only the minibatches that hold
-        its row (an infinite observation saturates tanh, finite forward, NaN gradient), so the
-        steps on the other rows would otherwise change the weights of an update that says
-        ``skipped``.
-        """
-        columns = [targets.vs, targets.pg_advantages, data.behaviour, data.obs, data.final_obs, data.actions]
-        sums = [t.sum().to(torch.float32) for t in columns if t.is_floating_point() and t.numel()]
-        total = torch.stack(sums).sum()
-        return not math.isfinite(total.item()) if total.device.type == "cpu" else ~torch.isfinite(total)
-
-    def _first_pass(self, data: _Rollouts, grad: bool) -> _FirstPass:
-        """Steps 1-3: one forward pass of both networks over the whole batch (with gradient if
-        ``grad``, for the first step to reuse), and the V-trace targets from it."""
-        cfg = self.config
-        rows, steps = data.rewards.shape
-        with torch.set_grad_enabled(grad):
-            # 1. Values of every observation (obs and final_obs in one pass), and the current
-            # policy's log-probabilities of the actions taken.
-            all_values = self.value(torch.cat([data.obs.flatten(0, 1), data.final_obs]))
-            row_values = all_values[: rows * (steps + 1)].reshape(rows, steps + 1)
-            logp, entropy = self.policy.log_prob_entropy(
-                data.obs[:, :steps].flatten(0, 1), data.actions.flatten(0, 1)
-            )
-        with torch.no_grad():
-            values = row_values.detach()
-            # 2. Truncations bootstrap from final_obs (row-major, as RolloutBatch orders them).
-            bootstraps = torch.zeros_like(data.rewards)
-            bootstraps[data.truncated] = all_values[rows * (steps + 1) :].detach()
-            rewards = data.rewards + cfg.gamma * bootstraps * (~data.terminated)  # termination wins
-            discounts = cfg.gamma * (~(data.terminated | data.truncated)).to(torch.float32)
-            # 3. V-trace, the current policy as target.
-            targets = vtrace(
-                data.behaviour,
-                logp.detach().reshape(rows, steps),
-                rewards,
-                discounts,
-                values[:, :steps],
-                values[:, steps],
-                cfg.rho_bar,
-                cfg.c_bar,
-                cfg.pg_rho_bar,
-            )
-        return _FirstPass(logp, entropy, row_values[:, :steps], targets)
+        means = torch.stack(stats).mean(dim=0)
+        refused = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=dev) for f in flags]).sum()
+        targets, values = first.targets, first.values.detach()
+        extra = [targets.rhos.mean(), targets.pg_advantages.mean(), values.mean()]
+        return [*means.unbind(), *extra, lr, refused]
 
     def _step(
         self,
@@ -301,9 +270,11 @@ class APPOAgent:
         vs: torch.Tensor,
         advantages: torch.Tensor,
         bad_data: Flag,
+        captured: bool = False,
     ) -> tuple[Flag, torch.Tensor]:
         """One Adam step on a minibatch's loss, refused if it or a gradient is not finite or the
-        batch was not (``bad_data``); returns the refusal flag and the step's metrics."""
+        batch was not (``bad_data``); returns the refusal flag and the step's metrics
+        (``captured``: the flag stays on the device)."""
         cfg = self.config
         log_ratio = (logp - behaviour).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         ratio = log_ratio.exp()
@@ -321,7 +292,9 @@ class APPOAgent:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in self._params if p.grad is not None]
-        found, grad_norm = guarded_step(self.optimizer, loss, params, cfg.max_grad_norm, after=bad_data)
+        found, grad_norm = guarded_step(
+            self.optimizer, loss, params, cfg.max_grad_norm, after=bad_data, captured=captured
+        )
         with torch.no_grad():
             if grad_norm is None:  # clipping off: the metric, kept unread
                 grad_norm = torch.linalg.vector_norm(
@@ -374,6 +347,8 @@ class APPOAgent:
         self.policy.load_state_dict(state["policy"])
         self.value.load_state_dict(state["value"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self._captured is not None:
+            self._captured.reset()  # the optimiser's state tensors are new: capture again
         self.updates = int(state["updates"])
         self.rng.bit_generator.state = state["rng"]
         self._shuffle.bit_generator.state = state["shuffle"]

@@ -14,6 +14,13 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 # Values of DQNConfig.torso and APPOConfig.torso: the layers between observation and heads (the
 # CNNs' tables are in zmqrl.agents.torsos).
 TORSOS = ("mlp", "nature_cnn", "minatar_cnn")
+# Values of the built-in agents' `capture` field: whether an update runs as one CUDA graph
+# (zmqrl.agents.capture). "auto": on a CUDA device, where it removes the per-op dispatch from the
+# host (a failed capture is logged and the run goes on eagerly); eager on a CPU, where there is no
+# graph to replay. "always": the same, but a failed capture ends the run, and a CPU runs the graph's
+# code without a graph (what the tests compare with eager). "never": eager everywhere. (Not on/off:
+# YAML reads those as booleans.)
+CAPTURE_MODES = ("auto", "always", "never")
 
 # The fields the roles read from every agent's config, whatever its kind: the actors' n-step
 # processor (gamma, n_step), the learner's sampling (batch_size) and device, and the kind itself.
@@ -32,6 +39,12 @@ def check_adam_schedule(lr: float, lr_final: float | None, decay_updates: int, a
         raise ValueError("agent.lr_decay_updates: must be > 0 when agent.lr_final is set")
     if not adam_eps > 0.0:
         raise ValueError(f"agent.adam_eps: must be > 0, got {adam_eps}")
+
+
+def check_capture(capture: str) -> None:
+    """The check of a built-in agent's ``capture`` field."""
+    if capture not in CAPTURE_MODES:
+        raise ValueError(f"agent.capture: must be one of {', '.join(CAPTURE_MODES)}, got {capture!r}")
 
 
 @dataclass
@@ -82,6 +95,7 @@ class DQNConfig(AgentConfigBase):
     target_update_interval: int = 250  # gradient steps between target network updates
     tau: float = 1.0  # target update weight: 1.0 = hard copy each interval; e.g. 0.005 with interval 1
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+    capture: str = "auto"  # run each update as one CUDA graph: "auto" (CUDA only), "always", "never"
     torso: str = "mlp"  # "mlp" (hidden_sizes), "nature_cnn" (Atari (4, 84, 84)) or "minatar_cnn" (C, 10, 10)
 
     def check(self) -> None:
@@ -112,6 +126,7 @@ class DQNConfig(AgentConfigBase):
             raise ValueError(f"agent.device: must be one of {', '.join(DEVICE_NAMES)}, got {self.device!r}")
         if self.torso not in TORSOS:
             raise ValueError(f"agent.torso: must be one of {', '.join(TORSOS)}, got {self.torso!r}")
+        check_capture(self.capture)
 
 
 @dataclass
@@ -137,6 +152,7 @@ class SACConfig(AgentConfigBase):
     policy_update_interval: int = 1  # critic steps per policy (and alpha) step
     max_grad_norm: float = 0.0  # clip each network's gradient norm to this; <= 0 disables clipping
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+    capture: str = "auto"  # run each update as one CUDA graph: "auto" (CUDA only), "always", "never"
     noise_beta: float = 0.0  # acting noise PSD ~ 1/f**beta: 0 white, 1 pink (sparse rewards), 2 red
     noise_horizon: int = 1000  # colored noise length, ~ an episode: 1/horizon is its slowest frequency
 
@@ -168,6 +184,7 @@ class SACConfig(AgentConfigBase):
                 f"agent.noise_beta: must be in [0, 2] (0 white, 1 pink, 2 red), got {self.noise_beta}; "
                 "use 1 for sparse-reward tasks, 0 for the usual white noise"
             )
+        check_capture(self.capture)
         if self.noise_horizon < 2:
             raise ValueError(
                 f"agent.noise_horizon: must be >= 2 steps, got {self.noise_horizon}; "
@@ -212,6 +229,7 @@ class APPOConfig(AgentConfigBase):
     log_std: str = "param"  # continuous actions: "param" (state-independent) or "state" (a head)
     log_std_init: float = 0.0  # continuous actions: initial log standard deviation
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
+    capture: str = "auto"  # run each update as one CUDA graph: "auto" (CUDA only), "always", "never"
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value."""
@@ -239,6 +257,7 @@ class APPOConfig(AgentConfigBase):
                 raise ValueError(f"agent.{name}: must be > 0, got {getattr(self, name)}")
         if self.torso not in TORSOS:
             raise ValueError(f"agent.torso: must be one of {', '.join(TORSOS)}, got {self.torso!r}")
+        check_capture(self.capture)
         if self.log_std not in LOG_STD_MODES:
             raise ValueError(
                 f"agent.log_std: must be one of {', '.join(LOG_STD_MODES)}, got {self.log_std!r}"

@@ -16,11 +16,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from zmqrl.agents.capture import captured_update, pack, transition_dtypes, transition_inputs
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.layers import dqn_net
-from zmqrl.agents.nets import QNetwork, annealed_lr, fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.nets import (
+    QNetwork,
+    annealed_lr,
+    check_importance,
+    fused_adam,
+    polyak_update,
+    resolve_device,
+    to_device,
+)
 from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, PublishedModule, dqn_q_values, parameter_views
-from zmqrl.agents.updates import DeferredUpdate, any_found, guarded_step
+from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -79,6 +88,14 @@ class DQNAgent:
         mirror = self._on_cpu and config.torso in NUMPY_DQN_TORSOS
         self._online_arrays = parameter_views(self.online) if mirror else None
         self._target_arrays = parameter_views(self.target) if mirror else None
+        # The update as one CUDA graph (agent.capture; zmqrl.agents.capture), or None: eager.
+        self._captured = captured_update(
+            config.capture,
+            self._static_update,
+            self._device,
+            [self.optimizer],
+            transition_dtypes(torch.int64),
+        )
 
     @property
     def device(self) -> str:
@@ -142,48 +159,95 @@ class DQNAgent:
         by gamma again here. ``importance`` (prioritized replay's bias correction, ``(B,)``) weights
         each row's loss.
         """
-        cfg = self.config
-        obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
-        q, next_online = self._online_q(obs, next_obs)
-        with torch.no_grad():
-            td_target, target_q = self._td_target(rewards, next_obs, discounts, next_online)
-
-        q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
-        row_loss = F.huber_loss(q_taken, td_target, delta=cfg.huber_delta, reduction="none")
-        if importance is None:
-            loss = row_loss.mean()
-        else:
-            loss = (self._importance_tensor(importance, batch.size) * row_loss).mean()
-
-        if cfg.lr_final is not None:
+        if self.config.lr_final is not None:
             self._set_lr(self.current_lr())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for p in self._params if p.grad is not None]
-        found, clipped_norm = guarded_step(self.optimizer, loss, params, cfg.max_grad_norm)
-        if clipped_norm is None:  # the metric, kept unread: a norm of the norms is 2 ops, not N
-            grad_norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
-            )
-        else:
-            grad_norm = clipped_norm
+        if self._captured is not None:
+            return self._captured_update(batch, importance)
+        obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
+        weights = None
+        if importance is not None:
+            check_importance(importance, batch.size)
+            weights = to_device(np.asarray(importance), self._device, torch.float32)
+        loss, q_taken, td_target, target_q = self._loss(obs, actions, rewards, next_obs, discounts, weights)
+        found, grad_norm = self._step(loss, captured=False)
         # The update's one host read of a flag: a skipped step (NaN or infinity in the loss or a
         # gradient) must not move the target network nor count, and the learner must know.
         skipped = any_found([found])
-        if not skipped:
-            self.updates += 1
-            self._target_is_online = False
-            if self.updates % cfg.target_update_interval == 0:
-                polyak_update(self.target, self.online, cfg.tau)
-                self._target_is_online = cfg.tau >= 1.0
-
-        q_taken, loss = q_taken.detach(), loss.detach()
+        self._after_step(skipped)
+        loss = loss.detach()
 
         def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
             td_abs = (td_target - q_taken).abs()
             return [loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()], td_abs
 
         return DeferredUpdate(_METRICS, metrics, skipped=skipped)
+
+    def _captured_update(self, batch: TransitionBatch, importance: np.ndarray | None) -> DeferredUpdate:
+        """``update`` as one CUDA graph (``zmqrl.agents.capture``): the batch into the graph's
+        buffers, one replay of :meth:`_static_update`, one read of its packed output."""
+        self.target  # noqa: B018  (a load_weights' copy, made before the graph reads the target)
+        assert self._captured is not None
+        host = self._captured.run(transition_inputs(batch, importance))
+        skipped = bool(host[0])
+        self._after_step(skipped)
+        return DeferredUpdate.of_values(_METRICS, host[1:], skipped=skipped)
+
+    def _static_update(self, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The captured update on the static inputs ``x``: the eager update's loss and step, its
+        flag kept on the device, metrics and TD errors packed (``zmqrl.agents.capture.pack``)."""
+        loss, q_taken, td_target, target_q = self._loss(
+            x["obs"], x["action"], x["reward"], x["next_obs"], x["discount"], x.get("importance")
+        )
+        found, grad_norm = self._step(loss, captured=True)
+        td_abs = (td_target - q_taken.detach()).abs()
+        return pack(found, [loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()], td_abs)
+
+    def _loss(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        next_obs: torch.Tensor,
+        discounts: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The Huber TD loss (rows weighted by ``weights`` if given) and, detached, the Q-values
+        of the actions taken, the TD targets and the target net's values: ``(loss, q_taken,
+        td_target, target_q)``."""
+        q, next_online = self._online_q(obs, next_obs)
+        with torch.no_grad():
+            td_target, target_q = self._td_target(rewards, next_obs, discounts, next_online)
+        q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
+        row_loss = F.huber_loss(q_taken, td_target, delta=self.config.huber_delta, reduction="none")
+        loss = row_loss.mean() if weights is None else (weights * row_loss).mean()
+        return loss, q_taken.detach(), td_target, target_q
+
+    def _step(self, loss: torch.Tensor, captured: bool) -> tuple[Flag, torch.Tensor]:
+        """Back-propagate ``loss`` and take the guarded Adam step (``zmqrl.agents.updates``);
+        returns the skip flag and the gradient norm (the metric, unread)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in self._params if p.grad is not None]
+        found, clipped_norm = guarded_step(
+            self.optimizer, loss, params, self.config.max_grad_norm, captured=captured
+        )
+        if clipped_norm is not None:
+            return found, clipped_norm
+        # Clipping off: a norm of the norms is 2 ops, not N.
+        with torch.no_grad():
+            norms = torch.stack([torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])
+            return found, torch.linalg.vector_norm(norms)
+
+    def _after_step(self, skipped: bool) -> None:
+        """Count a step taken and move the target network when due (a skipped one does neither)."""
+        if skipped:
+            return
+        cfg = self.config
+        self.updates += 1
+        self._target_is_online = False
+        if self.updates % cfg.target_update_interval == 0:
+            polyak_update(self.target, self.online, cfg.tau)
+            self._target_is_online = cfg.tau >= 1.0
 
     def initial_priorities(self, batch: TransitionBatch) -> np.ndarray:
         """``|TD error|`` per row ``(B,)`` float32 under the current weights, with ``update``'s target.
@@ -270,11 +334,6 @@ class DQNAgent:
             target_q = self.target(next_obs).max(dim=1).values
         return rewards + discounts * target_q, target_q
 
-    def _importance_tensor(self, importance: np.ndarray, size: int) -> torch.Tensor:
-        if np.shape(importance) != (size,):  # (B, 1) would broadcast to (B, B) without a word
-            raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
-        return to_device(np.asarray(importance), self._device, torch.float32)
-
     def current_lr(self) -> float:
         """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` if set.
 
@@ -323,3 +382,5 @@ class DQNAgent:
         self._target_is_online = False  # not known to hold; the slower exact path is always right
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+        if self._captured is not None:
+            self._captured.reset()  # the optimiser's state tensors are new: capture again

@@ -63,6 +63,13 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
     return tensor.to(device=device, dtype=dtype) if dtype is not None else tensor.to(device)
 
 
+def check_importance(importance: np.ndarray, size: int) -> None:
+    """Refuse prioritized replay's importance weights unless they are ``(size,)``: ``(B, 1)``
+    would broadcast against the rows' losses to ``(B, B)`` without a word."""
+    if np.shape(importance) != (size,):
+        raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
+
+
 def hidden_layers(
     in_dim: int, hidden: Sequence[int], activation: type[nn.Module]
 ) -> tuple[nn.Sequential, int]:

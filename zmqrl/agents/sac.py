@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
+from zmqrl.agents.capture import any_flag, captured_update, pack, transition_dtypes, transition_inputs
 from zmqrl.agents.configs import SACConfig
 from zmqrl.agents.layers import sac_policy_net
-from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.nets import check_importance, fused_adam, polyak_update, resolve_device, to_device
 from zmqrl.agents.numpy_policies import LOG_STD_MAX as LOG_STD_MAX  # the policy's log-std bounds
 from zmqrl.agents.numpy_policies import LOG_STD_MIN as LOG_STD_MIN
 from zmqrl.agents.numpy_policies import (
@@ -36,10 +37,32 @@ from zmqrl.agents.numpy_policies import (
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
 from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step, step_unless
 from zmqrl.spec import SampleSpec
-from zmqrl.types import TransitionBatch
+from zmqrl.types import BATCH_FIELDS, TransitionBatch
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "entropy", "td_abs_mean")
+# Device dtypes of a batch's columns (observations keep theirs).
+_INPUT_DTYPES = transition_dtypes(torch.float32)
+
+
+class _CriticStep(NamedTuple):
+    """What an update's critic step leaves for its metrics (detached), and the alpha it used."""
+
+    critic_loss: torch.Tensor
+    q1: torch.Tensor  # (B,) each critic's values of the batch's actions
+    q2: torch.Tensor
+    q1_error: torch.Tensor  # (B,) each critic's Q - TD target
+    q2_error: torch.Tensor
+    alpha: torch.Tensor
+
+
+def _metric_tensors(out: _CriticStep, policy_stats: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """An update's metrics in ``_METRICS`` order and its rows' TD errors (the mean over the two
+    critics of ``|Q_i - target|``); ``policy_stats``: the latest policy step's."""
+    td_abs = 0.5 * (out.q1_error.abs() + out.q2_error.abs())
+    actor_loss, alpha_loss, entropy = policy_stats
+    q_mean = 0.5 * (out.q1.mean() + out.q2.mean())
+    return [out.critic_loss, actor_loss, out.alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
 
 
 class SACAgent:
@@ -99,6 +122,13 @@ class SACAgent:
         # CPU acting runs NumpySACPolicy's forward code on views of the policy (see parameter_views).
         self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None
         self._net = sac_policy_net(config.hidden_sizes, act_dim)  # the policy's table, for numpy
+        # The update as CUDA graphs (agent.capture; zmqrl.agents.capture), or None: eager.
+        optimizers = [self.critic_optimizer, self.policy_optimizer]
+        optimizers += [self.alpha_optimizer] if self.alpha_optimizer is not None else []
+        noise = [self._noise] if self._device.type == "cuda" else []
+        self._captured = captured_update(
+            config.capture, self._static_update, self._device, optimizers, _INPUT_DTYPES, noise
+        )
 
     @property
     def device(self) -> str:
@@ -152,12 +182,64 @@ class SACAgent:
         and then the update also leaves the critic targets and its count alone and says
         ``skipped`` (the other steps, each checked on its own, may have been taken).
         """
+        if self._captured is not None:
+            return self._captured_update(batch, importance)
+        columns = [to_device(a, self._device, _INPUT_DTYPES.get(n)) for n, a in batch._asdict().items()]
+        weights = None
+        if importance is not None:
+            check_importance(importance, batch.size)
+            weights = to_device(np.asarray(importance), self._device, torch.float32)
+        flags, out = self._train(columns, weights, self._policy_turn())
+        # The update's one host read of the flags (on an accelerator each step above was skipped,
+        # or not, on the device): a non-finite step leaves the targets and the count alone, and
+        # the learner knows.
+        skipped = any_found(flags)
+        self._after_step(skipped)
+        policy_stats = self._policy_stats
+        return DeferredUpdate(_METRICS, lambda: _metric_tensors(out, policy_stats), skipped=skipped)
+
+    def _captured_update(self, batch: TransitionBatch, importance: np.ndarray | None) -> DeferredUpdate:
+        """``update`` as one CUDA graph (``zmqrl.agents.capture``): one graph with the policy and
+        alpha steps, one without (``policy_update_interval`` > 1), each replayed on its turn."""
+        assert self._captured is not None
+        step = self._static_update if self._policy_turn() else self._static_critic_update
+        host = self._captured.run(transition_inputs(batch, importance), step)
+        skipped = bool(host[0])
+        self._after_step(skipped)
+        return DeferredUpdate.of_values(_METRICS, host[1:], skipped=skipped)
+
+    def _static_update(self, x: Mapping[str, torch.Tensor], policy_turn: bool = True) -> torch.Tensor:
+        """The captured update on the static inputs ``x``, with its policy and alpha steps on
+        ``policy_turn``: the eager update's steps, flags kept on the device, outputs packed."""
+        columns = [x[name] for name in BATCH_FIELDS]
+        flags, out = self._train(columns, x.get("importance"), policy_turn, captured=True)
+        found = any_flag(flags)
+        scalars, td_abs = _metric_tensors(out, self._policy_stats)
+        return pack(found, scalars, td_abs)
+
+    def _static_critic_update(self, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The captured update without a policy step (``policy_update_interval`` > 1, not its turn)."""
+        return self._static_update(x, policy_turn=False)
+
+    def _policy_turn(self) -> bool:
+        """Whether this update takes the (delayed) policy and alpha steps."""
+        return (self.updates + 1) % self.config.policy_update_interval == 0
+
+    def _train(
+        self,
+        columns: Sequence[torch.Tensor],
+        weights: torch.Tensor | None,
+        policy_turn: bool,
+        captured: bool = False,
+    ) -> tuple[list[Flag], _CriticStep]:
+        """The critic step on the batch's ``columns`` (``BATCH_FIELDS`` order, on the device),
+        its rows' losses weighted by ``weights`` if given, then on ``policy_turn`` as many policy
+        and alpha steps as ``policy_update_interval``; returns their skip flags and the critic
+        step's tensors. ``captured``: flags stay on the device, the policy's stats are written
+        in place."""
         cfg = self.config
-        obs = to_device(batch.obs, self._device)
-        actions = (to_device(batch.action, self._device, torch.float32) - self._shift_t) / self._scale_t
-        rewards = to_device(batch.reward, self._device, torch.float32)
-        next_obs = to_device(batch.next_obs, self._device)
-        discounts = to_device(batch.discount, self._device, torch.float32)
+        obs, env_actions, rewards, next_obs, discounts = columns
+        actions = (env_actions - self._shift_t) / self._scale_t
         alpha = self.log_alpha.detach().exp()
 
         # Critic: soft Bellman backup with the smaller target critic and a fresh next action.
@@ -169,39 +251,26 @@ class SACAgent:
         q1, q2 = self.critic(obs, actions)
         q1_error, q2_error = q1 - td_target, q2 - td_target
         row_loss = q1_error.square() + q2_error.square()
-        if importance is None:
-            critic_loss = row_loss.mean()
-        else:
-            critic_loss = (self._importance_tensor(importance, batch.size) * row_loss).mean()
-        flags = [self._step(self.critic_optimizer, critic_loss, self.critic)]
+        critic_loss = row_loss.mean() if weights is None else (weights * row_loss).mean()
+        flags = [self._step(self.critic_optimizer, critic_loss, self.critic, captured=captured)]
 
         used_alpha = alpha
-        if (self.updates + 1) % cfg.policy_update_interval == 0:
+        if policy_turn:
             # Delayed policy steps catch up on the ones skipped (as in CleanRL's TD3-style loop).
             for _ in range(cfg.policy_update_interval):
-                alpha = self._policy_and_alpha_step(obs, alpha, flags)
-        # The update's one host read of the flags (on an accelerator each step above was skipped,
-        # or not, on the device): a non-finite step leaves the targets and the count alone, and
-        # the learner knows.
-        skipped = any_found(flags)
+                alpha = self._policy_and_alpha_step(obs, alpha, flags, captured)
+        detached = (critic_loss.detach(), q1.detach(), q2.detach(), q1_error.detach(), q2_error.detach())
+        return flags, _CriticStep(*detached, used_alpha)
+
+    def _after_step(self, skipped: bool) -> None:
+        """Count a step taken and move the critic targets when due (a skipped one does neither)."""
         if not skipped:
             self.updates += 1
-            if self.updates % cfg.target_update_interval == 0:
-                polyak_update(self.critic_target, self.critic, cfg.tau)
-
-        q1, q2, q1_error, q2_error = q1.detach(), q2.detach(), q1_error.detach(), q2_error.detach()
-        critic_loss, policy_stats = critic_loss.detach(), self._policy_stats
-
-        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
-            td_abs = 0.5 * (q1_error.abs() + q2_error.abs())
-            actor_loss, alpha_loss, entropy = policy_stats
-            q_mean = 0.5 * (q1.mean() + q2.mean())
-            return [critic_loss, actor_loss, used_alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
-
-        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
+            if self.updates % self.config.target_update_interval == 0:
+                polyak_update(self.critic_target, self.critic, self.config.tau)
 
     def _policy_and_alpha_step(
-        self, obs: torch.Tensor, alpha: torch.Tensor, flags: list[Flag]
+        self, obs: torch.Tensor, alpha: torch.Tensor, flags: list[Flag], captured: bool
     ) -> torch.Tensor:
         """One policy step, then one alpha step (if autotuned); returns the alpha to use next and
         appends their skip flag (``zmqrl.agents.updates``) to ``flags``."""
@@ -221,14 +290,20 @@ class SACAgent:
         else:
             alpha_loss = torch.zeros((), device=self._device)
         # Skipped too if the critic step was (flags[0]): its batch is not one to learn from.
-        found = self._step(self.policy_optimizer, actor_loss, self.policy, also=alpha_loss, after=flags[0])
+        found = self._step(
+            self.policy_optimizer, actor_loss, self.policy, also=alpha_loss, after=flags[0], captured=captured
+        )
         flags.append(found)
         if self.alpha_optimizer is not None:
             self.alpha_optimizer.zero_grad(set_to_none=True)
             alpha_loss.backward()
             step_unless(self.alpha_optimizer, found)
             alpha = self.log_alpha.detach().exp()
-        self._policy_stats = torch.stack([actor_loss.detach(), alpha_loss.detach(), -log_prob.mean()])
+        stats = torch.stack([actor_loss.detach(), alpha_loss.detach(), -log_prob.mean()])
+        if captured:  # in place: a graph reads the stats where it captured them
+            self._policy_stats.copy_(stats)
+        else:
+            self._policy_stats = stats
         return alpha
 
     def _step(
@@ -238,6 +313,7 @@ class SACAgent:
         net: nn.Module,
         also: torch.Tensor | None = None,
         after: Flag = False,
+        captured: bool = False,
     ) -> Flag:
         """Back-propagate ``loss`` into ``net`` and step, unless ``loss``, a gradient or ``also``
         is not finite or ``after`` is set; returns the flag as
@@ -245,13 +321,10 @@ class SACAgent:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = self._critic_params if net is self.critic else self._policy_params
-        found, _ = guarded_step(optimizer, loss, params, self.config.max_grad_norm, also=also, after=after)
+        found, _ = guarded_step(
+            optimizer, loss, params, self.config.max_grad_norm, also=also, after=after, captured=captured
+        )
         return found
-
-    def _importance_tensor(self, importance: np.ndarray, size: int) -> torch.Tensor:
-        if np.shape(importance) != (size,):  # (B, 1) would broadcast to (B, B) without a word
-            raise ValueError(f"importance must have shape ({size},), got {np.shape(importance)}")
-        return to_device(np.asarray(importance), self._device, torch.float32)
 
     # ------------------------------------------------------------------------------ weight sync
 
@@ -303,6 +376,8 @@ class SACAgent:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         if self.alpha_optimizer is not None and state["alpha_optimizer"] is not None:
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        if self._captured is not None:
+            self._captured.reset()  # the optimisers' state tensors are new: capture again
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
             self._policy_stats.copy_(state["policy_stats"])

@@ -53,6 +53,7 @@ def guarded_step(
     max_grad_norm: float = 0.0,
     also: torch.Tensor | None = None,
     after: Flag = False,
+    captured: bool = False,
 ) -> tuple[Flag, torch.Tensor | None]:
     """Clip (``max_grad_norm`` > 0) and step ``optimizer`` on the gradients ``loss.backward()``
     left in ``params``, unless ``loss``, a gradient or ``also`` (a 0-d tensor that must be finite
@@ -61,14 +62,18 @@ def guarded_step(
     Returns ``(found, grad_norm)``: ``found`` true (or a non-zero tensor) when the step was
     skipped; ``grad_norm`` the gradients' 2-norm before clipping when clipping computed it, else
     None, on the device and unread.
+
+    ``captured`` (an update run as a CUDA graph, or its code on a CPU: ``zmqrl.agents.capture``):
+    the flag stays a device tensor on a CPU too, and nothing reads the host.
     """
     found: Flag
+    host = loss.device.type == "cpu" and not captured
     if max_grad_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         # The norm is finite exactly when every gradient is (or their squares overflowed: a
         # step that large is refused too); with the loss, one sum to check (inf - inf is NaN).
         total = loss.detach() + norm if also is None else loss.detach() + norm + also.detach()
-        found = not math.isfinite(total.item()) if total.device.type == "cpu" else ~torch.isfinite(total)
+        found = not math.isfinite(total.item()) if host else ~torch.isfinite(total)
     else:
         norm = None
         # The kernel scales what it checks in place (by 1 here): the loss after its backward
@@ -76,7 +81,7 @@ def guarded_step(
         losses = loss.detach() if also is None else loss.detach() + also.detach()
         checked = [p.grad for p in params if p.grad is not None]
         checked.append(losses.reshape(1))
-        found = nonfinite_flag(checked)
+        found = nonfinite_flag(checked, host)
     if isinstance(found, bool) and isinstance(after, bool):
         found = found or after
     elif not (isinstance(after, bool) and not after):
@@ -85,8 +90,9 @@ def guarded_step(
     return found, norm
 
 
-def nonfinite_flag(tensors: list[torch.Tensor]) -> Flag:
-    """Whether any of ``tensors`` (all on one device) holds a NaN or infinity, as a :data:`Flag`."""
+def nonfinite_flag(tensors: list[torch.Tensor], host: bool | None = None) -> Flag:
+    """Whether any of ``tensors`` (all on one device) holds a NaN or infinity, as a :data:`Flag`:
+    read on the host when ``host`` (None: when they are on a CPU), else a device tensor."""
     device = tensors[-1].device
     if _CHECK_AND_UNSCALE is not None:
         found = torch.zeros((), device=device)
@@ -96,7 +102,7 @@ def nonfinite_flag(tensors: list[torch.Tensor]) -> Flag:
         _CHECK_AND_UNSCALE(tensors, found, one)
     else:
         found = ~torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-    return bool(found.item()) if device.type == "cpu" else found
+    return bool(found.item()) if (device.type == "cpu" if host is None else host) else found
 
 
 def step_unless(optimizer: torch.optim.Optimizer, found: Flag) -> None:
@@ -149,6 +155,17 @@ class DeferredUpdate(Mapping[str, float]):
         self._compute = compute
         self._values: dict[str, float] = {}
         self._td_errors = np.zeros(0, dtype=np.float32)
+
+    @classmethod
+    def of_values(cls, names: Sequence[str], host: np.ndarray, *, skipped: bool) -> DeferredUpdate:
+        """A result already on the host (a captured update's output, ``zmqrl.agents.capture``):
+        ``host`` holds the metrics in ``names`` order, then the TD errors per row."""
+        result = cls(skipped=skipped)
+        n = len(names)
+        result._names = tuple(names)
+        result._values = dict(zip(result._names, host[:n].tolist(), strict=True))
+        result._td_errors = host[n:]
+        return result
 
     def _materialize(self) -> None:
         if self._compute is None:
