@@ -170,7 +170,7 @@ def test_the_cnn_learner_rows_time_each_config_on_the_device_with_its_cpu_cost()
     assert all(r.group == "scaling" and r.reference is None and r.ours.median > 0 for r in rows)
     dqn = [r for r in rows if r.name.startswith("pong_dqn")]
     assert [r.unit for r in dqn] == ["updates/s", CPU_PER_UPDATES] and "(DQN, cpu)" in dqn[0].name
-    assert "batches of 64" in dqn[0].name and "synthetic" in dqn[0].notes
+    assert "batches of 512" in dqn[0].name and "synthetic" in dqn[0].notes
     appo = [r for r in rows if r.name.startswith("pong_appo")]
     assert [r.unit for r in appo] == ["updates/s", "env steps/s", CPU_PER_UPDATES]
     assert all("(CPU: batch 128 of the config's 4096)" in r.name for r in appo)
@@ -179,15 +179,19 @@ def test_the_cnn_learner_rows_time_each_config_on_the_device_with_its_cpu_cost()
 # ---- benchmarks/device_check.sh ---------------------------------------------------------------------
 
 
-@pytest.mark.slow  # a real launch and the CNN rows: about 35 s on 2 cores
-def test_device_check_quick_mode_writes_one_json_of_the_scaling_set(tmp_path: Path, run_root: Path) -> None:
+def device_check(tmp_path: Path, run_root: Path, timeout: float, **settings: str) -> tuple[int, str, Path]:
+    """benchmarks/device_check.sh in quick mode with ``settings`` (ZMQRL_DEVICE_CHECK_<KEY>=value);
+    its exit code, output and JSON path. Its runs go under ``run_root`` (TMPDIR): the fixture kills
+    anything left there."""
     out = tmp_path / "device_check.json"
-    run_root.mkdir(parents=True)
+    run_root.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("ZMQRL_DEVICE_CHECK_")},
         "ZMQRL_DEVICE_CHECK_QUICK": "1",
         "ZMQRL": f"{sys.executable} -m zmqrl",
-        "TMPDIR": str(run_root),  # the bench's runs go under it: the fixture kills any leftover
+        "PYTHON": sys.executable,
+        "TMPDIR": str(run_root),
+        **{f"ZMQRL_DEVICE_CHECK_{key.upper()}": value for key, value in settings.items()},
     }
     proc = subprocess.Popen(
         ["bash", str(ROOT / "benchmarks" / "device_check.sh"), str(out)],
@@ -198,12 +202,18 @@ def test_device_check_quick_mode_writes_one_json_of_the_scaling_set(tmp_path: Pa
         start_new_session=True,
     )
     try:
-        output, _ = proc.communicate(timeout=300)
+        output, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    return proc.returncode, output.decode(errors="replace"), out
+
+
+@pytest.mark.slow  # a real launch and the CNN rows: about 35 s on 2 cores
+def test_device_check_quick_mode_writes_one_json_of_the_scaling_set(tmp_path: Path, run_root: Path) -> None:
+    code, output, out = device_check(tmp_path, run_root, 300, parts="scaling", appo_seconds="0")
+    assert code == 0, output[-3000:]
     data = json.loads(out.read_text())
     meta = data["meta"]
     assert meta["ran"] == ["scaling"] and meta["failed"] == [] and meta["quick"] is True
@@ -220,4 +230,65 @@ def test_device_check_quick_mode_writes_one_json_of_the_scaling_set(tmp_path: Pa
     for r in rows:
         assert r["group"] == "scaling" and r["reference"] is None and r["ratio"] is None
         assert r["ours"]["values"] and all(v >= 0 for v in r["ours"]["values"])
+    assert "APPO run skipped" in output and not (tmp_path / "device_check-appo").exists()
+    assert processes_mentioning(str(run_root)) == []
+
+
+@pytest.mark.slow  # the mlp part and a short MinAtar APPO launch: about 20 s on 2 cores
+def test_device_check_quick_mode_keeps_the_appo_runs_curve_beside_the_json(
+    tmp_path: Path, run_root: Path
+) -> None:
+    code, output, out = device_check(tmp_path, run_root, 300, parts="mlp")
+    assert code == 0, output[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert {r["group"] for r in rows} == {"mlp"} and any(r["unit"] == "updates/s" for r in rows)
+    appo = tmp_path / "device_check-appo"
+    assert {"metrics.jsonl", "stats.json", "learner-stats.json", "summary.txt", "launch.log"} <= {
+        p.name for p in appo.iterdir()
+    }
+    stats = json.loads((appo / "stats.json").read_text())
+    assert stats["learner"]["updates"] >= 1 and len(stats["actors"]) == 1
+    tags = {json.loads(line)["tag"] for line in (appo / "metrics.jsonl").read_text().splitlines()}
+    assert "charts/eval_return" in tags  # the curve: `zmqrl plot` reads this file
+    assert "minatar_breakout_appo with 1 actors, learner on cpu, 3 s of training" in output
+    assert not list(run_root.glob("zmqrl-device-check-*")), "the APPO run's directory is removed"
+    assert processes_mentioning(str(run_root)) == []
+
+
+def test_device_check_installs_a_wheelhouse_and_gives_the_appo_run_only_what_the_budget_leaves(
+    tmp_path: Path, run_root: Path
+) -> None:
+    """Offline, as on the GPU machine: every wheel in the directory goes into a site directory of the
+    script's own; with 30 s of budget nothing is left for an APPO run after its margin."""
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    info = "zmqrl_wheel_probe-1.0.dist-info"
+    with zipfile.ZipFile(wheels / "zmqrl_wheel_probe-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("zmqrl_wheel_probe.py", "VALUE = 1\n")
+        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: zmqrl-wheel-probe\nVersion: 1.0\n")
+        whl.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        whl.writestr(f"{info}/RECORD", "")
+    full_mode = {"quick": "0", "parts": "none", "wheels": str(wheels), "seconds": "30"}
+    code, output, _ = device_check(tmp_path, run_root, 120, **full_mode)
+    assert code == 0, output
+    assert (run_root / "zmqrl-device-check-site" / "zmqrl_wheel_probe.py").is_file()
+    assert f"installing the wheels in {wheels}" in output
+    assert "APPO run skipped" in output and "in the 30 s budget" in output
+
+
+@pytest.mark.heavy  # every step of the quick mode: about 90 s on 2 cores
+def test_device_check_quick_mode_runs_every_step(tmp_path: Path, run_root: Path) -> None:
+    code, output, out = device_check(tmp_path, run_root, 600)
+    assert code == 0, output[-3000:]
+    data = json.loads(out.read_text())
+    assert data["meta"]["ran"] == ["scaling", "fanin", "mlp"] and data["meta"]["failed"] == []
+    groups = {r["group"] for r in data["results"]}
+    assert groups == {"scaling", "fanin", "mlp"}
+    fanin_rows = [r for r in data["results"] if r["group"] == "fanin"]
+    assert any("8 simulated actors: learner updates/s" in r["name"] and r["ratio"] for r in fanin_rows)
+    assert (tmp_path / "device_check-appo" / "metrics.jsonl").is_file()
     assert processes_mentioning(str(run_root)) == []

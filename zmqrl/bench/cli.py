@@ -31,11 +31,14 @@ from zmqrl.agents.configs import DEVICE_NAMES
 from zmqrl.bench.report import HEADERS, BenchSettings, Comparison, markdown_table, table_rows, write_json
 
 # Every part, in the order a full run measures them.
-PARTS = ("actor", "learner", "ingest", "weights", "scaling", "replay", "atari", "startup")
+PARTS = (
+    "actor", "learner", "ingest", "weights", "scaling", "fanin", "mlp", "captured", "replay", "atari",
+    "startup",
+)  # fmt: skip
 # Where the results go without --json.
 DEFAULT_JSON = Path("runs/bench/bench.json")
 # Seconds (full, quick) for parts that do not say (SECONDS in their module).
-ESTIMATES = {"learner": (75, 20)}
+ESTIMATES = {"learner": (95, 25)}
 EXIT_FAILED, EXIT_USAGE = 1, 2
 
 app = typer.Typer(
@@ -46,10 +49,12 @@ app = typer.Typer(
     "the ratios. Parts: actor (transitions/s of a real actor vs a bare env + policy loop), learner "
     "(updates/s while ingesting vs not; APPO's updates/s on rollouts), ingest (samples into "
     "replay vs raw PUSH/PULL), weights (publish-to-applied latency vs raw PUB/SUB), scaling (1-8 "
-    "actors, 32 senders, CNN learners' updates/s on --device), replay and atari; CPU-seconds "
-    "per 1,000 env steps (actors) and per 1,000 updates (learner) where they run. A full run "
-    "takes about 6 minutes, --quick about 1.5. Missed targets are results (exit 0); a part "
-    "that crashes makes the exit code 1.",
+    "actors, 32 senders, CNN learners' updates/s on --device), fanin (1-256 simulated actors at "
+    "one total rate against a real learner and supervisor), mlp (the CartPole learner on --device "
+    "vs a CPU core), captured (updates as CUDA graphs vs eager on --device), replay and atari; "
+    "CPU-seconds per 1,000 env steps (actors) and per 1,000 "
+    "updates (learner) where they run. A full run takes about 12 minutes, --quick about 2. Missed "
+    "targets are results (exit 0); a part that crashes makes the exit code 1.",
     epilog="Example: zmqrl bench --quick --only actor,ingest --json runs/bench/quick.json",
 )
 
