@@ -17,17 +17,21 @@ from zmqrl.types import RolloutBatch
 
 
 @pytest.mark.slow
-def test_learner_part_compares_flooded_with_idle_training_and_leaves_no_process() -> None:
+def test_learner_part_compares_fed_with_idle_training_and_leaves_no_process() -> None:
     settings = BenchSettings(quick=True, repeats=1, seconds=0.2)
-    c, cost = learner.compare("uniform", [], settings, settings.repeats, learner.TARGET)
+    c, cost, with_intake = learner.compare(
+        "uniform", [], settings, settings.repeats, learner.TARGET, rate=20_000
+    )
     assert c.group == "learner" and c.unit == "updates/s" and c.reference is not None
     assert c.ours.median > 0 and c.reference.median > 0 and c.target == learner.TARGET
-    # The flood really arrived: the ingest thread took transitions in while training ran.
-    assert c.extra["ingest_transitions_per_s"] > 0
-    # What an update cost the learner process in CPU, flooded against idle: a cost, no target.
+    # The samples really arrived: the intake took transitions in while training ran.
+    assert c.extra["ingest_transitions_per_s"] > 0 and c.extra["offered_transitions_per_s"] == 20_000
+    # What an update cost the training process in CPU, fed against idle: a cost, no target.
     assert cost.unit == CPU_PER_UPDATES and cost.name == "uniform: learner CPU per 1,000 updates"
     assert cost.reference is not None and cost.reference.median > 0 and cost.ours.median > 0
     assert not cost.higher_is_better and cost.target is None and cost.passed is None
+    # ... and with the intake process's CPU added: more than the training process's alone.
+    assert with_intake.ours.median >= cost.ours.median
     assert mp.active_children() == []
 
 

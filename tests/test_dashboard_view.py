@@ -95,7 +95,6 @@ def a_run(b: SnapshotBuilder) -> dict[str, Slot]:
             policy_lag=1.5,
             sample_blocked_seconds=2.0 + 0.25 * k,
             insert_blocked_seconds=0.0,
-            ingest_budget_seconds=1.0 + 0.4 * k,
             duration=500.0 + k,
             info={"host": "gpu1"},
         )
@@ -205,12 +204,6 @@ def test_replay_fill_ratio_and_limiter_wait() -> None:
     assert "25000/100000 (25% full)" in line_of(text, "replay") and "waited 25%" in line_of(text, "replay")
     flow = line_of(text, "samples")
     assert "in 1000/s" in flow and "trained 6400/s" in flow and "ratio 6.40" in flow
-
-
-def test_an_ingest_held_to_its_cpu_budget_says_how_much_of_the_time() -> None:
-    snap = built()
-    assert snap.ingest_budget_share == pytest.approx(0.4)
-    assert "ingest held 0% (CPU budget 40%)" in line_of(text_of(snap), "replay")
 
 
 def test_a_rising_counter_is_marked_until_it_stops_rising() -> None:

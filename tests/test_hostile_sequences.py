@@ -86,9 +86,10 @@ def test_ids_outside_the_run_share_one_bucket_in_the_learners_stats(ctx: zmq.Con
         push.send_multipart(samples(actor_id, 0))
     push.send_multipart(samples(0, 0))
     wait_until(lambda: learner.batches == len(foreign) + 1, 30, "every message to be taken")
-    per_actor = learner.receiver.seqs.per_actor()
-    assert list(per_actor) == [0]
-    totals = learner.receiver.seqs.totals()
+    seqs = learner.receiver.seqs
+    wait_until(lambda: seqs.totals()["untracked_batches"] == len(foreign), 10, "the intake's report")
+    assert list(seqs.per_actor()) == [0]
+    totals = seqs.totals()
     assert totals["untracked_batches"] == len(foreign) and totals["untracked_samples"] == 8 * len(foreign)
     assert learner.receiver.seqs.tracked_ids == learner.cfg.actor.num_actors + EXTRA_TRACKED_IDS
     learner.request_stop()

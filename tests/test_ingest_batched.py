@@ -1,6 +1,7 @@
-"""The batched receive (a group's messages read straight into merged columns) accepts and drops
-exactly what the per-message decoder does, for the same reasons, on streams that mix valid
-messages of several layouts with hostile ones (broken frames, forged headers, bad values)."""
+"""The grouped receive (queued messages decoded one by one, their contents scanned once merged)
+accepts and drops exactly what the per-message decoder does, for the same reasons, on streams that
+mix valid messages of several layouts with hostile ones (broken frames, forged headers, bad
+values)."""
 
 from __future__ import annotations
 
@@ -118,13 +119,13 @@ MESSAGES = st.tuples(
     st.integers(0, 2),  # episodes
     st.booleans(),  # priorities
     VALUES,
-    st.sampled_from(["none"] * 16 + sorted(BREAKS)),  # mostly intact: known layouts take the fast path
+    st.sampled_from(["none"] * 16 + sorted(BREAKS)),  # mostly intact: groups of several
 )
 
 
-def _receive(stream: list[Frames], grouped: bool, limit: int) -> tuple[list[tuple], list[str], dict, int]:
+def _receive(stream: list[Frames], grouped: bool, limit: int) -> tuple[list[tuple], list[str], dict]:
     """Send ``stream`` over inproc, read it all one way; the accepted messages (ids and bytes),
-    the drop reasons, the sequence accounting and how many layouts the fast path learned."""
+    the drop reasons and the sequence accounting."""
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     push = ctx.socket(zmq.PUSH)
@@ -165,8 +166,7 @@ def _receive(stream: list[Frames], grouped: bool, limit: int) -> tuple[list[tupl
         ]
         bad = receiver.bad
         assert isinstance(bad, Reasons) and bad.count == len(bad.reasons)
-        layouts = len(receiver._reader.layouts) if receiver._reader is not None else 0
-        return ids, bad.reasons, receiver.seqs.per_actor(), layouts
+        return ids, bad.reasons, receiver.seqs.per_actor()
     finally:
         push.close(0)
         pull.close(0)
@@ -181,30 +181,19 @@ def test_grouped_receive_accepts_and_drops_what_the_per_message_path_does(
     stream = []
     for seq, (actor, rows, episodes, priorities, values, broken) in enumerate(messages):
         stream.append(BREAKS[broken](valid(seq, actor, rows, episodes, priorities, **values)))
-    one, one_reasons, one_seqs, _ = _receive(stream, grouped=False, limit=limit)
-    many, many_reasons, many_seqs, _ = _receive(stream, grouped=True, limit=limit)
+    one, one_reasons, one_seqs = _receive(stream, grouped=False, limit=limit)
+    many, many_reasons, many_seqs = _receive(stream, grouped=True, limit=limit)
     assert many == one
     assert Counter(many_reasons) == Counter(one_reasons)
     assert many_seqs == one_seqs
 
 
-def test_a_stream_of_one_layout_takes_the_fast_path_and_is_read_whole() -> None:
+def test_a_stream_of_one_layout_is_read_whole_in_groups() -> None:
     """The common case: a run's messages of one layout are read in groups, every one accepted,
     each message's rows a view of the group's merged columns."""
     stream = [valid(i // 2, actor=i % 2, episodes=i % 3) for i in range(40)]
-    ids, reasons, seqs, layouts = _receive(stream, grouped=True, limit=16)
+    ids, reasons, seqs = _receive(stream, grouped=True, limit=16)
     assert not reasons and [(i[0], i[1]) for i in ids] == [(i % 2, i // 2) for i in range(40)]
     assert [len(i[3]) for i in ids] == [i % 3 for i in range(40)]
-    assert layouts == 1  # learned from the first message, which the full decoder read
     for actor in (0, 1):
         assert seqs[actor] | {"last_seq": 19} == {**seqs[actor], "batches": 20, "samples": 160, "lost": 0}
-
-
-def test_the_encoders_headers_end_with_their_layouts_tail() -> None:
-    """What lets a known layout skip unpacking its descriptors: zmqrl's encoder writes "arrays"
-    last, so every header of that layout ends with the same bytes."""
-    from zmqrl.transport.sample_groups import Layout, descs_of
-
-    for frames in (valid(3), valid(4, actor=2, n=4, episodes=2, priorities=True)):
-        msg = wire.load_samples(frames, SPEC)
-        assert frames[0].endswith(Layout.of(descs_of(msg)).tail)

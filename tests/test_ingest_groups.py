@@ -3,8 +3,6 @@ of them, while each message still counts (and fails) on its own."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,7 +11,7 @@ import zmq
 
 from tests.conftest import wait_until
 from zmqrl.config import ReplayConfig
-from zmqrl.learner.ingest import INGEST_GROUP_MESSAGES, Ingest, LearnerCounters
+from zmqrl.learner.ingest import INGEST_GROUP_MESSAGES, Ingest, LearnerCounters, group_limit
 from zmqrl.replay import NoLimit, RateLimiter, make_replay
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
@@ -189,29 +187,30 @@ def test_episode_records_beyond_the_reward_limit_make_a_bad_message(
     assert list(target.counters.episode_queue) == [EpisodeStat(10.0, 10)]
 
 
-@pytest.mark.parametrize(("limiter", "merges"), [(None, True), (RateLimiter(8.0, 1000, 1), False)])
-def test_the_ingest_thread_merges_only_without_a_replay_ratio(
-    link: tuple[zmq.Socket, SampleReceiver], limiter: RateLimiter | None, merges: bool
+@pytest.mark.parametrize(
+    ("limiter", "merges"),
+    [(NoLimit(), True), (RateLimiter(8.0, 1000, 1), False), (None, True)],
+)
+def test_ingest_merges_small_rows_only_without_a_replay_ratio(
+    limiter: RateLimiter | NoLimit | None, merges: bool
 ) -> None:
-    push, receiver = link
-    target = ingest(limiter)
-    sizes: list[int] = []
-    real = target.accept_group
-    target.accept_group = lambda group, stop=None, bad=None: (  # type: ignore[method-assign]
-        sizes.append(len(group.messages)),
-        real(group, stop, bad),
-    )[1]
-    send(push, *(message(seq) for seq in range(6)))
-    stop = threading.Event()
-    thread = threading.Thread(target=target.drain, args=(receiver, stop), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while sum(sizes) < 6:
-            assert thread.is_alive() and time.monotonic() < deadline, f"ingested {sum(sizes)} of 6"
-            stop.wait(0.01)
-    finally:
-        stop.set()
-        target.limiter.close()
-        thread.join(timeout=5)
-    assert (max(sizes) > 1) is merges
+    """The intake's group size (zmqrl/learner/main.py hands it this): several small-row messages
+    per group without a ratio; one under a ratio, whose room is at most its tolerance."""
+    assert (group_limit(SPEC, limiter) > 1) is merges
+    images = SampleSpec(obs_shape=(4, 84, 84), obs_dtype="uint8", action_shape=(), action_dtype="int64")
+    assert group_limit(images) == 1, "large rows arrive zero-copy: merging would copy them"
+
+
+def test_an_admitted_group_waits_for_the_ratio_and_then_goes_in_whole() -> None:
+    """What the training loop does between updates (zmqrl/learner/intake.py SampleFeed): a group
+    is admitted once, and inserted when the ratio has room; refused, nothing changes."""
+    target = ingest(RateLimiter(1.0, 8, 8))  # one sampled row per row inserted, 8 rows either way
+    group = SampleGroup.of([message(0, n=8)])
+    admitted = target.admit(group)
+    assert admitted is not None and target.insert(admitted)  # min_size reached: room for 8 more
+    assert target.insert(SampleGroup.of([message(1, n=8)])) is True
+    before = (len(target.replay), target.counters.samples)
+    assert target.insert(SampleGroup.of([message(2, n=8)])) is False, "ahead of training: held"
+    assert (len(target.replay), target.counters.samples) == before
+    target.limiter.sampled(16)
+    assert target.insert(SampleGroup.of([message(2, n=8)])) is True

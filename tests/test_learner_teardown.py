@@ -16,7 +16,6 @@ import pytest
 import zmq
 
 from tests.conftest import REPO, tiny_config
-from zmqrl.learner import endpoints as endpoints_module
 from zmqrl.learner import main as learner_module
 from zmqrl.learner.main import Learner
 from zmqrl.transport.channels import BadMessages
@@ -89,17 +88,20 @@ def test_a_learner_that_cannot_bind_closes_its_trainer_and_reports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     receiver, hb_ep, ctl_ep = supervisor_side
-
-    def port_in_use(*args: Any, **kwargs: Any) -> None:
-        raise BindError("cannot bind samples: address already in use")
-
+    taken = ctx.socket(zmq.PULL)  # someone else holds the samples port: the intake cannot bind it
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
     monkeypatch.setattr(learner_module, "Trainer", FakeTrainer)
-    monkeypatch.setattr(endpoints_module.sockets, "samples_pull", port_in_use)
     FakeTrainer.closed = False
-    cfg = tiny_config(tmp_path, transport__heartbeat=hb_ep, transport__control=ctl_ep)
+    cfg = tiny_config(
+        tmp_path,
+        transport__heartbeat=hb_ep,
+        transport__control=ctl_ep,
+        transport__samples=f"tcp://127.0.0.1:{port}",
+    )
     learner = Learner(cfg, ctx=ctx)
-    with pytest.raises(BindError):
+    with pytest.raises(BindError, match="address already in use"):
         learner.run()
+    taken.close(0)
     assert FakeTrainer.closed, "the trainer's envs and files were left open"
     assert final_state(receiver) == "failed"
     assert learner.link._thread is not None and not learner.link._thread.is_alive()

@@ -125,7 +125,7 @@ class LearnerConfig:
     samples_per_insert: float | None = None  # replay ratio: transitions sampled per transition received
     samples_per_insert_tolerance: int = 1_000  # transitions either side of the ratio before a side waits
     max_policy_lag: int | None = None  # drop batches acted with weights more than this many versions old
-    ingest_max_share: float | None = 0.05  # CPU seconds per second the ingest thread may take (None: no cap)
+    ingest_max_share: float | None = 0.05  # unused since ingest has a process of its own (old configs load)
     max_nonfinite_updates: int = 100  # updates in a row skipped for a NaN/inf loss or gradient: then exit 1
     queue_steps: int | None = None  # on-policy: rollout steps queued before actors wait (None: 2 batches)
 

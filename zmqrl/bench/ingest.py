@@ -1,21 +1,18 @@
 """Learner ingest: samples received, validated and inserted into replay, against raw PUSH/PULL.
 
 Synthetic senders (:mod:`zmqrl.bench.senders`) push valid, pre-encoded samples messages as fast
-as the socket takes them. *Ours* is the learner's ingest thread exactly: ``Ingest.drain`` over a
-``SampleReceiver`` on the learner's own PULL socket (``sockets.samples_pull`` with the config's
-transport limits), inserting into the replay buffer the config builds, and counted by what
-reached replay. The *reference* reads the same socket, the same bytes, with plain pyzmq and
-throws them away. Both sides read the same socket from the same senders, alternately, so they
-share every condition but the work done per message.
-
-The ingest budget (``learner.ingest_max_share``) is not applied: this measures what ingest can
-do, not the share the learner lets it take while training.
+as the sockets take them. *Ours* is the learner's ingest exactly: its intake process (the learner's
+own PULL socket, ``SampleReceiver``'s decode and checks, groups forwarded) and, in this process,
+the learner's :class:`~zmqrl.learner.intake.SampleFeed` inserting them into the replay buffer the
+config builds, counted by what reached replay. The *reference* reads a PULL socket of its own with
+plain pyzmq and throws the bytes away. Every sender is connected to both, and only one side reads
+at a time (a side that does not read fills its queue and is dealt no more), so the two share the
+same senders, alternately, and every condition but the work done per message.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -67,92 +64,96 @@ def cases() -> list[Case]:
 
 
 class IngestSide:
-    """The learner's receiving end on one socket: ``ours`` runs its ingest thread for a window,
-    ``raw`` reads and discards for one; each returns transitions per second."""
+    """The learner's receiving end: ``ours`` feeds replay from an intake process for a window,
+    ``raw`` reads and discards from a plain socket for one; each returns transitions per second."""
 
-    def __init__(self, ctx: zmq.Context, case: Case) -> None:
-        from zmqrl.learner.ingest import Ingest, LearnerCounters
+    def __init__(self, ctx: zmq.Context, case: Case, senders: int) -> None:
+        from zmqrl.learner.ingest import Ingest, LearnerCounters, group_limit
+        from zmqrl.learner.intake import IntakeProcess, SampleFeed
         from zmqrl.replay import NoLimit, make_replay
         from zmqrl.runtime.link import socket_limits
         from zmqrl.spec import SampleSpec
         from zmqrl.transport import sockets
-        from zmqrl.transport.channels import BadMessages, SampleReceiver
+        from zmqrl.transport.channels import BadMessages
 
         shape = case.shape
         self.batch = shape.batch
         self.spec = SampleSpec(shape.obs_shape, shape.obs_dtype, (), "int64", num_actions=shape.n_actions)
-        self.sock, self.endpoint = sockets.samples_pull(ctx, "tcp://127.0.0.1:0", socket_limits(case.config))
-        self.receiver = SampleReceiver(self.sock, self.spec, BadMessages("bench samples", log))
+        transport = replace(case.config.transport, samples="tcp://127.0.0.1:0")
+        self.intake = IntakeProcess(ctx, transport, BadMessages("bench ingest", log))
+        try:
+            self.endpoint = self.intake.bound()
+            self.sock, self.raw_endpoint = sockets.samples_pull(
+                ctx, "tcp://127.0.0.1:0", socket_limits(case.config)
+            )
+        except BaseException:
+            self.intake.close()
+            raise
+        self.zero_copy = self.spec.obs_bytes >= 1024  # as SampleReceiver reads (copy or not)
         self.counters = LearnerCounters()
         self.replay = make_replay(case.config.replay, self.spec, seed=0, log=log)
+        limiter = NoLimit()
         self.ingest = Ingest(
             self.replay,
-            NoLimit(),
+            limiter,
             self.counters,
             spec=self.spec,
             published_version=lambda: 0,
             min_replay_size=case.config.learner.min_replay_size,
             max_policy_lag=None,
         )
+        self.intake.begin(self.spec, senders, group_limit(self.spec, limiter))
+        self.feed = SampleFeed(self.intake, self.ingest)
         self.raw_messages = 0
 
     def ours(self, seconds: float) -> float:
+        def feed() -> None:
+            if not self.feed.take():
+                self.intake.ready(20)
+
         def inserted() -> int:
             with self.counters.lock:
                 return self.counters.samples
 
-        return _window(lambda stop: self.ingest.drain(self.receiver, stop), inserted, seconds)
+        return _window(feed, inserted, seconds)
 
     def raw(self, seconds: float) -> float:
-        copy = not self.receiver.zero_copy  # as the receiver reads: the cheaper way for the size
+        copy = not self.zero_copy  # as the receiver reads: the cheaper way for the size
+        sock = self.sock
 
-        def drain(stop: threading.Event) -> None:
-            sock = self.sock
-            while not stop.is_set():
-                if not sock.poll(100, zmq.POLLIN):
-                    continue
-                for _ in range(64):
-                    try:
-                        sock.recv_multipart(zmq.NOBLOCK, copy=copy)
-                    except zmq.Again:
-                        break
-                    self.raw_messages += 1
+        def drain() -> None:
+            if not sock.poll(20, zmq.POLLIN):
+                return
+            for _ in range(64):
+                try:
+                    sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+                except zmq.Again:
+                    break
+                self.raw_messages += 1
 
         return _window(drain, lambda: self.raw_messages * self.batch, seconds)
 
     def check(self) -> None:
         """Every message the benchmark made is valid: a drop means it measured the wrong thing."""
-        if self.receiver.bad.count:
-            raise RuntimeError(f"ingest benchmark: {self.receiver.bad.count} synthetic messages were dropped")
+        self.intake.read_reports()
+        if self.intake.bad.count:
+            raise RuntimeError(f"ingest benchmark: {self.intake.bad.count} synthetic messages were dropped")
 
     def close(self) -> None:
+        self.intake.close()
         self.sock.close(0)
 
 
-def _window(loop: Callable[[threading.Event], None], count: Callable[[], int], seconds: float) -> float:
-    """Run ``loop(stop)`` on a thread (as the learner's ingest thread runs); the rate of ``count``
-    over ``seconds`` after WARMUP_SECONDS."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def guarded() -> None:
-        try:
-            loop(stop)
-        except BaseException as exc:  # re-raised below, with its traceback
-            errors.append(exc)
-
-    thread = threading.Thread(target=guarded, name="bench-ingest", daemon=True)
-    thread.start()
-    try:
-        time.sleep(WARMUP_SECONDS)
-        n0, t0 = count(), time.perf_counter()
-        time.sleep(seconds)
-        n1, t1 = count(), time.perf_counter()
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-    if errors:
-        raise errors[0]
+def _window(step: Callable[[], None], count: Callable[[], int], seconds: float) -> float:
+    """Run ``step()`` over and over (on this thread, as the learner's training thread takes its
+    samples); the rate of ``count`` over ``seconds`` after WARMUP_SECONDS."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARMUP_SECONDS:
+        step()
+    n0, t0 = count(), time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+    n1, t1 = count(), time.perf_counter()
     return (n1 - n0) / (t1 - t0)
 
 
@@ -160,11 +161,12 @@ def measure(
     ctx: zmq.Context, case: Case, senders: int, repeats: int, seconds: float, reference: bool = True
 ) -> tuple[list[float], list[float]]:
     """``repeats`` windows of ours and (with ``reference``) raw, interleaved, from ``senders``."""
-    side = IngestSide(ctx, case)
+    side = IngestSide(ctx, case, senders)
     ours: list[float] = []
     raw: list[float] = []
     try:
-        with Senders(side.endpoint, senders, case.shape, hwm=case.config.transport.samples_hwm):
+        endpoints = (side.endpoint, side.raw_endpoint)
+        with Senders(endpoints, senders, case.shape, hwm=case.config.transport.samples_hwm):
             for _ in range(repeats):
                 ours.append(side.ours(seconds))
                 if reference:
@@ -190,7 +192,8 @@ def run(settings: BenchSettings) -> list[Comparison]:
                     ours=Stat.of(ours),
                     reference=Stat.of(raw),
                     target=INGEST_TARGET,
-                    notes="SampleReceiver + Ingest.drain into replay vs raw PULL receive-and-discard",
+                    notes="intake process (receive, decode, check) + SampleFeed into replay vs raw PULL "
+                    "receive-and-discard",
                     extra={"message_bytes": float(case.shape.message_bytes)},
                 )
             )

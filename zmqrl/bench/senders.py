@@ -23,6 +23,9 @@ from zmqrl.types import TransitionBatch
 
 # Pre-encoded messages a sender cycles through (distinct seqs within a cycle).
 CYCLE = 64
+# A paced sender behind its schedule by more than this (held back by its receiver) starts its
+# schedule afresh rather than burst to catch up: it offers its rate, never more.
+CATCH_UP_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -70,17 +73,33 @@ def encoded_messages(shape: SampleShape, actor_id: int, count: int = CYCLE) -> l
     ]
 
 
-def _push(endpoint: str, shape: SampleShape, actor_id: int, hwm: int, stop: EventType, ready: Any) -> None:
+def _push(
+    endpoints: tuple[str, ...],
+    shape: SampleShape,
+    actor_id: int,
+    hwm: int,
+    stop: EventType,
+    ready: Any,
+    per_second: float | None = None,
+) -> None:
     messages = encoded_messages(shape, actor_id)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+    for endpoint in endpoints:  # PUSH deals to the peers whose queue has room
+        sock.connect(endpoint)
     ready.release()
     i = 0
+    start = time.monotonic()
     try:
         while not stop.is_set():
+            if per_second is not None:  # paced: message i is due at start + i / per_second
+                ahead = start + i / per_second - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+                elif ahead < -CATCH_UP_SECONDS:  # held back: offer the rate from now, no burst
+                    start = time.monotonic() - i / per_second
             try:
                 sock.send_multipart(messages[i % CYCLE], flags=zmq.NOBLOCK, copy=False)
                 i += 1
@@ -94,16 +113,35 @@ def _push(endpoint: str, shape: SampleShape, actor_id: int, hwm: int, stop: Even
 class Senders:
     """``count`` sender processes pushing to ``endpoint`` until ``stop()`` (or the with-block ends).
 
+    Given several endpoints, each sender connects to all of them, and ZeroMQ deals its messages to
+    whichever has room: a receiver that stops reading fills its queue and gets no more, so two
+    receivers read alternately share the same senders.
+
     Processes are spawned (no fork of a process that holds torch or ZeroMQ state) and always
     terminated on the way out, so a failing benchmark leaves none behind.
     """
 
-    def __init__(self, endpoint: str, count: int, shape: SampleShape, hwm: int = 64) -> None:
+    def __init__(
+        self,
+        endpoint: str | tuple[str, ...],
+        count: int,
+        shape: SampleShape,
+        hwm: int = 64,
+        rate: float | None = None,
+    ) -> None:
+        """``rate``: the transitions/s all of them offer together, paced (None: as fast as the
+        sockets take them). A paced sender held back by its receiver does not burst to catch up."""
+        endpoints = (endpoint,) if isinstance(endpoint, str) else endpoint
+        per_second = None if rate is None else rate / shape.batch / count
         ctx = mp.get_context("spawn")
         self._stop = ctx.Event()
         self._ready = ctx.Semaphore(0)
         self._procs = [
-            ctx.Process(target=_push, args=(endpoint, shape, i, hwm, self._stop, self._ready), daemon=True)
+            ctx.Process(
+                target=_push,
+                args=(endpoints, shape, i, hwm, self._stop, self._ready, per_second),
+                daemon=True,
+            )
             for i in range(count)
         ]
 

@@ -1,5 +1,9 @@
-"""Ingest: what happens to a decoded samples message before it is in replay (ratio, lag, insert),
-and the learner's counters it adds to.
+"""Ingest: what happens to a checked group of samples before it is in replay (the weights-version
+check, the replay ratio, policy lag, the insert), and the learner's counters it adds to.
+
+Receiving, decoding and checking happen before, in the learner's intake process (or, in serial
+mode, in line); what is left here is cheap per group and runs on the training thread, between
+updates, as the replay ratio admits it (zmqrl/learner/main.py, zmqrl/serial.py).
 
 The counters live here because ingest is what moves them: it counts samples, batches, episodes
 and stale drops under the replay lock, and the training side only reads them (and counts its
@@ -20,7 +24,7 @@ from zmqrl.core import Replay
 from zmqrl.replay import Limiter, NoLimit
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.spec import SampleSpec
-from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages, SampleReceiver
+from zmqrl.transport.channels import ZERO_COPY_MIN_OBS_BYTES, BadMessages
 from zmqrl.transport.messages import MessageInfo
 from zmqrl.transport.sample_channel import SampleGroup
 from zmqrl.transport.wire import SamplesMsg, WireError
@@ -30,17 +34,11 @@ log = logging.getLogger("zmqrl.learner")
 
 # Longest single wait on the replay-ratio limiter, so waiting threads still see stops.
 LIMITER_WAIT_SECONDS = 0.1
-# Ingest thread: wait this long for a message before re-checking its stop flag.
-INGEST_POLL_MS = 100
-# Ingest thread: messages drained per wake-up before yielding the replay lock to the trainer.
-INGEST_MAX_DRAIN = 64
-# Ingest thread: queued messages merged into one content scan and one replay add (small rows).
-# A group's fixed costs (its columns, the scan, the replay add) were ~2.5 us of each CartPole
-# message at 16 and ~1 us at 32 (64 bought little more); 32 x 64 rows add in ~40 us.
-INGEST_GROUP_MESSAGES = 32
-# Ingest budget: the most CPU time the ingest thread may bank while idle, so a burst after a quiet
-# spell holds the GIL for at most this long before the budget makes it pause.
-BUDGET_BURST_SECONDS = 0.005
+# Most messages merged into one replay add (small rows, no replay ratio): the learner's intake
+# merges what arrives while the learner trains, up to this many, so that the fixed cost of a
+# group's insert on the training thread (its decode, admission, lags, replay transaction) is
+# shared by more rows the more there are (128 x 64 CartPole rows are 8,192).
+INGEST_GROUP_MESSAGES = 128
 
 # Batches over which the reported policy lag is averaged.
 RECENT_LAGS = 100
@@ -108,9 +106,13 @@ class LearnerCounters:
         self.restored_seconds = float(counters.get("seconds", 0.0))
 
 
-def group_limit(spec: SampleSpec) -> int:
+def group_limit(spec: SampleSpec, limiter: Limiter | None = None) -> int:
     """Messages ingest merges into one replay add: several for small rows, one for rows that
-    arrive zero-copy by default (merging would copy them; see SampleReceiver)."""
+    arrive zero-copy by default (merging would copy them; see SampleReceiver), and one under a
+    replay ratio or an on-policy queue (``limiter`` not NoLimit: a group waits for room for all
+    its rows at once, and room is at most the limiter's tolerance)."""
+    if limiter is not None and not isinstance(limiter, NoLimit):
+        return 1
     return INGEST_GROUP_MESSAGES if spec.obs_bytes < ZERO_COPY_MIN_OBS_BYTES else 1
 
 
@@ -132,60 +134,6 @@ def warn_if_queues_hide_lag(cfg: Config) -> None:
             "waiting in the OS's TCP buffers will be inserted long after they were acted (see "
             "policy_lag); consider --set transport.samples_buffer_kb=4 --set transport.samples_hwm=1"
         )
-
-
-class IngestBudget:
-    """Caps the ingest thread's share of the process's time, so training keeps the GIL.
-
-    The trainer and the ingest thread share one GIL. Unbounded, a flood of samples (uncapped
-    actors, no replay ratio) has the ingest thread decoding and inserting ~90% of the time, and
-    the trainer, which gives the GIL up at every torch call, waits to get it back after each one:
-    measured, 490 updates/s fell to 47. This is a token bucket on the thread's own CPU time
-    (``time.thread_time``, which does not count time spent waiting for the GIL): it earns
-    ``share`` seconds per second, banks at most ``BUDGET_BURST_SECONDS``, and pauses the thread
-    when it is spent. While it pauses the socket is not read, so actors feel it as backpressure,
-    like the replay-ratio limiter's. ``share`` None: no cap.
-    """
-
-    def __init__(
-        self,
-        share: float | None,
-        cpu_clock: Callable[[], float] = time.thread_time,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.share = share
-        self._cpu_clock = cpu_clock
-        self._clock = clock
-        self._tokens = BUDGET_BURST_SECONDS
-        self._last_wall = clock()
-        self._last_cpu = cpu_clock()
-        self.paused_seconds = 0.0  # time the thread was held back (stats: "ingest_budget_wait_s")
-
-    def restart(self) -> None:
-        """Start earning from now, with a full burst (what ran before is not charged)."""
-        self._tokens = BUDGET_BURST_SECONDS
-        self._last_wall, self._last_cpu = self._clock(), self._cpu_clock()
-
-    def wait_time(self) -> float:
-        """Seconds to pause now (0: go on). Call from the ingest thread only (its CPU clock)."""
-        if self.share is None:
-            return 0.0
-        wall, cpu = self._clock(), self._cpu_clock()
-        earned = (wall - self._last_wall) * self.share
-        self._tokens = min(BUDGET_BURST_SECONDS, self._tokens + earned - (cpu - self._last_cpu))
-        self._last_wall, self._last_cpu = wall, cpu
-        if self._tokens >= 0:
-            return 0.0
-        # Once spent, wait until half a burst is earned back: a few long pauses and bursts of
-        # several messages cost less (wake-ups, cold caches) than one message per wake-up.
-        return (BUDGET_BURST_SECONDS / 2 - self._tokens) / self.share
-
-    def pause(self, stop: threading.Event) -> None:
-        """Wait until the budget allows more work (or ``stop`` is set)."""
-        seconds = self.wait_time()
-        if seconds > 0:
-            self.paused_seconds += seconds
-            stop.wait(seconds)
 
 
 class Ingest:
@@ -211,7 +159,6 @@ class Ingest:
         published_version: Callable[[], int],
         min_replay_size: int,
         max_policy_lag: int | None,
-        max_share: float | None = None,
         faults: Faults | None = None,
     ) -> None:
         self.spec = spec
@@ -224,7 +171,6 @@ class Ingest:
         self._min_replay_size = min_replay_size
         self._max_policy_lag = max_policy_lag
         self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
-        self.budget = IngestBudget(max_share)  # learner.ingest_max_share
         # A test's injected fault, kept only when it is for ingest (none: no fault code per batch).
         self._faults = faults if faults is not None and faults.ingest_armed() else None
         self.note_replay_size()
@@ -238,22 +184,35 @@ class Ingest:
     ) -> bool:
         """Insert a group's messages as one replay add (dropping, and counting, any too stale, and
         any bad one in ``bad``, default ``self.bad``); False if ``stop`` was set while it waited
-        for the replay ratio.
+        for the replay ratio (without ``stop``: once the ratio refused it for LIMITER_WAIT_SECONDS).
 
         Under a replay ratio, give it groups of one message: a group waits for room for all of
         its rows at once, and room is at most the limiter's tolerance.
         """
-        admitted = self._admitted(group, bad or self.bad)
+        admitted = self.admit(group, bad)
         if admitted is None:
             return True
-        group = admitted
-        n = group.size
-        counters = self.counters
-        if self._faults is not None and (counters.samples > 0 or len(group.infos) > 1):
-            self._faults.before_insert()  # from the second batch on
-        while not self.limiter.await_insert(n, LIMITER_WAIT_SECONDS):
+        while not self.insert(admitted, LIMITER_WAIT_SECONDS):
             if stop is None or stop.is_set():
                 return False
+        return True
+
+    def admit(self, group: SampleGroup, bad: BadMessages | None = None) -> SampleGroup | None:
+        """``group`` less its messages stamped with a weights version above the newest published
+        (recorded in ``bad``, default ``self.bad``); None if none is left. Once per group: what is
+        admitted may then wait for the replay ratio (``insert``) as long as it takes."""
+        return self._admitted(group, bad or self.bad)
+
+    def insert(self, group: SampleGroup, wait: float = 0.0) -> bool:
+        """Insert an admitted group as one replay add, all or nothing, once the replay ratio has
+        room for it (waiting up to ``wait`` seconds); the too stale messages are dropped and
+        counted instead. False, and nothing changed, if the ratio had no room."""
+        n = group.size
+        counters = self.counters
+        if not self.limiter.await_insert(n, wait):
+            return False
+        if self._faults is not None and (counters.samples > 0 or len(group.infos) > 1):
+            self._faults.before_insert()  # from the second batch on
         # Lag is measured when a batch would enter replay; never negative (see _admitted: the
         # published version only grows, so what was not from the future then is not now).
         published = self._published_version()
@@ -301,32 +260,5 @@ class Ingest:
         return group.only(keep)
 
     def note_replay_size(self) -> None:
-        if len(self.replay) >= self._min_replay_size:
+        if not self.replay_ready.is_set() and len(self.replay) >= self._min_replay_size:
             self.replay_ready.set()
-
-    def drain(self, receiver: SampleReceiver, stop: threading.Event) -> None:
-        """The ingest thread's loop: receive, validate (in the receiver) and accept until ``stop``,
-        within the thread's share of the process's time (``learner.ingest_max_share``) once
-        training can start: filling replay to ``min_replay_size`` goes as fast as it can."""
-        budget, capped = self.budget, False
-        # Merge messages only where it pays and is safe: small rows (large ones arrive zero-copy,
-        # and merging would copy them), and no replay ratio (see accept_group).
-        merge = not receiver.zero_copy and isinstance(self.limiter, NoLimit)
-        limit = group_limit(self.spec) if merge else 1  # never more rows than largest_add
-        while not stop.is_set():
-            if not receiver.wait(INGEST_POLL_MS):
-                continue
-            if not capped and self.replay_ready.is_set():
-                budget.restart()
-                capped = True
-            drained = 0
-            while drained < INGEST_MAX_DRAIN:
-                group = receiver.recv_group(limit)
-                if group is None:
-                    break
-                self.accept_group(group, stop, receiver.bad)
-                drained += len(group.infos)
-                if capped and budget.wait_time() > 0:
-                    break
-            if capped:
-                budget.pause(stop)

@@ -1,4 +1,6 @@
-"""The learner process: a Trainer wired to the samples and weights sockets, ingest thread and supervisor."""
+"""The learner process: a Trainer wired to its intake process (samples), the weights socket and the
+supervisor. One thread trains and, between updates, takes the groups its intake checked into
+replay as the replay ratio admits them; no second thread contends with training for the lock."""
 
 from __future__ import annotations
 
@@ -16,16 +18,16 @@ from zmqrl.checkpoints.files import CheckpointStorageError, CheckpointWriteError
 from zmqrl.config import Config
 from zmqrl.learner.dynamo_import import defer_adam_step_import, defer_dynamo_import
 from zmqrl.learner.endpoints import LearnerSockets, bind_learner_sockets
-from zmqrl.learner.ingest import warn_if_queues_hide_lag
+from zmqrl.learner.ingest import group_limit, warn_if_queues_hide_lag
+from zmqrl.learner.intake import SampleFeed
 from zmqrl.learner.reporting import LearnerReports, write_stats
 from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
 from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
-from zmqrl.runtime.guard import ThreadDied, start_guarded
+from zmqrl.runtime.guard import ThreadDied
 from zmqrl.runtime.link import END_ACTORS_DONE, SupervisorLink, launch_time
 from zmqrl.runtime.testhooks import Faults
-from zmqrl.transport.channels import BadMessages, SampleReceiver, WeightsPublisher
-from zmqrl.transport.sequence import SequenceTracker
+from zmqrl.transport.channels import WeightsPublisher
 
 # When this module (and torch with it) finished importing: the first of the start-up marks.
 IMPORTED = time.time()
@@ -34,14 +36,14 @@ HOUSEKEEPING_EVERY = 8
 # While waiting for the first transitions, the learner answers joining actors this often: the
 # run's start waits on each actor's first weights.
 WAIT_TICK_SECONDS = 0.02
-# Longest single wait for the replay ratio to admit an update, so the loop still heartbeats.
-TRAIN_WAIT_SECONDS = 0.1
+# Longest single wait for samples when the replay ratio admits no update, so the loop still heartbeats.
+TRAIN_WAIT_MS = 100
 
 log = logging.getLogger("zmqrl.learner")
 
 
 class Learner:
-    """Owns the sockets, the ingest thread and the run directory around a :class:`Trainer`.
+    """Owns the intake process, the weights socket and the run directory around a :class:`Trainer`.
 
     ``run()`` blocks until ``learner.max_updates``, ``learner.max_seconds``, the target held
     (``learner.stop_at_target``: its own evaluations, or the supervisor's word for the evaluator's),
@@ -74,7 +76,6 @@ class Learner:
         self.ready = threading.Event()  # set once sockets are bound and `endpoints` is filled
         self.endpoints: dict[str, str] = {}
         self.stats: dict[str, Any] = {}
-        self._ingest_stop = threading.Event()
         self._thread_error: tuple[str, BaseException] | None = None  # a background thread that died
         self._ignored_end: str | None = None  # a supervisor's end request this learner does not act on
         self.trainer: Trainer | None = None
@@ -140,21 +141,17 @@ class Learner:
                 built.callback(bound.close)
             self._auth = bound.auth
             self.endpoints = {"samples": bound.samples_endpoint, "weights": bound.weights_endpoint}
-            self.receiver = SampleReceiver(
-                bound.samples,
-                trainer.spec,
-                BadMessages("learner samples", log),
-                seqs=SequenceTracker.for_run(cfg.actor.num_actors),
-            )
+            self.intake = self.receiver = bound.intake  # (receiver: what tests and tools read)
+            self.feed = SampleFeed(self.intake, trainer.ingest)  # into replay, between updates
             self.publisher = WeightsPublisher(bound.weights, cfg.agent.kind, fingerprint=trainer.fingerprint)
             built.callback(lambda: self.publisher.announce_stop(f"learner {self._state}"))
             launched = self._launched = launch_time(log)
             self._mark("imported", IMPORTED)
             self._mark("bound", bound.bound_at)
             trainer.start(launched)
-            # The first weights before the rest is built (the TensorBoard writer, the ingest
-            # thread): the actors act with them meanwhile, and their first batches wait in the
-            # samples queue.
+            self.intake.begin(trainer.spec, cfg.actor.num_actors, group_limit(trainer.spec, trainer.limiter))
+            # The first weights before the rest is built (the TensorBoard writer): the actors act
+            # with them meanwhile, and their first batches wait in the intake.
             self._publish(trainer.publish())  # first publish: actors adopt the learner's weights
             self._mark("first_weights")
             tb = self._logger or run_logger(self.run_dir, "learner", launched=launched, config=cfg)
@@ -162,17 +159,11 @@ class Learner:
             self.reports = reports = LearnerReports(
                 trainer,
                 tb,
-                bad_messages=lambda: self.receiver.bad.count,
-                seqs=self.receiver.seqs,
+                bad_messages=lambda: self.intake.bad.count,
+                seqs=self.intake.seqs,
                 extra=self._extra,
             )
             self.started = time.monotonic()
-            ingest = start_guarded(
-                lambda: trainer.ingest.drain(self.receiver, self._ingest_stop),
-                "ingest",
-                self._background_died,
-            )
-            built.callback(self._stop_ingest, ingest)
             self.ready.set()
             log.info("learner up: samples %s, weights %s", bound.samples_endpoint, bound.weights_endpoint)
             self._wait_for_replay()
@@ -188,18 +179,14 @@ class Learner:
             self._state = "finished" if finished else "stopped"
         return self.stats
 
-    def _stop_ingest(self, ingest: threading.Thread) -> None:
-        self._ingest_stop.set()
-        self.parts.limiter.close()  # an ingest thread waiting for room must not outlive the run
-        ingest.join(timeout=5)
-
     def _report_end(self) -> None:
         """The final stats file, then the final heartbeat (a supervisor that hears it reads the
         file): with the learner's counters once it got that far, else its state alone."""
         state = self._state
         try:
             if self.reports is not None and self.trainer is not None:
-                self.receiver.bad.flush()  # drops still waiting for their rate-limited log line
+                self.intake.close()  # its last report in: every drop counted
+                self.intake.bad.flush()  # drops still waiting for their rate-limited log line
                 final = self.reports.final_stats(state, self.endpoints)
                 self.stats = {**final, **self.trainer.end_stats(state)}
             else:
@@ -230,15 +217,15 @@ class Learner:
         self.reports.log_eval(self.trainer.follow_up(report))
 
     def _extra(self) -> dict[str, float | int]:
-        # Curve handshakes refused (unknown or revoked keys).
-        return {"auth_denied": self._auth.denied} if self._auth is not None else {}
+        # Curve handshakes refused (unknown or revoked keys): at the weights socket and the intake's.
+        return {"auth_denied": self._auth.denied + self.intake.auth_denied} if self._auth is not None else {}
 
     def _counters(self) -> dict[str, float | int]:
         assert self.reports is not None, "counters are read once run() built its reports"
         return self.reports.counters()
 
     def _background_died(self, exc: BaseException) -> None:
-        """A background thread (ingest, checkpoint writer) died: the main loop raises ThreadDied
+        """A background thread (the checkpoint writer) died: the main loop raises ThreadDied
         at its next housekeeping, so the process exits non-zero and is restarted from its checkpoint."""
         if self._thread_error is None:
             self._thread_error = (threading.current_thread().name, exc)
@@ -258,8 +245,9 @@ class Learner:
     def _housekeeping(self, useful: bool = False) -> None:
         """``useful``: updates were made since the last call (waiting for data is not work)."""
         self._raise_if_thread_died()
+        self.intake.read_reports()  # its counts; IntakeDied if it ended
         self.publisher.republish_if_due(self.cfg.learner.republish_seconds)
-        self.receiver.bad.maybe_flush()  # a burst of drops that stopped is still reported
+        self.intake.bad.maybe_flush()  # a burst of drops that stopped is still reported
         self.link.tick(self._counters, self.endpoints, useful=useful)
         assert self.reports is not None
         self.reports.progress_line_if_due()
@@ -293,15 +281,19 @@ class Learner:
         )
 
     def _wait_for_replay(self) -> None:
-        """Sleep (no spinning) until replay holds ``min_replay_size`` transitions, keeping the
-        weights republished and the supervisor informed meanwhile."""
+        """Take samples (sleeping on the intake, no spinning) until replay holds
+        ``min_replay_size`` transitions, keeping the weights republished and the supervisor
+        informed meanwhile."""
         assert self.trainer is not None
         ready = self.trainer.ingest.replay_ready
         self.trainer.ingest.note_replay_size()  # e.g. restored from a snapshot
         if ready.is_set():
             return
         log.info("waiting for %d transitions before the first update", self.trainer.min_size)
-        while not ready.wait(timeout=min(WAIT_TICK_SECONDS, self.cfg.learner.republish_seconds)):
+        tick_ms = int(1000 * min(WAIT_TICK_SECONDS, self.cfg.learner.republish_seconds))
+        while not ready.is_set():
+            if not self.feed.take():
+                self.intake.ready(tick_ms)
             self._housekeeping()
             if self.stop_event.is_set() or self.trainer.ended is not None:
                 return
@@ -312,8 +304,12 @@ class Learner:
         log.info("training: %d updates of batch %d", lcfg.max_updates, self.cfg.agent.batch_size)
         crash_at = faults.crash_at(trainer.counters.updates) if faults is not None else None
         while not self._leaving():
-            if not trainer.can_train(TRAIN_WAIT_SECONDS):
-                self._housekeeping()  # ahead of the data: wait for actors, but stay responsive
+            took = self.feed.take_if_due()
+            if not trainer.can_train():
+                took = took or self.feed.take()  # out of data: take what is there at once
+                if not took:  # ahead of the data: wait for the actors' next samples
+                    self.feed.wait(TRAIN_WAIT_MS)
+                self._housekeeping()  # and stay responsive
                 continue
             self._train_step()
             if "first_update" not in self.startup:

@@ -14,7 +14,7 @@ import numpy as np
 from zmqrl import strictjson
 from zmqrl.evaluator.greedy import EvalResult
 from zmqrl.metrics import Logger, fmt_value
-from zmqrl.transport.sequence import SequenceTracker
+from zmqrl.transport.sequence import SequenceCounts
 
 if TYPE_CHECKING:
     from zmqrl.learner.trainer import Trainer
@@ -40,7 +40,7 @@ class LearnerReports:
         tb: Logger,
         *,
         bad_messages: Callable[[], int],
-        seqs: SequenceTracker,
+        seqs: SequenceCounts,
         extra: Callable[[], dict[str, float | int]] = dict,
     ) -> None:
         self.trainer = trainer
@@ -76,7 +76,6 @@ class LearnerReports:
             "samples_per_insert": limits["ratio"],
             "sample_blocked_seconds": limits["sample_blocked_seconds"],
             "insert_blocked_seconds": limits["insert_blocked_seconds"],
-            "ingest_budget_seconds": t.ingest.budget.paused_seconds,
             "updates": c.updates,
             "samples": samples,
             "batches": batches,
@@ -166,7 +165,6 @@ class LearnerReports:
         tb.scalar("replay/samples_per_insert", limits["ratio"], step)
         tb.scalar("perf/sample_blocked_seconds", limits["sample_blocked_seconds"], step)
         tb.scalar("perf/insert_blocked_seconds", limits["insert_blocked_seconds"], step)
-        tb.scalar("perf/ingest_budget_seconds", t.ingest.budget.paused_seconds, step)
         now = time.monotonic()
         t0, u0, s0 = self._rate_mark
         if now > t0:

@@ -167,7 +167,6 @@ class Trainer:
             published_version=lambda: self.published_version,
             min_replay_size=min_size,
             max_policy_lag=lcfg.max_policy_lag,
-            max_share=lcfg.ingest_max_share,
             faults=faults,
         )
         self.launched = time.time()  # "seconds" in the eval history count from here (see start)

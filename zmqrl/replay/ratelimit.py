@@ -198,6 +198,13 @@ class RateLimiter:
                 del self._waiting[wait_id]
                 self._blocked_total[stat] += self._clock() - start
 
+    def record_wait(self, stat: str, seconds: float) -> None:
+        """Count ``seconds`` a side waited outside ``await_*`` (``STAT_SAMPLE_BLOCKED``: a training
+        loop that waited for data elsewhere, on its intake; ``STAT_INSERT_BLOCKED``: a group held
+        because the ratio refused it), in the same totals its waits inside are counted in."""
+        with self._cond:
+            self._blocked_total[stat] += max(0.0, seconds)
+
     def inserted(self, n: int) -> None:
         """Record ``n`` rows inserted into replay; wakes a sampler that was waiting for data."""
         _check_count("n", n)
@@ -281,6 +288,9 @@ class NoLimit:
 
     def await_sample(self, n: int, timeout: float) -> bool:
         return True
+
+    def record_wait(self, stat: str, seconds: float) -> None:
+        """Nothing to count: without a ratio neither side ever waits on the limiter."""
 
     def inserted(self, n: int) -> None:
         _check_count("n", n)

@@ -190,6 +190,11 @@ class QueueLimiter:
             finally:
                 self._blocked[stat] += time.monotonic() - start
 
+    def record_wait(self, stat: str, seconds: float) -> None:
+        """Count ``seconds`` a side waited outside ``await_*`` (see RateLimiter.record_wait)."""
+        with self._cond:
+            self._blocked[stat] += max(0.0, seconds)
+
     def inserted(self, n: int) -> None:
         """Count ``n`` env steps queued and wake a trainer waiting for a batch."""
         with self._cond:

@@ -198,8 +198,6 @@ def _replay(snap: RunSnapshot) -> Group:
     size.append(f" ({_share(fill)} full)" if fill is not None else "")
     size.append(f" | limiter: learner waited {_share(snap.limiter_wait_share)}")
     size.append(f", ingest held {_share(snap.insert_wait_share)}")
-    if snap.ingest_budget_share:  # learner.ingest_max_share reached: actors are being held back
-        size.append(f" (CPU budget {_share(snap.ingest_budget_share)})")
     flow = Text.assemble(_label("samples"), f"in {fmt_number(snap.samples_in_per_s)}/s")
     flow.append(f" | trained {fmt_number(snap.samples_trained_per_s)}/s")
     flow.append(f" | replay ratio {fmt_number(snap.replay_ratio, 2)}")

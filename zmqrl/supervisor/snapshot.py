@@ -41,7 +41,6 @@ RATE_FALLBACKS = {
     "samples": "samples_per_s",
     "sample_blocked_seconds": "",
     "insert_blocked_seconds": "",
-    "ingest_budget_seconds": "",
 }
 RATE_UNITS = {"actor": "steps/s", "learner": "upd/s", "evaluator": "evals"}
 ROLE_ORDER = {"learner": 0, "evaluator": 1, "actor": 2}
@@ -100,7 +99,6 @@ class RunSnapshot:
     samples: int = 0  # transitions the learner received
     actors_alive: int = 0
     insert_wait_share: float | None = None  # share of recent time the learner's ingest was held back
-    ingest_budget_share: float | None = None  # share of recent time ingest paused on its CPU budget
     rises: dict[str, int] = field(default_factory=dict)  # for each name in `rising`, by how much
     no_progress: str = ""  # the no-progress warning and what to try (supervisor.no_progress_seconds)
     no_progress_seconds: float | None = None  # seconds without a new best evaluation, while warned
@@ -214,7 +212,6 @@ class SnapshotBuilder:
             samples=int(finite(lc.get("samples")) or 0),
             actors_alive=sum(1 for r in rows if r.role == "actor" and _alive(r.state)),
             insert_wait_share=_share(lrates.get("insert_blocked_seconds")),
-            ingest_budget_share=_share(lrates.get("ingest_budget_seconds")),
             rises=rising,
             no_progress=stalled,
             no_progress_seconds=self.no_progress.seconds,

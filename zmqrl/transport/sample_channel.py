@@ -9,12 +9,12 @@ counts what it drops.
 
 Why groups: the learner's per-message costs (a replay transaction, the content scans, the lock and
 the counters) are fixed, not per row, and with CartPole-sized messages they were most of the
-ingest time. So the receiver takes the messages that are already queued, up to a limit, scans
-their merged rows once, and the learner inserts them as one all-or-nothing replay add. Each
-message still counts on its own: sequence numbers, policy lag, episodes, and a bad one is dropped
-alone. For small transition rows the group is read straight into its merged columns, message by
-message, once a layout is known (:mod:`zmqrl.transport.sample_groups`): no per-message arrays and no
-concatenation, with every check of the full decoder made on every message.
+ingest time. So the receiver takes the messages that are already queued, up to a limit, decodes
+each with the one samples decoder (:func:`zmqrl.transport.wire.load_samples`, the same serial mode
+runs), scans their merged rows once, and the learner inserts them as one all-or-nothing replay
+add. Each message still counts on its own: sequence numbers, policy lag, episodes, and a bad one is
+dropped alone. The learner runs this receiver in its intake process (zmqrl/learner/intake_process.py),
+beside training rather than on its interpreter lock.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from zmqrl.transport.bad_messages import BadMessages, Clock
 from zmqrl.transport.messages import SampleGroup
 from zmqrl.transport.peers import PeerWatch
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
-from zmqrl.transport.sample_groups import GroupReader
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import SamplesMsg, WireError
 from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS
@@ -241,13 +240,16 @@ class SampleReceiver:
         self.limit = channel_limit(sock, SAMPLES_MAX_FRAMES)
         self.zero_copy = spec.obs_bytes >= ZERO_COPY_MIN_OBS_BYTES if zero_copy is None else zero_copy
         self._held: SamplesMsg | None = None  # received, validated in layout, for the next group
-        # Small transition rows of known layouts are received straight into a group's columns.
-        fast = GroupReader.usable(sock, spec, self.zero_copy)
-        self._reader = GroupReader(sock, spec, self.limit) if fast else None
 
     def wait(self, timeout_ms: int) -> bool:
-        """Whether a message is ready within ``timeout_ms`` (so the ingest thread never spins)."""
+        """Whether a message is ready within ``timeout_ms`` (so a reading loop never spins)."""
         return self._held is not None or bool(self._sock.poll(timeout_ms, zmq.POLLIN))
+
+    @property
+    def holding(self) -> bool:
+        """Whether a message read for the last group waits for the next one (its priorities
+        differed): ``recv_group`` has something to give although the socket may be empty."""
+        return self._held is not None
 
     def recv_nowait(self) -> SamplesMsg | bool | None:
         """One message: a valid ``SamplesMsg``; ``None`` if it was malformed (counted); ``False``
@@ -270,10 +272,16 @@ class SampleReceiver:
         Malformed messages are counted and dropped one by one, as by ``recv_nowait``: when the
         merged scan fails, each message is scanned alone to find the bad ones, and only the
         good ones stay. A message whose priorities (present or absent) differ from the group's
-        so far waits for the next group.
+        so far waits for the next group, which is read at once when every message of this one
+        was bad (a message held back is never left waiting for more to arrive).
         """
-        if self._reader is not None:
-            return self._recv_into_group(self._reader, limit)
+        while True:
+            group = self._read_group(limit)
+            if group is not None or self._held is None:
+                return group
+
+    def _read_group(self, limit: int) -> SampleGroup | None:
+        """One pass of ``recv_group``: the queued messages up to ``limit`` or a change of priorities."""
         messages: list[SamplesMsg] = []
         if self._held is not None:
             messages.append(self._held)
@@ -294,14 +302,6 @@ class SampleReceiver:
         if not messages:
             return None
         return self._checked(SampleGroup.of(messages))
-
-    def _recv_into_group(self, reader: GroupReader, limit: int) -> SampleGroup | None:
-        """``recv_group`` for small transition rows (:meth:`GroupReader.read`)."""
-        while True:
-            read, self._held = reader.read(limit, self._held, self.bad)
-            group = None if read is None else self._checked(SampleGroup(*read))
-            if group is not None or self._held is None:  # a held message is never left waiting
-                return group
 
     def _checked(self, group: SampleGroup) -> SampleGroup | None:
         """``group`` less the messages whose contents fail (counted), their sequence numbers

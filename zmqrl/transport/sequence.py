@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 # Ids tracked one by one when the caller does not say how many actors the run has (tests, benches).
 MAX_TRACKED_ACTORS = 4096
@@ -62,6 +63,15 @@ class ActorSeqStats:
     reordered: int = 0  # messages at or below the highest seq already seen (late or duplicate)
     restarts: int = 0  # new incarnations (seq back to 0, or far back)
     last_seq: int = -1  # highest seq of the current incarnation
+
+
+class SequenceCounts(Protocol):
+    """What reports read of the accounting: a tracker's own, or the copy a learner keeps of its
+    intake process's (zmqrl/learner/intake.py)."""
+
+    def per_actor(self) -> dict[int, dict[str, int]]: ...
+
+    def totals(self) -> dict[str, int]: ...
 
 
 class SequenceTracker:

@@ -1,0 +1,193 @@
+"""The learner's intake process: samples are received, decoded and checked beside training, not on
+its interpreter lock; what the learner takes from it is what it checked; it lives and dies with
+its learner, and its failure is the learner's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
+from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
+from zmqrl.learner import intake_wire
+from zmqrl.learner.intake import IntakeDied
+from zmqrl.learner.main import Learner
+from zmqrl.spec import SampleSpec
+from zmqrl.transport import wire
+from zmqrl.transport.messages import MessageInfo, SampleGroup, SamplesMsg
+from zmqrl.types import EpisodeStat, RolloutBatch
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Started:
+    """A learner on a thread, its exception kept, with a hand-driven actor socket."""
+
+    def __init__(self, ctx: zmq.Context, tmp_path: Path, **extra: object) -> None:
+        self.sup = FakeSupervisor(ctx)
+        cfg = tiny_config(tmp_path, learner__max_updates=10**6, learner__min_replay_size=64, **extra)
+        self.learner = Learner(with_transport(cfg, **self.sup.endpoints()), ctx=ctx)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.learner.ready.wait(30)
+        wait_until(lambda: self.learner.publisher.version >= 1, 10, "the first publish")
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.connect(self.learner.endpoints["samples"])
+
+    def _run(self) -> None:
+        try:
+            self.learner.run()
+        except BaseException as exc:  # the test reads it
+            self.error = exc
+
+    def send(self, seq: int, rows: int = 32) -> None:
+        self.push.send_multipart(wire.dump(SamplesMsg(0, seq, 1, cartpole_batch(rows), [])))
+
+    def close(self) -> None:
+        self.learner.request_stop()
+        self.thread.join(timeout=30)
+        self.push.close(0)
+        self.sup.close()
+
+
+def test_samples_reach_replay_through_a_process_of_their_own_and_no_thread_shares_training(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    run = Started(ctx, tmp_path)
+    try:
+        intake = run.learner.intake
+        assert intake.proc.pid != os.getpid() and alive(intake.proc.pid)
+        assert not any("ingest" in t.name for t in threading.enumerate()), "no ingest thread any more"
+        for seq in range(10):
+            run.send(seq)
+        wait_until(lambda: run.learner.samples == 320, 20, "the samples in replay")
+        wait_until(lambda: run.learner.updates > 10, 20, "training on them")
+        seqs = run.learner.receiver.seqs
+        wait_until(lambda: seqs.per_actor().get(0, {}).get("batches") == 10, 10, "the intake's report")
+    finally:
+        run.close()
+    assert run.error is None
+    assert not alive(intake.proc.pid), "the intake ends with its learner"
+
+
+def test_an_intake_that_dies_ends_its_learner_with_a_failure(ctx: zmq.Context, tmp_path: Path) -> None:
+    run = Started(ctx, tmp_path)
+    try:
+        os.kill(run.learner.intake.proc.pid, signal.SIGKILL)
+        run.thread.join(timeout=30)
+        assert not run.thread.is_alive()
+    finally:
+        run.close()
+    assert isinstance(run.error, IntakeDied) and "exit code -9" in str(run.error)
+    assert run.learner.stats["state"] == "failed"
+
+
+@pytest.mark.slow
+def test_a_killed_learner_takes_its_intake_with_it(run_root: Path) -> None:
+    """SIGKILL leaves the learner no time to stop anything: the kernel's parent-death signal ends
+    the intake, so no process holds the samples port for a restarted learner."""
+    cmd = [sys.executable, "-m", "zmqrl", "learner", str(REPO / "configs" / "cartpole_dqn.yaml")]
+    for item in tiny_overrides(run_root):
+        cmd += ["--set", item]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        children: list[int] = []
+
+        def intake_started() -> bool:
+            path = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            children[:] = [int(c) for c in path.read_text().split()] if path.exists() else []
+            return bool(children)
+
+        wait_until(intake_started, 60, "the learner's intake process")
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_until(lambda: not any(alive(c) for c in children), 10, "the intake to leave with its learner")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_checked_group_crosses_to_the_learner_as_it_was() -> None:
+    rng = np.random.default_rng(0)
+    transitions = SampleGroup.of(
+        [
+            SamplesMsg(3, 7, 2, cartpole_batch(5), [EpisodeStat(12.5, 9)], np.full(5, 0.25, np.float32)),
+            SamplesMsg(4, 0, 2, cartpole_batch(3), [], np.full(3, 0.5, np.float32)),
+        ]
+    )
+    rollouts = SampleGroup(
+        (MessageInfo(1, 2, 3, 0, 2, []),),
+        RolloutBatch(
+            rng.random((2, 4, 4), dtype=np.float32),
+            np.zeros((2, 3), np.int64),
+            np.ones((2, 3), np.float32),
+            np.zeros((2, 3), bool),
+            np.array([[False, True, False], [False, False, False]]),
+            np.full((2, 3), -0.7, np.float32),
+            rng.random((1, 4), dtype=np.float32),
+        ),
+        None,
+    )
+    for group in (transitions, rollouts):
+        frames = [bytes(memoryview(f)) for f in intake_wire.dump_group(group)]
+        back = intake_wire.load_group(frames)
+        assert back.infos == group.infos
+        assert type(back.batch) is type(group.batch)
+        for ours, theirs in zip(back.batch, group.batch, strict=True):
+            assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+        assert (back.priorities is None) == (group.priorities is None)
+        if group.priorities is not None:
+            assert np.array_equal(back.priorities, group.priorities)
+
+
+def test_the_spec_crosses_whole() -> None:
+    spec = SampleSpec(
+        (4,), "float32", (2,), "float32", action_low=(-1.0, -2.0), action_high=1.0,
+        obs_low=-np.inf, obs_high=(1.0, 2.0, 3.0, 4.0), rollout_length=16,
+    )  # fmt: skip
+    sent = intake_wire.load(intake_wire.dump({"spec": intake_wire.spec_to_dict(spec)}))
+    assert intake_wire.spec_from_dict(sent["spec"]) == spec
+
+
+def test_a_port_in_use_is_the_bind_error_it_always_was_and_leaves_nothing_running(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    from zmqrl.learner.endpoints import bind_learner_sockets
+    from zmqrl.transport.sockets import BindError
+
+    taken = ctx.socket(zmq.PULL)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    cfg = tiny_config(tmp_path, transport__samples=f"tcp://127.0.0.1:{port}")
+    before = set(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split())
+    started = time.monotonic()
+    bound = bind_learner_sockets(cfg, ctx)  # the intake binds while the learner imports torch
+    try:
+        with pytest.raises(BindError, match=f"127.0.0.1:{port}"):
+            bound.samples_endpoint  # noqa: B018 - asked for, the intake's answer is the bind error
+    finally:
+        bound.close()
+    assert time.monotonic() - started < 30
+    wait_until(
+        lambda: set(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()) <= before,
+        10,
+        "the intake to be gone",
+    )
+    taken.close(0)
