@@ -82,7 +82,7 @@ def test_train_in_processes_runs_what_launch_runs(run_root: Path) -> None:
 def test_a_failed_run_raises_training_failed_with_the_partial_result(
     run_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The learner's ingest thread fails on its second batch; with no restarts allowed the run fails.
+    # The learner's insert fails on its second batch; with no restarts allowed the run fails.
     monkeypatch.setenv("ZMQRL_TEST_HOOKS", f"ingest_fault_once={tmp_path / 'fired'}")
     cfg = zmqrl.load_config(None, overrides(run_root, supervisor__max_restarts=0))
     with pytest.raises(zmqrl.TrainingFailed, match="logs") as failure:

@@ -165,7 +165,7 @@ def test_actors_stay_up_through_a_failed_learner_and_feed_its_replacement(
     checkpoints = run_dir / "checkpoints"
     wait_until((checkpoints / "latest").is_file, 90, "the learner to be training")
     assert "learner finished" not in launch.output, f"the learner ended before the fault:\n{launch.output}"
-    marker.unlink()  # the next batch the learner accepts raises in its ingest thread
+    marker.unlink()  # the next batch the learner accepts raises as it is inserted
     # Each step waited on in turn, so that a failure says which one did not happen (the hook
     # recreates the marker when it fires).
     try:

@@ -255,7 +255,7 @@ def test_actors_are_held_back_when_the_learner_falls_behind(ctx: zmq.Context, tm
         allowed = 64 + limits["sampled"] / 1000 + 64 + 32  # min size + what was learned from + tolerance
         assert limits["inserted"] <= allowed, "replay must not run ahead of the ratio's tolerance"
     finally:
-        stats = run.stop()  # closing the limiter releases the waiting ingest thread
+        stats = run.stop()
     assert stats["state"] == "stopped"
 
 
