@@ -4,12 +4,14 @@ its learner, and its failure is the learner's."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +20,14 @@ import zmq
 
 from tests.conftest import REPO, tiny_config, tiny_overrides, wait_until
 from tests.test_roles import FakeSupervisor, cartpole_batch, with_transport
+from zmqrl.config import TransportConfig
+from zmqrl.learner import intake as intake_module
 from zmqrl.learner import intake_wire
-from zmqrl.learner.intake import IntakeDied
+from zmqrl.learner.intake import IntakeDied, IntakeProcess
 from zmqrl.learner.main import Learner
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
+from zmqrl.transport.bad_messages import BadMessages
 from zmqrl.transport.messages import MessageInfo, SampleGroup, SamplesMsg
 from zmqrl.types import EpisodeStat, RolloutBatch
 
@@ -191,3 +196,45 @@ def test_a_port_in_use_is_the_bind_error_it_always_was_and_leaves_nothing_runnin
         "the intake to be gone",
     )
     taken.close(0)
+
+
+def stuck_intake(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An intake that runs but never connects its end of the control channel, as one has that
+    closed it on the way out: the learner's orders to it can never go."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    monkeypatch.setattr(intake_module, "INTAKE_COMMAND", sleeper)
+    monkeypatch.setattr(intake_module, "STOP_SECONDS", 1.0)
+    monkeypatch.setattr(intake_module, "TELL_SECONDS", 1.0)
+
+
+def within(seconds: float, step: Callable[[], object]) -> object:
+    """``step()`` on a thread, failing the test (not hanging it) if it does not return in time."""
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(step()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    return out[0] if out else None
+
+
+def test_an_intake_that_takes_no_orders_is_stopped_not_waited_on(
+    ctx: zmq.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stuck_intake(monkeypatch)
+    bad = BadMessages("test", logging.getLogger())
+    handle = within(10, lambda: IntakeProcess(ctx, TransportConfig(), bad))
+    assert isinstance(handle, IntakeProcess)
+    try:
+        errors: list[BaseException] = []
+
+        def begin() -> None:
+            try:
+                handle.begin(SampleSpec((4,), "float32", (), "int64", num_actions=2), 1, 1)
+            except IntakeDied as exc:
+                errors.append(exc)
+
+        within(10, begin)
+        assert errors and "took no order" in str(errors[0])
+    finally:
+        within(10, handle.close)
+    assert handle.proc.poll() is not None, "killed, not left behind"

@@ -10,6 +10,7 @@ failure (:class:`IntakeDied`): the process exits non-zero and its supervisor res
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -41,8 +42,12 @@ log = logging.getLogger("zmqrl.learner")
 START_SECONDS = 60.0
 # How long a stopped intake may take to send its last report and leave before it is killed.
 STOP_SECONDS = 5.0
-# The module the intake runs as.
+# How long the learner waits to hand the intake an order (a credit, the spec) while it is not
+# reading: past that, an intake that is still running is stuck, and a failure.
+TELL_SECONDS = 30.0
+# The module the intake runs as, and the command that runs it (its arguments follow).
 INTAKE_MODULE = "zmqrl.learner.intake_process"
+INTAKE_COMMAND = [sys.executable, "-m", INTAKE_MODULE]
 # What the learner sends for each group it took: the intake may send one more.
 CREDIT = intake_wire.dump({"credit": 1})
 # Most groups taken into replay in one turn between two updates: a burst is spread over a few.
@@ -123,10 +128,14 @@ class IntakeProcess:
         self.endpoint = ""
         self.merging = False  # whether the intake merges messages into groups (begin)
         self._copy = True  # receive groups as bytes (small rows) or zero-copy (begin)
-        cmd = [sys.executable, "-m", INTAKE_MODULE, f"ipc://{self._dir / 'control'}",
-               f"ipc://{self._dir / 'groups'}", str(os.getpid())]  # fmt: skip
+        # The settings go in a file of the private directory, not down the control channel: a
+        # pair socket's send blocks until its peer connects, and this one must not wait on the
+        # intake's start (it binds while the learner imports torch) nor hang if it never comes.
+        settings = self._dir / "transport"
+        settings.write_bytes(intake_wire.dump({"transport": dataclasses.asdict(transport)}))
+        cmd = [*INTAKE_COMMAND, f"ipc://{self._dir / 'control'}", f"ipc://{self._dir / 'groups'}",
+               str(os.getpid()), str(settings)]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-        self.control.send(intake_wire.dump({"transport": dataclasses.asdict(transport)}))
 
     def bound(self, timeout: float = START_SECONDS) -> str:
         """The samples endpoint the intake bound; raises BindError / SecurityError as binding it
@@ -155,7 +164,27 @@ class IntakeProcess:
             "group_messages": group_messages,
             "credits": 1 if self.merging else intake_wire.SINGLE_CREDITS,
         }
-        self.control.send(intake_wire.dump(order))
+        self._tell(intake_wire.dump(order))
+
+    def _tell(self, message: bytes, timeout: float | None = None) -> bool:
+        """Send ``message`` to the intake without ever blocking for good: a pair socket's send
+        waits while its peer is not connected, as when the intake has closed its end on the way
+        out. Whether it went; False once the intake has ended (IntakeDied unless closing), or
+        IntakeDied if it runs but takes nothing for ``timeout`` seconds."""
+        timeout = TELL_SECONDS if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.control.send(message, flags=zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                pass
+            self._check_alive()
+            if self.proc.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise IntakeDied(f"the learner's intake process took no order for {timeout:.0f} s")
+            self.control.poll(50, zmq.POLLOUT)
 
     def ready(self, timeout_ms: int) -> bool:
         """Whether a group is ready within ``timeout_ms``; reads the reports that came meanwhile."""
@@ -173,7 +202,7 @@ class IntakeProcess:
             frames = self.groups.recv_multipart(flags=zmq.NOBLOCK, copy=self._copy)
         except zmq.Again:
             return None
-        self.control.send(CREDIT)  # room for the next one
+        self._tell(CREDIT)  # room for the next one
         return intake_wire.load_group(frames if self._copy else [f.buffer for f in frames])
 
     def read_reports(self) -> None:
@@ -201,9 +230,11 @@ class IntakeProcess:
         if not self._closing:
             self._closing = True
             if self.proc.poll() is None:
-                self.control.send(intake_wire.dump({"stop": "learner stopping"}))
+                stopping = time.monotonic()
+                with contextlib.suppress(IntakeDied):  # not taking orders: it is killed below
+                    self._tell(intake_wire.dump({"stop": "learner stopping"}), STOP_SECONDS)
                 try:
-                    self.proc.wait(STOP_SECONDS)
+                    self.proc.wait(max(0.0, STOP_SECONDS - (time.monotonic() - stopping)))
                 except subprocess.TimeoutExpired:
                     log.warning("the intake process did not stop within %.0f s: killing it", STOP_SECONDS)
                     self.proc.kill()

@@ -12,7 +12,8 @@ capped what the learner could take at ~17,500 transitions/s whatever actors offe
 per-message work runs beside training, not between its torch calls.
 
 Started by :class:`zmqrl.learner.intake.IntakeProcess` as ``python -m zmqrl.learner.intake_process
-CONTROL GROUPS PARENT_PID``. It dies with its learner (the kernel's parent-death signal, and a
+CONTROL GROUPS PARENT_PID SETTINGS`` (SETTINGS: a file in the learner's private directory that
+holds the transport settings). It dies with its learner (the kernel's parent-death signal, and a
 check of the parent's pid), ends cleanly on ``stop``, and on anything unexpected prints its
 traceback and exits 1, which its learner sees as a failure of its own.
 """
@@ -93,9 +94,8 @@ class Intake:
         self.control.send(intake_wire.dump({"bound": endpoint}))
         return True
 
-    def run(self) -> int:
-        first = intake_wire.load(self.control.recv())
-        if "transport" not in first or not self.bind(first["transport"]):
+    def run(self, settings: dict[str, Any]) -> int:
+        if not self.bind(settings["transport"]):
             return EXIT_OK  # the learner raises the error it was told
         order = intake_wire.load(self.control.recv())
         if "spec" not in order:
@@ -217,7 +217,7 @@ def _exit_if_orphaned() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    control, groups, parent = args[0], args[1], int(args[2])
+    control, groups, parent, settings = args[0], args[1], int(args[2]), args[3]
     logging.basicConfig(
         stream=sys.stderr,
         level=os.environ.get("ZMQRL_INTAKE_LOG_LEVEL", "INFO"),
@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(parent)
     intake = Intake(control, groups)
     try:
-        return intake.run()
+        with open(settings, "rb") as f:
+            return intake.run(intake_wire.load(f.read()))
     finally:
         intake.close()
 
