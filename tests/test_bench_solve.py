@@ -70,6 +70,63 @@ def test_table_has_a_row_per_seed_with_its_ratios_and_a_median_row() -> None:
     assert "3.00x" in lines[-1]
 
 
+def test_sb3_training_time_alone_is_put_against_zmqrl_time_from_launch_in_two_more_columns() -> None:
+    runs = [
+        SolveRun("zmqrl", 0, "solved", 2.0, 9_000, 3.0, startup_seconds=1.5),
+        SolveRun("sb3", 0, "solved", 9.0, 12_000, 9.5, train_seconds=4.0),
+        SolveRun("zmqrl", 1, "solved", 4.0, 20_000, 5.0, startup_seconds=1.7),
+        SolveRun("sb3", 1, "solved", 11.0, 14_000, 11.5, train_seconds=5.0),
+        SolveRun("zmqrl", 2, "solved", 3.0, 15_000, 4.0, startup_seconds=1.6),
+        SolveRun("sb3", 2, "not reached", None, None, 30.0),
+    ]
+    s = summarise(runs)
+    assert s["sb3"]["median_train_seconds"] == 5.0  # 4, 5, inf: a run that never solved is slowest
+    assert (s["sb3"]["min_train_seconds"], s["sb3"]["max_train_seconds"]) == (4.0, 5.0)
+    assert s["zmqrl"]["median_startup_seconds"] == 1.6
+    assert s["ratio_train_seconds"] == pytest.approx(5.0 / 3.0)  # SB3's training alone / zmqrl's time
+    lines = markdown_table(runs, s).splitlines()
+    assert lines[0].endswith("| SB3 training | SB3 training/zmqrl time |")
+    assert lines[2].endswith("| 4.0 s | 2.00x |") and lines[4].endswith("| — | — |")
+    assert lines[-1].endswith("| 5.0 s (4.0 s–5.0 s) | 1.67x |")
+    assert "| — | — |" in markdown_table(canned(), summarise(canned())).splitlines()[-1]  # none measured
+
+
+def test_sb3_training_time_leaves_out_start_up_and_every_evaluation() -> None:
+    watch = SolveWatch(every=1000, target=475.0, started=50.0)
+    watch.learning(55.0)  # imports and the model took 5 s: not training
+    assert not watch.add(1000, 200.0, 5.0, now=62.0, eval_started=60.0)  # a 2 s evaluation
+    assert watch.add(2000, 480.0, 3.0, now=70.0, eval_started=67.0)
+    assert [r["train_seconds"] for r in watch.history] == [5.0, 10.0]  # 67 - 55 - the first eval's 2 s
+    report = watch.report(steps=2000, finished=False)
+    assert report["reached_train_seconds"] == 10.0 and report["eval_seconds"] == 5.0
+    assert report["reached_time"] == 70.0  # the whole-run clock is unchanged
+    assert solve.train_seconds_at(watch.history, 475.0) == 10.0
+    assert solve.train_seconds_at(watch.history, 1e9) is None
+
+
+def test_sb3_evaluates_as_often_and_as_long_as_the_config_does(tmp_path: Path) -> None:
+    appo = CONFIGS / "cartpole_appo.yaml"
+    from zmqrl.config import load_config
+
+    cfg = load_config(appo)
+    every, episodes = solve.sb3_evaluation_for(appo)
+    assert (every, episodes) == (cfg.learner.eval_interval * cfg.agent.batch_size, cfg.learner.eval_episodes)
+    dqn = load_config(CONFIGS / "cartpole_dqn.yaml")  # off-policy: env steps per update vary
+    assert solve.sb3_evaluation_for(CONFIGS / "cartpole_dqn.yaml") == (
+        solve.SB3_EVAL_EVERY,
+        dqn.learner.eval_episodes,
+    )
+
+
+def test_zmqrl_start_up_is_read_from_the_learners_marks(tmp_path: Path) -> None:
+    learner = {"launched": 100.0, "startup": {"first_update": 2.25}}
+    (tmp_path / "stats.json").write_text(json.dumps({"learner": learner}))
+    assert solve.first_update_at(tmp_path) == 102.25
+    (tmp_path / "stats.json").write_text(json.dumps({"learner": {"launched": 100.0}}))
+    assert solve.first_update_at(tmp_path) is None
+    assert solve.first_update_at(tmp_path / "missing") is None
+
+
 def test_status_of_a_run_follows_its_records_then_its_exit(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     log.write_text("Traceback: boom\n")
@@ -147,6 +204,9 @@ def test_sb3_ppo_run_steps_8_envs_and_evaluates_every_n_env_steps_summed_over_th
     args = RunArgs(seed=0, out=out, eval_every=64, episodes=2, target=1.0, timesteps=1_000, algo="ppo")
     report = sb3_run.train(args)  # 8 vector steps of the 8 envs: 64 env steps, the first evaluation
     assert report["reached_steps"] == 64 and report["steps"] == 64
+    # Training alone: after learn started, before the evaluation, so shorter than the whole run.
+    assert report["learn_started"] >= report["started"]
+    assert 0.0 < report["reached_train_seconds"] < report["reached_time"] - report["started"]
     never = RunArgs(seed=0, out=out, eval_every=128, episodes=1, target=1e9, timesteps=512, algo="ppo")
     report = sb3_run.train(never)  # two rollouts of 32 steps x 8 envs, each trained on 20 epochs
     assert report["reached_time"] is None and report["finished"] and report["steps"] == 512
@@ -179,8 +239,11 @@ def test_sb3_algorithm_follows_the_config_agent_kind_unless_named(
     assert solve.sb3_algo_for(CONFIGS / "cartpole_dqn.yaml") == "dqn"
     raced: list[str] = []
 
-    def fake_compare(*args: object, algo: str, **kwargs: object) -> list[SolveRun]:
+    evaluations: list[tuple[object, object]] = []
+
+    def fake_compare(*args: object, algo: str, episodes: int, **kwargs: object) -> list[SolveRun]:
         raced.append(algo)
+        evaluations.append((args[3], episodes))  # (config, seeds, timeout, eval_every, work)
         return canned()
 
     monkeypatch.setattr(solve, "sb3_version", lambda: "2.9.9")
@@ -192,6 +255,10 @@ def test_sb3_algorithm_follows_the_config_agent_kind_unless_named(
     assert raced == ["ppo"] and "SB3 2.9.9 PPO" in result.output
     meta = json.loads(out.read_text())["meta"]
     assert meta["sb3_algo"] == "ppo" and meta["sb3_hyperparameters"]["n_steps"] == 32
+    assert evaluations[-1] == solve.sb3_evaluation_for(CONFIGS / "cartpole_appo.yaml")
+    assert (meta["sb3_eval_every"], meta["sb3_eval_episodes"]) == evaluations[-1]
+    result = CliRunner().invoke(bench_app(), [*appo, "--sb3-eval-every", "500", "--sb3-eval-episodes", "3"])
+    assert result.exit_code == 0 and evaluations[-1] == (500, 3)
     assert meta["sb3_hyperparameters"]["n_envs"] == 8
     result = CliRunner().invoke(bench_app(), [*appo, "--sb3-algo", "dqn"])
     assert result.exit_code == 0 and raced[-1] == "dqn"

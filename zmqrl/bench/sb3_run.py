@@ -5,7 +5,10 @@ The other side of ``zmqrl bench solve`` (zmqrl/bench/solve.py runs it as ``pytho
 zmqrl.bench.sb3_run``, one process per seed, so its start-up is counted as zmqrl's is). It trains on
 one torch thread, as zmqrl's learner does, and every ``--eval-every`` env steps (summed over PPO's 8
 envs) plays ``--episodes`` greedy episodes on an env of its own, inline, so the evaluations' cost is
-in its wall time just as the learner's inline evaluations are in zmqrl's. It stops at the first
+in its wall time just as the learner's inline evaluations are in zmqrl's. Each record also says
+SB3's *training time alone* (``train_seconds``): the wall time of ``model.learn`` up to the
+evaluation's start less the evaluations before it, so the process's start-up (interpreter, imports,
+building the model and its envs) and the evaluations are not in it. It stops at the first
 evaluation whose mean reaches ``--target`` (or at the Zoo's n_timesteps: 5e4 for DQN, 1e5 for PPO)
 and keeps ``--out`` up to date after every evaluation, so a run killed at its timeout still leaves
 what it had measured. The Zoo's settings are in zmqrl/bench/sb3_zoo.py.
@@ -39,7 +42,9 @@ class SolveWatch:
 
     ``due(steps)`` is true once ``every`` more env steps have passed since the last evaluation's
     slot; ``add`` records one evaluation and says whether the target has now been reached (the
-    first record at or above it is kept as ``reached``)."""
+    first record at or above it is kept as ``reached``). ``learning(now)`` marks the start of
+    ``model.learn``: from then on each record's ``train_seconds`` is the training time alone up to
+    that evaluation's start (the evaluations before it taken out)."""
 
     every: int  # env steps between evaluations
     target: float
@@ -47,6 +52,8 @@ class SolveWatch:
     history: list[dict[str, float]] = field(default_factory=list)
     reached: dict[str, float] | None = None
     next_due: int = 0
+    learn_started: float | None = None  # when model.learn began (Unix seconds); None: not yet
+    eval_seconds: float = 0.0  # wall time spent in the evaluations recorded so far
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -56,9 +63,19 @@ class SolveWatch:
     def due(self, steps: int) -> bool:
         return steps >= self.next_due
 
-    def add(self, steps: int, mean: float, std: float, now: float) -> bool:
+    def learning(self, now: float) -> None:
+        """``model.learn`` starts now: the training clock's zero."""
+        self.learn_started = now
+
+    def add(self, steps: int, mean: float, std: float, now: float, eval_started: float | None = None) -> bool:
+        """One evaluation that ended at ``now`` (and began at ``eval_started``: its own time is
+        then kept out of every later record's ``train_seconds``)."""
         record = {"steps": steps, "mean": float(mean), "std": float(std), "time": now}
         record["seconds"] = now - self.started
+        began = now if eval_started is None else eval_started
+        if self.learn_started is not None:
+            record["train_seconds"] = began - self.learn_started - self.eval_seconds
+        self.eval_seconds += now - began
         self.history.append(record)
         self.next_due = (steps // self.every + 1) * self.every
         if self.reached is None and mean >= self.target:
@@ -76,6 +93,9 @@ class SolveWatch:
             "eval_every": self.every,
             "reached_time": None if self.reached is None else self.reached["time"],
             "reached_steps": None if self.reached is None else int(self.reached["steps"]),
+            "reached_train_seconds": None if self.reached is None else self.reached.get("train_seconds"),
+            "learn_started": self.learn_started,
+            "eval_seconds": self.eval_seconds,
             "best": max((r["mean"] for r in self.history), default=None),
             "history": self.history,
         }
@@ -116,16 +136,18 @@ def train(args: RunArgs) -> dict[str, Any]:
         def _on_step(self) -> bool:
             if not watch.due(self.num_timesteps):
                 return True
+            eval_started = time.time()
             mean, std = cast(  # (mean, std) as floats: return_episode_rewards is off
                 tuple[float, float],
                 evaluate_policy(self.model, eval_env, n_eval_episodes=args.episodes, deterministic=True),
             )
-            solved = watch.add(self.num_timesteps, float(mean), float(std), time.time())
+            solved = watch.add(self.num_timesteps, float(mean), float(std), time.time(), eval_started)
             write_report(args.out, watch.report(self.num_timesteps, finished=False))
             return not solved  # False ends model.learn
 
     model = make_model(args.algo, args.seed)
     timesteps = ZOO_CARTPOLE[args.algo].n_timesteps if args.timesteps is None else args.timesteps
+    watch.learning(time.time())  # training alone counts from here: imports and the model are built
     model.learn(total_timesteps=timesteps, callback=SolveCallback())
     report = watch.report(int(model.num_timesteps), finished=True)
     write_report(args.out, report)
