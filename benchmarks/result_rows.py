@@ -53,7 +53,7 @@ ROWS = {
         "configs/cartpole_appo.yaml",
         20,
         475.0,
-        "APPO (V-trace, PPO clip), 2 actors × 8 envs, 32-step rollouts, 1024-step batches",
+        "APPO (V-trace, PPO clip), 1 actor × 8 envs, 32-step rollouts, 256-step batches, 10 epochs",
     ),
     "pendulum-appo": Row(
         "pendulum-appo",

@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from zmqrl.config import load_config
+
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -654,10 +656,11 @@ def test_compose_runs_appo_when_zmqrl_config_names_its_file(appo_project: Projec
         assert set(codes.values()) == {0}, f"every role must exit 0 after the learner finishes: {codes}"
         run_dir = project.volume_dir() / RUN_NAME
         learner_stats = json.loads((run_dir / "learner-stats.json").read_text())
-        # The learner held a rollout queue of two 1024-step batches, not replay: it read the APPO file.
-        assert learner_stats["replay_capacity"] == 2048, learner_stats
+        # The learner held a rollout queue of two batches, not replay: it read the APPO file.
+        batch = load_config(ROOT / "configs" / "cartpole_appo.yaml").agent.batch_size
+        assert learner_stats["replay_capacity"] == 2 * batch, learner_stats
         assert learner_stats["updates"] >= 60 and learner_stats["bad_messages"] == 0
-        assert learner_stats["samples"] >= 60 * 1024, "rollouts of a batch per update reached the learner"
+        assert learner_stats["samples"] >= 60 * batch, "rollouts of a batch per update reached the learner"
         evaluator_stats = json.loads((run_dir / "evaluator-stats.json").read_text())
         assert evaluator_stats["evaluations"] > 0 and evaluator_stats["evaluated_version"] > 0
         _assert_actors_got_weights(json.loads((run_dir / "stats.json").read_text()))
