@@ -238,3 +238,21 @@ def test_an_intake_that_takes_no_orders_is_stopped_not_waited_on(
     finally:
         within(10, handle.close)
     assert handle.proc.poll() is not None, "killed, not left behind"
+
+
+@pytest.mark.parametrize(
+    ("rollout_length", "group_messages", "credits"),
+    [(32, 1, 1), (None, 1, intake_wire.SINGLE_CREDITS), (None, 128, 1)],
+)
+def test_rollouts_are_sent_one_group_ahead_so_each_is_trained_on_by_the_policy_nearest_the_actors(
+    rollout_length: int | None, group_messages: int, credits: int
+) -> None:
+    """Transitions of one message a group may queue a few ahead (the learner finds one whenever it
+    looks); rollouts are trained on in turn, each queued one a policy lag of one more update."""
+    sent: list[dict[str, object]] = []
+    handle = IntakeProcess.__new__(IntakeProcess)  # the order alone: no process
+    handle.seqs = intake_module.ReportedSequences(0)
+    handle._tell = lambda message, timeout=None: bool(sent.append(intake_wire.load(message)))  # type: ignore[method-assign]
+    spec = SampleSpec((4,), "float32", (), "int64", num_actions=2, rollout_length=rollout_length)
+    handle.begin(spec, 2, group_messages)
+    assert sent[0]["credits"] == credits

@@ -154,7 +154,9 @@ class IntakeProcess:
     def begin(self, spec: SampleSpec, num_actors: int, group_messages: int) -> None:
         """Start checking and forwarding samples of ``spec``, up to ``group_messages`` per group.
         Merging (more than one) the intake may send one group ahead of what the learner took;
-        else ``intake_wire.SINGLE_CREDITS`` (intake_wire: the credits)."""
+        else ``intake_wire.SINGLE_CREDITS`` (intake_wire: the credits), except for rollouts: an
+        on-policy learner trains on every rollout in turn, so each one queued ahead of it is
+        trained on one update later, by a policy further from the one that acted."""
         self.seqs.tracked_ids = num_actors + EXTRA_TRACKED_IDS
         self.merging = group_messages > 1
         self._copy = spec.obs_bytes < ZERO_COPY_MIN_OBS_BYTES  # small frames: bytes are cheaper
@@ -162,7 +164,7 @@ class IntakeProcess:
             "spec": intake_wire.spec_to_dict(spec),
             "num_actors": num_actors,
             "group_messages": group_messages,
-            "credits": 1 if self.merging else intake_wire.SINGLE_CREDITS,
+            "credits": 1 if self.merging or spec.rollout_length is not None else intake_wire.SINGLE_CREDITS,
         }
         self._tell(intake_wire.dump(order))
 
@@ -243,7 +245,6 @@ class IntakeProcess:
             self.control.close()
             self.groups.close()
             shutil.rmtree(self._dir, ignore_errors=True)
-
 
 
 class SampleFeed:
