@@ -256,3 +256,49 @@ def test_rollouts_are_sent_one_group_ahead_so_each_is_trained_on_by_the_policy_n
     spec = SampleSpec((4,), "float32", (), "int64", num_actions=2, rollout_length=rollout_length)
     handle.begin(spec, 2, group_messages)
     assert sent[0]["credits"] == credits
+
+
+def test_messages_with_and_without_priorities_queued_while_the_learner_trains_go_as_two_groups(
+    ctx: zmq.Context,
+) -> None:
+    """While the learner is away (no credit) the intake merges what arrives; a message without
+    priorities after ones with them starts a group of its own instead of failing the merge."""
+    spec = SampleSpec((4,), "float32", (), "int64", num_actions=2)
+    bad = BadMessages("test", logging.getLogger())
+    handle = IntakeProcess(ctx, TransportConfig(samples="tcp://127.0.0.1:0"), bad)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        push.connect(handle.bound())
+        handle.begin(spec, 1, 128)  # merging: one group ahead of what the learner took
+
+        def send(seq: int, priorities: bool) -> None:
+            weights = np.full(8, 0.5, np.float32) if priorities else None
+            push.send_multipart(wire.dump(SamplesMsg(0, seq, 1, cartpole_batch(8), [], weights)))
+
+        def received(n: int) -> bool:
+            handle.read_reports()
+            return handle.seqs.per_actor().get(0, {}).get("batches") == n
+
+        send(0, True)  # forwarded at once: the one credit is spent
+        wait_until(lambda: received(1), 20, "the first message")
+        send(1, True)
+        send(2, True)
+        send(3, False)  # all three wait: no credit until the learner takes the first group
+        wait_until(lambda: received(4), 20, "the three queued messages")
+        took: list[SampleGroup] = []
+
+        def take_one() -> bool:
+            handle.read_reports()  # IntakeDied if the intake failed (the old one did, merging all three)
+            group = handle.take()
+            if group is not None:
+                took.append(group)
+            return len(took) == 3
+
+        wait_until(take_one, 20, "three groups")
+        assert [[i.seq for i in g.infos] for g in took] == [[0], [1, 2], [3]]
+        assert [g.priorities is not None for g in took] == [True, True, False]
+        assert handle.proc.poll() is None
+    finally:
+        push.close(0)
+        handle.close()

@@ -143,11 +143,12 @@ class Intake:
                     waiting.append(group)
                     count += len(group.infos)
             if waiting and credits > 0:
-                merged = waiting[0] if len(waiting) == 1 else merge(waiting)
+                merged, rest = merge_ready(waiting)
                 if self._send(intake_wire.dump_group(merged)):
-                    waiting, count, credits = [], 0, credits - 1
+                    waiting, credits = rest, credits - 1
+                    count = sum(len(group.infos) for group in rest)
                 else:  # its queue is full (the learner is away): merged, it waits for room
-                    waiting = [merged]
+                    waiting = [merged, *rest]
             receiver.bad.maybe_flush()
             self._report()
             _exit_if_orphaned()
@@ -194,6 +195,18 @@ class Intake:
 def merge(groups: list[SampleGroup]) -> SampleGroup:
     """Checked groups as one, their messages in the order received."""
     return SampleGroup.of([message for group in groups for message in group.messages])
+
+
+def merge_ready(groups: list[SampleGroup]) -> tuple[SampleGroup, list[SampleGroup]]:
+    """The first of ``groups`` merged with those after it that may share one replay add (all with
+    priorities, or all without: the receiver cuts a group where that changes), and the rest, in
+    the order received. Merging across such a cut raised in the intake and failed its learner
+    whenever a prioritized run's peers mixed both while the learner was busy."""
+    first = groups[0].priorities is None
+    end = 1
+    while end < len(groups) and (groups[end].priorities is None) == first:
+        end += 1
+    return (groups[0] if end == 1 else merge(groups[:end])), groups[end:]
 
 
 def _die_with_parent(parent: int) -> None:
