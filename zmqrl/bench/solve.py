@@ -302,14 +302,16 @@ def register(app: typer.Typer) -> None:
         and their median the wall time and env steps to the first greedy evaluation (the config's
         learner.eval_episodes on both sides) at a mean return >= 475, with the ratios SB3/zmqrl
         (above 1: zmqrl is faster). SB3 runs DQN against a DQN config and PPO (the Zoo's 8 envs)
-        against an on-policy one (agent.kind appo), unless --sb3-algo says otherwise. Wall time
-        counts from the start of each run's process, start-up included on both sides; both
-        evaluate inline, so evaluation time counts on both. The last two columns put SB3's
+        against an on-policy one (agent.kind appo), unless --sb3-algo says otherwise.
+
+        Wall time counts from the start of each run's process, start-up included on both sides;
+        both evaluate inline, so evaluation time counts on both. The last two columns put SB3's
         training time alone (model.learn to the target, without its start-up and evaluations)
-        against zmqrl's time, start-up and evaluations still counted on zmqrl's side. A run that
-        does not reach 475 (SB3 stops at the Zoo's n_timesteps, 50k for DQN and 100k for PPO,
-        zmqrl at learner.max_updates, either at --timeout) shows as such.
-        Needs Stable-Baselines3: pip install 'zmqrl\\[sb3]'."""
+        against zmqrl's time, start-up and evaluations still counted on zmqrl's side.
+
+        A run that does not reach 475 (SB3 stops at the Zoo's n_timesteps, 50k for DQN and 100k
+        for PPO, zmqrl at learner.max_updates, either at --timeout) shows as such. Needs
+        Stable-Baselines3: pip install 'zmqrl\\[sb3]'."""
         version = sb3_version()
         if version is None:
             typer.echo(f"error: zmqrl bench solve needs Stable-Baselines3: {SB3_PIP}", err=True)
