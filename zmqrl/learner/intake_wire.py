@@ -19,12 +19,15 @@ Channels (both ipc, both bound by the learner):
   learner trains (it takes every few milliseconds) or its replay ratio holds it back, what arrives
   is merged into the next group, up to a limit, and then nothing more is read from the network:
   actors feel it as backpressure, as they did from an ingest thread that waited.
-* **control** (a PAIR each way): msgpack maps. Learner to intake: ``{"transport": {...}}`` (the
-  run's transport settings: bind the samples socket), ``{"spec": {...}, "num_actors": n,
-  "group_messages": n, "credits": n}`` (start checking and forwarding), ``{"credit": 1}``,
-  ``{"stop": reason}``. Intake to learner: ``{"bound": endpoint}`` or ``{"error":
-  text, "exit": code}``, and ``{"report": {...}}`` (counts of bad messages and each sender's
-  sequence accounting) whenever they changed, at most every ``REPORT_SECONDS``.
+* **settings** (a file in the learner's private directory, named on the intake's command line):
+  ``{"transport": {...}}``, the run's transport settings: bind the samples socket. A file, not the
+  control channel's first message: a PAIR socket's send waits until its peer connects.
+* **control** (a PAIR each way): msgpack maps, every send from the learner bounded in time.
+  Learner to intake: ``{"spec": {...}, "num_actors": n, "group_messages": n, "credits": n}``
+  (start checking and forwarding), ``{"credit": 1}``, ``{"stop": reason}``. Intake to learner:
+  ``{"bound": endpoint}`` or ``{"error": text, "exit": code}``, and ``{"report": {...}}`` (counts
+  of bad messages and each sender's sequence accounting) whenever they changed, at most every
+  ``REPORT_SECONDS``.
 """
 
 from __future__ import annotations
