@@ -25,9 +25,9 @@ Channels (both ipc, both bound by the learner):
 * **control** (a PAIR each way): msgpack maps, every send from the learner bounded in time.
   Learner to intake: ``{"spec": {...}, "num_actors": n, "group_messages": n, "credits": n}``
   (start checking and forwarding), ``{"credit": 1}``, ``{"stop": reason}``. Intake to learner:
-  ``{"bound": endpoint}`` or ``{"error": text, "exit": code}``, and ``{"report": {...}}`` (counts
-  of bad messages and each sender's sequence accounting) whenever they changed, at most every
-  ``REPORT_SECONDS``.
+  ``{"bound": endpoint}`` or ``{"error": text, "kind": "bind" or "security"}``, and
+  ``{"report": {...}}`` (counts of bad messages and each sender's sequence accounting) whenever
+  they changed, at most every ``REPORT_SECONDS``.
 """
 
 from __future__ import annotations
