@@ -19,6 +19,7 @@ import contextlib
 import glob
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,24 +52,28 @@ def tool(name: str) -> str | None:
 
 
 def free_port(count: int = 1) -> int:
-    """A port with ``count`` - 1 free ports after it, on loopback, as far as the OS can tell now."""
+    """A port with ``count`` - 1 free ports after it, on loopback, as far as the OS can tell now,
+    below the kernel's ephemeral range: a port the OS hands out for binding port 0 can be taken by
+    any outgoing connection in the seconds before the job binds it (a learner once found its
+    weights port taken that way), one below that range only by another bind."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    rng = random.SystemRandom()
     for _ in range(200):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            base = int(first.getsockname()[1])
-            if base + count > 65535:
-                continue
-            rest = [socket.socket() for _ in range(count - 1)]
-            try:
-                for offset, sock in enumerate(rest, start=1):
-                    sock.bind(("127.0.0.1", base + offset))
-                return base
-            except OSError:
-                continue
-            finally:
-                for sock in rest:
-                    sock.close()
-    raise AssertionError(f"no {count} consecutive free ports")
+        base = rng.randrange(10_000, ephemeral_low - count)
+        socks = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError(f"no {count} consecutive free ports below {ephemeral_low}")
 
 
 def throttled(check: Callable[[], bool]) -> Callable[[], bool]:
