@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class Reached:
     evaluations: int
     best: float | None
     every: float | None
+    # The record of that first evaluation, whole (what else a side keeps in it); not compared.
+    record: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 def _cadence(steps: Sequence[float]) -> float | None:
@@ -55,6 +57,7 @@ def reached_in_history(history: Sequence[dict[str, Any]], target: float, steps_k
         evaluations=len(history),
         best=max(means) if means else None,
         every=_cadence([float(r[steps_key]) for r in history if isinstance(r.get(steps_key), (int, float))]),
+        record=hit,
     )
 
 

@@ -41,30 +41,7 @@ import typer
 
 from zmqrl.bench.runs import Reached, reached_in_history, reached_in_run_dir, run_process
 from zmqrl.bench.sb3_zoo import SB3_ALGOS, ZOO_CARTPOLE
-from zmqrl.bench.solve_table import (
-    SIDES,
-    SolveRun,
-    markdown_table,
-    median_or_inf,
-    ratio,
-    secs_text,
-    steps_text,
-    summarise,
-)
-
-# What this module gives its callers (the table's names are solve_table's, re-exported).
-__all__ = [
-    "Reached",
-    "SolveRun",
-    "compare",
-    "markdown_table",
-    "median_or_inf",
-    "ratio",
-    "register",
-    "run_sb3",
-    "run_zmqrl",
-    "summarise",
-]
+from zmqrl.bench.solve_table import SIDES, SolveRun, markdown_table, secs_text, steps_text, summarise
 
 TARGET_RETURN = 475.0  # CartPole-v1's "solved" (gymnasium's reward_threshold)
 DEFAULT_CONFIG = Path("configs/cartpole_dqn.yaml")
@@ -166,17 +143,17 @@ def run_sb3(
     except (OSError, ValueError):
         history = []
     reached = reached_in_history(history, target, "steps")
-    return _result("sb3", seed, reached, started, code, log, train_seconds_at(history, target))
+    return _result("sb3", seed, reached, started, code, log, _train_seconds(reached))
 
 
 def train_seconds_at(history: Sequence[dict[str, Any]], target: float) -> float | None:
     """SB3's training time alone (``train_seconds``) at its first evaluation at ``target``."""
-    for record in history:
-        mean = record.get("mean")
-        if isinstance(mean, (int, float)) and mean >= target:
-            value = record.get("train_seconds")
-            return float(value) if isinstance(value, (int, float)) else None
-    return None
+    return _train_seconds(reached_in_history(history, target, "steps"))
+
+
+def _train_seconds(reached: Reached) -> float | None:
+    value = (reached.record or {}).get("train_seconds")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 # ---- the command -------------------------------------------------------------------------------
@@ -237,9 +214,9 @@ def compare(
             runs.append(run)
             extra = ""
             if run.train_seconds is not None:
-                extra = f", training alone {secs_text(run.train_seconds)}"
+                extra += f", training alone {secs_text(run.train_seconds)}"
             if run.startup_seconds is not None:
-                extra = f", first update at {secs_text(run.startup_seconds)}"
+                extra += f", first update at {secs_text(run.startup_seconds)}"
             echo(
                 f"{side} seed {seed}: {run.status}, {secs_text(run.seconds)}, "
                 f"{steps_text(run.env_steps)} env steps, {run.evaluations} evaluations, "
