@@ -103,6 +103,16 @@ PENDING_CONFIG_ANY: dict[str, str] = {}
 
 MAX_TOP_LEVEL_MODULES = 13
 MAX_LINES = 400
+# Modules allowed past MAX_LINES, each with its own ceiling and the reason a split would be worse.
+LONG_MODULES: dict[str, tuple[int, str]] = {
+    "zmqrl/transport/decoding.py": (
+        520,
+        "the one samples decoder: everything a message from the network meets on its way from frames "
+        "to rows a learner may train on is read in one module (issue 39: one message's decode enters at "
+        "most 5 transport modules with at most 2 returns, benchmarks/sample_path.py measures it); what "
+        "is checked once per layout is split off already (transport/layouts.py)",
+    ),
+}
 # Parameter names that hold a config (the whole Config or one section).
 CONFIG_PARAMETER = re.compile(r"(cfg|config|.+_cfg)")
 
@@ -361,12 +371,23 @@ def test_the_top_level_holds_at_most_13_modules() -> None:
 
 def test_no_module_is_over_400_lines() -> None:
     long = sorted(
-        (n, str(p.relative_to(ZMQRL.parent)))
+        (n, path)
         for p in ZMQRL.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        if (n := len(p.read_text().splitlines()))
+        > LONG_MODULES.get(path := str(p.relative_to(ZMQRL.parent)), (MAX_LINES,))[0]
     )
-    assert not long, f"modules over {MAX_LINES} lines; split them by responsibility:" + _report(
-        f"{path}: {n} lines" for n, path in long
+    assert not long, (
+        f"modules over {MAX_LINES} lines (or their LONG_MODULES ceiling); split them by responsibility:"
+        + _report(f"{path}: {n} lines" for n, path in long)
+    )
+    stale = [
+        path
+        for path in LONG_MODULES
+        if not (ZMQRL.parent / path).is_file()
+        or len((ZMQRL.parent / path).read_text().splitlines()) <= MAX_LINES
+    ]
+    assert not stale, "LONG_MODULES entries no longer needed (gone, or back under the limit):" + _report(
+        stale
     )
 
 

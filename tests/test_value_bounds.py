@@ -21,7 +21,7 @@ from zmqrl.errors import ConfigError
 from zmqrl.spec import DEFAULT_MAX_ABS_OBS, DEFAULT_MAX_ABS_REWARD, SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.channels import BadMessages, SampleReceiver
-from zmqrl.transport.validation import validate_samples
+from zmqrl.transport.decoding import validate_samples
 from zmqrl.transport.wire import SamplesMsg, WireError
 from zmqrl.types import EpisodeStat, TransitionBatch
 

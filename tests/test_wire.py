@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zmqrl.spec import SampleSpec
-from zmqrl.transport import header, messages, validation, wire
+from zmqrl.transport import array_checks, decoding, header, layouts, messages, wire
 from zmqrl.transport.wire import (
     MAX_EPISODES,
     MAX_HEADER_BYTES,
@@ -612,7 +612,14 @@ def test_one_corrupted_byte_in_any_frame_of_any_kind_decodes_or_raises_wire_erro
 
 
 def test_wire_modules_never_import_pickle_or_zmq() -> None:
-    for module in (wire, messages, header, validation):  # wire.py and the modules it is built from
+    for module in (
+        wire,
+        messages,
+        decoding,
+        layouts,
+        header,
+        array_checks,
+    ):  # wire.py and the modules it is built from
         source = Path(module.__file__ or "").read_text(encoding="utf-8")
         assert "import pickle" not in source and "import zmq" not in source, module.__name__
 

@@ -16,7 +16,7 @@ import zmq
 
 from tests.conftest import wait_until
 from zmqrl.spec import SampleSpec
-from zmqrl.transport import array_checks, sockets, validation
+from zmqrl.transport import array_checks, decoding, sockets
 from zmqrl.transport.bad_messages import BadMessages
 from zmqrl.transport.sample_channel import SAMPLES_MAX_FRAMES, SampleGroup, SampleReceiver, SampleSender
 from zmqrl.transport.wire import (
@@ -407,16 +407,16 @@ def test_bool_bytes_other_than_0_and_1_are_refused(column: str, byte: int) -> No
 
 def test_logp_at_its_documented_limits_is_accepted() -> None:
     discrete = make_rollouts(DISCRETE)._replace(
-        logp=np.full((3, T), validation.DISCRETE_LOGP_SLACK, np.float32)
+        logp=np.full((3, T), decoding.DISCRETE_LOGP_SLACK, np.float32)
     )
     load_samples(frames_of(message(discrete)), DISCRETE)
     positive = np.full((3, T), 40.0, np.float32)  # a narrow Gaussian's log-density: positive, legitimately
-    positive[0, 0] = -validation.MAX_ABS_LOGP
+    positive[0, 0] = -decoding.MAX_ABS_LOGP
     load_samples(frames_of(message(make_rollouts(CONTINUOUS)._replace(logp=positive))), CONTINUOUS)
 
 
 def test_a_continuous_action_within_the_bound_tolerance_is_accepted() -> None:
-    action = np.full((3, T, 2), 1.0 + 0.5 * array_checks.ACTION_BOUND_TOLERANCE, np.float32)
+    action = np.full((3, T, 2), 1.0 + 0.5 * decoding.ACTION_BOUND_TOLERANCE, np.float32)
     load_samples(frames_of(message(make_rollouts(CONTINUOUS)._replace(action=action))), CONTINUOUS)
 
 
@@ -521,7 +521,7 @@ def test_the_protocol_document_describes_the_rollouts_message() -> None:
     for name in ROLLOUT_FIELDS:
         assert f"`{name}`" in text, name
     for limit in ("DISCRETE_LOGP_SLACK", "MAX_ABS_LOGP"):
-        value = getattr(validation, limit)
+        value = getattr(decoding, limit)
         assert f"{value:g}" in text, limit
 
 

@@ -28,7 +28,7 @@ MAX_NDIM = 8
 # first products and turns every parameter NaN in one update. ``transport.max_abs_obs``.
 DEFAULT_MAX_ABS_OBS = 1e6
 # Float observations may pass a declared bound by this much, relative to the bound's magnitude (at
-# least 1), as continuous actions may (transport/validation.py): an env's float32 rounding lands
+# least 1), as continuous actions may (transport/decoding.py): an env's float32 rounding lands
 # a few ulps past a bound it clips to; anything further is not an observation it can produce.
 OBS_BOUND_TOLERANCE = 1e-5
 # Largest magnitude of a transition's reward as sent (an n-step transition's discounted sum) and of

@@ -47,8 +47,8 @@ from zmqrl.checkpoints.files import (
 from zmqrl.replay.memory import format_bytes
 from zmqrl.runtime.guard import start_guarded
 from zmqrl.spec import SampleSpec
+from zmqrl.transport.decoding import validate_content
 from zmqrl.transport.messages import WireError
-from zmqrl.transport.validation import validate_content
 from zmqrl.types import TransitionBatch
 
 # How often a caller waiting for a write (write_now with tick) reports progress.

@@ -2,7 +2,7 @@
 samples the intake has checked, its reports, and the learner's few orders.
 
 Why a format of its own: the intake process decodes and checks every message from the network
-with the one samples decoder (:func:`zmqrl.transport.wire.load_samples`), so what it forwards is
+with the one samples decoder (:func:`zmqrl.transport.decoding.load_samples`), so what it forwards is
 already valid; the learner must not pay for decoding it again. A forwarded group is a header and
 the group's merged columns as raw frames, read back as views with no check but their sizes.
 Trusted, because both ends are one learner's own processes over an ipc socket in a directory only

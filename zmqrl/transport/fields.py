@@ -1,8 +1,8 @@
 """The wire's limits, and the field checks that hold every foreign value to them.
 
-Shared by header parsing (:mod:`zmqrl.transport.header`), content validation
-(:mod:`zmqrl.transport.validation`) and the encoder (:mod:`zmqrl.transport.wire`), so all three
-read a header the same way. Every check raises :class:`~zmqrl.transport.messages.WireError`
+Shared by the decoder (:mod:`zmqrl.transport.decoding`, :mod:`~zmqrl.transport.layouts`,
+:mod:`~zmqrl.transport.header`) and the encoder (:mod:`zmqrl.transport.wire`), so both read a
+header the same way. Every check raises :class:`~zmqrl.transport.messages.WireError`
 through :func:`fail`, with a short reason that never quotes more than a bounded piece of the foreign
 value (:func:`short`).
 """

@@ -10,7 +10,7 @@ counts what it drops.
 Why groups: the learner's per-message costs (a replay transaction, the content scans, the lock and
 the counters) are fixed, not per row, and with CartPole-sized messages they were most of the
 ingest time. So the receiver takes the messages that are already queued, up to a limit, decodes
-each with the one samples decoder (:func:`zmqrl.transport.wire.load_samples`, the same serial mode
+each with the one samples decoder (:func:`zmqrl.transport.decoding.load_samples`, the same serial mode
 runs), scans their merged rows once, and the learner inserts them as one all-or-nothing replay
 add. Each message still counts on its own: sequence numbers, policy lag, episodes, and a bad one is
 dropped alone. The learner runs this receiver in its intake process (zmqrl/learner/intake_process.py),
@@ -25,7 +25,7 @@ import time
 import zmq
 
 from zmqrl.spec import SampleSpec
-from zmqrl.transport import wire
+from zmqrl.transport import decoding, wire
 from zmqrl.transport.bad_messages import BadMessages, Clock
 from zmqrl.transport.messages import SampleGroup
 from zmqrl.transport.peers import PeerWatch
@@ -256,7 +256,7 @@ class SampleReceiver:
         if nothing is queued."""
         try:
             frames = recv_bounded(self._sock, self.limit, copy=not self.zero_copy)
-            msg = wire.load_samples(frames, self.spec)
+            msg = decoding.load_samples(frames, self.spec)
         except zmq.Again:
             return False
         except WireError as exc:
@@ -289,7 +289,7 @@ class SampleReceiver:
         while len(messages) < limit:
             try:
                 frames = recv_bounded(self._sock, self.limit, copy=not self.zero_copy)
-                msg = wire.load_samples(frames, self.spec, contents=False)
+                msg = decoding.load_samples(frames, self.spec, contents=False)
             except zmq.Again:
                 break
             except WireError as exc:
@@ -307,12 +307,12 @@ class SampleReceiver:
         """``group`` less the messages whose contents fail (counted), their sequence numbers
         accounted; None if none is left."""
         try:
-            wire.validate_content(group.batch, group.priorities, self.spec)
+            decoding.validate_content(group.batch, group.priorities, self.spec)
         except WireError:
             good = []
             for msg in group.messages:
                 try:
-                    wire.validate_content(msg.batch, msg.priorities, self.spec)
+                    decoding.validate_content(msg.batch, msg.priorities, self.spec)
                     good.append(msg)
                 except WireError as exc:
                     self.bad.record(exc)

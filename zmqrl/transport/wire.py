@@ -28,10 +28,12 @@ Experience travels as one of two kinds, both decoded to a :class:`SamplesMsg`: `
 refuses the one the run's spec does not train on.
 
 Where the pieces live: the message dataclasses, version and kinds in :mod:`zmqrl.transport.messages`,
-limits and field checks in :mod:`zmqrl.transport.fields`, header structure in
-:mod:`zmqrl.transport.header`, content checks in :mod:`zmqrl.transport.validation`. This module
-frames and unframes messages and re-exports what users need, so ``from zmqrl.transport import
-wire`` stays the one import.
+limits and field checks in :mod:`zmqrl.transport.fields`; the decoder (frames, headers, and samples
+and rollouts from their frames to checked rows) in :mod:`zmqrl.transport.decoding`, what it checks
+once per layout in :mod:`zmqrl.transport.layouts`, the other kinds' header fields in
+:mod:`zmqrl.transport.header`, a weights message's contents in :mod:`zmqrl.transport.array_checks`.
+This module encodes messages, decodes the other kinds and re-exports what users need, so ``from
+zmqrl.transport import wire`` stays the one import.
 """
 
 from __future__ import annotations
@@ -42,8 +44,19 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from zmqrl.spec import ALLOWED_DTYPES, SampleSpec
-from zmqrl.transport.array_checks import ACTION_BOUND_TOLERANCE
+from zmqrl.spec import ALLOWED_DTYPES
+from zmqrl.transport.array_checks import validate_weights
+from zmqrl.transport.decoding import (
+    ACTION_BOUND_TOLERANCE,
+    load_samples,
+    parse_episodes,
+    parse_header,
+    unframe,
+    validate_content,
+    validate_per_message,
+    validate_samples,
+    validate_structure,
+)
 from zmqrl.transport.fields import (
     LE_DTYPES,
     MAX_ARRAYS,
@@ -52,20 +65,11 @@ from zmqrl.transport.fields import (
     MAX_MAP_ENTRIES,
     MAX_MESSAGE_BYTES,
     MAX_STRING,
-    UNPACK_LIMITS,
     fail,
     py_int,
     py_number,
-    reject_ext,
 )
-from zmqrl.transport.header import (
-    MAX_FINGERPRINT_ENTRIES,
-    MAX_FINGERPRINT_LIST,
-    ArrayDesc,
-    is_known_layout,
-    parse_episodes,
-    parse_header,
-)
+from zmqrl.transport.header import MAX_FINGERPRINT_ENTRIES, MAX_FINGERPRINT_LIST
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
     KIND_ROLLOUTS,
@@ -83,13 +87,6 @@ from zmqrl.transport.messages import (
     StopMsg,
     WeightsMsg,
     WireError,
-)
-from zmqrl.transport.validation import (
-    validate_content,
-    validate_per_message,
-    validate_samples,
-    validate_structure,
-    validate_weights,
 )
 from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, RolloutBatch, TransitionBatch, Weights
 
@@ -255,41 +252,8 @@ def dump(msg: Message) -> list[bytes | memoryview]:
 # --------------------------------------------------------------------------------------------
 
 
-def _as_bytes_view(frame: Any) -> memoryview:
-    """A flat unsigned-byte view of any buffer (bytes, memoryview, zmq.Frame, numpy array)."""
-    mv = memoryview(frame)
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    return mv
-
-
 def _load(frames: Sequence[Any]) -> Message:
-    return _decode(frames)[0]
-
-
-def _decode(frames: Sequence[Any]) -> tuple[Message, list[ArrayDesc]]:
-    """The message and its array descriptors (the very list object parse_header returned)."""
-    if isinstance(frames, (bytes, bytearray, memoryview, str)):
-        fail("expected a sequence of frames, got a single buffer")
-    views = [_as_bytes_view(f) for f in frames]
-    if not views:
-        fail("empty message")
-    if views[0].nbytes > MAX_HEADER_BYTES:
-        fail(f"header frame is {views[0].nbytes} bytes > {MAX_HEADER_BYTES}")
-    try:
-        header = msgpack.unpackb(views[0], ext_hook=reject_ext, **UNPACK_LIMITS)
-    except WireError:
-        raise
-    except Exception as exc:  # msgpack raises a zoo of types (ExtraData, FormatError, ...)
-        fail(f"header is not valid msgpack ({type(exc).__name__})")
-    kind, descs = parse_header(header)
-    if len(views) != 1 + len(descs):
-        fail(f"{kind} header describes {len(descs)} arrays but {len(views) - 1} array frames came")
-    arrays: list[np.ndarray] = []
-    for d, view in zip(descs, views[1:], strict=True):
-        if view.nbytes != d.nbytes:
-            fail(f"array {d.name!r}: frame is {view.nbytes} bytes, descriptor says {d.nbytes}")
-        arrays.append(np.frombuffer(view, dtype=LE_DTYPES[d.dtype]).reshape(d.shape))
+    header, kind, descs, arrays = unframe(frames)
     if kind in (KIND_SAMPLES, KIND_ROLLOUTS):
         transitions = kind == KIND_SAMPLES  # parse_header checked the column names of either
         return SamplesMsg(
@@ -299,18 +263,17 @@ def _decode(frames: Sequence[Any]) -> tuple[Message, list[ArrayDesc]]:
             batch=TransitionBatch(*arrays[:5]) if transitions else RolloutBatch(*arrays),
             episodes=parse_episodes(header["episodes"]),
             priorities=arrays[5] if transitions and len(arrays) > 5 else None,
-        ), descs
+        )
     if kind == KIND_WEIGHTS:
         named = {d.name: a for d, a in zip(descs, arrays, strict=True)}
         # parse_header has checked the map with parse_fingerprint, whose result holds the very
         # same keys and values: parsing it a second time per message bought nothing.
-        fingerprint = header.get("fingerprint")
         return WeightsMsg(
             weights=Weights(header["version"], named),
             agent=header["agent"],
-            fingerprint=fingerprint,
+            fingerprint=header.get("fingerprint"),
             env_steps=header.get("env_steps"),
-        ), descs
+        )
     if kind == KIND_HEARTBEAT:
         return HeartbeatMsg(
             role=header["role"],
@@ -320,8 +283,8 @@ def _decode(frames: Sequence[Any]) -> tuple[Message, list[ArrayDesc]]:
             state=header["state"],
             counters=header["counters"],
             info=header["info"],
-        ), descs
-    return StopMsg(reason=header["reason"]), descs
+        )
+    return StopMsg(reason=header["reason"])
 
 
 def load(frames: Sequence[Any]) -> Message:
@@ -337,43 +300,6 @@ def load(frames: Sequence[Any]) -> Message:
         raise
     except Exception as exc:  # belt and braces: no foreign input may raise anything else
         raise WireError(f"malformed message ({type(exc).__name__})") from exc
-
-
-def load_samples(frames: Sequence[Any], spec: SampleSpec, contents: bool = True) -> SamplesMsg:
-    """Decode a message that must be experience of the kind the run trains on (``"samples"`` when
-    ``spec.rollout_length`` is None, else ``"rollouts"`` of that many steps) and must fit
-    ``spec``; raise WireError otherwise.
-
-    ``contents=False`` leaves out the scans of array contents (finite floats, ranges): for a
-    caller that runs :func:`~zmqrl.transport.validation.validate_content` itself, over several
-    messages at once, before anything of them is used.
-    """
-    try:
-        msg, descs = _decode(frames)
-    except WireError:
-        raise
-    except Exception as exc:  # as in load()
-        raise WireError(f"malformed message ({type(exc).__name__})") from exc
-    if not isinstance(msg, SamplesMsg):
-        fail(f"expected a samples message, got {_kind_of(msg)}")
-    if contents:
-        validate_samples(msg, spec)
-    elif (id(descs), id(spec)) not in _FITTING:
-        validate_structure(msg, spec)
-        if is_known_layout(descs) and len(_FITTING) < MAX_FITTING:
-            _FITTING[id(descs), id(spec)] = spec  # the value keeps the spec (and its id) alive
-    else:  # a known layout, but episode returns and a rollout's truncation count are values
-        validate_per_message(msg, spec)
-    return msg
-
-
-# (layout, spec) pairs whose structure check passed. A decoded message's layout (kind, shapes,
-# dtypes, batch size) is its descriptor list, and the ids and episode records' types parse_header
-# has already checked; so a known layout that fit a spec once always does. Only the episode
-# returns' bound (the spec's reward limit) and a rollout's count of truncated steps depend on the
-# values, and are checked for every message (validate_per_message).
-_FITTING: dict[tuple[int, int], SampleSpec] = {}
-MAX_FITTING = 1024
 
 
 def _kind_of(msg: Message) -> str:
