@@ -18,7 +18,7 @@ import zmqrl
 from tests.conftest import REPO
 from zmqrl.agents import make_learner
 from zmqrl.checkpoints.files import save_checkpoint
-from zmqrl.checkpoints.onnx_export import export_onnx
+from zmqrl.checkpoints.onnx_export import OnnxExportError, export_onnx
 from zmqrl.checkpoints.onnx_policy import OnnxModelError, OnnxPolicy, OnnxUnavailable
 from zmqrl.cli.app import app
 from zmqrl.code_trust import UntrustedCode
@@ -189,6 +189,17 @@ def test_an_env_the_model_does_not_fit_is_refused(cartpole: tuple[Path, Path, Co
     _, model, _ = cartpole
     with pytest.raises(ValueError, match=r"takes observations \[4\] float32, the env gives \[6\] float32"):
         evaluate_onnx(model, 1, overrides=["env.id=Acrobot-v1"])
+
+
+def test_a_plugin_agent_is_refused_naming_the_agents_that_export(tmp_path: Path) -> None:
+    """A plugin's greedy rule is its own code, which the exporter cannot know."""
+    cfg = load_config(
+        None, ["env.id=tests.example_envs:make_env", "agent.kind=tests.plugins.linear_q:PLUGIN"]
+    )
+    save_checkpoint(tmp_path / "ckpt", {"agent": {}, "config": cfg.to_dict()})
+    with pytest.raises(OnnxExportError, match="knows the greedy rule of dqn, sac, appo only"):
+        export_onnx(tmp_path / "ckpt", tmp_path / "p.onnx", config=cfg)
+    assert not (tmp_path / "p.onnx").exists()
 
 
 def test_a_file_that_is_no_onnx_model_is_refused_with_one_line(tmp_path: Path) -> None:
