@@ -12,14 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import zmqrl
 from tests.conftest import REPO
 from zmqrl.agents import make_learner
-from zmqrl.checkpoints.files import save_checkpoint
+from zmqrl.checkpoints.files import load_checkpoint, save_checkpoint
 from zmqrl.checkpoints.onnx_export import OnnxExportError, export_onnx
 from zmqrl.checkpoints.onnx_policy import OnnxModelError, OnnxPolicy, OnnxUnavailable
+from zmqrl.checkpoints.policy import load_checkpoint_weights, make_eval_agent
 from zmqrl.cli.app import app
 from zmqrl.code_trust import UntrustedCode
 from zmqrl.config import Config, load_config
@@ -124,6 +126,25 @@ def test_the_metadata_carries_the_specs_the_env_and_the_runs_fingerprint(
     assert json.loads(props["zmqrl.env"])["id"] == "CartPole-v1"
     assert props["zmqrl.agent"] == "dqn" and props["zmqrl.format"] == "1"
     assert props["zmqrl.checkpoint"] == "ckpt" and props["zmqrl.weights_version"] == "0"
+
+
+def test_an_evaluators_weights_only_best_exports_with_its_version(
+    tmp_path: Path, cartpole: tuple[Path, Path, Config]
+) -> None:
+    """``checkpoints/best`` holds the acting weights alone (zmqrl/evaluator/scoring.py writes it)."""
+    checkpoint, _, cfg = cartpole
+    env = make_env(cfg.env, training=False)
+    agent = make_eval_agent(cfg, env)
+    env.close()
+    load_checkpoint_weights(agent, load_checkpoint(checkpoint), checkpoint)
+    weights = agent.export_weights()
+    best = {"contents": "weights", "agent_kind": "dqn", "version": 7, "config": cfg.to_dict()}
+    save_checkpoint(tmp_path / "best", {**best, "weights": {k: torch.tensor(v) for k, v in weights.items()}})
+    export_onnx(tmp_path / "best", tmp_path / "best.onnx")
+    exported = OnnxPolicy(tmp_path / "best.onnx")
+    assert exported.metadata.weights_version == 7
+    obs = observations(cfg, 50)
+    assert np.array_equal(exported.act(obs), OnnxPolicy(cartpole[1]).act(obs))
 
 
 def test_continuous_bounds_in_the_metadata_are_the_envs(tmp_path: Path) -> None:
