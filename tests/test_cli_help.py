@@ -26,6 +26,7 @@ COMMANDS = [
     "eval",
     "keys",
     "config",
+    "export",
     "plot",
     "status",
     "slurm",

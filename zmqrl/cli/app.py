@@ -1,8 +1,8 @@
 """Command line: the typer app ``zmqrl``, the order of its commands, and ``main`` (the entry point).
 
 The commands live one group per module (launch.py: ``launch | supervise``; roles.py: ``learner |
-actor | evaluator | health | eval | keys | config``; plot.py; status.py; zmqrl.bench.cli) and are
-added here, so the order of `zmqrl --help` and docs/cli.md is this module's, whatever a program
+actor | evaluator | health | eval | keys | config``; export.py; plot.py; status.py; zmqrl.bench.cli)
+and are added here, so the order of `zmqrl --help` and docs/cli.md is this module's, whatever a program
 imports first. Every command takes a YAML config and any number of ``--set section.key=value``
 overrides. Imports here are cheap on purpose (torch only inside the commands that train or act), so
 ``zmqrl --help`` and ``zmqrl health`` answer at once.
@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from zmqrl.bench.cli import app as bench_app
-from zmqrl.cli import launch, plot, roles, slurm, status
+from zmqrl.cli import export, launch, plot, roles, slurm, status
 
 # A paragraph that starts with this keeps its line breaks (click's marker for "do not re-wrap").
 NO_REWRAP = "\b"
@@ -73,8 +73,8 @@ app = typer.Typer(
 )
 
 # The order of `zmqrl --help` and docs/cli.md: launch, supervise, learner, actor, evaluator, health,
-# eval, keys, config, plot, status, slurm, then bench (a command group of its own).
-for group in (launch, roles, plot, status, slurm):
+# eval, keys, config, export, plot, status, slurm, then bench (a command group of its own).
+for group in (launch, roles, export, plot, status, slurm):
     group.register(app)
 app.add_typer(bench_app, name="bench")
 

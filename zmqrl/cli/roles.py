@@ -218,7 +218,10 @@ def health(
 
 
 def eval_checkpoint(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best.")],
+    checkpoint: Annotated[
+        Path | None,
+        typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best (or give --onnx FILE)."),
+    ] = None,
     episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Episode i resets with seed + i.")] = 0,
     video: Annotated[
@@ -249,6 +252,15 @@ def eval_checkpoint(
             "without it such a config is refused before anything is imported.",
         ),
     ] = False,
+    onnx: Annotated[
+        Path | None,
+        typer.Option(
+            "--onnx",
+            metavar="FILE",
+            help="Play this exported policy (zmqrl export) instead of a checkpoint, with onnxruntime "
+            "and without torch, in the env stored in it (--config and --set can change it).",
+        ),
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Play a saved policy greedily and print its mean ± std return (uses the config stored in the
@@ -256,17 +268,30 @@ def eval_checkpoint(
 
     A checkpoint is data: if its stored config names code to import (env.id or agent.kind as
     'module:...'), it is refused (exit 2) unless you give that value yourself (--set, --config) or
-    pass --trust-config. Registered gymnasium ids, built-in and installed agents play as they are."""
+    pass --trust-config. Registered gymnasium ids, built-in and installed agents play as they are.
+
+    With --onnx FILE instead of a checkpoint, a policy exported by `zmqrl export` is played with
+    onnxruntime (the onnx extra), torch never imported; the same rules hold for the env stored in it."""
     from zmqrl.config import ConfigError
     from zmqrl.envs.factory import EnvError
     from zmqrl.evaluator.greedy import evaluate_checkpoint
 
     if episodes < 1:
         fail("--episodes must be >= 1", EXIT_CONFIG)
-    if not checkpoint.is_file():
-        fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+    if (checkpoint is None) == (onnx is None):
+        fail("give a CHECKPOINT or --onnx FILE (one of them)", EXIT_CONFIG)
     if config is not None and (problem := config_path_problem(config)) is not None:
         fail(problem, EXIT_CONFIG)
+    if onnx is not None:
+        if video is not None:
+            fail("--video records checkpoints only; play the checkpoint the model came from", EXIT_CONFIG)
+        from zmqrl.cli.export import eval_onnx
+
+        eval_onnx(onnx, episodes, seed, list(set_ or []), config, trust_config)
+        return
+    assert checkpoint is not None
+    if not checkpoint.is_file():
+        fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
     try:
         result = evaluate_checkpoint(
             checkpoint,

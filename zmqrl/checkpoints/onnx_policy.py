@@ -1,0 +1,295 @@
+"""A policy exported by ``zmqrl export``, played with onnxruntime: no torch in the process.
+
+Why a module of its own, apart from the exporter (:mod:`zmqrl.checkpoints.onnx_export`): a
+deployed model runs where torch is not installed, or not wanted (seconds of import, hundreds of
+MB), so everything that reads and runs an exported file imports only numpy, onnxruntime and the
+config parser. The metadata format is defined here, writer and reader side by side, so the two
+cannot drift apart.
+
+An ONNX file is data from wherever it came from, as a checkpoint is (:mod:`zmqrl.code_trust`):
+onnxruntime runs its graph's standard operators and imports nothing, every metadata value is
+read as a string, parsed as strict JSON and checked for type before use, and the env section it
+carries is parsed behind the same gate as a checkpoint's stored config (an ``env.id`` that names a
+module is refused unless the caller gives it or passes ``--trust-config``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zmqrl import strictjson
+from zmqrl.config import Config
+from zmqrl.spec import ALLOWED_DTYPES, SampleSpec
+
+# The extra that brings onnx (export) and onnxruntime (playing), and the line that says so.
+INSTALL = "pip install 'zmqrl[onnx]'"
+# The graph's one input and one output.
+INPUT = "obs"
+OUTPUT = "action"
+# Metadata keys (the model's metadata_props, every value a string): see docs/export.md.
+FORMAT_KEY = "zmqrl.format"
+AGENT_KEY = "zmqrl.agent"
+OBSERVATION_KEY = "zmqrl.observation"
+ACTION_KEY = "zmqrl.action"
+ENV_KEY = "zmqrl.env"
+FINGERPRINT_KEY = "zmqrl.fingerprint"
+WEIGHTS_VERSION_KEY = "zmqrl.weights_version"
+CHECKPOINT_KEY = "zmqrl.checkpoint"
+# The layout of the graph and its metadata; a reader refuses any other.
+EXPORT_FORMAT = 1
+# Longest metadata value read (the env section and fingerprint are a few hundred bytes).
+MAX_METADATA_CHARS = 65536
+
+
+class OnnxUnavailable(RuntimeError):
+    """onnx or onnxruntime (the ``onnx`` extra) is not installed; the message is the one-line hint."""
+
+
+class OnnxModelError(ValueError):
+    """The file is no ONNX model, or not one ``zmqrl export`` wrote; the message says which and why."""
+
+
+def require(module: str, command: str) -> None:
+    """Raise :class:`OnnxUnavailable` with the install hint when ``module`` cannot be imported."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise OnnxUnavailable(f"{command} needs {module}, which is not installed: {INSTALL}")
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """The graph's output: int64 ``(B,)`` actions in ``0..n-1`` (``n`` set), or float32
+    ``(B, *shape)`` actions, inside ``low``/``high`` (None where a side has no bound)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    n: int | None = None
+    low: tuple[float | None, ...] | None = None
+    high: tuple[float | None, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if self.n is not None:
+            out["n"] = self.n
+        if self.low is not None and self.high is not None:
+            out["low"], out["high"] = list(self.low), list(self.high)
+        return out
+
+
+@dataclass(frozen=True)
+class OnnxMetadata:
+    """What an exported model says about itself (the values of its zmqrl.* metadata keys)."""
+
+    agent: str  # the agent.kind it was trained as (dqn, sac, appo)
+    obs_shape: tuple[int, ...]
+    obs_dtype: str  # the env's observation dtype: the graph's input type
+    action: ActionSpec
+    env: dict[str, Any]  # the config's env section, to build the env it plays
+    fingerprint: dict[str, Any]  # the run fingerprint (zmqrl.runtime.run_fingerprint)
+    weights_version: int
+    checkpoint: str  # the name of the checkpoint file it was exported from
+
+    def to_props(self) -> dict[str, str]:
+        """The metadata as ONNX metadata_props: every value a string, JSON where it is structured."""
+        return {
+            FORMAT_KEY: str(EXPORT_FORMAT),
+            AGENT_KEY: self.agent,
+            OBSERVATION_KEY: strictjson.dumps({"shape": list(self.obs_shape), "dtype": self.obs_dtype}),
+            ACTION_KEY: strictjson.dumps(self.action.to_dict()),
+            ENV_KEY: strictjson.dumps(self.env),
+            FINGERPRINT_KEY: strictjson.dumps(self.fingerprint),
+            WEIGHTS_VERSION_KEY: str(self.weights_version),
+            CHECKPOINT_KEY: self.checkpoint,
+        }
+
+
+def action_spec(spec: SampleSpec) -> ActionSpec:
+    """The exported graph's output, from the run's spec (continuous bounds as the env declares them)."""
+    if spec.num_actions is not None:
+        return ActionSpec("int64", (), n=int(spec.num_actions))
+    size = math.prod(spec.action_shape)
+
+    def bounds(value: float | tuple[float, ...] | None, default: float) -> tuple[float | None, ...]:
+        array = np.broadcast_to(np.asarray(default if value is None else value, np.float64), (size,))
+        return tuple(float(x) if math.isfinite(x) else None for x in array.tolist())
+
+    low, high = bounds(spec.action_low, -math.inf), bounds(spec.action_high, math.inf)
+    return ActionSpec("float32", tuple(spec.action_shape), low=low, high=high)
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def read_metadata(props: Mapping[str, str], source: str) -> OnnxMetadata:
+    """The model's zmqrl metadata, every value checked; :class:`OnnxModelError` naming the key
+    otherwise (nothing in it is imported or called)."""
+    if FORMAT_KEY not in props:
+        raise OnnxModelError(
+            f"{source}: not a zmqrl export (its metadata has no {FORMAT_KEY}); make one with zmqrl export"
+        )
+    if props[FORMAT_KEY] != str(EXPORT_FORMAT):
+        raise OnnxModelError(
+            f"{source}: export format {props[FORMAT_KEY][:20]!r}, this zmqrl reads {EXPORT_FORMAT}; "
+            "export the checkpoint again with this version"
+        )
+    key = ""
+    try:
+        key = OBSERVATION_KEY
+        observation = _json(props, key, dict)
+        obs_shape, obs_dtype = _shape(observation.get("shape")), _dtype(observation.get("dtype"))
+        key = ACTION_KEY
+        action = _action(_json(props, key, dict))
+        key = WEIGHTS_VERSION_KEY
+        version = int(_text(props, key))
+        key = ENV_KEY
+        env = _json(props, key, dict)
+        key = FINGERPRINT_KEY
+        fingerprint = _json(props, key, dict)
+        key = AGENT_KEY
+        agent = _text(props, key)
+    except (TypeError, ValueError) as exc:
+        raise OnnxModelError(f"{source}: malformed zmqrl metadata {key} ({exc})") from None
+    return OnnxMetadata(
+        agent=agent,
+        obs_shape=obs_shape,
+        obs_dtype=obs_dtype,
+        action=action,
+        env=env,
+        fingerprint=fingerprint,
+        weights_version=version,
+        checkpoint=props.get(CHECKPOINT_KEY, "")[:256],
+    )
+
+
+def _text(props: Mapping[str, str], key: str) -> str:
+    value = props.get(key)
+    if not isinstance(value, str):
+        raise ValueError("missing")
+    if len(value) > MAX_METADATA_CHARS:
+        raise ValueError(f"longer than {MAX_METADATA_CHARS} characters")
+    return value
+
+
+def _json(props: Mapping[str, str], key: str, kind: type) -> Any:
+    value = json.loads(_text(props, key), parse_constant=_no_constant)  # JSONDecodeError: a ValueError
+    if not isinstance(value, kind):
+        raise ValueError(f"not a JSON {'object' if kind is dict else kind.__name__}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no strict JSON")
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(d) is int and d >= 1 for d in value) or len(value) > 8:
+        raise ValueError(f"shape {value!r} is not a list of positive integers")
+    return tuple(value)
+
+
+def _dtype(value: Any) -> str:
+    if value not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype {value!r} is not one of {', '.join(sorted(ALLOWED_DTYPES))}")
+    return str(value)
+
+
+def _action(data: dict[str, Any]) -> ActionSpec:
+    dtype = _dtype(data.get("dtype"))
+    shape = () if data.get("shape") == [] else _shape(data.get("shape"))
+    if dtype == "int64":
+        n = data.get("n")
+        if type(n) is not int or n < 1 or shape != ():
+            raise ValueError(f"discrete actions need a positive n and shape [], got {data!r}")
+        return ActionSpec(dtype, shape, n=n)
+    if dtype != "float32" or not shape:
+        raise ValueError(f"actions are int64 or float32 (B, ...), got {dtype} of shape {list(shape)}")
+    size = math.prod(shape)
+    sides = []
+    for side in ("low", "high"):
+        values = data.get(side)
+        if not isinstance(values, list) or len(values) != size:
+            raise ValueError(f"action {side} must list {size} bounds")
+        if not all(v is None or (type(v) in (int, float) and math.isfinite(v)) for v in values):
+            raise ValueError(f"action {side} holds something other than numbers and null")
+        sides.append(tuple(None if v is None else float(v) for v in values))
+    return ActionSpec(dtype, shape, low=sides[0], high=sides[1])
+
+
+# ------------------------------------------------------------------------------------ playing
+
+
+class OnnxPolicy:
+    """Acts greedily with an exported model through onnxruntime, as ``DeployedPolicy`` does with
+    a checkpoint: ``act(obs)`` for one observation or a batch ``(B, *obs_shape)``."""
+
+    def __init__(self, path: str | Path, threads: int = 1) -> None:
+        """``threads``: onnxruntime's intra-op threads. One by default: the networks are small,
+        and a policy usually runs beside its env (and other processes) on a few cores."""
+        require("onnxruntime", "playing an ONNX policy")
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such ONNX file")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime's own types (InvalidProtobuf, Fail, ...)
+            reason = " ".join(str(exc).split())[:300]
+            raise OnnxModelError(f"{self.path}: not a readable ONNX model ({reason})") from None
+        props = dict(self._session.get_modelmeta().custom_metadata_map)
+        self.metadata = read_metadata(props, str(self.path))
+        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
+        if [i.name for i in inputs] != [INPUT] or OUTPUT not in [o.name for o in outputs]:
+            raise OnnxModelError(
+                f"{self.path}: expected one input {INPUT!r} and an output {OUTPUT!r}, got inputs "
+                f"{[i.name for i in inputs]} and outputs {[o.name for o in outputs]}"
+            )
+        self.obs_shape = self.metadata.obs_shape
+        self.obs_dtype = np.dtype(self.metadata.obs_dtype)
+
+    def act(self, obs: Any, explore: bool = False) -> np.ndarray:
+        """The greedy action for one observation, or actions ``(B, ...)`` for a batch. An export
+        holds only the greedy rule: ``explore=True`` is refused rather than silently ignored."""
+        if explore:
+            raise ValueError("an exported policy acts greedily only (explore=False)")
+        arr = np.ascontiguousarray(obs, dtype=self.obs_dtype)
+        single = arr.shape == self.obs_shape
+        if not single and arr.shape[1:] != self.obs_shape:
+            raise ValueError(
+                f"{self.path}: observations of shape {self.obs_shape} (or a batch of them), got {arr.shape}"
+            )
+        (actions,) = self._session.run([OUTPUT], {INPUT: arr[None] if single else arr})
+        return np.asarray(actions[0] if single else actions)
+
+    def load_weights(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """An export's weights are constants of its graph: export the new checkpoint instead."""
+        raise ValueError("an exported ONNX policy's weights are fixed; export the checkpoint again")
+
+
+def onnx_config(
+    metadata: OnnxMetadata,
+    source: str,
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+    trust_config: bool = False,
+) -> Config:
+    """The config whose env section the exported policy plays in: the caller's file when given,
+    else the env section stored in the model (untrusted data, as a checkpoint's stored config:
+    see :func:`zmqrl.checkpoints.policy.checkpoint_config`), ``overrides`` applied last."""
+    from zmqrl.config import config_from_dict, load_config
+
+    if config is not None:
+        return load_config(config, overrides)
+    stored = {"env": metadata.env}
+    return config_from_dict(stored, f"{source} (stored env)", overrides, trusted=trust_config)
