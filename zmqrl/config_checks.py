@@ -13,7 +13,7 @@ from zmqrl.errors import ConfigError
 from zmqrl.metrics.trackers import logging_problem
 
 if TYPE_CHECKING:
-    from zmqrl.config import Config
+    from zmqrl.config_sections import Config
 
 # Names in a keys directory (zmqrl/transport/keys.py) that no client key pair may take: the
 # server's pair and the directory of authorized public keys.
