@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
+from tests.nstep_reference import ActedVersions, NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.actor.nstep_log import NStepLog
-from zmqrl.actor.sampler import ActedVersions
 from zmqrl.types import EpisodeStat, TransitionBatch
 
 OBS = 3  # observation size: [sub-env, step, noise]

@@ -1,4 +1,5 @@
-"""Tests for zmqrl.actor.nstep: n-step folding with hand-computed numbers, plus a property check.
+"""Tests for the n-step reference (tests/nstep_reference.py): n-step folding with hand-computed
+numbers, plus a property check.
 
 Observations are 1-element arrays holding the step index t (obs_t = [t], next_obs = [t + 1]), so
 every emitted transition says which step it starts at and which obs it bootstraps from.
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zmqrl.actor.nstep import NStepProcessor, Transition, VectorNStep, to_batch
+from tests.nstep_reference import NStepProcessor, Transition, VectorNStep, to_batch
 from zmqrl.core import StepProcessor
 from zmqrl.types import EpisodeStat
 

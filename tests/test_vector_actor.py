@@ -19,10 +19,11 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config
+from tests.nstep_reference import ActedVersions
 from tests.test_roles import FakeLearner, FakeSupervisor, start, with_transport
 from zmqrl.actor.exploration import EpsilonExplorer, apex_epsilon
 from zmqrl.actor.main import Actor
-from zmqrl.actor.sampler import ACTOR_SEED_STRIDE, ActedVersions
+from zmqrl.actor.sampler import ACTOR_SEED_STRIDE
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.sac import SACAgent

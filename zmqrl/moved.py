@@ -62,7 +62,6 @@ MOVED: dict[str, str] = {
     "zmqrl.roles.watcher": "zmqrl.supervisor.watch",
     "zmqrl.rundirs": "zmqrl.supervisor.rundirs",
     "zmqrl.snapshots": "zmqrl.checkpoints.snapshots",
-    "zmqrl.steps": "zmqrl.actor.nstep",
     "zmqrl.supervision.beacon": "zmqrl.supervisor.beacon",
     "zmqrl.supervision.link": "zmqrl.runtime.link",
     "zmqrl.supervision.liveness": "zmqrl.supervisor.liveness",

@@ -1,13 +1,13 @@
 """The actor's n-step path on arrays: log each env step as it comes, fold a whole batch at once.
 
-``NStepProcessor`` (nstep.py) folds every step into transitions as it arrives: a tuple per step in
-its window, a Python sum per emitted transition, a list of tuples the batch is stacked from, and
-(``ActedVersions``) a queue of weights versions per window. ``NStepLog`` keeps only what a step
-must do at once: append the step's values to lists and count, in a few integers, how many
-transitions the steps so far complete, so the actor knows when a batch is ready. ``take`` then
-computes the batch's n-step returns, discounts and bootstrap rows with one numpy operation per
-window step, in Python only for the few windows an episode end cut short, and stacks each column
-with one concatenate.
+``NStepProcessor`` (the definition, tests/nstep_reference.py) folds every step into transitions
+as it arrives: a tuple per step in its window, a Python sum per emitted transition, a list of
+tuples the batch is stacked from, and (``ActedVersions``) a queue of weights versions per window.
+``NStepLog`` keeps only what a step must do at once: append the step's values to lists and count,
+in a few integers, how many transitions the steps so far complete, so the actor knows when a
+batch is ready. ``take`` then computes the batch's n-step returns, discounts and bootstrap rows
+with one numpy operation per window step, in Python only for the few windows an episode end cut
+short, and stacks each column with one concatenate.
 
 Its output is the per-transition path's exactly (tests/test_nstep_log.py checks it against
 ``NStepProcessor`` / ``VectorNStep`` on random episodes): the same rows in the same order (by the

@@ -27,7 +27,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, ladder_epsilon
-from zmqrl.actor.nstep import ActedVersions as ActedVersions  # where tests and callers found it
 from zmqrl.actor.nstep_log import NStepLog
 from zmqrl.agents import PriorityFn
 from zmqrl.config import Config

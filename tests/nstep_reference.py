@@ -1,4 +1,4 @@
-"""Turning single env steps into n-step transitions, on the actor side.
+"""The per-transition definition of the actor's n-step folding: what tests hold the real one to.
 
 Doing the n-step folding in the actor (rather than in replay) means the learner stores and samples
 ready-made ``(obs, action, reward, next_obs, discount)`` rows and never needs ``n`` or ``gamma``:
@@ -8,7 +8,8 @@ These classes are the per-transition definition of that folding: ``NStepProcesso
 (``zmqrl.core.StepProcessor``), ``VectorNStep`` for a gymnasium vector env (``AutoresetMode.
 NEXT_STEP``), ``ActedVersions`` for the weights version each window step was acted with. The
 actor itself runs ``zmqrl.actor.nstep_log.NStepLog``, which gives the same batches from arrays
-at a fraction of the per-step cost; tests/test_nstep_log.py holds it to these.
+at a fraction of the per-step cost; tests/test_nstep_log.py holds it to these. A test oracle,
+not the runtime: it lives with the tests, outside the package.
 """
 
 from __future__ import annotations
