@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,18 +71,34 @@ def test_faults_are_read_from_the_environment_at_the_process_main_only(tmp_path:
     assert Faults.from_env({}) is None, "outside tests a role is given no faults"
     marker = tmp_path / "fired"
     faults = Faults.from_env({HOOKS_ENV: f"{CRASH_AFTER_UPDATES}=5, {INGEST_FAULT_ONCE}={marker}"})
-    assert faults is not None and faults.ingest_armed()
+    assert faults is not None
     # CRASH_AFTER_UPDATES counts this process's own updates, whatever it resumed from.
-    assert faults.crash_at(updates_before=100) == 105
-    faults.after_update(104, crash_at=105)
-    with pytest.raises(RuntimeError, match="fails at update 105"):
-        faults.after_update(105, crash_at=105)
-    # A once-hook fires in the first process to find its marker absent, and never again.
+    update = faults.update(lambda batch: batch * 2)
+    assert [update(i) for i in range(4)] == [0, 2, 4, 6]
+    with pytest.raises(RuntimeError, match="fails at update 5"):
+        update(4)
+    # A once-hook fires in the first process to find its marker absent (here: at the second add,
+    # so a learner has taken data before its replay fails), and never again.
+    added: list[int] = []
+    add = faults.replay_add(added.append)
+    add(1)
     with pytest.raises(RuntimeError, match="replay add failed"):
-        faults.before_insert()
-    faults.before_insert()
-    assert marker.exists()
+        add(2)
+    add(3)
+    assert added == [1, 3] and marker.exists()
+    again = Faults({INGEST_FAULT_ONCE: str(marker)}).replay_add(added.append)
+    again(4)
+    again(5)
+    assert added == [1, 3, 4, 5], "another process finds the marker: no fault"
+
+
+def test_a_role_given_no_faults_runs_its_own_parts_unwrapped() -> None:
     quiet = Faults({})
-    assert not quiet.ingest_armed() and quiet.crash_at(7) is None and quiet.actor_hang_at() is None
-    quiet.after_update(1, None)  # DEADLOCK_ONCE is off: returns
+
+    def update(batch: int) -> int:
+        return batch
+
+    assert quiet.update(update) is update and quiet.replay_add(update) is update
+    sampler = SimpleNamespace(steps=10_000, collect=lambda budget: budget)
+    assert quiet.sampler(sampler).collect(3) == 3, "ACTOR_HANG_ONCE is off: the sampler is as it was"
     assert not Faults({DEADLOCK_ONCE: ""}).fire_once(DEADLOCK_ONCE), "a once-hook needs a marker"

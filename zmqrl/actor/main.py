@@ -150,6 +150,8 @@ class Actor:
         parts = build_acting(cfg, self.actor_id, replacement=self.replacement, bad_weights=bad_weights)
         self.agent, spec = parts.policy, parts.spec
         self.sampler: Collector = parts.sampler  # n-step transitions, or on-policy rollouts
+        if self._faults is not None:  # a test's: this one process's sampler may hang (testhooks)
+            self.sampler = self._faults.sampler(self.sampler)
         self.weights_client = parts.weights  # newer versions only
         one_torch_thread()
         limits = socket_limits(cfg)
@@ -172,8 +174,6 @@ class Actor:
         )
         self.started = time.monotonic()
         self.pacer = Pacer(cfg.actor.max_steps_per_s)
-        # A test's fault: this one process's main loop hangs once it has taken that many env steps.
-        self._hang_at = self._faults.actor_hang_at() if self._faults is not None else None
         state = "failed"
         try:
             reached_max_steps = (not self.replacement or self._await_weights()) and self._loop()
@@ -203,8 +203,6 @@ class Actor:
                 self.pacer.pace(sampler.steps - paced_steps, tick=lambda: self.link.tick(self._counters))
                 paced_steps = sampler.steps
                 next_housekeeping = sampler.steps + HOUSEKEEPING_EVERY
-                if self._hang_at is not None and sampler.steps >= self._hang_at and self._faults is not None:
-                    self._faults.actor_hangs()
             if max_steps is not None and sampler.steps >= max_steps:
                 return self._deliver_early()
             budget = next_housekeeping - sampler.steps

@@ -171,8 +171,8 @@ class Ingest:
         self._min_replay_size = min_replay_size
         self._max_policy_lag = max_policy_lag
         self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
-        # A test's injected fault, kept only when it is for ingest (none: no fault code per batch).
-        self._faults = faults if faults is not None and faults.ingest_armed() else None
+        # Replay's add, or a test's faulty one (zmqrl.runtime.testhooks).
+        self._add = faults.replay_add(replay.add) if faults is not None else replay.add
         self.note_replay_size()
 
     def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
@@ -211,8 +211,6 @@ class Ingest:
         counters = self.counters
         if not self.limiter.await_insert(n, wait):
             return False
-        if self._faults is not None and (counters.samples > 0 or len(group.infos) > 1):
-            self._faults.before_insert()  # from the second batch on
         # Lag is measured when a batch would enter replay; never negative (see _admitted: the
         # published version only grows, so what was not from the future then is not now).
         published = self._published_version()
@@ -229,7 +227,7 @@ class Ingest:
                 counters.stale_batches += 1
                 counters.stale_samples += info.size
             if fresh is not None:
-                self.replay.add(fresh.batch, fresh.priorities)
+                self._add(fresh.batch, fresh.priorities)
                 self.limiter.inserted(fresh.size)
                 counters.samples += fresh.size
                 counters.batches += len(fresh.infos)

@@ -300,9 +300,8 @@ class Learner:
 
     def _train(self) -> None:
         assert self.trainer is not None
-        trainer, lcfg, faults = self.trainer, self.cfg.learner, self._faults
+        trainer, lcfg = self.trainer, self.cfg.learner
         log.info("training: %d updates of batch %d", lcfg.max_updates, self.cfg.agent.batch_size)
-        crash_at = faults.crash_at(trainer.counters.updates) if faults is not None else None
         while not self._leaving():
             took = self.feed.take_if_due()
             if not trainer.can_train():
@@ -317,10 +316,7 @@ class Learner:
                 log.info("first update %.2f s after the launch", self.startup["first_update"])
             if trainer.ended is not None:  # the evaluation in this step held the target
                 return
-            updates = trainer.counters.updates
-            if faults is not None:
-                faults.after_update(updates, crash_at)
-            if updates % HOUSEKEEPING_EVERY == 0:
+            if trainer.counters.updates % HOUSEKEEPING_EVERY == 0:
                 self._housekeeping(useful=True)
 
     def _leaving(self) -> bool:

@@ -4,8 +4,10 @@ Liveness and recovery can only be tested end to end by making a real learner fai
 review found: a background thread that raises, a checkpoint that takes longer than the heartbeat
 timeout, a main loop that deadlocks. ``ZMQRL_TEST_HOOKS`` holds ``name=value`` pairs separated
 by commas. It is read once, at a role process's main (``Faults.from_env``), and the ``Faults``
-built from it are handed to the role, which hands them to its parts: a role given none (always,
-outside tests, and whenever a role runs in a thread) runs no fault code on its main path.
+built from it are handed to the role, which lets them wrap the parts they break as it builds them
+(the actor's sampler, the learner's update and replay add, the checkpoint writer's steps): the
+loops call those parts as always and hold no fault code, and a role given none (always, outside
+tests, and whenever a role runs in a thread) wraps nothing.
 
 Hooks that fire once take a marker file as their value: the first process to find it absent
 creates it and fires, so the supervisor's replacement runs normally.
@@ -17,8 +19,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 HOOKS_ENV = "ZMQRL_TEST_HOOKS"
 
@@ -51,6 +54,19 @@ def parse(spec: str) -> dict[str, str]:
 def block_forever() -> None:
     """A deadlock, as far as the caller can tell."""
     threading.Event().wait()
+
+
+class Collecting(Protocol):
+    """What the actor's loop drives (``zmqrl.actor.sampler.Sampler`` and the rollout collector)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    def collect(self, budget: int) -> Any: ...
+
+
+S = TypeVar("S", bound=Collecting)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Faults:
@@ -86,41 +102,63 @@ class Faults:
         os.close(fd)
         return True
 
-    # The actor's main loop.
-    def actor_hang_at(self) -> int | None:
-        """The env steps after which this actor's main loop hangs, if ACTOR_HANG_ONCE fires here
-        (asked once, as the actor starts)."""
-        return ACTOR_HANG_STEPS if self.fire_once(ACTOR_HANG_ONCE) else None
+    # The actor's sampler.
+    def sampler(self, sampler: S) -> S:
+        """``sampler``, or, in the first actor process to start when ACTOR_HANG_ONCE is set, the
+        same sampler whose ``collect`` hangs for good once it has taken ACTOR_HANG_STEPS env steps
+        (the actor's main loop hangs there; its heartbeat thread goes on)."""
+        if not self.fire_once(ACTOR_HANG_ONCE):
+            return sampler
+        collect = sampler.collect
 
-    def actor_hangs(self) -> None:
-        """The actor's main loop hangs (see ``actor_hang_at``)."""
-        actor_log.warning("test hook: the main loop hangs now")
-        block_forever()
+        def hanging(budget: int) -> Any:
+            if sampler.steps >= ACTOR_HANG_STEPS:
+                actor_log.warning("test hook: the main loop hangs now")
+                block_forever()
+            return collect(budget)
 
-    # The learner's main loop.
-    def crash_at(self, updates_before: int) -> int | None:
-        """The update count at which this learner process raises (CRASH_AFTER_UPDATES counts its
-        own updates, whatever it resumed from: ``updates_before``)."""
-        value = self.value(CRASH_AFTER_UPDATES)
-        return updates_before + int(value) if value else None
+        sampler.collect = hanging  # type: ignore[method-assign]
+        return sampler
 
-    def after_update(self, updates: int, crash_at: int | None) -> None:
-        """After each update of the learner's main loop: deadlock after the first (DEADLOCK_ONCE),
-        or raise at ``crash_at``."""
-        if updates == 1 and self.fire_once(DEADLOCK_ONCE):
-            learner_log.warning("test hook: the main loop deadlocks now")
-            block_forever()
-        if updates == crash_at:
-            raise RuntimeError(f"test hook: the learner fails at update {updates}")
+    # The learner's update.
+    def update(self, update: F) -> F:
+        """The agent's ``update``, or one that deadlocks after this process's first update
+        (DEADLOCK_ONCE) or raises at its CRASH_AFTER_UPDATES-th (this process's own updates,
+        whatever it resumed from)."""
+        crash_after = self.value(CRASH_AFTER_UPDATES)
+        if not crash_after and self.value(DEADLOCK_ONCE) is None:
+            return update
+        done = 0
 
-    # The learner's ingest thread.
-    def ingest_armed(self) -> bool:
-        return self.value(INGEST_FAULT_ONCE) is not None
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            nonlocal done
+            result = update(*args, **kwargs)
+            done += 1
+            if done == 1 and self.fire_once(DEADLOCK_ONCE):
+                learner_log.warning("test hook: the main loop deadlocks now")
+                block_forever()
+            if crash_after and done == int(crash_after):
+                raise RuntimeError(f"test hook: the learner fails at update {done}")
+            return result
 
-    def before_insert(self) -> None:
-        """Before a replay add from the second batch on: the ingest thread raises (once)."""
-        if self.fire_once(INGEST_FAULT_ONCE):
-            raise RuntimeError("test hook: replay add failed")
+        return faulty  # type: ignore[return-value]
+
+    # The learner's replay add (ingest).
+    def replay_add(self, add: F) -> F:
+        """Replay's ``add``, or one that raises once, from this process's second add on
+        (INGEST_FAULT_ONCE: in the first process to find its marker absent)."""
+        if self.value(INGEST_FAULT_ONCE) is None:
+            return add
+        adds = 0
+
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            nonlocal adds
+            adds += 1
+            if adds > 1 and self.fire_once(INGEST_FAULT_ONCE):
+                raise RuntimeError("test hook: replay add failed")
+            return add(*args, **kwargs)
+
+        return faulty  # type: ignore[return-value]
 
     # The learner's checkpoint writer.
     def slow_checkpoint(self) -> None:
