@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -25,9 +26,10 @@ from zmqrl.types import TransitionBatch
 ROWS = 50_000
 BATCH = 64
 ROUNDS, STEPS, WARMUP = 5, 500, 200
+R = TypeVar("R", UniformReplay, PrioritizedReplay)
 
 
-def filled(buffer: UniformReplay, rng: np.random.Generator) -> UniformReplay:
+def filled(buffer: R, rng: np.random.Generator) -> R:
     obs = rng.normal(size=(ROWS, 4)).astype(np.float32)
     buffer.add(
         TransitionBatch(
@@ -60,10 +62,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     uniform = filled(UniformReplay(ROWS, (4,), np.float32, (), np.int64, seed=0), rng)
     per = filled(PrioritizedReplay(ROWS, (4,), np.float32, (), np.int64, seed=0, alpha=0.6), rng)
-    assert isinstance(per, PrioritizedReplay)
 
     def uniform_step(agent: DQNAgent) -> None:
-        agent.update(uniform.sample(BATCH))
+        batch = uniform.sample(BATCH).batch
+        assert isinstance(batch, TransitionBatch)
+        agent.update(batch)
 
     def per_step(agent: DQNAgent) -> None:
         batch, ids, weights = per.sample_prioritized(BATCH, beta=0.5)

@@ -83,7 +83,7 @@ def test_shared_frames_replay_samples_exactly_what_the_dense_buffer_does(capacit
     for batch in game_batches(0, batches=12):  # 192 rows: the small buffer wraps several times
         dense.add(batch)
         shared.add(batch)
-        assert_same(dense.sample(32), shared.sample(32))
+        assert_same(dense.sample(32).batch, shared.sample(32).batch)
     assert_same(dense.snapshot(), shared.snapshot())
     # Each row adds about one new plane: far below the 8 a dense row holds.
     assert shared.live_planes <= len(shared) + 2 * STACK + N_STEP + 16
@@ -96,7 +96,7 @@ def test_overwritten_rows_release_their_planes() -> None:
         shared.add(batch)
     for batch in game_batches(2, batches=2):  # a new game replaces every row
         shared.add(batch)
-    referenced = np.unique(np.concatenate([shared._columns[0].ravel(), shared._columns[3].ravel()]))
+    referenced = np.unique(np.concatenate([shared._rows.columns[0].ravel(), shared._rows.columns[3].ravel()]))
     assert shared.live_planes == referenced.size
 
 
@@ -106,8 +106,8 @@ def test_shared_frames_prioritized_replay_matches_the_dense_one() -> None:
     rng = np.random.default_rng(9)
     for batch in game_batches(3, batches=8):
         pri = rng.random(batch.size).astype(np.float32)
-        dense.add_with_priorities(batch, pri)
-        shared.add_with_priorities(batch, pri)
+        dense.add(batch, pri)
+        shared.add(batch, pri)
         (a, ids_a, w_a), (b, ids_b, w_b) = (
             dense.sample_prioritized(16, 0.5),
             shared.sample_prioritized(16, 0.5),
@@ -129,18 +129,23 @@ def pool_state(pool: FramePool) -> tuple[object, ...]:
     return pool._refs.tolist(), list(pool._free), pool._unused, dict(pool._slot_of), pool.live
 
 
-def test_undo_interns_restores_the_pool_exactly() -> None:
-    """Slots taken from the free list go back in the same order, untouched ones become untouched."""
+def test_a_failed_replace_restores_the_pool_exactly() -> None:
+    """Slots taken from the free list go back in the same order, untouched ones become untouched,
+    whether a later plane or the release of the old ones fails."""
     pool = FramePool(8, (2,))
     kept = pool.intern(np.array([[1, 1], [2, 2], [3, 3], [4, 4]], np.uint8))
     pool.release(kept[1:3])  # two free slots, and four never written
     before = pool_state(pool)
-    journal: list[frames.Taken] = []
-    first = pool.intern(np.array([[1, 1], [5, 5], [6, 6]], np.uint8), journal)  # 1 shared, 2 new
-    second = pool.intern(np.array([[7, 7], [5, 5], [8, 8]], np.uint8), journal)  # reuses 5
-    assert len(journal) == 4 and pool._unused == 6
-    pool.undo_interns([first, second], journal)
-    assert pool_state(pool) == before and journal == []
+    first = np.array([[1, 1], [5, 5], [6, 6]], np.uint8)  # 1 shared, 2 new
+    second = np.array([[7, 7], [5, 5], [8, 8]], np.uint8)  # reuses 5
+    with pytest.raises(ValueError, match="more often"):  # the release refuses: kept[3] has one reference
+        pool.replace([first, second], kept[[3, 3]])
+    assert pool_state(pool) == before
+    with pytest.raises(frames.FramePoolFull):  # 7 new planes, 6 slots left
+        pool.replace([first, second, np.array([[9, 9], [10, 10], [11, 11]], np.uint8)], kept[:1])
+    assert pool_state(pool) == before
+    ids = pool.replace([first, second], kept[:1])  # the plane [1, 1] keeps its slot throughout
+    assert ids[0][0] == kept[0] and pool.live == 6
 
 
 def test_a_failing_intern_or_release_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

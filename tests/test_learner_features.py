@@ -30,7 +30,7 @@ from zmqrl.envs.factory import EnvError
 from zmqrl.errors import ConfigError
 from zmqrl.learner.main import Learner
 from zmqrl.learner.trainer import check_weights_fit
-from zmqrl.replay import NoLimit, PrioritizedBuffer, RateLimiter, replay_footprint
+from zmqrl.replay import NoLimit, PrioritizedReplay, RateLimiter, replay_footprint
 from zmqrl.replay.memory import ReplayMemoryError
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
@@ -108,12 +108,12 @@ def test_prioritized_learner_trains_and_refreshes_priorities(ctx: zmq.Context, t
     run.send()  # no priorities: the running maximum
     wait_until(lambda: run.learner.updates > 200, 30, "updates on prioritized replay")
     replay = run.learner.replay
-    assert isinstance(replay, PrioritizedBuffer)
+    assert isinstance(replay, PrioritizedReplay)
     stats = run.stop()
     assert stats["samples"] == 64 and stats["bad_messages"] == 0
     # Both batches started at priority 50 (the sent one, and the running max for the other); every
     # row has since been sampled and re-prioritized with its TD error, which is far smaller here.
-    stored = replay.storage.priorities_of(np.arange(64))
+    stored = replay.priorities_of(np.arange(64))
     assert np.all(stored < 50.0**cfg.replay.alpha / 2), stored
 
 
@@ -393,7 +393,7 @@ def test_hostile_priorities_are_clipped_by_the_configured_ratio_and_counted(
     )
     run = Running(ctx, cfg)
     replay = run.learner.replay
-    assert isinstance(replay, PrioritizedBuffer) and replay.storage.max_initial_priority_ratio == 2.0
+    assert isinstance(replay, PrioritizedReplay) and replay.max_initial_priority_ratio == 2.0
     run.send(priorities=np.full(32, 3e38, np.float32))  # one actor claims every row is urgent
     run.send()
     wait_until(lambda: run.learner.samples == 64, 10, "ingest")

@@ -23,7 +23,6 @@ from zmqrl.core import Replay
 from zmqrl.replay import (
     DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
     INITIAL_MAX_PRIORITY,
-    PrioritizedBuffer,
     PrioritizedReplay,
     make_replay,
     sumtree,
@@ -232,7 +231,7 @@ def test_the_factorys_prioritized_buffer_satisfies_the_replay_contract() -> None
     spec = SampleSpec((OBS_DIM,), "float32", (), "int64", num_actions=2)
     buf = make_replay(ReplayConfig(capacity=4, prioritized=True), spec, seed=0)
     assert isinstance(buf, Replay)
-    assert isinstance(buf, PrioritizedBuffer) and type(buf.storage) is PrioritizedReplay
+    assert type(buf) is PrioritizedReplay
 
 
 def chi2_of(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -261,14 +260,14 @@ def test_plain_sample_is_prioritized_too() -> None:
     raw = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 93.0])
     buf = make_per(8, alpha=1.0, eps=0.0, seed=3)
     add_measured(buf, range(8), raw)
-    counts = np.bincount(buf.sample(50_000).reward.astype(int), minlength=8)
+    counts = np.bincount(buf.sample(50_000).batch.reward.astype(int), minlength=8)
     assert chi2_of(counts, raw / raw.sum()) < CHI2_999[7]
 
 
 def test_alpha_zero_is_uniform() -> None:
     k = 16
     buf = make_per(k, alpha=0.0, eps=0.0, seed=5)
-    buf.add_with_priorities(make_batch(range(k)), np.geomspace(1e-3, 1e3, k))
+    buf.add(make_batch(range(k)), np.geomspace(1e-3, 1e3, k))
     counts = np.zeros(k)
     for _ in range(20):
         counts += np.bincount(buf.sample_prioritized(1000, beta=1.0)[1], minlength=k)
@@ -280,7 +279,7 @@ def test_alpha_zero_is_uniform() -> None:
 def test_importance_weights_hand_computed() -> None:
     """Priorities 1..4 with alpha 1: P = (.1, .2, .3, .4), N = 4, so N*P = (.4, .8, 1.2, 1.6)."""
     buf = make_per(4, alpha=1.0, eps=0.0, seed=0)
-    buf.add_with_priorities(make_batch(range(4)), np.array([1.0, 2.0, 3.0, 4.0]))
+    buf.add(make_batch(range(4)), np.array([1.0, 2.0, 3.0, 4.0]))
     n_p = np.array([0.4, 0.8, 1.2, 1.6])
     for beta in (0.0, 0.5, 1.0):
         for _ in range(20):
@@ -304,7 +303,7 @@ def test_new_rows_get_the_largest_priority_the_learner_has_given() -> None:
     buf.add(make_batch([0, 1]))
     np.testing.assert_allclose(buf.priorities_of(np.array([0, 1])), (1.0 + eps) ** alpha)
     # An actor's priorities are stored (within the bound) but do not move the running max.
-    buf.add_with_priorities(make_batch([2, 3]), np.array([5.0, 2.0]))
+    buf.add(make_batch([2, 3]), np.array([5.0, 2.0]))
     np.testing.assert_allclose(buf.priorities_of(np.array([2, 3])), (np.array([5.0, 2.0]) + eps) ** alpha)
     assert buf.max_priority == INITIAL_MAX_PRIORITY
     buf.add(make_batch([4]))
@@ -320,9 +319,9 @@ def test_new_rows_get_the_largest_priority_the_learner_has_given() -> None:
 def test_update_priorities_skips_overwritten_rows() -> None:
     alpha, eps = 1.0, 0.0
     buf = make_per(4, alpha=alpha, eps=eps)
-    buf.add_with_priorities(make_batch(range(4)), np.ones(4))
+    buf.add(make_batch(range(4)), np.ones(4))
     _, ids, _ = buf.sample_prioritized(64, beta=0.4)  # ids among 0..3
-    buf.add_with_priorities(make_batch(range(4, 7)), np.full(3, 2.0))  # overwrites ordinals 0..2
+    buf.add(make_batch(range(4, 7)), np.full(3, 2.0))  # overwrites ordinals 0..2
     before = buf.total_priority
     buf.update_priorities(ids, np.full(ids.size, 1000.0))
     n_stale = int(np.count_nonzero(ids < 3))
@@ -348,7 +347,7 @@ def test_update_priorities_duplicate_ids_last_wins() -> None:
 def test_batch_larger_than_capacity_keeps_newest_with_their_priorities() -> None:
     buf = make_per(4, alpha=1.0, eps=0.0)
     buf.add(make_batch([0]))
-    buf.add_with_priorities(make_batch(range(1, 11)), np.arange(1, 11, dtype=np.float64))
+    buf.add(make_batch(range(1, 11)), np.arange(1, 11, dtype=np.float64))
     assert len(buf) == 4 and buf.total_added == 11
     np.testing.assert_array_equal(buf.snapshot().reward, [7, 8, 9, 10])  # oldest first
     np.testing.assert_array_equal(buf.priorities_of(np.arange(7, 11)), [7, 8, 9, 10])
@@ -375,7 +374,7 @@ def test_sample_before_full_uses_only_filled_rows() -> None:
 
 def test_zero_priority_rows_never_sampled() -> None:
     buf = make_per(8, alpha=1.0, eps=0.0)
-    buf.add_with_priorities(make_batch(range(8)), np.array([0, 0, 3, 0, 0, 0, 1, 0], np.float64))
+    buf.add(make_batch(range(8)), np.array([0, 0, 3, 0, 0, 0, 1, 0], np.float64))
     assert set(buf.sample_prioritized(1000, 0.5)[1].tolist()) <= {2, 6}
     buf.update_priorities(np.array([2, 6]), np.zeros(2))
     with pytest.raises(ValueError, match="zero"):
@@ -391,9 +390,9 @@ def test_invalid_priorities_raise_and_change_nothing() -> None:
         with pytest.raises(ValueError, match="finite"):
             buf.update_priorities(np.array([0, 1]), np.array([1.0, bad]))
         with pytest.raises(ValueError, match="finite"):
-            buf.add_with_priorities(make_batch([4, 5]), np.array([bad, 1.0]))
+            buf.add(make_batch([4, 5]), np.array([bad, 1.0]))
     with pytest.raises(ValueError, match="shape"):
-        buf.add_with_priorities(make_batch([4, 5]), np.array([1.0]))
+        buf.add(make_batch([4, 5]), np.array([1.0]))
     with pytest.raises(ValueError, match="shape"):
         buf.update_priorities(np.array([0, 1]), np.array([1.0]))
     with pytest.raises(ValueError, match=">= 0"):
@@ -423,7 +422,7 @@ def test_sample_on_empty_and_bad_batch_size_raise() -> None:
 
 def test_snapshot_restore_round_trip() -> None:
     src = make_per(8, alpha=1.0, eps=0.0, seed=4)
-    src.add_with_priorities(make_batch(range(13)), np.arange(13, dtype=np.float64))  # keeps 5..12
+    src.add(make_batch(range(13)), np.arange(13, dtype=np.float64))  # keeps 5..12
     snap = src.snapshot()
     dst = make_per(8, alpha=1.0, eps=0.0, seed=99)
     dst.restore(snap, total_added=src.total_added)
@@ -491,7 +490,7 @@ def test_model_based_priorities(capacity: int, ops: list[tuple[str, object, bool
         if kind == "add":
             n = int(arg)  # type: ignore[call-overload]
             pri = rng.integers(0, 41, size=n).astype(np.float64) if flag else None
-            buf.add_with_priorities(make_batch(range(next_id, next_id + n)), pri)
+            buf.add(make_batch(range(next_id, next_id + n)), pri)
             vals = [running_max] * n if pri is None else np.minimum(pri, ratio * running_max).tolist()
             if pri is not None:
                 clipped += int(np.count_nonzero(pri[max(0, n - capacity) :] > ratio * running_max))
@@ -538,7 +537,7 @@ def test_concurrent_add_sample_update() -> None:
             for r in range(rounds):
                 ids = range(cap + r * 40, cap + (r + 1) * 40)
                 pri = rng.random(40) * 3 if r % 2 else None
-                buf.add_with_priorities(make_batch(ids, obs_dim=obs_dim), pri)
+                buf.add(make_batch(ids, obs_dim=obs_dim), pri)
         except BaseException as e:  # surfaced in the main thread below
             errors.append(e)
         finally:
@@ -579,7 +578,7 @@ def test_actor_priorities_are_clipped_to_a_multiple_of_the_learners_max() -> Non
     alpha, eps, ratio = 0.6, 1e-6, DEFAULT_MAX_INITIAL_PRIORITY_RATIO
     buf = make_per(16, alpha=alpha, eps=eps, bounds={"max_draw_ratio": 1e30})  # only this clip binds
     # Before the learner has measured anything, the bound is ratio x INITIAL_MAX_PRIORITY.
-    buf.add_with_priorities(make_batch([0, 1, 2]), np.array([3e38, 5.0, 0.5]))
+    buf.add(make_batch([0, 1, 2]), np.array([3e38, 5.0, 0.5]))
     expected = np.array([ratio * INITIAL_MAX_PRIORITY, 5.0, 0.5])
     np.testing.assert_allclose(buf.priorities_of(np.arange(3)), (expected + eps) ** alpha)
     assert buf.clipped_priorities == 1 and buf.max_priority == INITIAL_MAX_PRIORITY
@@ -588,18 +587,18 @@ def test_actor_priorities_are_clipped_to_a_multiple_of_the_learners_max() -> Non
     # The learner's own priorities (below replay.max_priority) move the bound; actors' never do.
     buf.update_priorities(np.array([0]), np.array([40.0]))
     assert buf.max_priority == 40.0
-    buf.add_with_priorities(make_batch([4, 5]), np.array([1e30, 399.0]))
+    buf.add(make_batch([4, 5]), np.array([1e30, 399.0]))
     np.testing.assert_allclose(buf.priorities_of(np.array([4, 5])), (np.array([400.0, 399.0]) + eps) ** alpha)
     assert buf.clipped_priorities == 2 and buf.max_priority == 40.0
 
 
 def test_bad_actor_priorities_are_still_rejected_with_nothing_changed() -> None:
     buf = make_per(8, bounds={})
-    buf.add_with_priorities(make_batch(range(4)), np.full(4, 1e30))
+    buf.add(make_batch(range(4)), np.full(4, 1e30))
     total, clipped = buf.total_priority, buf.clipped_priorities
     for bad in (np.nan, np.inf, -np.inf, -1.0):
         with pytest.raises(ValueError, match="finite"):
-            buf.add_with_priorities(make_batch([4, 5]), np.array([1e30, bad]))
+            buf.add(make_batch([4, 5]), np.array([1e30, bad]))
     assert (buf.total_priority, buf.clipped_priorities, len(buf)) == (total, clipped, 4)
     assert buf.max_priority == INITIAL_MAX_PRIORITY
     with pytest.raises(ValueError, match="max_initial_priority_ratio"):
@@ -618,7 +617,7 @@ def test_a_hostile_actor_cannot_starve_the_others_rows(hostile: float) -> None:
     next_id, honest_draws, draws = 0, 0, 0
     for step in range(steps):
         for priorities in (rng.uniform(0.5, 1.5, rows), np.full(rows, hostile)):
-            buf.add_with_priorities(make_batch(range(next_id, next_id + rows)), priorities)
+            buf.add(make_batch(range(next_id, next_id + rows)), priorities)
             next_id += rows
         _, ids, _ = buf.sample_prioritized(2 * rows, beta=0.4)
         if step >= warmup:

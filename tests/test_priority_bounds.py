@@ -23,8 +23,8 @@ def poisoned_share(poisoned: int, normal: int, bounds: dict[str, float], steps: 
     the draws after a warm-up."""
     rng = np.random.default_rng(3)
     buf = make_per(normal + poisoned, seed=5, bounds=bounds)
-    buf.add_with_priorities(make_batch(range(normal)), rng.uniform(0.5, 1.5, normal))
-    buf.add_with_priorities(make_batch(range(normal, normal + poisoned)), np.full(poisoned, HUGE))
+    buf.add(make_batch(range(normal)), rng.uniform(0.5, 1.5, normal))
+    buf.add(make_batch(range(normal, normal + poisoned)), np.full(poisoned, HUGE))
     hits = draws = 0
     for step in range(steps):
         _, ids, _ = buf.sample_prioritized(64, beta=0.4)
@@ -62,7 +62,7 @@ def test_every_stored_priority_is_capped_absolutely() -> None:
     cap_weight = (DEFAULT_MAX_PRIORITY + buf.priority_eps) ** buf.alpha
     assert buf.max_priority == buf.max_priority_cap == DEFAULT_MAX_PRIORITY
     np.testing.assert_allclose(buf.priorities_of(np.arange(2)), cap_weight)
-    buf.add_with_priorities(make_batch([4]), np.array([HUGE]))  # an actor's, after the learner's max
+    buf.add(make_batch([4]), np.array([HUGE]))  # an actor's, after the learner's max
     buf.add(make_batch([5]))  # a row without a priority gets max_priority, so the cap too
     assert buf.priorities_of(np.array([4, 5])).max() <= cap_weight * (1 + 1e-12)
     assert buf.clipped_priorities == 3  # the two learner priorities and the actor's

@@ -9,7 +9,7 @@ import pytest
 
 from zmqrl.config import ReplayConfig
 from zmqrl.core import Replay
-from zmqrl.replay import UniformBuffer, UniformReplay, make_replay
+from zmqrl.replay import UniformReplay, make_replay
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -35,7 +35,7 @@ def make_buffer(capacity: int, seed: int | None = 0, obs_dim: int = OBS_DIM) -> 
 
 def stored_ids(buf: UniformReplay) -> list[int]:
     """Ids of the stored rows in ring-slot order (peeks at storage: test-only)."""
-    obs = buf._columns[0][: len(buf)]
+    obs = buf._rows.columns[0][: len(buf)]
     return [int(v) for v in obs[:, 0]]
 
 
@@ -51,7 +51,7 @@ def test_the_factorys_uniform_buffer_satisfies_the_replay_contract() -> None:
     spec = SampleSpec((OBS_DIM,), "float32", (), "int64", num_actions=2)
     buf = make_replay(ReplayConfig(capacity=4), spec, seed=0)
     assert isinstance(buf, Replay)
-    assert isinstance(buf, UniformBuffer) and type(buf.storage) is UniformReplay
+    assert type(buf) is UniformReplay
 
 
 def test_fill_then_wrap_overwrites_oldest() -> None:
@@ -89,7 +89,7 @@ def test_batch_larger_than_capacity_keeps_newest() -> None:
 def test_samples_only_stored_rows() -> None:
     buf = make_buffer(8)
     buf.add(make_batch(range(20)))  # keeps 12..19
-    batch = buf.sample(500)
+    batch = buf.sample(500).batch
     assert batch.size == 500
     assert set(batch.reward.astype(int).tolist()) <= set(range(12, 20))
     assert_rows_consistent(batch)
@@ -98,7 +98,7 @@ def test_samples_only_stored_rows() -> None:
 def test_sample_before_full_uses_only_filled_rows() -> None:
     buf = make_buffer(100)
     buf.add(make_batch([7, 8, 9]))
-    ids = set(buf.sample(300).reward.astype(int).tolist())
+    ids = set(buf.sample(300).batch.reward.astype(int).tolist())
     assert ids == {7, 8, 9}  # never the zero-filled empty slots
 
 
@@ -107,7 +107,7 @@ def test_sample_is_roughly_uniform() -> None:
     k, draws = 20, 20_000
     buf = make_buffer(k, seed=123)
     buf.add(make_batch(range(k)))
-    counts = np.bincount(buf.sample(draws).reward.astype(int), minlength=k)
+    counts = np.bincount(buf.sample(draws).batch.reward.astype(int), minlength=k)
     expected = draws / k
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 43.8
@@ -116,7 +116,7 @@ def test_sample_is_roughly_uniform() -> None:
 def test_sample_returns_copies() -> None:
     buf = make_buffer(4)
     buf.add(make_batch(range(4)))
-    batch = buf.sample(8)
+    batch = buf.sample(8).batch
     batch.obs[:] = -1
     assert min(stored_ids(buf)) == 0
 
@@ -125,7 +125,7 @@ def test_seed_makes_sampling_reproducible() -> None:
     a, b = make_buffer(50, seed=7), make_buffer(50, seed=7)
     a.add(make_batch(range(50)))
     b.add(make_batch(range(50)))
-    np.testing.assert_array_equal(a.sample(32).reward, b.sample(32).reward)
+    np.testing.assert_array_equal(a.sample(32).batch.reward, b.sample(32).batch.reward)
 
 
 def test_uint8_image_obs_and_continuous_actions_preserved() -> None:
@@ -142,7 +142,7 @@ def test_uint8_image_obs_and_continuous_actions_preserved() -> None:
         discount=np.ones(n, dtype=np.float32),
     )
     buf.add(batch)
-    out = buf.sample(10)
+    out = buf.sample(10).batch
     assert out.obs.dtype == np.uint8 and out.obs.shape == (10, *obs_shape)
     assert out.next_obs.dtype == np.uint8 and out.next_obs.shape == (10, *obs_shape)
     assert out.action.dtype == np.float32 and out.action.shape == (10, act_dim)
@@ -222,7 +222,7 @@ def test_concurrent_add_and_sample_never_tear_rows() -> None:
     def reader() -> None:
         try:
             while not stop.is_set():
-                assert_rows_consistent(buf.sample(64))
+                assert_rows_consistent(buf.sample(64).batch)
         except BaseException as e:
             errors.append(e)
             stop.set()

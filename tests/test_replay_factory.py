@@ -28,11 +28,9 @@ from zmqrl.config import ReplayConfig
 from zmqrl.core import Replay, Sampled
 from zmqrl.envs.factory import EnvError
 from zmqrl.replay import (
-    PrioritizedBuffer,
     PrioritizedReplay,
     SharedFramesPrioritizedReplay,
     SharedFramesReplay,
-    UniformBuffer,
     UniformReplay,
     factory,
     make_replay,
@@ -43,12 +41,12 @@ from zmqrl.spec import SampleSpec
 
 IMAGES = SampleSpec(OBS_SHAPE, "uint8", (), "int64", num_actions=6)
 VECTORS = SampleSpec((3,), "float32", (), "int64", num_actions=2)
-# (prioritized, share_frames) -> the wrapper and the storage class the factory must pick.
+# (prioritized, share_frames) -> the class the factory must pick.
 KINDS = {
-    "uniform": (False, False, UniformBuffer, UniformReplay),
-    "prioritized": (True, False, PrioritizedBuffer, PrioritizedReplay),
-    "shared": (False, True, UniformBuffer, SharedFramesReplay),
-    "shared_prioritized": (True, True, PrioritizedBuffer, SharedFramesPrioritizedReplay),
+    "uniform": (False, False, UniformReplay),
+    "prioritized": (True, False, PrioritizedReplay),
+    "shared": (False, True, SharedFramesReplay),
+    "shared_prioritized": (True, True, SharedFramesPrioritizedReplay),
 }
 
 
@@ -59,19 +57,18 @@ def build(kind: str, capacity: int = CAP, **overrides: Any) -> Replay:
     return make_replay(cfg, IMAGES, seed=4)
 
 
-def storage_of(buf: Replay) -> UniformReplay:
-    assert isinstance(buf, UniformBuffer | PrioritizedBuffer)
-    return buf.storage
+def storage_of(buf: Replay) -> UniformReplay | PrioritizedReplay:
+    """The factory's buffer as the class it is (no wrapper: each kind implements Replay)."""
+    assert isinstance(buf, UniformReplay | PrioritizedReplay)
+    return buf
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_each_config_builds_its_kind_and_it_satisfies_replay(kind: str) -> None:
-    _, _, wrapper, storage = KINDS[kind]
     buf = build(kind)
     assert isinstance(buf, Replay)
-    assert type(buf) is wrapper and type(storage_of(buf)) is storage
-    assert buf.capacity == CAP and len(buf) == 0 and buf.total_added == 0
-    assert buf.nbytes == storage_of(buf).nbytes > 0
+    assert type(buf) is KINDS[kind][2]
+    assert buf.capacity == CAP and len(buf) == 0 and buf.total_added == 0 and buf.nbytes > 0
 
 
 def test_uniform_draws_have_no_importance_ids_or_metrics() -> None:
@@ -208,7 +205,8 @@ def test_the_memory_check_of_shared_frames_holds_for_noise_frames(kind: str) -> 
     rng = np.random.default_rng(2)
     for rows in [16, 16, 16, 9, 16, 16, 1, 16, 16, 16]:
         buf.add(noise(rng, rows))
-    pool = buf.storage._pool  # type: ignore[attr-defined]
+    assert isinstance(buf, SharedFramesReplay | SharedFramesPrioritizedReplay)
+    pool = buf.pool
     plane_bytes = pool.planes[0].nbytes
     assert pool.high_water == 2 * OBS_SHAPE[0] * (capacity + max_add)  # the transaction's peak
     held = pool.high_water * (plane_bytes + 8 + 16) + capacity * (8 + 4 + 4 + 2 * OBS_SHAPE[0] * 8)
@@ -233,7 +231,7 @@ def test_a_failed_add_through_the_interface_leaves_the_buffer_as_it_was(kind: st
     fill(twin)
     before = observe(storage_of(buf))
     batch, priorities = noise(np.random.default_rng(99), 5), np.array([0.5, 3e38, 2.0, 1e30, 0.0])
-    with fault(storage_of(buf), where), pytest.raises(InjectedFault):
+    with fault(storage_of(buf), where, 5), pytest.raises(InjectedFault):
         buf.add(batch, priorities)
     assert_same(observe(storage_of(buf)), before)
     assert len(buf) == len(twin) and buf.total_added == twin.total_added and buf.stats() == twin.stats()

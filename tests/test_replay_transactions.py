@@ -1,11 +1,14 @@
 """Every replay add is all-or-nothing, and the shared-frame pool never runs out.
 
-Failures are injected in the middle of an add (a step runs, then raises); the buffer's whole
-observable state (length, counters, snapshot, a seeded sample, sum tree, priorities, frame pool
-references and free slots) must then be exactly what it was, and retrying the add must give
-exactly what a twin buffer that never failed holds. Frames here are random noise, so no two
-planes are alike: the pool's worst case, which game frames (sharing all but one plane per row)
-never come near.
+Each kind checks everything that can fail before its first write (zmqrl/replay/storage.py), so a
+failed add must leave the buffer's whole observable state (length, counters, snapshot, a seeded
+sample, sum tree, priorities, frame pool references and free slots) exactly as it was, and
+retrying it must give exactly what a twin buffer that never failed holds. Failures come from
+batches that fail a check late (the last column, the last priority: a buffer that wrote as it
+checked would have changed), and from faults injected where the design says the last failure can
+happen: inside the frame pool's staging (a digest that raises part-way, a refused release) and
+just before the first write. Frames here are random noise, so no two planes are alike: the pool's
+worst case, which game frames (sharing all but one plane per row) never come near.
 """
 
 from __future__ import annotations
@@ -24,17 +27,17 @@ from zmqrl.replay import (
     UniformReplay,
     frames,
 )
-from zmqrl.replay.frames import FramePool
-from zmqrl.types import TransitionBatch
+from zmqrl.types import RolloutBatch, TransitionBatch
 
 STACK, SIDE, CAP = 4, 5, 8
 OBS_SHAPE = (STACK, SIDE, SIDE)
-KINDS: dict[str, type[UniformReplay]] = {
+KINDS: dict[str, type[UniformReplay | PrioritizedReplay]] = {
     "uniform": UniformReplay,
     "prioritized": PrioritizedReplay,
     "shared": SharedFramesReplay,
     "shared_prioritized": SharedFramesPrioritizedReplay,
 }
+Buffer = UniformReplay | PrioritizedReplay
 
 
 class InjectedFault(RuntimeError):
@@ -52,29 +55,32 @@ def noise(rng: np.random.Generator, rows: int) -> TransitionBatch:
     )
 
 
-def make(kind: str, capacity: int = CAP) -> UniformReplay:
+def make(kind: str, capacity: int = CAP) -> Buffer:
     return KINDS[kind](capacity, OBS_SHAPE, np.uint8, (), np.int64, seed=4)
 
 
-def history(buf: UniformReplay) -> None:
+def history(buf: Buffer) -> None:
     """Fill, wrap, and (prioritized) give rows varied priorities, the same way every time."""
     rng = np.random.default_rng(11)
-    for rows in (5, 6, 7):
-        if isinstance(buf, PrioritizedReplay):
-            buf.add_with_priorities(noise(rng, rows), rng.exponential(2.0, rows))
-            _, ids, _ = buf.sample_prioritized(6, beta=0.5)
-            buf.update_priorities(ids, rng.exponential(2.0, ids.size))
-        else:
-            buf.add(noise(rng, rows))
+    for updates, rows in enumerate((5, 6, 7)):
+        buf.add(noise(rng, rows), rng.exponential(2.0, rows))  # a uniform buffer ignores them
+        drawn = buf.sample(6, updates)
+        buf.update_priorities(drawn.ids, rng.exponential(2.0, 6))
 
 
-def observe(buf: UniformReplay) -> dict[str, Any]:
+def observe(buf: Buffer) -> dict[str, Any]:
     """Everything a user of the buffer could see, plus the frame pool's bookkeeping; draws with
     the buffer's RNG are undone so that observing changes nothing."""
     state = buf.rng_state()
-    seen: dict[str, Any] = {"len": len(buf), "total_added": buf.total_added, "snapshot": buf.snapshot()}
+    seen: dict[str, Any] = {
+        "len": len(buf),
+        "total_added": buf.total_added,
+        "snapshot": buf.snapshot(),
+        "stats": buf.stats(),
+        "nbytes": buf.nbytes,
+    }
     if len(buf):
-        seen["sample"] = buf.sample(16)
+        seen["sample"] = buf.sample(16, 7)
         buf.set_rng_state(state)
     if isinstance(buf, PrioritizedReplay):
         ids = np.arange(max(0, buf.total_added - 3 * buf.capacity), buf.total_added + 3)
@@ -86,19 +92,16 @@ def observe(buf: UniformReplay) -> dict[str, Any]:
             "max_priority": buf.max_priority,
             "clipped": buf.clipped_priorities,
         }
-        if len(buf):
-            seen["prioritized_sample"] = buf.sample_prioritized(16, beta=0.5)
-            buf.set_rng_state(state)
     if isinstance(buf, SharedFramesReplay | SharedFramesPrioritizedReplay):
-        pool = pool_of(buf)
+        pool = buf.pool
         seen |= {
             "live": pool.live,
             "refs": pool._refs.copy(),
             "free": list(pool._free),
             "unused": pool._unused,
             "index": dict(pool._slot_of),
-            "ids": (buf._columns[0].copy(), buf._columns[3].copy()),
         }
+    seen["columns"] = tuple(c.copy() for c in buf._rows.columns)  # ids, for shared frames
     seen["rng"] = buf.rng_state()
     return seen
 
@@ -119,29 +122,8 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
 
 
 # ------------------------------------------------------------------------------ injected faults
-def fail_once_after(target: object, name: str, calls: int = 1) -> Callable[..., Any]:
-    """A replacement for ``target.name`` that runs the original and then, on call number
-    ``calls``, raises: the step has done all its work when the add has to be undone."""
-    original = getattr(target, name)
-    count = [0]
-
-    def step(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
-        count[0] += 1
-        if count[0] == calls:
-            raise InjectedFault(name)
-        return out
-
-    return step
-
-
-def pool_of(buf: UniformReplay) -> FramePool:
-    assert isinstance(buf, SharedFramesReplay | SharedFramesPrioritizedReplay)
-    return buf._pool
-
-
 def hashes_fail_after(mp: pytest.MonkeyPatch, planes: int) -> None:
-    """From now on, the digest of the ``planes + 1``-th plane raises (inside an ``intern``)."""
+    """From now on, the digest of the ``planes + 1``-th plane raises (inside the pool's staging)."""
     real, calls = frames.hashlib.blake2b, [0]
 
     def blake2b(data: Any, digest_size: int) -> Any:
@@ -154,68 +136,46 @@ def hashes_fail_after(mp: pytest.MonkeyPatch, planes: int) -> None:
 
 
 def refuse(*_: Any) -> None:
-    raise InjectedFault("release")
+    raise InjectedFault("refused")
 
 
 @contextmanager
-def fault(buf: UniformReplay, where: str) -> Iterator[None]:
+def fault(buf: Buffer, where: str, rows: int) -> Iterator[None]:
+    """``where`` fails during an add that keeps ``rows`` rows."""
     with pytest.MonkeyPatch.context() as mp:
-        if where == "write":  # every column written (for shared frames: after interning too)
-            mp.setattr(buf, "_write_rows_locked", fail_once_after(buf, "_write_rows_locked"))
-        elif where == "tree":
-            assert isinstance(buf, PrioritizedReplay)
-            mp.setattr(buf._tree, "update", fail_once_after(buf._tree, "update"))
-        elif where == "second_intern":  # obs planes interned, next_obs planes interned, then fail
-            pool = pool_of(buf)
-            mp.setattr(pool, "intern", fail_once_after(pool, "intern", calls=2))
-        elif where == "mid_first_intern":  # 12 obs planes stored, then the 13th fails
+        if where == "before_write":  # every check passed, the weights computed: the last moment
+            mp.setattr(buf._rows, "stage", refuse)  # dense rows stage nothing: nothing is undone here
+        elif where == "mid_obs":  # 12 obs planes stored, then the 13th fails
             hashes_fail_after(mp, 12)
-        elif where == "mid_second_intern":  # obs interned; 3 next_obs planes stored, the 4th fails
-            pool = pool_of(buf)
-            intern, calls = pool.intern, [0]
-
-            def intern_then_fail(planes: np.ndarray, journal: Any = None) -> Any:
-                calls[0] += 1
-                if calls[0] == 2:
-                    hashes_fail_after(mp, 3)
-                return intern(planes, journal)
-
-            mp.setattr(pool, "intern", intern_then_fail)
-        elif where == "release":  # the commit's release of the overwritten planes refuses
-            mp.setattr(pool_of(buf), "release", refuse)
+        elif where == "mid_next_obs":  # every obs plane and 3 next_obs planes stored, then a failure
+            hashes_fail_after(mp, rows * STACK + 3)
+        elif where == "release":  # every new plane stored; releasing the overwritten ones refuses
+            mp.setattr(buf.pool, "release", refuse)  # type: ignore[union-attr]
         else:
             raise AssertionError(where)
         yield
 
 
 FAULTS = {
-    "uniform": ["write"],
-    "prioritized": ["write", "tree"],
-    "shared": ["write", "second_intern", "mid_first_intern", "mid_second_intern", "release"],
-    "shared_prioritized": [
-        "write",
-        "tree",
-        "second_intern",
-        "mid_first_intern",
-        "mid_second_intern",
-        "release",
-    ],
+    "uniform": ["before_write"],
+    "prioritized": ["before_write"],
+    "shared": ["mid_obs", "mid_next_obs", "release"],
+    "shared_prioritized": ["mid_obs", "mid_next_obs", "release"],
 }
 
 
-def operations(kind: str) -> dict[str, Callable[[UniformReplay], None]]:
-    """Each add path, with a batch that overwrites old rows (and one larger than the capacity)."""
+def operations(kind: str) -> dict[str, tuple[Callable[[Buffer], None], int]]:
+    """Each add path with the rows it keeps: a batch that overwrites old rows, one larger than
+    the capacity, a restore, and (prioritized) priorities two of which a bound lowers."""
     rng = np.random.default_rng(99)
     batch, big = noise(rng, 5), noise(rng, CAP + 3)
-    ops: dict[str, Callable[[UniformReplay], None]] = {
-        "add": lambda buf: buf.add(batch),
-        "add_bigger_than_capacity": lambda buf: buf.add(big),
-        "restore_into_non_empty": lambda buf: buf.restore(batch, total_added=1_000),
+    pri = np.array([0.5, 3e38, 2.0, 1e30, 0.0])  # two above the bound: the clip count must not move
+    return {
+        "add": (lambda buf: buf.add(batch), 5),
+        "add_bigger_than_capacity": (lambda buf: buf.add(big), CAP),
+        "restore_into_non_empty": (lambda buf: buf.restore(batch, total_added=1_000), 5),
+        "add_with_priorities": (lambda buf: buf.add(batch, pri), 5),
     }
-    if "prioritized" in kind:
-        pri = np.array([0.5, 3e38, 2.0, 1e30, 0.0])  # two above the bound: the clip count rolls back too
-        ops["add_with_priorities"] = lambda buf: buf.add_with_priorities(batch, pri)  # type: ignore[attr-defined]
-    return ops
 
 
 CASES = [(kind, where, op) for kind in KINDS for where in FAULTS[kind] for op in operations(kind)]
@@ -228,8 +188,8 @@ def test_a_failed_add_leaves_the_buffer_exactly_as_it_was(kind: str, where: str,
     history(twin)
     before = observe(buf)
     assert_same(before, observe(twin))
-    run = operations(kind)[op]
-    with fault(buf, where), pytest.raises(InjectedFault):
+    run, rows = operations(kind)[op]
+    with fault(buf, where, rows), pytest.raises(InjectedFault):
         run(buf)
     assert_same(observe(buf), before)
     # Nothing half-done lingers: retried, the add gives exactly what the twin gets at once.
@@ -238,13 +198,75 @@ def test_a_failed_add_leaves_the_buffer_exactly_as_it_was(kind: str, where: str,
     assert_same(observe(buf), observe(twin))
 
 
+def bad_inputs(kind: str) -> dict[str, tuple[TransitionBatch | RolloutBatch, np.ndarray | None]]:
+    """Adds each kind must refuse, each failing a check as late as it can: after the columns or
+    priorities before it would already have been written by a buffer that wrote as it checked."""
+    rng = np.random.default_rng(7)
+    good = noise(rng, 5)
+    bad: dict[str, tuple[Any, np.ndarray | None]] = {
+        "next_obs_of_floats": (good._replace(next_obs=good.next_obs.astype(np.float64)), None),
+        "discount_of_the_wrong_shape": (good._replace(discount=good.discount[:, None]), None),
+        "one_row_short_discount": (good._replace(discount=good.discount[:4]), None),
+        "reward_2d": (good._replace(reward=good.reward[:, None]), None),
+        "rollouts": (RolloutBatch(*(np.zeros(1) for _ in RolloutBatch._fields)), None),
+    }
+    if "prioritized" in kind:
+        bad |= {
+            "last_priority_nan": (good, np.array([1.0, 2.0, 3.0, 4.0, np.nan])),
+            "last_priority_negative": (good, np.array([1.0, 2.0, 3.0, 4.0, -1.0])),
+            "priorities_one_short": (good, np.ones(4)),
+            "priorities_infinite": (good, np.array([np.inf, 1.0, 1.0, 1.0, 1.0])),
+        }
+    return bad
+
+
+@pytest.mark.parametrize(("kind", "bad"), [(kind, bad) for kind in KINDS for bad in bad_inputs(kind)])
+def test_a_rejected_add_changes_nothing_observable(kind: str, bad: str) -> None:
+    """Size, contents, counters, priorities and sum tree, frame pool, and the next sample drawn
+    with the same seed: all exactly as before a refused add, in every kind."""
+    buf, twin = make(kind), make(kind)
+    history(buf)
+    history(twin)
+    batch, priorities = bad_inputs(kind)[bad]
+    with pytest.raises((ValueError, TypeError)):
+        buf.add(batch, priorities)  # type: ignore[arg-type]
+    assert_same(observe(buf), observe(twin))
+    buf.add(noise(np.random.default_rng(3), 4))
+    twin.add(noise(np.random.default_rng(3), 4))
+    assert_same(observe(buf), observe(twin))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_observe_sees_a_half_written_add(kind: str) -> None:
+    """The checks above would catch a buffer that fails after writing: ``observe`` sees it."""
+    buf, twin = make(kind), make(kind)
+    history(buf)
+    history(twin)
+    rows = buf._rows
+    real_write = rows.write
+
+    def write_then_fail(*args: Any) -> None:
+        real_write(*args)
+        raise InjectedFault("after writing")
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(InjectedFault):
+        mp.setattr(rows, "write", write_then_fail)
+        buf.add(noise(np.random.default_rng(8), 3))
+    with pytest.raises(AssertionError):
+        assert_same(observe(buf), observe(twin))
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_failed_restore_into_an_empty_buffer_leaves_it_empty(kind: str) -> None:
-    """Restoring re-bases the ring (ordinals, counters) before writing: that is undone too."""
+    """Restoring re-bases the ring (ordinals, counters): a refused restore re-bases nothing."""
     buf, twin = make(kind), make(kind)
     before = observe(buf)
     snap = noise(np.random.default_rng(5), CAP - 2)
-    with fault(buf, "write"), pytest.raises(InjectedFault):
+    with pytest.raises(ValueError, match="dtype"):
+        buf.restore(snap._replace(next_obs=snap.next_obs.astype(np.float32)), total_added=500)
+    assert_same(observe(buf), before)
+    where = FAULTS[kind][-1]
+    with fault(buf, where, CAP - 2), pytest.raises(InjectedFault):
         buf.restore(snap, total_added=500)
     assert_same(observe(buf), before)
     buf.restore(snap, total_added=500)
@@ -288,7 +310,7 @@ def test_the_pool_is_sized_for_exactly_the_worst_case() -> None:
     buf = SharedFramesReplay(CAP, OBS_SHAPE, np.uint8, (), np.int64, seed=0)
     buf.add(noise(rng, CAP))
     buf.add(noise(rng, CAP))
-    pool = pool_of(buf)
+    pool = buf.pool
     assert pool._unused == pool.slots  # every slot was needed once ...
     assert pool.live == CAP * 2 * STACK  # ... and half are free again
     buf.add(noise(rng, 3 * CAP))  # larger than the capacity: only its newest CAP rows are stored

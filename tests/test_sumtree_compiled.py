@@ -241,7 +241,7 @@ def test_prioritized_replay_behaves_the_same_on_either_tree(monkeypatch: pytest.
         rows = int(rng.integers(1, 30))
         priorities = rng.exponential(2.0, rows) if step % 3 else None
         for buf in bufs:
-            buf.add_with_priorities(make_batch(range(added, added + rows), obs_dim=3), priorities)
+            buf.add(make_batch(range(added, added + rows), obs_dim=3), priorities)
         added += rows
         batch_size = int(rng.integers(1, 70))
         (batch_a, ids_a, w_a), (batch_b, ids_b, w_b) = (

@@ -60,7 +60,7 @@ def filled_buffers(capacity: int, rng: np.random.Generator) -> tuple[UniformRepl
     for start in range(0, capacity, FILL_CHUNK):
         chunk = make_rows(min(FILL_CHUNK, capacity - start), rng)
         uni.add(chunk)
-        per.add_with_priorities(chunk, rng.exponential(1.0, size=chunk.size))
+        per.add(chunk, rng.exponential(1.0, size=chunk.size))
     return uni, per
 
 
@@ -95,7 +95,7 @@ def cases(uni: UniformReplay, per: PrioritizedReplay, rng: np.random.Generator) 
         Case(
             f"add({ADD_ROWS}) with priorities vs add({ADD_ROWS})",
             lambda: uni.add(rows),
-            lambda: per.add_with_priorities(rows, priorities),
+            lambda: per.add(rows, priorities),
             None,
         )
     )

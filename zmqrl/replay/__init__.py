@@ -2,21 +2,22 @@
 
 Modules, from the bottom up:
 
-* ``storage``: ``UniformReplay``, the preallocated thread-safe ring, and the transaction (``Undo``)
-  that makes every add all-or-nothing;
+Each kind of replay is one class implementing ``zmqrl.core.Replay`` itself, every add
+all-or-nothing by checking everything that can fail before its first write (storage.py):
+
+* ``storage``: the preallocated thread-safe ring every kind shares (``Ring``, ``DenseRows``) and
+  ``UniformReplay``;
 * ``sumtree``, ``priorities`` and ``prioritized``: ``PrioritizedReplay`` (proportional, Ape-X) on
-  that ring, with the bounds that keep any one row or peer from dominating its draws;
-* ``frames``: ``FramePool`` and the buffers that store each image plane once
+  that ring, with the bounds that keep any one row or peer from dominating its draws and the
+  importance exponent's ``BetaSchedule``;
+* ``frames``: ``FramePool`` and the kinds that store each image plane once
   (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``);
-* ``buffers``: the ``Replay`` interface over those classes (``UniformBuffer``,
-  ``PrioritizedBuffer``, with the importance exponent's ``BetaSchedule``);
 * ``factory``: ``make_replay`` and ``replay_footprint`` (sizing, the log line, refusals);
 * ``ratelimit``: the replay-ratio limiter between the learner's ingest and training threads;
 * ``rollout_queue``: what an on-policy learner has instead of replay, a bounded first-in,
   first-out queue of rollouts, and its limiter (room to insert, a batch to take).
 """
 
-from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
 from zmqrl.replay.factory import (
     PRIORITY_BYTES_PER_ROW,
     SHARED_PLANES_PER_ROW,
@@ -31,6 +32,7 @@ from zmqrl.replay.priorities import (
     DEFAULT_MAX_PRIORITY,
     DEFAULT_PRIORITY_EPS,
     INITIAL_MAX_PRIORITY,
+    BetaSchedule,
     PriorityBounds,
 )
 from zmqrl.replay.prioritized import PrioritizedReplay
@@ -56,7 +58,6 @@ __all__ = [
     "FramePoolFull",
     "Limiter",
     "NoLimit",
-    "PrioritizedBuffer",
     "PrioritizedReplay",
     "PriorityBounds",
     "QueueLimiter",
@@ -65,7 +66,6 @@ __all__ = [
     "SharedFramesPrioritizedReplay",
     "SharedFramesReplay",
     "SumTree",
-    "UniformBuffer",
     "UniformReplay",
     "make_rate_limiter",
     "make_replay",

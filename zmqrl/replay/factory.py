@@ -1,5 +1,5 @@
 """``make_replay``: the configured replay buffer (uniform / prioritized, dense / shared frames),
-built behind ``zmqrl.core.Replay`` after checking that it fits in memory.
+each kind a class implementing ``zmqrl.core.Replay``, built after checking that it fits in memory.
 
 Why a builder rather than the caller choosing a class: the learner (and serial mode, and tests)
 then hold one interface and never branch on the kind, and the checks that belong to sizing a
@@ -18,9 +18,9 @@ import numpy as np
 
 from zmqrl.core import Replay
 from zmqrl.errors import EnvError
-from zmqrl.replay.buffers import BetaSchedule, PrioritizedBuffer, UniformBuffer
 from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
 from zmqrl.replay.memory import ReplayMemoryError, available_memory, format_bytes
+from zmqrl.replay.priorities import BetaSchedule
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.spec import SampleSpec
@@ -55,7 +55,7 @@ def replay_footprint(
 
     With shared frames, the worst case a run can produce: every plane of every row distinct,
     plus, during an add of ``max_add_rows`` rows (default: ``capacity``, the most one add keeps),
-    the new rows' planes while the rows they overwrite still hold theirs (frames.py's transaction).
+    the new rows' planes while the rows they overwrite still hold theirs (``FramePool.replace``).
     ``typical``: the estimate for the log line instead (SHARED_PLANES_PER_ROW planes a row)."""
     obs = spec.obs_bytes
     action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
@@ -121,7 +121,7 @@ def make_replay(
     args = (cfg.capacity, spec.obs_shape, spec.obs_dtype, spec.action_shape, spec.action_dtype)
     if cfg.prioritized:
         per = SharedFramesPrioritizedReplay if cfg.share_frames else PrioritizedReplay
-        storage = per(
+        return per(
             *args,
             seed=seed,
             alpha=cfg.alpha,
@@ -129,7 +129,6 @@ def make_replay(
             max_initial_priority_ratio=cfg.max_initial_priority_ratio,
             max_priority=cfg.max_priority,
             max_draw_ratio=cfg.max_draw_ratio,
+            beta=BetaSchedule(cfg.beta, cfg.beta_updates),
         )
-        return PrioritizedBuffer(storage, BetaSchedule(cfg.beta, cfg.beta_updates))
-    uniform = SharedFramesReplay if cfg.share_frames else UniformReplay
-    return UniformBuffer(uniform(*args, seed=seed))
+    return (SharedFramesReplay if cfg.share_frames else UniformReplay)(*args, seed=seed)

@@ -11,10 +11,10 @@ plane), confirmed by comparing the bytes on a hit, so the wire format and the ac
 about the sharing. Each plane is reference-counted by the replay rows that use it and its slot is
 reused when the count drops to zero.
 
-How many slots (``slots_for``): a replay add is a transaction (storage.py), so the rows it
-overwrites keep their planes until every new plane is stored; only then are the old ones
-released. That is what lets a failed add leave the pool exactly as it was, and it means a plane
-shared by an overwritten row and a new one is never freed and copied back. The price is the peak:
+How many slots (``slots_for``): an add stages its planes before writing any row (storage.py):
+``FramePool.replace`` interns the new planes and only then releases the ones of the rows they
+overwrite, all or nothing, so a failed add leaves the pool exactly as it was, and a plane shared
+by an overwritten row and a new one is never freed and copied back. The price is the peak:
 
     Claim: with ``2 * planes * (capacity + max_rows)`` slots, ``intern`` never runs out while a
     buffer of ``capacity`` rows adds ``m <= max_rows`` rows.
@@ -40,14 +40,12 @@ import hashlib
 import mmap
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from zmqrl.replay.prioritized import PrioritizedReplay
-from zmqrl.replay.storage import DISCOUNT_DTYPE, REWARD_DTYPE, Undo, UniformReplay
+from zmqrl.replay.storage import DenseRows, Dtypes, Ring, Shapes, UniformReplay
 from zmqrl.types import TransitionBatch
 
 # Digest size in bytes: 128 bits makes an accidental collision practically impossible, and a
@@ -62,27 +60,13 @@ _NO_PLANE = -1
 # mmap flag (Linux, every architecture zmqrl runs on): reserve address space without committing.
 _LINUX_MAP_NORESERVE = 0x4000
 
-# One entry of an intern journal: (slot, came from the never-written range rather than the free list).
+# A slot one ``replace`` took: (slot, came from the never-written range rather than the free list).
 Taken = tuple[int, bool]
-
-
-@dataclass
-class FramesUndo(Undo):
-    """An add's ``Undo`` plus what shared frames put back if it fails: the planes it interned."""
-
-    interned: list[np.ndarray] = field(default_factory=list)  # plane ids, obs then next_obs
-    taken: list[Taken] = field(default_factory=list)  # pool slots taken for them (``FramePool.intern``)
-
-
-def _frames_undo(undo: Undo) -> FramesUndo:
-    """``undo`` as the ``FramesUndo`` that every shared-frames add begins (``_SharedFrames._UNDO``)."""
-    assert isinstance(undo, FramesUndo), type(undo)
-    return undo
 
 
 def slots_for(capacity: int, planes: int, max_rows: int | None = None) -> int:
     """Slots a pool needs so that a buffer of ``capacity`` rows of ``planes``-plane observations
-    (obs and next_obs) can add ``max_rows`` rows at once (default: any batch) as a transaction;
+    (obs and next_obs) can add ``max_rows`` rows at once (default: any batch), all or nothing;
     see the module docstring for the proof."""
     rows = capacity if max_rows is None else min(max_rows, capacity)
     return 2 * planes * (capacity + rows)
@@ -126,43 +110,51 @@ class FramePool:
         """Bytes reserved (address space; resident memory follows ``high_water``)."""
         return int(self.planes.nbytes + self._refs.nbytes + self._digests.nbytes)
 
-    def intern(self, planes: np.ndarray, journal: list[Taken] | None = None) -> IntArray:
+    def intern(self, planes: np.ndarray) -> IntArray:
         """Slot ids for ``planes`` ``(k, *plane_shape)``, storing the ones not yet in the pool; each
-        returned id gains one reference.
+        returned id gains one reference. All or nothing, as ``replace``."""
+        return self.replace([planes], np.zeros(0, dtype=np.int64))[0]
 
-        All or nothing: if anything raises (FramePoolFull when the new distinct planes do not fit),
-        the pool is left exactly as it was. ``journal``, when given, records the slots taken, so a
-        caller whose larger transaction fails later can hand them back with ``undo_interns``.
+    def replace(self, stacks: Sequence[np.ndarray], old: np.ndarray) -> list[IntArray]:
+        """``intern`` each of ``stacks``, then ``release`` the ids ``old``: what a replay add does
+        for the planes of its new rows and of the rows they overwrite, in that order, so a plane
+        both use keeps a reference throughout and is never freed and stored again.
+
+        All or nothing: if anything raises (FramePoolFull when the new distinct planes do not fit,
+        a release the pool refuses), the pool is left exactly as it was.
         """
-        planes = np.ascontiguousarray(planes)
-        out = np.empty(planes.shape[0], dtype=np.int64)
+        out = [np.empty(stack.shape[0], dtype=np.int64) for stack in stacks]
         taken: list[Taken] = []
         try:
-            for i in range(planes.shape[0]):
-                plane = planes[i]
-                digest = hashlib.blake2b(plane.data, digest_size=DIGEST_BYTES).digest()
-                slot = self._slot_of.get(digest)
-                if slot is None or not np.array_equal(self.planes[slot], plane):
-                    slot = self._take_slot(taken)
-                    self.planes[slot] = plane
-                    self._digests[slot] = np.frombuffer(digest, dtype=np.uint8)
-                    # An existing key means a (never yet seen) collision: that slot stays unindexed.
-                    self._slot_of.setdefault(digest, slot)
-                out[i] = slot
+            for stack, ids in zip(stacks, out, strict=True):
+                stack = np.ascontiguousarray(stack)
+                for i in range(stack.shape[0]):
+                    ids[i] = self._store(stack[i], taken)
         except BaseException:
             self._untake(taken)  # the rows that would have used them are not written
             raise
-        np.add.at(self._refs, out, 1)
-        if journal is not None:
-            journal.extend(taken)
+        for ids in out:
+            np.add.at(self._refs, ids, 1)
+        try:
+            self.release(old)
+        except BaseException:
+            for ids in out:
+                np.subtract.at(self._refs, ids, 1)
+            self._untake(taken)
+            raise
         return out
 
-    def undo_interns(self, ids: Sequence[np.ndarray], journal: list[Taken]) -> None:
-        """Exactly undo the ``intern`` calls that returned ``ids`` and filled ``journal`` (the most
-        recent ones): references, index, free list and untouched range as before them."""
-        for got in ids:
-            np.subtract.at(self._refs, got, 1)
-        self._untake(journal)
+    def _store(self, plane: np.ndarray, taken: list[Taken]) -> int:
+        """The slot holding ``plane``, written into a new one (recorded in ``taken``) if none does."""
+        digest = hashlib.blake2b(plane.data, digest_size=DIGEST_BYTES).digest()
+        slot = self._slot_of.get(digest)
+        if slot is None or not np.array_equal(self.planes[slot], plane):
+            slot = self._take_slot(taken)
+            self.planes[slot] = plane
+            self._digests[slot] = np.frombuffer(digest, dtype=np.uint8)
+            # An existing key means a (never yet seen) collision: that slot stays unindexed.
+            self._slot_of.setdefault(digest, slot)
+        return slot
 
     def release(self, ids: np.ndarray) -> None:
         """Drop one reference per id; slots that reach zero become free. Checked before anything
@@ -223,101 +215,90 @@ def _reserve(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> np.ndarray:
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
-class _SharedFrames(UniformReplay):
-    """Ring storage for image observations with each plane kept once.
+class FrameRows(DenseRows):
+    """Rows whose ``obs`` and ``next_obs`` are ``planes`` ids each into a ``FramePool``.
 
-    A ``UniformReplay`` that overrides only where the columns live (``_allocate``, the write and
-    gather hooks, the transaction's commit and discard); ``SharedFramesPrioritizedReplay`` puts it
-    before ``PrioritizedReplay`` in its bases, so the same hooks serve the prioritized ring too.
-
-    ``obs`` and ``next_obs`` of shape ``(planes, *plane_shape)`` (e.g. 4 stacked 84x84 frames) are
-    stored as ``planes`` ids per row into a ``FramePool``: consecutive transitions of one game share
-    all but about one of their 8 planes, so a row costs ~1 plane instead of 8 (module docstring).
-    Sampling gathers the planes back into dense arrays, so nothing downstream changes. The pool is
-    reserved for the worst case and becomes resident as distinct planes arrive.
+    Observations of shape ``(planes, *plane_shape)`` (e.g. 4 stacked 84x84 frames): consecutive
+    transitions of one game share all but about one of their 8 planes, so a row costs ~1 plane
+    instead of 8 (module docstring). ``gather`` puts the planes back into dense arrays, so nothing
+    downstream changes. The pool is reserved for the worst case and becomes resident as distinct
+    planes arrive.
     """
 
-    _UNDO: ClassVar[type[Undo]] = FramesUndo
-
-    def _allocate(self, capacity: int) -> tuple[np.ndarray, ...]:
-        obs_shape = self._row_shapes[0]
+    def __init__(self, capacity: int, row_shapes: Shapes, dtypes: Dtypes) -> None:
+        obs_shape = row_shapes[0]
         if len(obs_shape) < 2:
             raise ValueError(
                 f"replay.share_frames needs image observations (planes, height, width), got {obs_shape}"
             )
-        planes = obs_shape[0]
-        # Sized for the transactional worst case (proof above, `slots_for`): a full buffer keeps
-        # its planes while a batch of up to `capacity` new rows is interned.
-        self._pool = FramePool(slots_for(capacity, planes), obs_shape[1:], self._dtypes[0])
-
-        def ids() -> np.ndarray:
-            return np.full((capacity, planes), _NO_PLANE, dtype=np.int64)
-
-        return (
-            ids(),
-            np.zeros((capacity, *self._row_shapes[1]), dtype=self._dtypes[1]),
-            np.zeros((capacity,), dtype=REWARD_DTYPE),
-            ids(),
-            np.zeros((capacity,), dtype=DISCOUNT_DTYPE),
-        )
-
-    @property
-    def live_planes(self) -> int:
-        """Distinct planes stored now (each ``plane_bytes``)."""
-        return self._pool.live
-
-    def _stats_locked(self) -> dict[str, float | int]:
-        return {**super()._stats_locked(), "live_planes": self._pool.live}
+        self.capacity, self.planes = capacity, obs_shape[0]
+        # Sized for the worst case (proof above, `slots_for`): a full buffer keeps its planes
+        # while a batch of up to `capacity` new rows is interned.
+        self.pool = FramePool(slots_for(capacity, self.planes), obs_shape[1:], dtypes[0])
+        super().__init__(capacity, (*row_shapes[1:3], ()), (dtypes[1], dtypes[2], dtypes[4]))
+        action, reward, discount = self.columns
+        obs_ids, next_ids = (np.full((capacity, self.planes), _NO_PLANE, dtype=np.int64) for _ in "on")
+        self.columns = (obs_ids, action, reward, next_ids, discount)
 
     @property
     def nbytes(self) -> int:
         """Bytes in use now: the id and scalar columns plus the distinct planes stored."""
-        plane_bytes = self._pool.planes[0].nbytes
-        return sum(c.nbytes for c in self._columns) + self._pool.live * plane_bytes
+        return super().nbytes + self.pool.live * self.pool.planes[0].nbytes
 
-    def _write_rows_locked(self, batch: TransitionBatch, start: int, pos: int, undo: Undo) -> None:
+    def stage(self, batch: TransitionBatch, start: int, pos: int) -> tuple[np.ndarray, ...]:
+        """Intern the new rows' planes and release those of the rows they overwrite, all or
+        nothing (``FramePool.replace``): the slots and the new rows' plane ids, for ``write``."""
         m = batch.size - start
-        journal = _frames_undo(undo)
-        slots = undo.slots  # (pos + arange(m)) % capacity
-        obs_ids, action, reward, next_ids, discount = self._columns
-        planes = obs_ids.shape[1]
-        plane_shape = self._row_shapes[0][1:]
-        for column in (batch.obs, batch.next_obs):
-            ids = self._pool.intern(column[start:].reshape(m * planes, *plane_shape), journal.taken)
-            journal.interned.append(ids)
-        obs_ids[slots] = journal.interned[0].reshape(m, planes)
-        next_ids[slots] = journal.interned[1].reshape(m, planes)
-        action[slots] = batch.action[start:]
-        reward[slots] = batch.reward[start:]
-        discount[slots] = batch.discount[start:]
+        slots = (pos + np.arange(m)) % self.capacity
+        obs_ids, next_ids = self.columns[0], self.columns[3]
+        old = np.concatenate([obs_ids[slots].ravel(), next_ids[slots].ravel()])
+        flat = (m * self.planes, *self.pool.planes.shape[1:])
+        new = self.pool.replace(
+            [batch.obs[start:].reshape(flat), batch.next_obs[start:].reshape(flat)], old[old != _NO_PLANE]
+        )
+        return slots, new[0].reshape(m, self.planes), new[1].reshape(m, self.planes)
 
-    def _commit_locked(self, undo: Undo) -> None:
-        # Only now, with every new plane stored, do the overwritten rows let go of theirs: planes
-        # they share with the new rows keep a reference throughout and are never copied twice, and
-        # a failure before this point finds every old plane still in place.
-        old = np.concatenate([undo.rows[0].ravel(), undo.rows[3].ravel()])
-        self._pool.release(old[old != _NO_PLANE])
+    def write(self, batch: TransitionBatch, start: int, pos: int, staged: tuple[np.ndarray, ...]) -> None:
+        slots, obs, next_obs = staged
+        for store, col in zip(
+            self.columns,
+            (obs, batch.action[start:], batch.reward[start:], next_obs, batch.discount[start:]),
+            strict=True,
+        ):
+            store[slots] = col
 
-    def _discard_locked(self, undo: Undo) -> None:
-        journal = _frames_undo(undo)
-        self._pool.undo_interns(journal.interned, journal.taken)
-
-    def _gather_locked(self, rows: np.ndarray) -> TransitionBatch:
-        obs_ids, action, reward, next_ids, discount = self._columns
-        planes = self._pool.planes
+    def gather(self, rows: np.ndarray) -> TransitionBatch:
+        obs_ids, action, reward, next_ids, discount = self.columns
+        planes = self.pool.planes
         return TransitionBatch(
             planes[obs_ids[rows]], action[rows], reward[rows], planes[next_ids[rows]], discount[rows]
         )
 
 
-class SharedFramesReplay(_SharedFrames):
+class _SharedFrames(Ring):
+    """What both shared-frames kinds add to their ring: ``FrameRows`` for rows."""
+
+    _rows: FrameRows
+
+    def _make_rows(self) -> FrameRows:
+        return FrameRows(self._capacity, self._row_shapes, self._dtypes)
+
+    @property
+    def pool(self) -> FramePool:
+        return self._rows.pool
+
+    @property
+    def live_planes(self) -> int:
+        """Distinct planes stored now (each ``plane_bytes``)."""
+        return self._rows.pool.live
+
+    def _stats_locked(self) -> dict[str, float | int]:
+        return {**super()._stats_locked(), "live_planes": self._rows.pool.live}
+
+
+class SharedFramesReplay(_SharedFrames, UniformReplay):
     """``UniformReplay`` storing each image plane once (``replay.share_frames``)."""
 
 
 class SharedFramesPrioritizedReplay(_SharedFrames, PrioritizedReplay):
     """``PrioritizedReplay`` storing each image plane once (``replay.share_frames``)."""
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes in use now, plus the sum tree and the per-slot ordinals."""
-        return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)

@@ -23,6 +23,7 @@ next to what the learner has seen.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -46,6 +47,23 @@ DEFAULT_MAX_INITIAL_PRIORITY_RATIO: Final = 10.0
 DEFAULT_MAX_PRIORITY: Final = 1e3
 # No row's weight above this many times the mean weight of the rows stored (replay.max_draw_ratio).
 DEFAULT_MAX_DRAW_RATIO: Final = 10.0
+
+
+@dataclass(frozen=True)
+class BetaSchedule:
+    """Importance-sampling exponent, annealed linearly from ``start`` to 1 over ``updates`` updates.
+
+    Early on the priorities are rough and the bias of prioritized sampling matters little; by the
+    end of training, when unbiased updates matter most, the correction is full (Schaul et al.).
+    The defaults are ReplayConfig's.
+    """
+
+    start: float = 0.4  # replay.beta
+    updates: int = 100_000  # replay.beta_updates
+
+    def __call__(self, updates: int) -> float:
+        frac = min(1.0, max(0, updates) / self.updates) if self.updates > 0 else 1.0
+        return self.start + frac * (1.0 - self.start)
 
 
 class PriorityBounds:

@@ -4,18 +4,19 @@ Row ``i`` is drawn with probability ``v_i / sum(v)``, ``v_i = (p_i + priority_ep
 kept in a sum tree (sumtree.py) so that drawing a batch and re-prioritising it are both
 ``O(batch * log capacity)``. Ids and bounded actor priorities are explained on the class,
 importance weights on ``sample_prioritized``, the bounds every stored priority passes in
-priorities.py. An add is one transaction with the ring's (storage.py): the tree leaves and
-ordinals it overwrites are saved and put back with the rows if anything fails.
+priorities.py. An add is all-or-nothing as the ring's are (storage.py): the new rows' weights
+are computed and checked before the first write, so the tree's update cannot refuse them.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 from numpy.typing import DTypeLike
 
+from zmqrl.core import Sampled
 from zmqrl.replay.priorities import (
     DEFAULT_ALPHA,
     DEFAULT_MAX_DRAW_RATIO,
@@ -23,24 +24,25 @@ from zmqrl.replay.priorities import (
     DEFAULT_MAX_PRIORITY,
     DEFAULT_PRIORITY_EPS,
     INITIAL_MAX_PRIORITY,
+    BetaSchedule,
     PriorityBounds,
 )
-from zmqrl.replay.storage import FloatArray, IntArray, Undo, UniformReplay
+from zmqrl.replay.storage import FloatArray, Ring
 from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
-from zmqrl.types import TransitionBatch
+from zmqrl.types import Batch, TransitionBatch
 
 __all__ = ["INITIAL_MAX_PRIORITY", "PrioritizedReplay"]
 # `_ordinal` value of a slot that has never held a row: no real insertion ordinal is negative.
 _NO_ORDINAL: Final = -1
 
 
-class PrioritizedReplay(UniformReplay):
-    """Proportional prioritized replay (Schaul et al. 2016) on ``UniformReplay``'s ring storage.
+class PrioritizedReplay(Ring):
+    """Proportional prioritized replay (Schaul et al. 2016) on the ring storage (storage.py).
 
     Row ``i`` is drawn with probability ``P(i) = v_i / sum(v)``, ``v_i = (p_i + priority_eps) **
     alpha``, where ``p_i`` is the raw priority (``|TD error|``) last given for the row; ``alpha =
-    0`` is uniform sampling. ``zmqrl.replay.make_replay`` puts it behind the ``zmqrl.core.Replay``
-    interface, which also anneals the importance exponent (buffers.py).
+    0`` is uniform sampling. ``sample`` anneals the importance exponent by the learner's update
+    count (``beta``, a ``BetaSchedule``).
 
     Ids: ``sample_prioritized`` returns each row's *insertion ordinal* (its position in the
     all-time insertion order: the value of ``total_added`` when it was written), not its ring
@@ -68,8 +70,6 @@ class PrioritizedReplay(UniformReplay):
     tree's batched kernels (microseconds per batch where compiled, see sumtree.py).
     """
 
-    _SCALARS: ClassVar[tuple[str, ...]] = (*UniformReplay._SCALARS, "_next_ordinal", "_clipped")
-
     def __init__(
         self,
         capacity: int,
@@ -84,6 +84,7 @@ class PrioritizedReplay(UniformReplay):
         max_initial_priority_ratio: float = DEFAULT_MAX_INITIAL_PRIORITY_RATIO,
         max_priority: float = DEFAULT_MAX_PRIORITY,
         max_draw_ratio: float = DEFAULT_MAX_DRAW_RATIO,
+        beta: BetaSchedule | None = None,
     ) -> None:
         self._bounds = PriorityBounds(
             alpha, priority_eps, max_initial_priority_ratio, max_priority, max_draw_ratio
@@ -96,6 +97,7 @@ class PrioritizedReplay(UniformReplay):
         self._next_ordinal = 0
         self._clipped = 0
         self._stale_updates = 0
+        self.beta = beta or BetaSchedule()  # importance exponent by update count (``sample``)
 
     @property
     def alpha(self) -> float:
@@ -159,11 +161,7 @@ class PrioritizedReplay(UniformReplay):
         return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)
 
     # ------------------------------------------------------------------ insertion
-    def add(self, batch: TransitionBatch) -> None:
-        """Insert with the maximum priority seen so far (``add_with_priorities(batch, None)``)."""
-        self.add_with_priorities(batch, None)
-
-    def add_with_priorities(self, batch: TransitionBatch, priorities: np.ndarray | None) -> None:
+    def add(self, batch: Batch, priorities: np.ndarray | None = None) -> None:
         """Insert ``batch`` with raw priorities ``(B,)`` (e.g. actor-side ``|TD error|``).
 
         ``None`` gives every row ``max_priority``, so a new row is sampled at least once soon
@@ -171,12 +169,12 @@ class PrioritizedReplay(UniformReplay):
         capacity are dropped oldest-first. Raises ValueError, with nothing changed, for
         priorities of the wrong shape, negative, or not finite.
         """
-        b = self._validate(batch)
+        rows, b = self._checked(batch)
         raw = None if priorities is None else self._check_priorities(priorities, b)
         if b == 0:
             return
         with self._lock:
-            self._place_locked(batch, b, raw, self._next_ordinal, rebase=False, total_floor=None)
+            self._place_locked(rows, b, raw, self._next_ordinal, rebase=False, total_floor=None)
 
     def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
         """Refill from a ``snapshot``; restored rows get ``max_priority``.
@@ -188,11 +186,11 @@ class PrioritizedReplay(UniformReplay):
         Into a non-empty buffer the rows are appended with the next ordinals and ``total_added``
         is only raised as the counter (as in ``UniformReplay``): ids then run behind it.
         """
-        b = self._validate(batch)
+        rows, b = self._checked(batch)
         with self._lock:
             rebase = self._size == 0 and total_added is not None and total_added >= b
             first = total_added - b if rebase and total_added is not None else self._next_ordinal
-            self._place_locked(batch, b, None, first, rebase=rebase, total_floor=total_added)
+            self._place_locked(rows, b, None, first, rebase=rebase, total_floor=total_added)
 
     def _place_locked(
         self,
@@ -205,7 +203,11 @@ class PrioritizedReplay(UniformReplay):
         total_floor: int | None,
     ) -> None:
         """Write the batch as ordinals ``first ..`` (the surviving rows at the slots their ordinals
-        map to), with their priorities, as one transaction. ``rebase``: the ring restarts there."""
+        map to), with their priorities. ``rebase``: the ring restarts there.
+
+        All or nothing without an undo: the weights are computed and checked (finite, >= 0: what
+        the tree refuses) and the rows staged (shared frames intern their planes, all or nothing)
+        before the first write; what follows cannot raise."""
         cap = self._capacity
         start = max(0, b - cap)
         m = b - start
@@ -217,45 +219,31 @@ class PrioritizedReplay(UniformReplay):
             values = self._bounds.for_unmeasured(m, total, size)
         else:
             values, clipped = self._bounds.for_actor(raw[start:], total, size)
-        undo = self._begin_locked(slots)
-        try:
-            self._tree.update(slots, values)  # checks first: a value that overflowed raises here
-            if m:
-                self._write_rows_locked(batch, start, (first + start) % cap, undo)
-            self._ordinal[slots] = ordinals
-            if rebase:
-                self._total_added = first
-            self._next_ordinal = first + b
-            self._pos = self._next_ordinal % cap
-            self._size = min(cap, self._size + m)
-            self._total_added += b
-            if total_floor is not None:
-                self._total_added = max(self._total_added, total_floor)
-            self._clipped += clipped
-            self._commit_locked(undo)
-        except BaseException:
-            self._rollback_locked(undo)
-            raise
-
-    def _begin_locked(self, slots: IntArray) -> Undo:
-        undo = super()._begin_locked(slots)
-        undo.leaves = self._tree.get(slots)
-        undo.ordinals = self._ordinal[slots]
-        return undo
-
-    def _rollback_locked(self, undo: Undo) -> None:
-        super()._rollback_locked(undo)
-        if undo.leaves is not None and undo.ordinals is not None:
-            # Internal nodes are always recomputed from their children, so restoring the leaves
-            # restores every sum bit for bit.
-            self._tree.update(undo.slots, undo.leaves)
-            self._ordinal[undo.slots] = undo.ordinals
+        if not all_finite_nonnegative(values):  # a bound that overflowed: refused before any write
+            raise ValueError("priority weights must be finite and >= 0")
+        pos = (first + start) % cap
+        staged = self._rows.stage(batch, start, pos) if m else ()  # the last step that may raise
+        self._tree.update(slots, values)
+        if m:
+            self._rows.write(batch, start, pos, staged)
+        self._ordinal[slots] = ordinals
+        self._next_ordinal = first + b
+        self._pos = self._next_ordinal % cap
+        self._size = min(cap, self._size + m)
+        self._total_added = (first if rebase else self._total_added) + b
+        if total_floor is not None:
+            self._total_added = max(self._total_added, total_floor)
+        self._clipped += clipped
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, batch_size: int) -> TransitionBatch:
-        """``batch_size`` rows drawn by priority (no importance weights): the plain-buffer API."""
-        batch, _, _ = self._sample(batch_size)
-        return batch
+    def sample(self, batch_size: int, updates: int = 0) -> Sampled:
+        """A batch drawn by priority for the learner's update number ``updates``, with importance
+        weights at the exponent ``beta(updates)``; reports ``per_beta`` and ``per_importance_min``
+        (the most a row's loss was scaled down: near 0 means a few rows dominate sampling)."""
+        beta = self.beta(updates)
+        batch, ids, importance = self.sample_prioritized(batch_size, beta)
+        metrics = {"per_beta": beta, "per_importance_min": float(importance.min())}
+        return Sampled(batch, importance=importance, ids=ids, metrics=metrics)
 
     def sample_prioritized(
         self, batch_size: int, beta: float
@@ -273,32 +261,22 @@ class PrioritizedReplay(UniformReplay):
         """
         if not (np.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be finite and >= 0, got {beta}")
-        batch, ids, probs_times_n = self._sample(batch_size)
-        weights = probs_times_n ** (-float(beta))
-        weights /= weights.max()
-        return batch, ids, weights.astype(np.float32)
-
-    def _sample(
-        self, batch_size: int
-    ) -> tuple[TransitionBatch, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """Stratified draw; returns ``(batch, ids, N * P(i))``."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         with self._lock:
-            if self._size == 0:
-                raise ValueError("cannot sample from an empty replay buffer")
+            self._check_size(batch_size)
             total = self._tree.total
             if not total > 0:
                 raise ValueError("cannot sample: every stored row has priority zero")
             slots, values = self._tree.sample_stratified(self._rng.random(batch_size))
             ids = self._ordinal[slots]
-            batch = self._gather_locked(slots)
+            batch = self._rows.gather(slots)
             n = self._size
-        return batch, ids, values * (n / total)
+        weights = (values * (n / total)) ** (-float(beta))
+        weights /= weights.max()
+        return batch, ids, weights.astype(np.float32)
 
     # ------------------------------------------------------------------ priorities
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
-        """Set raw priorities for rows by the ids ``sample_prioritized`` returned.
+    def update_priorities(self, ids: np.ndarray | None, td_errors: np.ndarray) -> None:
+        """Set raw priorities ``|TD error|`` for rows by the ids ``sample`` returned (None: none).
 
         Rows overwritten since they were sampled are skipped (counted in
         ``stale_priority_updates``). A repeated id (sampling is with replacement) takes its last
@@ -307,13 +285,15 @@ class PrioritizedReplay(UniformReplay):
         Raises ValueError, with nothing changed, for ids that are not non-negative integers,
         mismatched lengths, or priorities that are negative or not finite.
         """
-        ids = np.asarray(indices)
+        if ids is None:
+            return
+        ids = np.asarray(ids)
         if ids.dtype != np.int64:
             if ids.dtype.kind not in "iu" and ids.size:
                 raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
             ids = ids.astype(np.int64)
         ids = ids.ravel()
-        raw = self._check_priorities(priorities, ids.size)
+        raw = self._check_priorities(td_errors, ids.size)
         if ids.size == 0:
             return
         with self._lock:
