@@ -50,6 +50,8 @@ RUNS = {"dqn": ROOT / "configs" / "cartpole_dqn.yaml", "appo": ROOT / "configs" 
 ROLES = ("actor", "learner", "intake")
 # The issue's targets (issue 39): executed lines per run; transport modules and returns per message.
 TARGETS = {"dqn": 1500, "appo": 1300, "decode_modules": 5, "decode_returns": 2}
+# The run's key holding the executed line numbers per file (only --listing uses them).
+EXECUTED = "_executed"
 # Everything but the path is switched off in the measured run, which runs until it is stopped.
 RUN_OVERRIDES = [
     "learner.max_updates=100000000",
@@ -180,13 +182,28 @@ def measure_run(config: Path, warmup: int, updates: int, extra: list[str]) -> di
         }
         for name in files
     }
+    executed = {
+        name: sorted(set().union(*(per_role[role].get(name, set()) for role in ROLES))) for name in files
+    }
     return {
         "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
         "updates": end - start,
         "warmup": start,
         "files": table,
         "lines": sum(row["union"] for row in table.values()),
+        EXECUTED: executed,  # the line numbers, for --listing (not written to the JSON)
     }
+
+
+def write_listing(out: Path, name: str, executed: dict[str, list[int]]) -> None:
+    """Each measured file's source with its executed lines marked ``>``, in ``out/NAME/``."""
+    for path, lines in executed.items():
+        ran = set(lines)
+        source = (ROOT / path).read_text(encoding="utf-8").splitlines()
+        marked = [f"{'>' if i in ran else ' '} {i:4d}  {text}" for i, text in enumerate(source, 1)]
+        target = out / name / (path.replace("/", "__") + ".txt")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("\n".join(marked) + "\n", encoding="utf-8")
 
 
 def relative(filename: str) -> str:
@@ -335,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--write-docs", action="store_true", help="regenerate docs/architecture.md's list")
     parser.add_argument(
+        "--listing", type=Path, metavar="DIR", help="also write each file's source, executed lines marked"
+    )
+    parser.add_argument(
         "--from-json", type=Path, metavar="PATH", help="measure nothing: regenerate the docs from this JSON"
     )
     args = parser.parse_args(argv)
@@ -354,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in names:
         data["runs"][name] = run = measure_run(RUNS[name], warmup, updates, extra)
+        executed = run.pop(EXECUTED)
+        if args.listing:
+            write_listing(args.listing, name, executed)
         print_run(name, run)
     data["decode"] = decode = measure_decode()
     print(
