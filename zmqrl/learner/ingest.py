@@ -171,8 +171,8 @@ class Ingest:
         self._min_replay_size = min_replay_size
         self._max_policy_lag = max_policy_lag
         self.replay_ready = threading.Event()  # set once replay holds min_replay_size transitions
-        # Replay's add, or a test's faulty one (zmqrl.runtime.testhooks).
-        self._add = faults.replay_add(replay.add) if faults is not None else replay.add
+        # A test's faulty replay add (zmqrl.runtime.testhooks) in place of replay's own, when given.
+        self._faulty_add = faults.replay_add(lambda *a: self.replay.add(*a)) if faults is not None else None
         self.note_replay_size()
 
     def accept(self, msg: SamplesMsg, stop: threading.Event | None = None) -> bool:
@@ -227,7 +227,7 @@ class Ingest:
                 counters.stale_batches += 1
                 counters.stale_samples += info.size
             if fresh is not None:
-                self._add(fresh.batch, fresh.priorities)
+                (self._faulty_add or self.replay.add)(fresh.batch, fresh.priorities)
                 self.limiter.inserted(fresh.size)
                 counters.samples += fresh.size
                 counters.batches += len(fresh.infos)

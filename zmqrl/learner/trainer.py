@@ -133,8 +133,8 @@ class Trainer:
         self.replay, self.limiter, self.min_size = make_learner_data(cfg, self.spec)
         min_size = self.min_size
         self.agent = make_learner(cfg.agent, self.spec, seed=cfg.run.seed)
-        # What train_step calls: the agent's update, or a test's faulty one (zmqrl.runtime.testhooks).
-        self._update = faults.update(self.agent.update) if faults is not None else self.agent.update
+        # A test's faulty update (zmqrl.runtime.testhooks) in place of the agent's own, when given.
+        self._faulty_update = faults.update(lambda *a: self.agent.update(*a)) if faults is not None else None
         check_weights_fit(
             {name: (a.shape, a.dtype.name) for name, a in self.agent.export_weights().items()},
             cfg.agent.kind,
@@ -217,7 +217,7 @@ class Trainer:
         lcfg = self.cfg.learner
         batch_size = self.cfg.agent.batch_size
         drawn = self.replay.sample(batch_size, self.counters.updates)
-        result = self._update(drawn.batch, drawn.importance)
+        result = (self._faulty_update or self.agent.update)(drawn.batch, drawn.importance)
         self.numbering.changed()  # even if skipped: an update may have changed part of the weights
         if drawn.ids is not None:  # prioritized: the rows' new priorities (agents may defer them)
             td_errors = result.td_errors
