@@ -3,6 +3,8 @@ unroll equals stepping the cell with the episode resets, and the agent trains an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -105,12 +107,14 @@ def test_the_unroll_with_a_reset_mid_row_equals_stepping_the_cell() -> None:
             for t in range(6):
                 h, c = policy.core(policy.features(data.obs[r, t : t + 1]), (h, c))
                 torch.testing.assert_close(run.h[r, t], h[0])
-                torch.testing.assert_close(out.row_values[r, t], agent.value(h)[0])
+                value = agent.value(data.obs[r, t : t + 1], h)[0]
+                torch.testing.assert_close(out.row_values[r, t], value)
                 if t < 5 and bool(done[r, t]):
                     if bool(data.truncated[r, t]):  # the cut episode's bootstrap, before the reset
                         k = int(data.final_index[r, t])
                         hf, _ = policy.core(policy.features(data.final_obs[k : k + 1]), (h, c))
-                        torch.testing.assert_close(out.final_values[k], agent.value(hf)[0])
+                        value = agent.value(data.final_obs[k : k + 1], hf)[0]
+                        torch.testing.assert_close(out.final_values[k], value)
                     h, c = torch.zeros_like(h), torch.zeros_like(c)
 
 
@@ -154,3 +158,71 @@ def test_the_config_checks_the_core() -> None:
         config(core_size=0).check()
     with pytest.raises(ValueError, match="torso 'mlp' only"):
         config(torso="minatar_cnn").check()
+
+
+# ---------------------------------------------------------------------------------------------
+# The masked CartPole, and a recurrent run through serial mode
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_masked_cartpole_observes_position_and_angle_only() -> None:
+    import gymnasium as gym
+
+    from zmqrl.config import EnvConfig
+    from zmqrl.envs.factory import make_env
+    from zmqrl.envs.masked import CARTPOLE_NO_VELOCITY
+
+    env = make_env(EnvConfig(id=CARTPOLE_NO_VELOCITY))
+    full = gym.make("CartPole-v1")
+    space = env.observation_space
+    assert isinstance(space, gym.spaces.Box) and space.shape == (2,) and space.dtype == np.float32
+    np.testing.assert_array_equal(space.high, full.observation_space.high[[0, 2]])  # type: ignore[index]
+    assert env.spec is not None and env.spec.max_episode_steps == 500
+    obs, _ = env.reset(seed=7)
+    want, _ = full.reset(seed=7)
+    np.testing.assert_array_equal(obs, want[[0, 2]])
+    for _ in range(5):
+        obs, reward, _, _, _ = env.step(1)
+        want, _, _, _, _ = full.step(1)
+        np.testing.assert_array_equal(obs, want[[0, 2]])
+        assert space.contains(obs) and reward == 1.0
+    env.close()
+    full.close()
+
+
+def test_a_serial_recurrent_run_publishes_weights_a_policy_loads_and_plays(run_root: Path) -> None:
+    import zmqrl
+    from zmqrl.envs.masked import CARTPOLE_NO_VELOCITY
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "cartpole_novel_lstm_appo.yaml"
+    cfg = zmqrl.load_config(
+        config,
+        [
+            f"run.dir={run_root}",
+            "learner.max_updates=3",
+            "learner.eval_interval=3",
+            "learner.eval_episodes=2",
+            "learner.checkpoint_interval=3",
+            "agent.epochs=2",
+            "actor.max_steps_per_s=null",
+        ],
+    )
+    result = zmqrl.train(cfg, mode="serial")
+    assert result.state == "finished" and result.learner["updates"] == 3
+    assert result.actors[0]["weights_version"] >= 2  # the actor acted with published weights
+    policy = zmqrl.load_policy(result.run_dir)
+    assert policy.recurrent
+    import gymnasium as gym
+
+    from zmqrl.envs.masked import register_own_ids
+
+    register_own_ids()
+    env = gym.make(CARTPOLE_NO_VELOCITY)
+    for seed in (0, 1):
+        obs, _ = env.reset(seed=seed)
+        policy.reset()
+        done = False
+        while not done:
+            obs, _, terminated, truncated, _ = env.step(int(policy.act(obs)))
+            done = terminated or truncated
+    env.close()

@@ -100,7 +100,8 @@ class APPOAgent:
         policy = APPOPolicyNet(self._net, self.obs_shape, config.log_std_init, init_generator, bounds)
         self.policy = policy.to(self._device)
         # A recurrent policy's value is a unit on its core (zmqrl.agents.appo_rnn), not a network.
-        value = RecurrentValue(self._net.core, init_generator) if self._net.core else None
+        obs_size, core = int(np.prod(self.obs_shape)), self._net.core
+        value = RecurrentValue(obs_size, core, config.hidden_sizes, init_generator) if core else None
         self.value = (value or ValueNet(self._net, self.obs_shape, init_generator)).to(self._device)
         self._core = CoreState(self._net.core) if self._net.core else None  # acting state
         self._params = [*self.policy.parameters(), *self.value.parameters()]
