@@ -73,6 +73,34 @@ class SamplingPolicy(Policy, Protocol):
 
 
 @runtime_checkable
+class RecurrentPolicy(Protocol):
+    """A policy with memory (APPO with ``agent.core: lstm``): ``act`` and ``sample`` read and
+    advance a state per row of the batch, so the caller keeps one row per env, in the same order,
+    at every call, and says when an episode starts over.
+
+    ``recurrent`` False: the policy has the methods but no state (nothing to reset or carry)."""
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy carries a state between calls."""
+        ...
+
+    def core_state(self) -> np.ndarray:
+        """A copy of the state the next call starts from, ``(B, 2, H)`` float32 (h and c)."""
+        ...
+
+    def reset_core(self, done: np.ndarray | None = None) -> None:
+        """Zero the state of the rows where ``done`` ``(B,)`` is True (all of them, and forget
+        the batch size, when None): their next step is an episode's first."""
+        ...
+
+
+def is_recurrent(policy: object) -> bool:
+    """Whether ``policy`` carries a state between calls (see :class:`RecurrentPolicy`)."""
+    return isinstance(policy, RecurrentPolicy) and bool(policy.recurrent)
+
+
+@runtime_checkable
 class UpdateResult(Protocol):
     """What one ``update`` did. The learner reads ``metrics`` only every ``learner.log_interval``
     updates and ``td_errors`` only with prioritized replay, so an agent may compute them when

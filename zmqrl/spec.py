@@ -36,6 +36,12 @@ OBS_BOUND_TOLERANCE = 1e-5
 # step, MuJoCo's rewards are tens; at 1e6 a squared TD error stays far inside float32 (3.4e38).
 # ``transport.max_abs_reward``.
 DEFAULT_MAX_ABS_REWARD = 1e6
+# Largest |c| of a recurrent rollout row's LSTM start state (h, c) where the env declares no time
+# limit. An LSTM cell's ``c' = sigmoid(f) c + sigmoid(i) tanh(g)`` moves by less than 1 a step
+# (|c'| < |c| + 1) and is zero at an episode's first step, so a row starting at step k of an
+# episode has |c| < k: the env's time limit bounds it (``learner_spec`` uses it); without one,
+# an episode of a million steps is this bound (and float32 still holds it exactly). |h| <= 1 (tanh).
+DEFAULT_MAX_ABS_CORE_CELL = 1e6
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,11 @@ class SampleSpec:
     # On-policy runs: every message is a RolloutBatch of exactly this many steps per row (and plain
     # transitions are refused); None: transitions only (and rollouts are refused).
     rollout_length: int | None = None
+    # Recurrent on-policy runs: each rollout row carries its LSTM start state, (2, core_size) float32
+    # (h, c); 0: rows carry none (and a state is refused). |c| at most max_abs_core_cell (see
+    # DEFAULT_MAX_ABS_CORE_CELL), |h| at most 1.
+    core_size: int = 0
+    max_abs_core_cell: float = DEFAULT_MAX_ABS_CORE_CELL
     # Derived from the fields above on construction (see obs_limits); not part of equality.
     _obs_limits: tuple[np.ndarray, np.ndarray] | None = field(
         init=False, repr=False, compare=False, default=None
@@ -88,7 +99,9 @@ class SampleSpec:
             raise ValueError(f"SampleSpec.num_actions must be >= 1, got {self.num_actions}")
         if int(self.max_batch) < 1:
             raise ValueError(f"SampleSpec.max_batch must be >= 1, got {self.max_batch}")
-        for name in ("max_abs_obs", "max_abs_reward"):
+        if int(self.core_size) < 0 or (self.core_size and self.rollout_length is None):
+            raise ValueError(f"SampleSpec.core_size must be >= 0 (0 without rollouts), got {self.core_size}")
+        for name in ("max_abs_obs", "max_abs_reward", "max_abs_core_cell"):
             limit = float(getattr(self, name))
             if not (math.isfinite(limit) and limit > 0):
                 raise ValueError(f"SampleSpec.{name} must be finite and > 0, got {limit}")

@@ -46,6 +46,10 @@ class RolloutBatch(NamedTuple):
     truncated step in row-major order (``final_obs[k]`` belongs to the k-th True of
     ``truncated.reshape(-1)``). A step is never both: termination wins and the actor sends it as
     terminated only.
+
+    A recurrent policy's rollouts (``agent.core: lstm``) also carry ``core_state``: each row's
+    LSTM state ``(h, c)`` before its first step, which the learner unrolls the row from (zeroing
+    it after every done step, as the actor did). None for a feed-forward policy.
     """
 
     obs: np.ndarray  # (R, T + 1, *obs_shape): obs[:, t] acted on at step t; obs[:, T] bootstraps the row
@@ -55,6 +59,7 @@ class RolloutBatch(NamedTuple):
     truncated: np.ndarray  # (R, T) bool: the episode was cut at this step (bootstrap from final_obs)
     logp: np.ndarray  # (R, T) float32: log-probability of the action under the policy that acted
     final_obs: np.ndarray  # (K, *obs_shape): the observation each truncated step was cut at
+    core_state: np.ndarray | None = None  # (R, 2, H) float32: h, c before step 0 (recurrent only)
 
     @property
     def rows(self) -> int:
@@ -73,8 +78,18 @@ class RolloutBatch(NamedTuple):
         return int(self.reward.size)
 
 
-# Column names in wire order of a rollouts message.
-ROLLOUT_FIELDS: tuple[str, ...] = RolloutBatch._fields
+# Column names in wire order of a rollouts message; a recurrent run's message adds CORE_STATE_FIELD
+# after them.
+ROLLOUT_FIELDS: tuple[str, ...] = RolloutBatch._fields[:7]
+CORE_STATE_FIELD = "core_state"
+
+
+def rollout_columns(batch: RolloutBatch) -> list[np.ndarray]:
+    """The batch's arrays in wire order: ``ROLLOUT_FIELDS``, then ``core_state`` if it has one."""
+    columns = list(batch[:7])
+    if batch.core_state is not None:
+        columns.append(batch.core_state)
+    return columns
 
 # What an actor sends and a learner trains on: n-step transitions (replay) or rollouts (on-policy).
 Batch = TransitionBatch | RolloutBatch

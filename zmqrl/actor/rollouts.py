@@ -12,6 +12,11 @@ gymnasium's autoreset), so every recorded step is a real transition: after a don
 continues with the next episode's first observation, and a truncated step keeps the observation
 it was cut at for the learner to bootstrap from (``RolloutBatch.final_obs``).
 
+A recurrent policy (``zmqrl.core.RecurrentPolicy``: APPO with ``agent.core: lstm``) keeps one
+state per env, in the envs' order; the collector zeroes an env's state after its episode ends (the
+next step is an episode's first), and each rollout row carries the state its first step started
+from (``RolloutBatch.core_state``), which the learner unrolls the row from.
+
 Weights are offered at the start of every rollout (and every ``actor.weights_poll_steps``): an
 on-policy learner wants the freshest behaviour it can get, and the per-step log-probabilities
 keep a rollout correct even if its policy changed in the middle.
@@ -26,7 +31,7 @@ import numpy as np
 
 from zmqrl.actor.sampler import Collected
 from zmqrl.config import Config
-from zmqrl.core import SamplingPolicy
+from zmqrl.core import SamplingPolicy, is_recurrent
 from zmqrl.envs.factory import make_env
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec, rollout_message_problem
@@ -82,6 +87,10 @@ class RolloutCollector:
         self._truncated = np.zeros((n, t_max), bool)
         self._logp = np.zeros((n, t_max), np.float32)
         self._final: list[tuple[int, int, np.ndarray]] = []  # (row, step, obs) of truncated steps
+        self.recurrent = is_recurrent(policy)
+        if self.recurrent:
+            policy.reset_core()  # type: ignore[attr-defined]
+        self._core_state: np.ndarray | None = None  # each row's state before its first step
         self._t = 0
         self._version = weights.version  # the version the rollout's first step was acted with
         self._finished: list[EpisodeStat] = []
@@ -151,12 +160,15 @@ class RolloutCollector:
         if t == 0:
             self._version = self.weights.version
             self._final.clear()
+            if self.recurrent:
+                self._core_state = self._start_state()
         obs = self._current
         actions, logp = self.policy.sample(obs)
         self._obs[:, t] = obs
         self._action[:, t] = actions
         self._logp[:, t] = logp
         next_obs = np.empty_like(obs)
+        done = np.zeros(self.num_envs, bool)
         for j, env in enumerate(self.envs):
             observation, reward, terminated, truncated, _ = env.step(actions[j])
             self._reward[j, t] = reward
@@ -169,9 +181,12 @@ class RolloutCollector:
                 if not terminated:
                     self._final.append((j, t, np.asarray(observation, self.spec.obs_dtype)))
                 self._episode_ended(j)
+                done[j] = True
                 observation, _ = env.reset()
             next_obs[j] = observation
         self._current = next_obs
+        if self.recurrent and done.any():
+            self.policy.reset_core(done)  # type: ignore[attr-defined]
         self.steps += self.num_envs
         self._t = t + 1
         if self._t < self.length:
@@ -180,6 +195,13 @@ class RolloutCollector:
         self._ready = self._rollouts()
         self._t = 0
         return True
+
+    def _start_state(self) -> np.ndarray:
+        """A copy of the policy's state for the envs' next step: zeros before its first step."""
+        state = self.policy.core_state()  # type: ignore[attr-defined]
+        if len(state) != self.num_envs:  # not sized yet: no step taken since the reset
+            state = np.zeros((self.num_envs, *state.shape[1:]), np.float32)
+        return np.array(state, np.float32, copy=True)
 
     def _episode_ended(self, j: int) -> None:
         stat = EpisodeStat(float(self._returns[j]), int(self._lengths[j]))
@@ -205,6 +227,7 @@ class RolloutCollector:
             self._truncated.copy(),
             self._logp.copy(),
             final_obs,
+            self._core_state,
         )
         msg = SamplesMsg(
             actor_id=self.actor_id,

@@ -45,7 +45,8 @@ from zmqrl.agents.appo_batch import (
     rollout_arrays,
 )
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
-from zmqrl.agents.appo_policy import APPOActions, appo_net, policy_heads
+from zmqrl.agents.appo_policy import APPOActions, CoreState, appo_net, policy_heads
+from zmqrl.agents.appo_rnn import RecurrentValue, recurrent_outputs
 from zmqrl.agents.capture import any_flag, captured_update, pack
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.agents.nets import annealed_lr, fused_adam, resolve_device, to_device
@@ -98,7 +99,11 @@ class APPOAgent:
         bounds = (self._actions.low, self._actions.high)
         policy = APPOPolicyNet(self._net, self.obs_shape, config.log_std_init, init_generator, bounds)
         self.policy = policy.to(self._device)
-        self.value = ValueNet(self._net, self.obs_shape, init_generator).to(self._device)
+        # A recurrent policy's value is a unit on its core (zmqrl.agents.appo_rnn), not a network.
+        obs_size, core = int(np.prod(self.obs_shape)), self._net.core
+        value = RecurrentValue(obs_size, core, config.hidden_sizes, init_generator) if core else None
+        self.value = (value or ValueNet(self._net, self.obs_shape, init_generator)).to(self._device)
+        self._core = CoreState(self._net.core) if self._net.core else None  # acting state
         self._params = [*self.policy.parameters(), *self.value.parameters()]
         self.optimizer = fused_adam(self._params, lr=config.lr, eps=config.adam_eps)
         self.updates = 0
@@ -121,14 +126,36 @@ class APPOAgent:
 
     # ----------------------------------------------------------------------------------- acting
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether acting carries an LSTM state (``agent.core: lstm``; zmqrl.core.RecurrentPolicy)."""
+        return self._core is not None
+
+    def core_state(self) -> np.ndarray:
+        """A copy of the acting state the next step starts from, ``(B, 2, H)``."""
+        return np.zeros((0, 2, 0), np.float32) if self._core is None else self._core.state.copy()
+
+    def reset_core(self, done: np.ndarray | None = None) -> None:
+        """Zero the acting state of the rows ``done`` (all of them when None)."""
+        if self._core is not None:
+            self._core.reset(done)
+
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, None)`` or ``(mean, log_std)`` as float32 numpy: through numpy on views of
         the policy on a CPU (as ``NumpyAPPOPolicy``) for the MLP and MinAtar CNN, through torch
-        elsewhere (observations cross in their own dtype: uint8 frames are widened on the device)."""
+        elsewhere (observations cross in their own dtype: uint8 frames are widened on the device).
+        A recurrent policy's acting state advances one step."""
         if self._policy_arrays is not None:
-            return policy_heads(self._net, self._policy_arrays, obs)
+            return policy_heads(self._net, self._policy_arrays, obs, self._core)
         with torch.inference_mode():
-            out, log_std = self.policy(to_device(np.asarray(obs), self._device))
+            x = to_device(np.asarray(obs), self._device)
+            if self._core is None:
+                out, log_std = self.policy(x)
+            else:
+                state = torch.as_tensor(self._core.rows(len(obs)), device=self._device)
+                h, c = self.policy.cell(self.policy.features(x), (state[:, 0], state[:, 1]))
+                self._core.state[:] = torch.stack([h, c], 1).cpu().numpy()
+                out, log_std = self.policy.outputs(h)
         return out.cpu().numpy(), None if log_std is None else log_std.cpu().numpy()
 
     def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +185,7 @@ class APPOAgent:
         if importance is not None:
             raise ValueError("APPOAgent takes no importance weights (on-policy rollouts are not prioritized)")
         cfg, dev = self.config, self._device
-        arrays = rollout_arrays(batch)  # checked before anything changes
+        arrays = rollout_arrays(batch, self._net.core)  # checked before anything changes
         rows = len(arrays["reward"])
         lr = self.current_lr()
         if cfg.lr_final is not None:
@@ -192,7 +219,7 @@ class APPOAgent:
 
     def _tensors(self, batch: Batch) -> Rollouts:
         """``batch``'s columns on the device, after the checks the update relies on."""
-        return as_rollouts(self._on_device(rollout_arrays(batch)))
+        return as_rollouts(self._on_device(rollout_arrays(batch, self._net.core)))
 
     def _on_device(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return {name: to_device(a, self._device, self._dtypes.get(name)) for name, a in arrays.items()}
@@ -232,6 +259,9 @@ class APPOAgent:
             for picked in picks:
                 if reuse and epoch == 0:
                     now = (first.logp, first.entropy, first.values)
+                elif self._net.core:  # each picked row unrolled again from its start state
+                    out = recurrent_outputs(self.policy, self.value, data, picked, finals=False)  # type: ignore[arg-type]
+                    now = (out.logp, out.entropy, out.row_values[:, :steps])
                 else:
                     mb_obs = data.obs[picked, :steps].flatten(0, 1)
                     now = (

@@ -21,13 +21,25 @@ import numpy as np
 import torch
 
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
+from zmqrl.agents.appo_rnn import RecurrentValue, recurrent_outputs
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.agents.updates import Flag
 from zmqrl.agents.vtrace import VTraceReturns, vtrace
 from zmqrl.types import Batch, RolloutBatch
 
 # Names of a batch's columns on the device (RolloutBatch's, and the gather index of the bootstraps).
-COLUMNS = ("obs", "action", "logp", "reward", "terminated", "truncated", "final_obs", "final_index")
+COLUMNS = (
+    "obs",
+    "action",
+    "logp",
+    "reward",
+    "terminated",
+    "truncated",
+    "final_obs",
+    "final_index",
+    "core_state",
+    "final_step",
+)
 # Device dtypes of the columns that have a fixed one (observations keep theirs; actions: see
 # `column_dtypes`).
 DTYPES = {
@@ -36,6 +48,8 @@ DTYPES = {
     "terminated": torch.bool,
     "truncated": torch.bool,
     "final_index": torch.int64,
+    "core_state": torch.float32,
+    "final_step": torch.int64,
 }
 
 
@@ -50,6 +64,8 @@ class Rollouts(NamedTuple):
     truncated: torch.Tensor  # (R, T) bool
     final_obs: torch.Tensor  # (K, *obs_shape), or (capacity, ...) padded with zeros
     final_index: torch.Tensor  # (R, T) int64: the final_obs row of each truncated step (else 0)
+    core_state: torch.Tensor  # (R, 2, H) each row's start state; (R, 2, 0) for a feed-forward policy
+    final_step: torch.Tensor  # (K,) int64: the flat step (r * T + t) of each final_obs row (padded: 0)
 
 
 class FirstPass(NamedTuple):
@@ -75,9 +91,9 @@ def final_capacity(truncations: int, rows: int) -> int:
     return capacity
 
 
-def rollout_arrays(batch: Batch) -> dict[str, np.ndarray]:
+def rollout_arrays(batch: Batch, core_size: int = 0) -> dict[str, np.ndarray]:
     """``batch``'s columns by name (``COLUMNS``) after the checks the update relies on, with the
-    bootstraps' gather index."""
+    bootstraps' gather indices; ``core_size``: the recurrent policy's state width (0: none)."""
     if not isinstance(batch, RolloutBatch):
         raise TypeError(f"APPOAgent trains on RolloutBatch, got {type(batch).__name__}")
     truncated = np.asarray(batch.truncated, dtype=bool)
@@ -87,7 +103,19 @@ def rollout_arrays(batch: Batch) -> dict[str, np.ndarray]:
     # Row-major, as RolloutBatch orders final_obs; steps not truncated point at row 0 (unused).
     final_index = np.maximum(np.cumsum(truncated.reshape(-1)) - 1, 0).reshape(truncated.shape)
     columns = batch._asdict()
-    columns.update(truncated=truncated, final_index=final_index)
+    rows = len(batch.reward)
+    state = batch.core_state
+    if core_size:
+        if state is None or state.shape != (rows, 2, core_size):
+            got = None if state is None else state.shape
+            want = (rows, 2, core_size)
+            raise ValueError(f"a recurrent agent's rollouts carry core_state {want}, got {got}")
+    elif state is not None:
+        raise ValueError(f"a feed-forward agent's rollouts carry no core_state, got {state.shape}")
+    else:
+        columns["core_state"] = np.zeros((rows, 2, 0), np.float32)
+    final_step = np.flatnonzero(truncated.reshape(-1)).astype(np.int64)
+    columns.update(truncated=truncated, final_index=final_index, final_step=final_step)
     return {name: columns[name] for name in COLUMNS}
 
 
@@ -98,7 +126,9 @@ def padded(arrays: dict[str, np.ndarray], capacity: int) -> dict[str, np.ndarray
         return arrays
     rows = np.zeros((capacity, *final_obs.shape[1:]), dtype=final_obs.dtype)
     rows[: len(final_obs)] = final_obs
-    return {**arrays, "final_obs": rows}
+    steps = np.zeros(capacity, np.int64)
+    steps[: len(final_obs)] = arrays["final_step"]
+    return {**arrays, "final_obs": rows, "final_step": steps}
 
 
 def as_rollouts(columns: dict[str, torch.Tensor]) -> Rollouts:
@@ -107,21 +137,27 @@ def as_rollouts(columns: dict[str, torch.Tensor]) -> Rollouts:
 
 
 def first_pass(
-    policy: APPOPolicyNet, value: ValueNet, cfg: APPOConfig, data: Rollouts, grad: bool
+    policy: APPOPolicyNet, value: ValueNet | RecurrentValue, cfg: APPOConfig, data: Rollouts, grad: bool
 ) -> FirstPass:
     """Steps 1-3 (``zmqrl.agents.appo``): one forward pass of both networks over the whole batch
     (with gradient if ``grad``, for the first step to reuse), and the V-trace targets from it."""
     rows, steps = data.rewards.shape
     with torch.set_grad_enabled(grad):
         # 1. Values of every observation (obs and final_obs in one pass), and the current
-        # policy's log-probabilities of the actions taken.
-        all_values = value(torch.cat([data.obs.flatten(0, 1), data.final_obs]))
-        row_values = all_values[: rows * (steps + 1)].reshape(rows, steps + 1)
-        logp, entropy = policy.log_prob_entropy(data.obs[:, :steps].flatten(0, 1), data.actions.flatten(0, 1))
+        # policy's log-probabilities of the actions taken (a recurrent policy: from each row's
+        # unroll, zmqrl.agents.appo_rnn).
+        if policy.recurrent:
+            row_values, final_values, logp, entropy = recurrent_outputs(policy, value, data)  # type: ignore[arg-type]
+        else:
+            all_values = value(torch.cat([data.obs.flatten(0, 1), data.final_obs]))
+            row_values = all_values[: rows * (steps + 1)].reshape(rows, steps + 1)
+            final_values = all_values[rows * (steps + 1) :]
+            obs, actions = data.obs[:, :steps].flatten(0, 1), data.actions.flatten(0, 1)
+            logp, entropy = policy.log_prob_entropy(obs, actions)
     with torch.no_grad():
         values = row_values.detach()
         # 2. Truncations bootstrap from final_obs; where() keeps a padded row's value out.
-        final_values = all_values[rows * (steps + 1) :].detach()
+        final_values = final_values.detach()
         if final_values.numel():
             bootstraps = torch.where(data.truncated, final_values[data.final_index], 0.0)
         else:
@@ -155,6 +191,7 @@ def nonfinite(data: Rollouts, targets: VTraceReturns, captured: bool = False) ->
     ``skipped``.
     """
     columns = [targets.vs, targets.pg_advantages, data.behaviour, data.obs, data.final_obs, data.actions]
+    columns.append(data.core_state)
     sums = [t.sum().to(torch.float32) for t in columns if t.is_floating_point() and t.numel()]
     total = torch.stack(sums).sum()
     if total.device.type == "cpu" and not captured:

@@ -69,8 +69,31 @@ class APPOPolicyNet(nn.Module):
         self.register_buffer("action_low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether an LSTM core sits between torso and heads (``self.core``; see appo_rnn)."""
+        return bool(self.net.core)
+
+    def cell(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the LSTM core (``self.core``, an ``nn.LSTMCell``): ``(h, c)`` after ``x``."""
+        core: nn.LSTMCell = getattr(self, "core")  # noqa: B009 (built by build_acting when recurrent)
+        h, c = core(x, state)
+        return h, c
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The torso's features ``(B, width)`` of observations ``(B, *obs_shape)``."""
+        return torso_features(self.torso, self.net.torso, obs)
+
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        features = torso_features(self.torso, self.net.torso, obs)
+        if self.recurrent:
+            raise TypeError("a recurrent policy steps from a state: use zmqrl.agents.appo_rnn")
+        return self.outputs(self.features(obs))
+
+    def outputs(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The heads on ``features`` (the torso's, or the core's ``h``): ``(logits, None)`` or
+        ``(mean, clamped log_std)``."""
         if self.discrete:
             return getattr(self, LOGITS)(features), None
         mean = getattr(self, MEAN)(features)
@@ -81,7 +104,13 @@ class APPOPolicyNet(nn.Module):
     def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities ``(B,)`` of ``actions`` (int64 ``(B,)`` or float32 ``(B, act_dim)``)
         and the policy's entropies ``(B,)`` at ``obs``."""
-        out, log_std = self(obs)
+        return self.head_log_prob_entropy(self.features(obs), actions)
+
+    def head_log_prob_entropy(
+        self, features: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``log_prob_entropy``, from the features the heads read (a recurrent core's ``h``)."""
+        out, log_std = self.outputs(features)
         if log_std is None:
             return categorical_logp_entropy(out, actions)
         logp = clipped_gaussian_logp(out, log_std, actions, self.action_low, self.action_high)

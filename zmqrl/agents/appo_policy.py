@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from zmqrl.agents.configs import APPOConfig
-from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, ActingNet, appo_policy_net
+from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, ActingNet, appo_policy_net, lstm_step
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
 from zmqrl.agents.torsos import cnn_problem
 from zmqrl.spec import SampleSpec
@@ -58,11 +58,13 @@ def appo_net(config: APPOConfig, spec: SampleSpec) -> ActingNet:
     takes observations of any shape, flattened (as DQN's)."""
     if config.torso != MLP and (problem := cnn_problem(config.torso, tuple(spec.obs_shape))):
         raise ValueError(problem)
+    core = config.core_size if config.core == "lstm" else 0
     if spec.num_actions is not None:
-        return appo_policy_net(config.torso, config.hidden_sizes, spec.num_actions, 0, config.log_std)
+        return appo_policy_net(config.torso, config.hidden_sizes, spec.num_actions, 0, config.log_std, core)
     if len(spec.action_shape) != 1 or spec.action_shape[0] < 1:
         raise ValueError(f"APPO needs Discrete actions or a 1-D Box, got action_shape {spec.action_shape}")
-    return appo_policy_net(config.torso, config.hidden_sizes, None, spec.action_shape[0], config.log_std)
+    act_dim = spec.action_shape[0]
+    return appo_policy_net(config.torso, config.hidden_sizes, None, act_dim, config.log_std, core)
 
 
 def action_bounds(spec: SampleSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -88,12 +90,42 @@ def shape_initial_policy(arrays: Mapping[str, np.ndarray], net: ActingNet, log_s
         arrays[name][...] = log_std_init
 
 
+class CoreState:
+    """The acting state of a recurrent policy: ``(B, 2, H)`` float32, h and c of each row (env),
+    zero at an episode's start. Sized by the first batch after a full reset (or a change of batch
+    size, which starts every row over)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.state = np.zeros((0, 2, size), np.float32)
+
+    def rows(self, n: int) -> np.ndarray:
+        """The state of ``n`` rows (zeros if it held another number)."""
+        if self.state.shape[0] != n:
+            self.state = np.zeros((n, 2, self.size), np.float32)
+        return self.state
+
+    def reset(self, done: np.ndarray | None = None) -> None:
+        """Zero the rows where ``done`` is True; all of them (and the size) when None."""
+        if done is None:
+            self.state = np.zeros((0, 2, self.size), np.float32)
+        elif len(done) == len(self.state):
+            self.state[np.asarray(done, bool)] = 0.0
+
+
 def policy_heads(
-    net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray
+    net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray, core: CoreState | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The policy's outputs for observations ``(B, *obs_shape)``: ``(logits, None)`` for Discrete
-    actions, ``(mean, log_std)`` (``log_std`` clamped, broadcast to ``(B, act_dim)``) for a Box."""
-    heads = net.forward(arrays, obs)
+    actions, ``(mean, log_std)`` (``log_std`` clamped, broadcast to ``(B, act_dim)``) for a Box.
+    A recurrent ``net`` steps its LSTM from ``core``'s state, and leaves the new one there."""
+    if core is None:
+        heads = net.forward(arrays, obs)
+    else:
+        state = core.rows(len(obs))
+        h, c = lstm_step(arrays, net.features(arrays, obs), state[:, 0], state[:, 1])
+        state[:, 0], state[:, 1] = h, c
+        heads = net.heads_of(arrays, h)
     if LOGITS in heads:
         return heads[LOGITS], None
     mean = heads[MEAN]
@@ -193,10 +225,26 @@ class NumpyAPPOPolicy(LoadedArrays):
         shape_initial_policy(self._params.arrays, self.net, config.log_std_init)
         self._actions = APPOActions(spec)
         self.rng = np.random.default_rng(seed)  # acting draws, in APPOAgent's order
+        self._core = CoreState(self.net.core) if self.net.core else None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether acting carries an LSTM state (``agent.core: lstm``; zmqrl.core.RecurrentPolicy)."""
+        return self._core is not None
+
+    def core_state(self) -> np.ndarray:
+        """A copy of the state the next step starts from, ``(B, 2, H)`` (``(0, 2, 0)``: none)."""
+        return np.zeros((0, 2, 0), np.float32) if self._core is None else self._core.state.copy()
+
+    def reset_core(self, done: np.ndarray | None = None) -> None:
+        """Zero the state of the rows ``done`` (all of them when None)."""
+        if self._core is not None:
+            self._core.reset(done)
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(logits, None)`` or ``(mean, log_std)`` for obs ``(B, *obs_shape)`` (see policy_heads)."""
-        return policy_heads(self.net, self._params.arrays, obs)
+        """``(logits, None)`` or ``(mean, log_std)`` for obs ``(B, *obs_shape)`` (see policy_heads);
+        a recurrent policy's state advances one step."""
+        return policy_heads(self.net, self._params.arrays, obs, self._core)
 
     def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Sampled actions for obs ``(B, *obs_shape)`` and their log-probabilities ``(B,)`` float32."""

@@ -194,7 +194,8 @@ APPO_PLUGIN = AgentPlugin(
     make_policy=make_appo_policy,
     check=check_appo,
     # The acting network (torso, widths, how the Gaussian's spread is made) and the discount of the targets.
-    fingerprint_fields=("kind", "hidden_sizes", "torso", "log_std", "gamma"),
+    # The core changes the weights and the rollouts (a recurrent run's rows carry a start state).
+    fingerprint_fields=("kind", "hidden_sizes", "torso", "log_std", "gamma", "core", "core_size"),
     description=(
         "asynchronous PPO / IMPALA on V-trace targets, on-policy, MLP, Nature or MinAtar CNN "
         "(Discrete or 1-D Box actions)"

@@ -192,6 +192,9 @@ class SACConfig(AgentConfigBase):
             )
 
 
+# Values of APPOConfig.core: what sits between the torso and the heads ("none": the heads read the
+# torso; "lstm": an LSTM cell of core_size units, its state carried along each env's episode).
+CORES = ("none", "lstm")
 # Values of APPOConfig.log_std: how the Gaussian policy of continuous actions gets its spread.
 LOG_STD_MODES = ("param", "state")
 
@@ -230,10 +233,21 @@ class APPOConfig(AgentConfigBase):
     log_std_init: float = 0.0  # continuous actions: initial log standard deviation
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
     capture: str = "auto"  # run each update as one CUDA graph: "auto" (CUDA only), "always", "never"
+    core: str = "none"  # "none", or "lstm": an LSTM cell after the MLP torso (policy and value share it)
+    core_size: int = 64  # units of the LSTM core (agent.core: lstm)
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value."""
         super().check()
+        if self.core not in CORES:
+            raise ValueError(f"agent.core: must be one of {', '.join(CORES)}, got {self.core!r}")
+        if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size < 1:
+            raise ValueError(f"agent.core_size: must be a positive int, got {self.core_size!r}")
+        if self.core == "lstm" and self.torso != "mlp":
+            raise ValueError(
+                f"agent.core 'lstm' works with agent.torso 'mlp' only, got torso {self.torso!r} "
+                "(a recurrent CNN policy is not supported)"
+            )
         if self.kind != "appo":
             raise ValueError(f"agent.kind: expected 'appo', got {self.kind!r}")
         sizes = self.hidden_sizes

@@ -44,6 +44,7 @@ class ActingNet:
     heads: tuple[tuple[str, int], ...]
     activation: str = RELU  # of the MLP torso: RELU or TANH
     free: tuple[tuple[str, int], ...] = ()
+    core: int = 0
 
     @property
     def numpy_acting(self) -> bool:
@@ -56,6 +57,10 @@ class ActingNet:
         if self.torso != MLP:
             return CONV_TORSOS[self.torso].hidden
         return self.hidden[-1] if self.hidden else math.prod(obs_shape)
+
+    def head_width(self, obs_shape: tuple[int, ...]) -> int:
+        """Features the heads read: the core's ``h``, or the torso's."""
+        return self.core or self.torso_width(obs_shape)
 
     def layout(self, obs_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         """Parameter names and shapes, in order, as the torch module's state dict lists them: the
@@ -71,6 +76,12 @@ class ActingNet:
         else:
             layout.update(CONV_TORSOS[self.torso].layout(TORSO, obs_shape))
         width = self.torso_width(obs_shape)
+        if self.core:  # torch's LSTMCell: gates i, f, g, o stacked on the first axis
+            layout[f"{CORE}.weight_ih"] = (4 * self.core, width)
+            layout[f"{CORE}.weight_hh"] = (4 * self.core, self.core)
+            layout[f"{CORE}.bias_ih"] = (4 * self.core,)
+            layout[f"{CORE}.bias_hh"] = (4 * self.core,)
+            width = self.core
         for name, out in self.heads:
             layout[f"{name}.weight"] = (out, width)
             layout[f"{name}.bias"] = (out,)
@@ -79,6 +90,14 @@ class ActingNet:
     def forward(self, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> dict[str, np.ndarray]:
         """Each head's outputs ``(B, width)`` float32 for observations ``(B, *obs_shape)``, in numpy,
         from weights named as :meth:`layout` names them (free vectors are the caller's to use)."""
+        return self.heads_of(arrays, self.features(arrays, obs))
+
+    def heads_of(self, arrays: Mapping[str, np.ndarray], x: np.ndarray) -> dict[str, np.ndarray]:
+        """Each head's outputs for features ``x`` (the torso's, or the core's ``h``)."""
+        return {name: x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"] for name, _ in self.heads}
+
+    def features(self, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
+        """The torso's features ``(B, torso_width)`` float32 of observations ``(B, *obs_shape)``."""
         if self.torso == MLP:
             x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
             tanh = self.activation == TANH
@@ -90,7 +109,32 @@ class ActingNet:
                     np.maximum(x, 0.0, out=x)
         else:
             x = conv_features(obs, dict(arrays), TORSO, CONV_TORSOS[self.torso])
-        return {name: x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"] for name, _ in self.heads}
+        return x
+
+
+# Prefix of the LSTM core's parameters (ActingNet.core).
+CORE = "core"
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (np.tanh(0.5 * x) + 1.0)  # tanh form: no overflow warning for large |x|
+
+
+def lstm_step(
+    arrays: Mapping[str, np.ndarray], x: np.ndarray, h: np.ndarray, c: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One step of torch's ``nn.LSTMCell`` in numpy: inputs ``x (B, in)``, state ``h, c (B, H)``
+    to the new ``(h, c)``. Gates ``i, f, g, o`` from ``x W_ih^T + b_ih + h W_hh^T + b_hh``;
+    ``c' = sigmoid(f) c + sigmoid(i) tanh(g)``, ``h' = sigmoid(o) tanh(c')``.
+
+    So ``|h'| < 1`` and ``|c'| <= |c| + 1``: a state ``k`` steps after a zero one is at most ``k``
+    in magnitude (what the wire's bound on a rollout's start state rests on)."""
+    gates = x @ arrays[f"{CORE}.weight_ih"].T + arrays[f"{CORE}.bias_ih"]
+    gates += h @ arrays[f"{CORE}.weight_hh"].T + arrays[f"{CORE}.bias_hh"]
+    i, f, g, o = np.split(gates, 4, axis=1)
+    c_new = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+    h_new = _sigmoid(o) * np.tanh(c_new)
+    return h_new.astype(np.float32, copy=False), c_new.astype(np.float32, copy=False)
 
 
 def dqn_net(torso: str, hidden: Sequence[int], n_actions: int, dueling: bool) -> ActingNet:
@@ -115,7 +159,7 @@ LOGITS, MEAN, LOG_STD = "logits", "mean", "log_std"
 
 
 def appo_policy_net(
-    torso: str, hidden: Sequence[int], n_actions: int | None, act_dim: int, log_std: str
+    torso: str, hidden: Sequence[int], n_actions: int | None, act_dim: int, log_std: str, core: int = 0
 ) -> ActingNet:
     """APPO's policy: the ``torso`` (a tanh MLP of ``hidden``, or a CNN of ``zmqrl.agents.torsos``),
     then ``logits`` (Discrete: ``n_actions``) or a Gaussian's ``mean`` with its log-std as a
@@ -133,7 +177,7 @@ def appo_policy_net(
         heads = ((MEAN, act_dim), (LOG_STD, act_dim))
     else:
         heads, free = ((MEAN, act_dim),), ((LOG_STD, act_dim),)
-    return ActingNet(torso, tuple(hidden), heads, activation=TANH, free=free)
+    return ActingNet(torso, tuple(hidden), heads, activation=TANH, free=free, core=core)
 
 
 # The value network's one head (V(obs)).
@@ -143,5 +187,7 @@ VALUE = "value"
 def appo_value_net(policy: ActingNet) -> ActingNet:
     """APPO's value network: the policy's torso (its own parameters, same shapes), one ``value``
     unit. Learner-only, so no numpy policy runs it; a table all the same, so the torch module is
-    built by the same code as the policy's."""
+    built by the same code as the policy's. A recurrent policy's value is a ``value`` unit on the
+    policy's own core (``zmqrl.agents.appo_rnn``), not a network of its own: this table is not
+    used for it."""
     return ActingNet(policy.torso, policy.hidden, ((VALUE, 1),), activation=policy.activation)

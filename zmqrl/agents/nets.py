@@ -92,7 +92,8 @@ def mlp(
 
 @torch.no_grad()
 def init_linear_(module: nn.Module, generator: torch.Generator) -> None:
-    """Re-draw every ``nn.Linear`` with torch's default distribution, from ``generator``.
+    """Re-draw every ``nn.Linear`` (and ``nn.LSTMCell``) with torch's default distribution, from
+    ``generator``.
 
     ``nn.Linear`` initialises from the global RNG, which any library may also consume; drawing from
     a private generator makes "same seed, same config -> same initial weights" hold regardless of
@@ -105,6 +106,10 @@ def init_linear_(module: nn.Module, generator: torch.Generator) -> None:
             layer.weight.uniform_(-bound, bound, generator=generator)
             if layer.bias is not None:
                 layer.bias.uniform_(-bound, bound, generator=generator)
+        elif isinstance(layer, nn.LSTMCell):  # torch's default: U(-1/sqrt(H), 1/sqrt(H)) for all
+            bound = 1.0 / math.sqrt(layer.hidden_size)
+            for param in layer.parameters():
+                param.uniform_(-bound, bound, generator=generator)
 
 
 class QNetwork(nn.Module):
@@ -183,8 +188,9 @@ def build_acting(
     generator: torch.Generator | None = None,
 ) -> None:
     """Give ``module`` the layers of the table ``net`` (``zmqrl.agents.layers``): ``module.torso``,
-    then one ``nn.Linear`` attribute per head, named as the table names it, so its state dict is
-    exactly ``net.layout(obs_shape)``, the layout the numpy policies load."""
+    ``module.core`` (an ``nn.LSTMCell``) when the table has one, then one ``nn.Linear`` per head,
+    named as the table names it, so its state dict is exactly ``net.layout(obs_shape)``, the
+    layout the numpy policies load."""
     if net.torso != MLP:
         from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
 
@@ -192,6 +198,9 @@ def build_acting(
     else:
         module.torso, _ = hidden_layers(math.prod(obs_shape), net.hidden, activation)
     width = net.torso_width(obs_shape)
+    if net.core:  # registered between torso and heads, as the table's layout lists it
+        module.core = nn.LSTMCell(width, net.core)
+        width = net.core
     for name, out in net.heads:
         setattr(module, name, nn.Linear(width, out))
 

@@ -119,6 +119,14 @@ def greedy_module(agent: Any, kind: str, spec: SampleSpec) -> nn.Module:
     raise OnnxExportError(not_exportable(kind))
 
 
+# Why a recurrent policy (agent.core: lstm) is not exported: the graph would need its state as an
+# input and an output, which the exported interface (obs -> action) has no place for.
+RECURRENT_REFUSAL = (
+    "agent.core 'lstm': zmqrl export writes stateless policies only (obs -> action); a recurrent "
+    "policy's state has no place in that graph: play it with zmqrl.load_policy"
+)
+
+
 def not_exportable(kind: str) -> str:
     return f"agent.kind {kind!r}: zmqrl export knows the greedy rule of {', '.join(EXPORTABLE)} only"
 
@@ -148,6 +156,8 @@ def export_onnx(
         raise ValueError(f"{path}: weights of a '{kind}' agent, but the config asks for '{cfg.agent.kind}'")
     if cfg.agent.kind not in EXPORTABLE:
         raise OnnxExportError(not_exportable(cfg.agent.kind))
+    if getattr(cfg.agent, "core", "none") != "none":
+        raise OnnxExportError(RECURRENT_REFUSAL)
     env = make_env(cfg.env, training=False)
     try:
         spec = sample_spec(env)

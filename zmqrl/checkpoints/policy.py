@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zmqrl.config import Config
-from zmqrl.core import LearningAgent, Policy
+from zmqrl.core import LearningAgent, Policy, is_recurrent
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -47,8 +47,22 @@ class DeployedPolicy:
         self.action_space = action_space
         self._obs_ndim = len(observation_space.shape)
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy keeps a state between calls (APPO with ``agent.core: lstm``): then
+        ``act`` continues the episode the previous calls played (one row per env, same order), and
+        :meth:`reset` starts a new one."""
+        return is_recurrent(self._agent)
+
+    def reset(self) -> None:
+        """Start a new episode: a recurrent policy's state back to zero (nothing for the others).
+        Call it after every ``env.reset()``; a new policy starts from a zero state."""
+        if is_recurrent(self._agent):
+            self._agent.reset_core()
+
     def act(self, obs: Any) -> Any:
-        """The greedy action for one observation, or actions ``(B, ...)`` for a batch of them."""
+        """The greedy action for one observation, or actions ``(B, ...)`` for a batch of them
+        (a recurrent policy: the next step of the episode since the last :meth:`reset`)."""
         arr = np.asarray(obs, dtype=self.observation_space.dtype)
         single = arr.ndim == self._obs_ndim
         actions = self._agent.act(arr[None] if single else arr, explore=False)

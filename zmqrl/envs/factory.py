@@ -21,6 +21,7 @@ import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
 from zmqrl.envs.ids import is_factory_path, make_from_factory, unknown_id_message
+from zmqrl.envs.masked import OWN_NAMESPACE, register_own_ids
 from zmqrl.envs.minatar import (
     MINATAR_INSTALL_HINT,
     ChannelsFirstGrid,
@@ -101,6 +102,8 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
     minatar = is_minatar_id(cfg.id)
     if minatar:
         register_minatar(cfg.id)  # the package's ids are not registered by gymnasium 1.x itself
+    if cfg.id.startswith(OWN_NAMESPACE):
+        register_own_ids()  # zmqrl's own ids (zmqrl.envs.masked), registered in every process
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps

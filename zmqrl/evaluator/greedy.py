@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.core import Policy
+from zmqrl.core import Policy, is_recurrent
 
 if TYPE_CHECKING:
     from zmqrl.config import Config, EnvConfig
@@ -119,7 +119,14 @@ def evaluate(
     """One greedy episode in each env (env i reset with ``seed + i``); returns their statistics.
 
     ``tick`` is called once per lockstep step, so a long evaluation can keep heartbeating and
-    notice a stop request; when it returns True, ``EvaluationAborted`` is raised."""
+    notice a stop request; when it returns True, ``EvaluationAborted`` is raised.
+
+    A recurrent policy (``zmqrl.core.RecurrentPolicy``) starts every episode from a zero state and
+    keeps one row per env: it acts on all of them at every step (a finished env's last observation
+    again, its action unused), so each row's state stays its env's."""
+    recurrent = is_recurrent(agent)
+    if recurrent:
+        agent.reset_core()  # type: ignore[attr-defined]
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     returns = [0.0] * len(envs)
     lengths = [0] * len(envs)
@@ -127,7 +134,10 @@ def evaluate(
     while live:
         if tick is not None and tick():
             raise EvaluationAborted(f"stopped after {max(lengths)} steps")
-        actions = agent.act(np.stack([obs[i] for i in live]), explore=False)
+        if recurrent:
+            actions = agent.act(np.stack(obs), explore=False)[live]
+        else:
+            actions = agent.act(np.stack([obs[i] for i in live]), explore=False)
         still: list[int] = []
         for i, action in zip(live, actions, strict=True):
             obs[i], reward, terminated, truncated, _ = envs[i].step(action)

@@ -22,7 +22,7 @@ from zmqrl.errors import ConfigError
 from zmqrl.learner.ingest import largest_add
 from zmqrl.replay import Limiter, make_rate_limiter, make_replay
 from zmqrl.replay.rollout_queue import QueueLimiter, RolloutQueue, message_rows, queue_rows
-from zmqrl.spec import SampleSpec, rollout_message_problem
+from zmqrl.spec import DEFAULT_MAX_ABS_CORE_CELL, SampleSpec, rollout_message_problem
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -58,7 +58,16 @@ def learner_spec(cfg: Config, env: Any) -> SampleSpec:
     length, rows = cfg.actor.rollout_length, cfg.actor.envs_per_actor
     if problem := rollout_message_problem(spec, rows, length, cfg.transport.max_message_mb):
         raise ConfigError(problem)
-    return dataclasses.replace(spec, rollout_length=length)
+    if getattr(cfg.agent, "core", "none") == "none":
+        return dataclasses.replace(spec, rollout_length=length)
+    # A recurrent policy's rows carry their start state; its cell is bounded by the episode limit.
+    limit = cfg.env.max_episode_steps or getattr(getattr(env, "spec", None), "max_episode_steps", None)
+    return dataclasses.replace(
+        spec,
+        rollout_length=length,
+        core_size=int(getattr(cfg.agent, "core_size")),  # noqa: B009 (a recurrent agent has it)
+        max_abs_core_cell=float(limit) if limit else DEFAULT_MAX_ABS_CORE_CELL,
+    )
 
 
 def make_learner_data(cfg: Config, spec: SampleSpec) -> LearnerData:

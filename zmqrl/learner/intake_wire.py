@@ -41,7 +41,7 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.messages import MessageInfo, SampleGroup
-from zmqrl.types import EpisodeStat, RolloutBatch, TransitionBatch
+from zmqrl.types import EpisodeStat, RolloutBatch, TransitionBatch, rollout_columns
 
 # Seconds between the intake's reports (counts change with every bad message; the learner reads
 # the newest in its housekeeping, and a test waits on them).
@@ -56,7 +56,9 @@ SINGLE_CREDITS = 4
 def dump_group(group: SampleGroup) -> list[Any]:
     """The frames of a checked group: header, then each column (and the priorities) as raw buffers
     (send them with ``copy=False``)."""
-    columns = [np.ascontiguousarray(col) for col in group.batch]
+    batch = group.batch
+    own = rollout_columns(batch) if isinstance(batch, RolloutBatch) else list(batch)
+    columns = [np.ascontiguousarray(col) for col in own]
     if group.priorities is not None:
         columns.append(np.ascontiguousarray(group.priorities))
     header = {

@@ -27,7 +27,7 @@ import numpy as np
 from zmqrl.core import Sampled
 from zmqrl.replay.ratelimit import STAT_INSERT_BLOCKED, STAT_SAMPLE_BLOCKED, count_stats
 from zmqrl.spec import DEFAULT_QUEUE_BATCHES, message_rows, queue_rows
-from zmqrl.types import Batch, RolloutBatch, TransitionBatch
+from zmqrl.types import Batch, RolloutBatch, TransitionBatch, rollout_columns
 
 __all__ = [
     "DEFAULT_QUEUE_BATCHES",
@@ -246,6 +246,7 @@ def split_rows(batch: RolloutBatch) -> list[RolloutBatch]:
             batch.truncated[r : r + 1],
             batch.logp[r : r + 1],
             batch.final_obs[int(starts[r]) : int(ends[r])],
+            None if batch.core_state is None else batch.core_state[r : r + 1],
         )
         for r in range(batch.rows)
     ]
@@ -256,8 +257,9 @@ def merge_rows(rows: list[RolloutBatch]) -> RolloutBatch:
     in the same order as their flags)."""
     if len(rows) == 1:
         return rows[0]
-    return RolloutBatch(*(np.concatenate(column) for column in zip(*rows, strict=True)))
+    columns = zip(*(rollout_columns(row) for row in rows), strict=True)
+    return RolloutBatch(*(np.concatenate(column) for column in columns))
 
 
 def row_nbytes(row: RolloutBatch) -> int:
-    return sum(int(column.nbytes) for column in row)
+    return sum(int(column.nbytes) for column in rollout_columns(row))

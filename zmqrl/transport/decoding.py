@@ -376,7 +376,9 @@ def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
     The done flags' raw bytes: ``np.frombuffer`` views a bool frame as it came, so a hostile frame
     can hold a 2 or a 255 that numpy (and torch) reads as True; the wire allows 0 and 1 only. One
     OR of the bytes finds any other byte in either flag, one AND a step flagged both ways."""
-    obs, action, reward, terminated, truncated, logp, final_obs = batch
+    obs, action, reward, terminated, truncated, logp, final_obs = batch[:7]
+    if batch.core_state is not None:
+        _check_core_state(batch.core_state, spec)
     term, trunc = terminated.view(np.uint8), truncated.view(np.uint8)
     if (term | trunc).max() > 1:
         check_bool_bytes(terminated, "terminated")
@@ -394,6 +396,18 @@ def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
     if final_obs.shape[0]:
         _check_obs(final_obs, "final_obs", spec)
     _check_actions(action, "action", spec)
+
+
+def _check_core_state(state: np.ndarray, spec: SampleSpec) -> None:
+    """A recurrent row's start state: ``h`` in [-1, 1] (a tanh times a sigmoid), ``c`` within the
+    spec's cell bound (an LSTM's cell grows by less than 1 a step from zero at an episode's start,
+    so the env's time limit bounds it: ``SampleSpec.max_abs_core_cell``). NaN fails both."""
+    h, c = state[:, 0], state[:, 1]
+    if not (h.min() >= -1.0 and h.max() <= 1.0):
+        fail("core_state h outside [-1, 1] (an LSTM's output) or NaN")
+    limit = spec.max_abs_core_cell
+    if not (c.min() >= -limit and c.max() <= limit):
+        fail(f"core_state c outside [-{limit:g}, {limit:g}] (the episode limit bounds an LSTM cell) or NaN")
 
 
 def _discount_limit(spec: SampleSpec) -> float:

@@ -27,7 +27,7 @@ from zmqrl.transport.fields import (
 )
 from zmqrl.transport.header import DESCRIPTOR_KEYS, check_keys
 from zmqrl.transport.messages import PRIORITY_FIELD, SamplesMsg
-from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, RolloutBatch
+from zmqrl.types import BATCH_FIELDS, CORE_STATE_FIELD, ROLLOUT_FIELDS, RolloutBatch
 
 
 class ArrayDesc(NamedTuple):
@@ -101,10 +101,20 @@ def check_sample_columns(descs: list[ArrayDesc]) -> None:
 def check_rollout_columns(descs: list[ArrayDesc]) -> None:
     """The protocol-fixed part of a rollouts message's layout: R >= 1 rows of T >= 1 steps, every
     step column (R, T, ...) with obs one step longer, and final_obs rows shaped like obs's. What
-    T, R and K must be for the run is the spec's (``check_structure``), not the protocol's."""
+    T, R and K must be for the run is the spec's (``check_structure``), not the protocol's. A
+    recurrent run's message adds ``core_state`` last: float32 [R, 2, H], H >= 1."""
     names = tuple(d.name for d in descs)
-    if names != ROLLOUT_FIELDS:
-        fail(f"rollouts arrays must be {list(ROLLOUT_FIELDS)} in that order, got {[short(n) for n in names]}")
+    if names not in (ROLLOUT_FIELDS, (*ROLLOUT_FIELDS, CORE_STATE_FIELD)):
+        want = f"{list(ROLLOUT_FIELDS)} (and {CORE_STATE_FIELD!r})"
+        fail(f"rollouts arrays must be {want} in that order, got {[short(n) for n in names]}")
+    if len(descs) > len(ROLLOUT_FIELDS):
+        state = descs[-1]
+        shape = state.shape
+        if state.dtype != "float32" or len(shape) != 3 or shape[0] != descs[0].shape[0] or shape[1:2] != (2,):
+            got = f"{state.dtype} {list(shape)}"
+            fail(f"rollouts column 'core_state' must be float32 [R, 2, H] (R the rows of obs), got {got}")
+        if shape[2] < 1:
+            fail("rollouts column 'core_state' must have H >= 1 units")
     obs, final_obs = descs[0], descs[6]
     if len(obs.shape) < 2 or obs.shape[0] < 1 or obs.shape[1] < 2:
         fail(f"rollouts column 'obs' must be [R, T + 1, ...] with R >= 1 and T >= 1, got {list(obs.shape)}")
@@ -222,3 +232,13 @@ def _check_rollout_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
     )
     if getattr(msg, "priorities", None) is not None:
         fail("rollouts carry no priority array")
+    state = getattr(msg.batch, CORE_STATE_FIELD, None)
+    if not spec.core_size:
+        if state is not None:
+            fail("rollouts with a core_state refused: this run's policy has no recurrent core (agent.core)")
+        return
+    if state is None:
+        fail(f"rollouts without a core_state refused: this run's policy is recurrent ({spec.core_size})")
+    if not isinstance(state, np.ndarray):
+        fail("rollouts column 'core_state' is not a numpy array")
+    _check_layout(((CORE_STATE_FIELD, state, (rows, 2, spec.core_size), "float32"),))

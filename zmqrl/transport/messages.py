@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
-from zmqrl.types import Batch, EpisodeStat, RolloutBatch, TransitionBatch, Weights
+from zmqrl.types import Batch, EpisodeStat, RolloutBatch, TransitionBatch, Weights, rollout_columns
 
 # --------------------------------------------------------------------------------------------
 # Protocol constants
@@ -126,7 +126,7 @@ class SampleGroup:
                 info.actor_id,
                 info.seq,
                 info.weights_version,
-                TransitionBatch(*(col[info.start : info.stop] for col in batch)),
+                TransitionBatch(*(col[info.start : info.stop] for col in cast(TransitionBatch, batch))),
                 info.episodes,
                 None if priorities is None else priorities[info.start : info.stop],
             )
@@ -167,7 +167,13 @@ class SampleGroup:
         with_priorities = {m.priorities is not None for m in messages}
         if len(with_priorities) != 1:
             raise ValueError("a sample group's messages must all carry priorities, or none")
-        columns = zip(*(m.batch for m in messages), strict=True)
+        if kind is RolloutBatch:
+            with_state = {m.batch.core_state is not None for m in messages}  # type: ignore[union-attr]
+            if len(with_state) != 1:
+                raise ValueError("a sample group's rollouts must all carry a core state, or none")
+            columns = zip(*(rollout_columns(m.batch) for m in messages), strict=True)  # type: ignore[arg-type]
+        else:
+            columns = zip(*(m.batch for m in messages), strict=True)
         merged = [np.concatenate(col) for col in columns]
         batch: Batch = RolloutBatch(*merged) if kind is RolloutBatch else TransitionBatch(*merged)
         priorities = (

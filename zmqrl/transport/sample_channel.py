@@ -41,8 +41,8 @@ SEND_POLL_MS = 100
 # (R * (T + 1) rows) is the largest frame of either kind, where not copying saves the most.
 ZERO_COPY_MIN_OBS_BYTES = 1024
 # Most frames of a message on this channel: the header, then a samples message's five columns and
-# optional priorities, or a rollouts message's seven columns.
-SAMPLES_MAX_FRAMES = 1 + max(len(BATCH_FIELDS) + 1, len(ROLLOUT_FIELDS))
+# optional priorities, or a rollouts message's seven columns and a recurrent run's core state.
+SAMPLES_MAX_FRAMES = 1 + max(len(BATCH_FIELDS) + 1, len(ROLLOUT_FIELDS) + 1)
 # The setting a samples (or weights) message's size limit comes from, named when one is refused.
 MESSAGE_SIZE_SETTING = "transport.max_message_mb"
 

@@ -88,7 +88,7 @@ from zmqrl.transport.messages import (
     WeightsMsg,
     WireError,
 )
-from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS, RolloutBatch, TransitionBatch, Weights
+from zmqrl.types import BATCH_FIELDS, CORE_STATE_FIELD, ROLLOUT_FIELDS, RolloutBatch, TransitionBatch, Weights
 
 # The public names of the wire format, wherever they are defined.
 __all__ = [
@@ -206,6 +206,9 @@ def dump(msg: Message) -> list[bytes | memoryview]:
             episodes.append([float(py_number(ret, "episode return")), py_int(length, "episode length")])
         header["episodes"] = episodes
         arrays = [(name, getattr(msg.batch, name)) for name in (ROLLOUT_FIELDS if rollouts else BATCH_FIELDS)]
+        state = msg.batch.core_state if isinstance(msg.batch, RolloutBatch) else None
+        if state is not None:  # a recurrent run's: after the columns
+            arrays.append((CORE_STATE_FIELD, state))
         if msg.priorities is not None:
             if rollouts:
                 fail("rollouts carry no priorities")
