@@ -68,8 +68,7 @@ LAYERS: dict[str, int] = {
     # 9 the Python API and the package's public names.
     "api": 9,
     "": 9,
-    # 10 benchmarks (run a training, time parts of it).
-    "bench": 10,
+    # 10 benchmarks (run a training, time parts of it): zmqrl_bench, outside zmqrl/ (BENCH_LAYER).
     # 11 the command line, which mounts everything (bench's commands included); 12 python -m zmqrl.
     "cli": 11,
     "__main__": 12,
