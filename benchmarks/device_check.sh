@@ -100,14 +100,15 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
     echo "device_check: installing the wheels in $wheels into $site"
     "$python" -m pip install -q --no-index --find-links "$wheels" --no-deps --no-compile \
         --disable-pip-version-check --upgrade --target "$site" "$wheels"/*.whl
-    export PYTHONPATH="$site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$site:$repo:$repo/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [[ -n "${ZMQRL:-}" ]]; then
     read -r -a zmqrl <<<"$ZMQRL"
 elif command -v zmqrl >/dev/null; then
     zmqrl=(zmqrl)
 else
-    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+    # zmqrl from the repo, and zmqrl_bench (`zmqrl bench`) from its benchmarks/ as an install has it.
+    export PYTHONPATH="$repo:$repo/benchmarks${PYTHONPATH:+:$PYTHONPATH}"
     zmqrl=("$python" -m zmqrl)
 fi
 if ! (cd "$repo" && "$python" -c "import zmqrl.replay._sumtree" 2>/dev/null); then

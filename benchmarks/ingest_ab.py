@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from zmqrl.bench.senders import SampleShape, Senders
+from zmqrl_bench.senders import SampleShape, Senders
 
 RATES = (0, 20_000, 100_000)
 SENDERS = 2
@@ -39,8 +39,8 @@ import json, sys, tempfile, time
 from pathlib import Path
 import torch
 from zmqrl.api import load_config
-from zmqrl.bench.cpu import per_thousand, process_cpu_seconds
-from zmqrl.bench.senders import SampleShape, sample_batch
+from zmqrl_bench.cpu import per_thousand, process_cpu_seconds
+from zmqrl_bench.senders import SampleShape, sample_batch
 from zmqrl.learner.trainer import Trainer
 from zmqrl.transport.messages import SamplesMsg
 
@@ -104,7 +104,8 @@ import os; os._exit(0)
 
 def measure(tree: Path, rate: int, seconds: float, budget: str) -> dict[str, float]:
     """One window of ``tree``'s learner with this process's senders offering ``rate``."""
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    # The tree's zmqrl under test; the measuring helpers (zmqrl_bench) are this script's, beside it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), str(Path(__file__).parent)])}
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(seconds), budget],
         cwd=tree,

@@ -4,7 +4,7 @@ Why: prioritized replay adds a sum-tree descent per sample and a sum-tree update
 (``update_priorities``) and per ``add``; this measures what that costs relative to the uniform ring
 in the same process and the same run, so the ratio is meaningful on a noisy shared machine.
 
-The measurements are `zmqrl bench`'s replay group (zmqrl/bench/replay.py): in each repeat the two
+The measurements are `zmqrl bench`'s replay group (benchmarks/zmqrl_bench/replay.py): in each repeat the two
 sides run in alternating chunks of calls for ``--seconds``, and each side's figure is the median
 chunk; the table shows the median over ``--repeats`` with the min-max spread. The sum tree is the
 compiled one where it was built; ``ZMQRL_SUMTREE=numpy`` measures the numpy reference instead.
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from zmqrl.bench.replay import DEFAULT_CAPACITY, SEED, cases, filled_buffers, measure
 from zmqrl.replay import sumtree
+from zmqrl_bench.replay import DEFAULT_CAPACITY, SEED, cases, filled_buffers, measure
 
 DEFAULT_REPEATS = 5
 DEFAULT_SECONDS = 0.7  # per repeat and operation

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.result_rows import MINATAR_MARKS, MINATAR_PAPER, ROWS, Row  # noqa: E402
-from zmqrl.bench.runs import reached_in_history, run_process, training_returns  # noqa: E402
+from zmqrl_bench.runs import reached_in_history, run_process, training_returns  # noqa: E402
 
 STORE = REPO / "docs" / "results"
 README = REPO / "README.md"

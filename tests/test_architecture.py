@@ -3,7 +3,8 @@
 They read every module under ``zmqrl/`` with ``ast`` (nothing is imported) and check the rules of
 docs/architecture.md: no two modules import each other, no import runs up the layer table below,
 packages of one layer stay apart, the top level stays small, no module grows past 400 lines and no
-config travels as ``Any``.
+config travels as ``Any``. The benchmarks' package ``zmqrl_bench`` (benchmarks/zmqrl_bench/, not
+the runtime) keeps the rules it had as ``zmqrl/bench/``, and only the CLI's mount imports it.
 
 What counts as an import: every ``import`` / ``from ... import`` statement anywhere in a module, at
 module level or inside a function (a lazy import is still a dependency: it only moves the moment
@@ -20,13 +21,15 @@ import ast
 import re
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 ZMQRL = Path(__file__).resolve().parent.parent / "zmqrl"
+# `zmqrl bench`'s package: tooling, outside the runtime package, installed beside it.
+BENCH = ZMQRL.parent / "benchmarks" / "zmqrl_bench"
 
 # Each package or top-level module of zmqrl/ and its layer, lowest first: a module may import only
 # from its own layer or below ("" is the package's own __init__, zmqrl's public names).
@@ -68,12 +71,16 @@ LAYERS: dict[str, int] = {
     # 9 the Python API and the package's public names.
     "api": 9,
     "": 9,
-    # 10 benchmarks (run a training, time parts of it).
-    "bench": 10,
+    # 10 benchmarks (run a training, time parts of it): zmqrl_bench, outside zmqrl/ (BENCH_LAYER).
     # 11 the command line, which mounts everything (bench's commands included); 12 python -m zmqrl.
     "cli": 11,
     "__main__": 12,
 }
+# zmqrl_bench's layer in the table above (it is not under zmqrl/): benchmarks run a training and
+# time parts of it, so they may import any layer up to the Python API, and not the command line.
+BENCH_LAYER = 10
+# The one module of zmqrl/ that imports zmqrl_bench: the CLI, where it mounts `zmqrl bench`.
+BENCH_MOUNT = "zmqrl.cli.app"
 
 # Packages of one layer do not import each other, except these (importer, imported): reason.
 # Top-level modules of one layer (the foundation, the config's three files) may import each other;
@@ -160,14 +167,14 @@ def _resolve(name: str, mods: Mapping[str, Path]) -> str | None:
     return name or None
 
 
-def imports_of(root: Path) -> list[Import]:
-    """Every dependency of a module under ``root`` on another one, with where it is written."""
-    mods = module_files(root)
-    found: list[Import] = []
-    for name, path in mods.items():
+def _statements(root: Path, known: Mapping[str, Path]) -> Iterator[Import]:
+    """Every module under ``root`` importing what each of its import statements names, as written
+    (relative imports made absolute; ``from m import n`` as ``m.n`` where ``known`` has that module)."""
+    for name, path in module_files(root).items():
         tree = ast.parse(path.read_text(), filename=str(path))
         type_only = _type_checking_nodes(tree)
         is_package = path.name == "__init__.py"
+        rel = str(path.relative_to(root.parent))
         for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
@@ -180,13 +187,32 @@ def imports_of(root: Path) -> list[Import]:
                 else:
                     module = node.module or ""
                 targets = [
-                    f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module for a in node.names
+                    f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names
                 ]
             for target in targets:
-                imported = _resolve(target, mods)
-                if imported is not None and imported != name:
-                    rel = str(path.relative_to(root.parent))
-                    found.append(Import(name, imported, rel, node.lineno, id(node) in type_only))
+                yield Import(name, target, rel, node.lineno, id(node) in type_only)
+
+
+def imports_of(root: Path) -> list[Import]:
+    """Every dependency of a module under ``root`` on another one, with where it is written."""
+    mods = module_files(root)
+    found: list[Import] = []
+    for imp in _statements(root, mods):
+        imported = _resolve(imp.imported, mods)
+        if imported is not None and imported != imp.importer:
+            found.append(replace(imp, imported=imported))
+    return found
+
+
+def imports_into(root: Path, other: Path) -> list[Import]:
+    """Every dependency of a module under ``root`` on a module of the package ``other`` (another
+    tree), with where it is written."""
+    mods = module_files(other)
+    found: list[Import] = []
+    for imp in _statements(root, {**module_files(root), **mods}):
+        if imp.imported.partition(".")[0] == other.name:
+            imported = _resolve(imp.imported, mods)
+            found.append(replace(imp, imported=imported or imp.imported))
     return found
 
 
@@ -368,7 +394,7 @@ def test_the_top_level_holds_at_most_13_modules() -> None:
 def test_no_module_is_over_400_lines() -> None:
     long = sorted(
         (n, path)
-        for p in ZMQRL.rglob("*.py")
+        for p in [*ZMQRL.rglob("*.py"), *BENCH.rglob("*.py")]
         if (n := len(p.read_text().splitlines()))
         > LONG_MODULES.get(path := str(p.relative_to(ZMQRL.parent)), (MAX_LINES,))[0]
     )
@@ -388,12 +414,42 @@ def test_no_module_is_over_400_lines() -> None:
 
 
 def test_no_config_parameter_is_annotated_any() -> None:
-    found = config_any_parameters(ZMQRL)
+    found = config_any_parameters(ZMQRL) + config_any_parameters(BENCH)
     _warn_fixed(
         "PENDING_CONFIG_ANY", [f for f in PENDING_CONFIG_ANY if not any(x.startswith(f"{f}:") for x in found)]
     )
     found = [x for x in found if x.partition(":")[0] not in PENDING_CONFIG_ANY]
     assert not found, "config parameters typed Any; use Config or the section's dataclass:" + _report(found)
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmarks: beside the runtime, not in it
+# --------------------------------------------------------------------------------------------
+
+
+def test_nothing_in_zmqrl_imports_the_benchmarks_but_the_cli_mount() -> None:
+    found = [imp for imp in imports_into(ZMQRL, BENCH) if imp.importer != BENCH_MOUNT]
+    assert not found, (
+        f"zmqrl/ imports zmqrl_bench (only {BENCH_MOUNT} may, to mount `zmqrl bench`): the runtime "
+        "must work where the benchmarks are not installed; move what both need into zmqrl/:"
+        + _report(f"{imp.where()} imports {imp.imported}" for imp in found)
+    )
+
+
+def test_the_benchmarks_import_no_layer_above_theirs() -> None:
+    problems = []
+    for imp in imports_into(BENCH, ZMQRL):
+        part = component_of(imp.imported)
+        if part not in LAYERS:
+            problems.append(f"{imp.where()} imports {imp.imported}: {part} has no layer in LAYERS")
+        elif LAYERS[part] > BENCH_LAYER:
+            problems.append(f"{imp.where()} imports {imp.imported}: up, to layer {LAYERS[part]} {part}")
+    assert not problems, f"zmqrl_bench (layer {BENCH_LAYER}) imports above its layer:" + _report(problems)
+
+
+def test_no_two_benchmark_modules_import_each_other() -> None:
+    found = circles(imports_of(BENCH))
+    assert not found, "zmqrl_bench's modules import each other:" + _report(" <-> ".join(c) for c in found)
 
 
 # --------------------------------------------------------------------------------------------
@@ -481,3 +537,16 @@ def test_checker_finds_config_parameters_typed_any(tmp_path: Path) -> None:
         "pkg/m.py:2 f(learner_cfg: Any)",
         "pkg/m.py:4 __init__(config: Any)",
     ]
+
+
+def test_checker_finds_imports_into_another_tree_as_written(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"a.py": "import other.x\nfrom other import y, z\nimport otherwise\n"})
+    other = tmp_path / "other"
+    for rel in ("__init__.py", "y.py"):
+        (other / rel).parent.mkdir(parents=True, exist_ok=True)
+        (other / rel).write_text("")
+    assert {(i.where(), i.imported) for i in imports_into(root, other)} == {
+        ("pkg/a.py:1", "other"),  # other.x is no module of the tree: its package
+        ("pkg/a.py:2", "other.y"),
+        ("pkg/a.py:2", "other"),  # z is a name in other/__init__.py
+    }

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import processes_mentioning
-from zmqrl.bench import actor, cli, ingest, scaling, weights
-from zmqrl.bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison, Stat
+from zmqrl_bench import actor, cli, ingest, scaling, weights
+from zmqrl_bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 
 TINY = BenchSettings(quick=True, repeats=1, seconds=0.3)
 

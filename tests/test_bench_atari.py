@@ -14,10 +14,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from zmqrl.bench import atari
-from zmqrl.bench.report import BenchSettings
 from zmqrl.config import AtariConfig, EnvConfig
 from zmqrl.envs.factory import EnvError, make_env
+from zmqrl_bench import atari
+from zmqrl_bench.report import BenchSettings
 
 _MISSING_ALE = [name for name in ("ale_py", "cv2") if importlib.util.find_spec(name) is None]
 needs_ale = pytest.mark.skipif(bool(_MISSING_ALE), reason=f"needs {_MISSING_ALE}: pip install -e '.[atari]'")
@@ -52,7 +52,7 @@ def test_without_envpool_the_gymnasium_side_is_still_measured(
         raise ImportError("No module named 'envpool'")
 
     monkeypatch.setattr(atari, "envpool_env", no_envpool)
-    with caplog.at_level(logging.WARNING, logger="zmqrl.bench.atari"):
+    with caplog.at_level(logging.WARNING, logger="zmqrl_bench.atari"):
         (row,) = atari.run(TINY)
     assert row.reference is None and row.target is None and row.passed is None
     assert len(row.ours.values) == TINY.repeats and min(row.ours.values) > 0
@@ -67,7 +67,7 @@ def test_without_the_atari_emulator_there_is_no_row_and_the_reason_is_logged(
         raise EnvError("env.id 'ALE/Pong-v5' needs the Atari emulator")
 
     monkeypatch.setattr(atari, "_gymnasium_env", no_ale)
-    with caplog.at_level(logging.WARNING, logger="zmqrl.bench.atari"):
+    with caplog.at_level(logging.WARNING, logger="zmqrl_bench.atari"):
         assert atari.run(TINY) == []
     assert "Atari emulator" in caplog.text
 

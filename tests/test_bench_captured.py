@@ -1,4 +1,4 @@
-"""The captured-vs-eager learner bench (zmqrl.bench.captured): one run times both sides of each
+"""The captured-vs-eager learner bench (zmqrl_bench.captured): one run times both sides of each
 config on the device given, and the CPU run leaves the pixel configs out."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl.bench import captured
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings
+from zmqrl_bench import captured
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings
 
 
 def test_the_cpu_rows_time_captured_against_eager_for_each_small_config() -> None:

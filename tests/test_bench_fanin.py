@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 
 from tests.conftest import processes_mentioning, wait_until
-from zmqrl.bench import cli, fanin, fanin_peers, fanin_roles, fanin_stats, mlp
-from zmqrl.bench.actor import CARTPOLE
-from zmqrl.bench.fanin_clock import VERSION_FILE, PublishClock, event_names
-from zmqrl.bench.fanin_peers import PeerReport, Schedule, weights_version
-from zmqrl.bench.fanin_stats import Reading, intervals, latencies
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings
 from zmqrl.config import load_config
 from zmqrl.transport import wire
 from zmqrl.transport.messages import StopMsg, WeightsMsg
 from zmqrl.types import Weights
+from zmqrl_bench import cli, fanin, fanin_peers, fanin_roles, fanin_stats, mlp
+from zmqrl_bench.actor import CARTPOLE
+from zmqrl_bench.fanin_clock import VERSION_FILE, PublishClock, event_names
+from zmqrl_bench.fanin_peers import PeerReport, Schedule, weights_version
+from zmqrl_bench.fanin_stats import Reading, intervals, latencies
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings
 
 # ---- pacing -----------------------------------------------------------------------------------------
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from zmqrl.api import load_config
-from zmqrl.bench import learner
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings
 from zmqrl.spec import SampleSpec
 from zmqrl.types import RolloutBatch
+from zmqrl_bench import learner
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@ is for the benchmark to print, not for a test on a shared machine to judge)."""
 
 from __future__ import annotations
 
-from zmqrl.bench import replay
-from zmqrl.bench.report import BenchSettings, markdown_table
+from zmqrl_bench import replay
+from zmqrl_bench.report import BenchSettings, markdown_table
 
 
 def test_replay_bench_compares_per_with_uniform_per_operation() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zmqrl.bench.report import Comparison, Stat, table_rows
+from zmqrl_bench.report import Comparison, Stat, table_rows
 
 
 def row(ours: float, reference: float, target: float, higher_is_better: bool = True) -> list[str]:

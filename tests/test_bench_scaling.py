@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from tests.conftest import processes_mentioning
 from zmqrl.api import load_config
-from zmqrl.bench import cli, cnn_learner, cpu, scaling
-from zmqrl.bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison
 from zmqrl.errors import EnvError
+from zmqrl_bench import cli, cnn_learner, cpu, scaling
+from zmqrl_bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = BenchSettings(quick=True, repeats=1, seconds=0.05)

@@ -16,9 +16,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from zmqrl.bench import solve
-from zmqrl.bench.sb3_run import RunArgs, SolveWatch
-from zmqrl.bench.solve import Reached, SolveRun, markdown_table, summarise
+from zmqrl_bench import solve
+from zmqrl_bench.sb3_run import RunArgs, SolveWatch
+from zmqrl_bench.solve import Reached, SolveRun, markdown_table, summarise
 
 HAS_SB3 = importlib.util.find_spec("stable_baselines3") is not None
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -184,7 +184,7 @@ def test_sb3_schedule_evaluates_every_n_env_steps_and_keeps_the_first_record_at_
 
 @needs_sb3
 def test_sb3_run_stops_at_the_first_evaluation_at_target_and_reports_it(tmp_path: Path) -> None:
-    from zmqrl.bench import sb3_run
+    from zmqrl_bench import sb3_run
 
     out = tmp_path / "sb3.json"
     args = RunArgs(seed=0, out=out, eval_every=100, episodes=2, target=1.0, timesteps=1_000)
@@ -198,7 +198,7 @@ def test_sb3_run_stops_at_the_first_evaluation_at_target_and_reports_it(tmp_path
 
 @needs_sb3
 def test_sb3_ppo_run_steps_8_envs_and_evaluates_every_n_env_steps_summed_over_them(tmp_path: Path) -> None:
-    from zmqrl.bench import sb3_run
+    from zmqrl_bench import sb3_run
 
     out = tmp_path / "ppo.json"
     args = RunArgs(seed=0, out=out, eval_every=64, episodes=2, target=1.0, timesteps=1_000, algo="ppo")
@@ -217,7 +217,7 @@ def test_sb3_ppo_run_steps_8_envs_and_evaluates_every_n_env_steps_summed_over_th
 def test_ppo_is_built_with_the_zoo_cartpole_settings_and_its_linear_schedules() -> None:
     from stable_baselines3 import PPO
 
-    from zmqrl.bench.sb3_zoo import ZOO_CARTPOLE, make_model
+    from zmqrl_bench.sb3_zoo import ZOO_CARTPOLE, make_model
 
     model = make_model("ppo", seed=0)
     assert isinstance(model, PPO) and model.n_envs == 8 and model.gamma == 0.98

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from zmqrl.bench import startup
-from zmqrl.bench.cli import PARTS, load_part
-from zmqrl.bench.report import BenchSettings
+from zmqrl_bench import startup
+from zmqrl_bench.cli import PARTS, load_part
+from zmqrl_bench.report import BenchSettings
 
 
 def test_startup_part_reports_launch_phases_roles_and_imports(run_root: Path) -> None:

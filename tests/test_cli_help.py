@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -162,3 +163,33 @@ def test_zmqrl_help_imports_no_torch() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "Example:" in result.stdout
+
+
+@pytest.mark.parametrize("args", [["bench", "--quick", "--only", "actor"], ["bench", "--help"]])
+def test_bench_where_its_package_is_not_installed_says_so_in_one_line(args: list[str]) -> None:
+    """A runtime-only install (the container image copies zmqrl/ alone) has no zmqrl_bench: the rest
+    of the CLI works, `zmqrl --help` still lists bench, and `zmqrl bench` exits 1 saying what to do."""
+    probe = (
+        "import sys\n"
+        "class NotInstalled:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] == 'zmqrl_bench':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NotInstalled())\n"
+        f"sys.argv = ['zmqrl', *{args!r}]\nfrom zmqrl.cli.app import main\nmain()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: zmqrl bench is not installed here"), done.stderr
+    assert "pip install ." in done.stderr
+    listed = subprocess.run(
+        [sys.executable, "-c", probe.replace(repr(args), "['--help']")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(r"bench +Not installed here", listed.stdout), listed.stdout

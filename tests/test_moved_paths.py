@@ -8,12 +8,39 @@ import sys
 
 import pytest
 
-from zmqrl.moved import MOVED
+from zmqrl.moved import MOVED, MOVED_PACKAGES, moved_to
 
 
 def test_every_old_path_names_a_module_that_exists() -> None:
-    for new in MOVED.values():
+    for new in [*MOVED.values(), *MOVED_PACKAGES.values()]:
         importlib.import_module(new)
+
+
+def test_a_package_that_left_zmqrl_forwards_every_module_under_it() -> None:
+    assert moved_to("zmqrl.bench") == "zmqrl_bench"
+    assert moved_to("zmqrl.bench.report") == "zmqrl_bench.report"
+    assert moved_to("zmqrl.benchmarks") is None  # a prefix of the name is not its package
+    assert moved_to("zmqrl.api") is None
+    code = (
+        "import sys, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n"
+        "    import zmqrl.bench.report\n"
+        "except DeprecationWarning as warning:\n"
+        "    print(warning)\n"
+        "assert 'zmqrl_bench' not in sys.modules, 'zmqrl imported the benchmarks by itself'\n"
+        "warnings.simplefilter('ignore')\n"
+        "import zmqrl.bench.report, zmqrl_bench, zmqrl_bench.report\n"
+        "from zmqrl.bench.cli import app\n"
+        "import zmqrl_bench.cli\n"
+        "assert zmqrl.bench is zmqrl_bench and zmqrl.bench.report is zmqrl_bench.report\n"
+        "assert app is zmqrl_bench.cli.app\n"
+        "old = [m for m in sys.modules if m.startswith('zmqrl.bench')]\n"
+        "assert sorted(old) == ['zmqrl.bench', 'zmqrl.bench.cli', 'zmqrl.bench.report'], old\n"
+        "assert all(sys.modules[m] is sys.modules['zmqrl_bench' + m[11:]] for m in old), 'ran twice'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("zmqrl.bench moved to zmqrl_bench; the old path goes in the next release")
 
 
 def test_an_old_path_is_the_new_module_and_warns_with_its_new_name() -> None:

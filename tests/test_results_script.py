@@ -169,7 +169,7 @@ def write_episodes(path: Path, episodes: list[tuple[int, float]]) -> None:
 
 
 def test_training_return_is_the_mean_of_the_last_episodes_at_each_mark(tmp_path: Path) -> None:
-    from zmqrl.bench.runs import training_returns
+    from zmqrl_bench.runs import training_returns
 
     metrics = tmp_path / "metrics.jsonl"
     # 300 episodes with return 1 up to step 500, then 150 with return 3 from step 501 to 948.

@@ -6,6 +6,11 @@ notebook importing ``zmqrl.deploy``) keeps working: the old name is an alias of 
 holds the code now, and importing it warns once with the new name. The aliases go in the next
 release. ``zmqrl.envs`` and ``zmqrl.cli`` are packages now, and forward their old attributes
 themselves (their ``__init__``).
+
+A package that left zmqrl whole (:data:`MOVED_PACKAGES`) forwards itself and every module under
+it by prefix; zmqrl imports the new package only when someone imports an old path (``zmqrl.bench``
+is ``zmqrl_bench`` now, tooling that a runtime-only install lacks: there the old path fails as the
+new one does, with ModuleNotFoundError).
 """
 
 from __future__ import annotations
@@ -79,6 +84,23 @@ MOVED: dict[str, str] = {
     "zmqrl.monitoring": "zmqrl.supervisor",
 }
 
+# Old package -> the package that holds it now, outside zmqrl: ``zmqrl.bench.report`` ->
+# ``zmqrl_bench.report``.
+MOVED_PACKAGES: dict[str, str] = {
+    "zmqrl.bench": "zmqrl_bench",
+}
+
+
+def moved_to(name: str) -> str | None:
+    """The module that holds the code of the old path ``name`` now, or None if it did not move."""
+    new = MOVED.get(name)
+    if new is not None:
+        return new
+    for old, package in MOVED_PACKAGES.items():
+        if name == old or name.startswith(old + "."):
+            return package + name[len(old) :]
+    return None
+
 
 class _Alias(importlib.abc.Loader):
     """Hands back the new module under the old name, after a DeprecationWarning."""
@@ -99,12 +121,12 @@ class _Alias(importlib.abc.Loader):
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
-    """Finds only the old paths in :data:`MOVED`; every other import goes to the normal finders."""
+    """Finds only the old paths (:func:`moved_to`); every other import goes to the normal finders."""
 
     def find_spec(
         self, name: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        new = MOVED.get(name)
+        new = moved_to(name)
         if new is None:
             return None
         return importlib.machinery.ModuleSpec(name, _Alias(new))

@@ -1,11 +1,13 @@
 """Command line: the typer app ``zmqrl``, the order of its commands, and ``main`` (the entry point).
 
 The commands live one group per module (launch.py: ``launch | supervise``; roles.py: ``learner |
-actor | evaluator | health | eval | keys | config``; export.py; plot.py; status.py; zmqrl.bench.cli)
-and are added here, so the order of `zmqrl --help` and docs/cli.md is this module's, whatever a program
-imports first. Every command takes a YAML config and any number of ``--set section.key=value``
-overrides. Imports here are cheap on purpose (torch only inside the commands that train or act), so
-``zmqrl --help`` and ``zmqrl health`` answer at once.
+actor | evaluator | health | eval | keys | config``; export.py; plot.py; status.py; slurm.py) and are
+added here, so the order of `zmqrl --help` and docs/cli.md is this module's, whatever a program
+imports first. ``bench`` comes from ``zmqrl_bench.cli``, the benchmarks' package beside zmqrl (in
+benchmarks/ of the source tree): this is the one module of zmqrl that imports it, and where it is
+not installed ``zmqrl bench`` says so instead. Every command takes a YAML config and any number of
+``--set section.key=value`` overrides. Imports here are cheap on purpose (torch only inside the
+commands that train or act), so ``zmqrl --help`` and ``zmqrl health`` answer at once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from zmqrl.bench.cli import app as bench_app
 from zmqrl.cli import export, launch, plot, roles, slurm, status
 
 # A paragraph that starts with this keeps its line breaks (click's marker for "do not re-wrap").
@@ -43,6 +44,18 @@ def reflow_help(command: TyperCommand | TyperGroup) -> None:
         command.help = "\n\n".join(paragraphs(command.help))
     for child in getattr(command, "commands", {}).values():
         reflow_help(child)
+
+
+def bench_app() -> typer.Typer | None:
+    """``zmqrl bench``'s command group, or None where the zmqrl_bench package is not installed (a
+    runtime-only image). Only its absence counts: a bench that fails to import raises, as any bug."""
+    try:
+        from zmqrl_bench.cli import app as bench
+    except ModuleNotFoundError as exc:
+        if exc.name != "zmqrl_bench":
+            raise
+        return None
+    return bench
 
 
 class ProseGroup(TyperGroup):
@@ -76,7 +89,23 @@ app = typer.Typer(
 # eval, keys, config, export, plot, status, slurm, then bench (a command group of its own).
 for group in (launch, roles, export, plot, status, slurm):
     group.register(app)
-app.add_typer(bench_app, name="bench")
+if (bench := bench_app()) is not None:
+    app.add_typer(bench, name="bench")
+else:
+
+    @app.command(
+        "bench",
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def bench_not_installed() -> None:
+        """Not installed here: the benchmarks (package zmqrl_bench) ship with a source install."""
+        typer.echo(
+            "error: zmqrl bench is not installed here (no zmqrl_bench package: a runtime-only install); "
+            "run `pip install .` (or `pip install -e .` again) in a zmqrl source checkout to get it",
+            err=True,
+        )
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ work per update apart from the replay draw and ingest. DQN: ``agent.update`` on 
 transitions, importance-weighted with the TD errors read back when replay is prioritized (the new
 priorities: one device-to-host copy per update, as the trainer makes), and the weights exported
 every ``learner.sync_interval`` updates (what a publish copies off the device). APPO:
-:func:`zmqrl.bench.learner.on_policy`, the agent's update on rollouts of ``batch_size`` env steps,
+:func:`zmqrl_bench.learner.on_policy`, the agent's update on rollouts of ``batch_size`` env steps,
 weights exported after each as the configs publish. A row per config gives this process's CPU
 seconds per 1,000 updates (all threads): what a GPU learner still asks of the host.
 
@@ -32,13 +32,13 @@ import torch
 
 from zmqrl.agents import make_learner
 from zmqrl.api import load_config
-from zmqrl.bench.learner import observations, on_policy, timed_updates
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 from zmqrl.config import Config
 from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.errors import EnvError
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
+from zmqrl_bench.learner import observations, on_policy, timed_updates
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # The configs measured, in table order.

@@ -1,7 +1,7 @@
 """``zmqrl bench solve``'s runs and their table: one side's run for one seed (:class:`SolveRun`),
 the medians and ratios over seeds (:func:`summarise`), and the markdown table (:func:`markdown_table`).
 
-Apart from zmqrl/bench/solve.py, which makes the runs, so each module keeps one job: this one only
+Apart from benchmarks/zmqrl_bench/solve.py, which makes the runs, so each module keeps one job: this one only
 reads finished runs. Ratios are SB3/zmqrl throughout (above 1: zmqrl needed less).
 """
 

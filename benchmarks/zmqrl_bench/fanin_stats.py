@@ -1,7 +1,7 @@
 """What the fan-in benchmark computes from its readings: rates and CPU costs between readings of
 one window, and the weights latencies from the simulated actors' arrivals (pure functions, so the
 arithmetic is tested apart from the processes that produce the numbers; see
-:mod:`zmqrl.bench.fanin` for what is measured and how).
+:mod:`zmqrl_bench.fanin` for what is measured and how).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zmqrl.bench.cpu import per_thousand
-from zmqrl.bench.fanin_peers import PeerReport
+from zmqrl_bench.cpu import per_thousand
+from zmqrl_bench.fanin_peers import PeerReport
 
 # Seconds between readings in a window; publish latencies are binned by this too.
 SAMPLE_SECONDS = 1.0

@@ -23,12 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TypeVar
 
-from zmqrl.bench.cpu import STIME_AFTER_NAME, TICKS_PER_S, UTIME_AFTER_NAME, process_cpu_seconds
 from zmqrl.config import LearnerConfig
 from zmqrl.runtime.health import HEALTH_FILE_ENV
 from zmqrl.supervisor.snapshot import RunSnapshot
 from zmqrl.supervisor.status import StatusClient, StatusError, StatusRecord
 from zmqrl.transport.control_keys import CONTROL_TOKEN_ENV
+from zmqrl_bench.cpu import STIME_AFTER_NAME, TICKS_PER_S, UTIME_AFTER_NAME, process_cpu_seconds
 
 # The endpoints a run binds: the learner's two, the supervisor's two.
 ENDPOINTS = ("samples", "weights", "heartbeat", "control")

@@ -1,8 +1,8 @@
 """One Stable-Baselines3 run (DQN or PPO) on CartPole-v1 with the RL-Zoo hyper-parameters, timed
 to a target.
 
-The other side of ``zmqrl bench solve`` (zmqrl/bench/solve.py runs it as ``python -m
-zmqrl.bench.sb3_run``, one process per seed, so its start-up is counted as zmqrl's is). It trains on
+The other side of ``zmqrl bench solve`` (benchmarks/zmqrl_bench/solve.py runs it as ``python -m
+zmqrl_bench.sb3_run``, one process per seed, so its start-up is counted as zmqrl's is). It trains on
 one torch thread, as zmqrl's learner does, and every ``--eval-every`` env steps (summed over PPO's 8
 envs) plays ``--episodes`` greedy episodes on an env of its own, inline, so the evaluations' cost is
 in its wall time just as the learner's inline evaluations are in zmqrl's. Each record also says
@@ -11,9 +11,9 @@ evaluation's start less the evaluations before it, so the process's start-up (in
 building the model and its envs) and the evaluations are not in it. It stops at the first
 evaluation whose mean reaches ``--target`` (or at the Zoo's n_timesteps: 5e4 for DQN, 1e5 for PPO)
 and keeps ``--out`` up to date after every evaluation, so a run killed at its timeout still leaves
-what it had measured. The Zoo's settings are in zmqrl/bench/sb3_zoo.py.
+what it had measured. The Zoo's settings are in benchmarks/zmqrl_bench/sb3_zoo.py.
 
-    python -m zmqrl.bench.sb3_run --algo ppo --seed 0 --out /tmp/sb3-s0.json
+    python -m zmqrl_bench.sb3_run --algo ppo --seed 0 --out /tmp/sb3-s0.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, cast  # noqa: E402
 
-from zmqrl.bench.sb3_zoo import ENV_ID, SB3_ALGOS, ZOO_CARTPOLE, make_model  # noqa: E402
+from zmqrl_bench.sb3_zoo import ENV_ID, SB3_ALGOS, ZOO_CARTPOLE, make_model  # noqa: E402
 
 # The evaluation env's seeds start this far from the training seed (as zmqrl keeps them apart).
 EVAL_SEED_OFFSET = 10_000
@@ -109,7 +109,7 @@ class RunArgs:
     episodes: int = 10
     target: float = 475.0
     timesteps: int | None = None  # env steps at most; None: the Zoo's n_timesteps for ``algo``
-    algo: str = "dqn"  # "dqn" or "ppo" (zmqrl/bench/sb3_zoo.py)
+    algo: str = "dqn"  # "dqn" or "ppo" (benchmarks/zmqrl_bench/sb3_zoo.py)
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:

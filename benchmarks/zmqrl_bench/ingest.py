@@ -1,6 +1,6 @@
 """Learner ingest: samples received, validated and inserted into replay, against raw PUSH/PULL.
 
-Synthetic senders (:mod:`zmqrl.bench.senders`) push valid, pre-encoded samples messages as fast
+Synthetic senders (:mod:`zmqrl_bench.senders`) push valid, pre-encoded samples messages as fast
 as the sockets take them. *Ours* is the learner's ingest exactly: its intake process (the learner's
 own PULL socket, ``SampleReceiver``'s decode and checks, groups forwarded) and, in this process,
 the learner's :class:`~zmqrl.learner.intake.SampleFeed` inserting them into the replay buffer the
@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 
 import zmq
 
-from zmqrl.bench.actor import CARTPOLE, CONFIGS
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
-from zmqrl.bench.senders import SampleShape, Senders
 from zmqrl.config import Config, load_config
+from zmqrl_bench.actor import CARTPOLE, CONFIGS
+from zmqrl_bench.report import BenchSettings, Comparison, Stat
+from zmqrl_bench.senders import SampleShape, Senders
 
 SECONDS = (30, 10)
 # Each window starts this long after its reader does: queued messages (the senders never stop,
@@ -35,7 +35,7 @@ SENDERS = 2
 # Ingest's share of raw PULL throughput to reach (issue 27), both message sizes.
 INGEST_TARGET = 0.7
 
-log = logging.getLogger("zmqrl.bench")
+log = logging.getLogger("zmqrl_bench")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 together they offer exactly what one actor would.
 
 For each offered rate and each N, a fresh watch-only supervisor and learner are started by their
-command lines (:mod:`zmqrl.bench.fanin_roles`: configs/cartpole_dqn.yaml, no replay ratio and no
+command lines (:mod:`zmqrl_bench.fanin_roles`: configs/cartpole_dqn.yaml, no replay ratio and no
 ingest budget, no evaluations or checkpoints while measuring, the control plane authenticated),
-then N simulated actors in processes of up to ACTORS_PER_PROCESS (:mod:`zmqrl.bench.fanin_peers`):
+then N simulated actors in processes of up to ACTORS_PER_PROCESS (:mod:`zmqrl_bench.fanin_peers`):
 each with its own samples socket, weights subscription, signed heartbeats and control
 subscription, all paced so that together they offer the same transitions/s whatever N. What
 changes with N is only what a real deployment adds per actor: connections, heartbeats, weights
@@ -17,7 +17,7 @@ read every SAMPLE_SECONDS:
   and any process it started, per second, over its updates/s; its ZeroMQ I/O threads' share of it;
 - the supervisor's CPU seconds per second (heartbeats in, status and beats out);
 - weights publish to arrival, p95 (each subscriber's first arrival of each version against the
-  learner's write of that version, :mod:`zmqrl.bench.fanin_clock`), and the arrival spread, p95
+  learner's write of that version, :mod:`zmqrl_bench.fanin_clock`), and the arrival spread, p95
   (each arrival against the first arrival of that version at any subscriber: the fan-out alone).
 
 Each N's rows stand beside the fewest actors at the same rate that delivered it (N=1, unless one
@@ -37,11 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from zmqrl.bench.actor import CARTPOLE
-from zmqrl.bench.cpu import process_cpu_seconds, total_cpu_seconds
-from zmqrl.bench.fanin_clock import PublishClock
-from zmqrl.bench.fanin_peers import PeerPlan, PeerReport, Peers
-from zmqrl.bench.fanin_roles import (
+from zmqrl.config import load_config
+from zmqrl.runtime.link import socket_limits
+from zmqrl_bench.actor import CARTPOLE
+from zmqrl_bench.cpu import process_cpu_seconds, total_cpu_seconds
+from zmqrl_bench.fanin_clock import PublishClock
+from zmqrl_bench.fanin_peers import PeerPlan, PeerReport, Peers
+from zmqrl_bench.fanin_roles import (
     Roles,
     RunPaths,
     learner_overrides,
@@ -50,11 +52,9 @@ from zmqrl.bench.fanin_roles import (
     thread_cpu_seconds,
     tree_cpu_seconds,
 )
-from zmqrl.bench.fanin_stats import SAMPLE_SECONDS, Measured, Reading, intervals, latencies
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
-from zmqrl.bench.senders import SampleShape
-from zmqrl.config import load_config
-from zmqrl.runtime.link import socket_limits
+from zmqrl_bench.fanin_stats import SAMPLE_SECONDS, Measured, Reading, intervals, latencies
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
+from zmqrl_bench.senders import SampleShape
 
 SECONDS = (120, 25)
 # Offered transitions/s (every N at the same total), and the numbers of simulated actors.

@@ -4,7 +4,7 @@ like real ones to the learner and the supervisor, without stepping an env.
 A simulated actor holds what a real actor holds towards the rest of the run: its own samples PUSH
 socket, its own weights subscription (SUB), its own heartbeat PUSH signed with the run's actor key,
 and its own control subscription, all made by :mod:`zmqrl.transport.sockets` as a real actor makes
-them. It sends valid CartPole ``samples`` messages (:func:`zmqrl.bench.senders.sample_batch`, one
+them. It sends valid CartPole ``samples`` messages (:func:`zmqrl_bench.senders.sample_batch`, one
 batch per actor, re-encoded with a fresh ``seq`` for each message, so the learner's sequence
 accounting sees an ordinary stream) and heartbeats every ``supervisor.heartbeat_interval`` under
 its own actor id.
@@ -42,12 +42,12 @@ import msgpack
 import numpy as np
 import zmq
 
-from zmqrl.bench.senders import SampleShape, sample_batch
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.control import HeartbeatSender
 from zmqrl.transport.control_auth import ControlAuth
 from zmqrl.transport.control_keys import KeySource
 from zmqrl.transport.messages import KIND_WEIGHTS, SamplesMsg
+from zmqrl_bench.senders import SampleShape, sample_batch
 
 # The longest a process may fall behind its schedule before it drops the slots it missed.
 MAX_LAG_SECONDS = 0.25

@@ -4,7 +4,7 @@ The issue it answers: on an H200 a CartPole DQN update ran slower than on one co
 (149 vs 365 updates/s), because each of the update's few hundred torch operations is dispatched
 from Python and launched on its own. So this part times configs/cartpole_dqn.yaml's learner update
 (its MLP, batch, optimiser and prioritized replay's importance weights and priorities read back,
-weights exported every learner.sync_interval updates: :func:`zmqrl.bench.cnn_learner.off_policy`)
+weights exported every learner.sync_interval updates: :func:`zmqrl_bench.cnn_learner.off_policy`)
 on ``--device`` and on the CPU with the learner's own thread count (learner.torch_threads, one
 core), alternating repeat by repeat within each (the device's rows, then the CPU's). The device row
 stands beside the CPU row with a target of 1x: a GPU learner must make at least the updates/s of
@@ -19,9 +19,9 @@ import dataclasses
 import torch
 
 from zmqrl.api import load_config
-from zmqrl.bench import cnn_learner
-from zmqrl.bench.actor import CARTPOLE
-from zmqrl.bench.report import BenchSettings, Comparison
+from zmqrl_bench import cnn_learner
+from zmqrl_bench.actor import CARTPOLE
+from zmqrl_bench.report import BenchSettings, Comparison
 
 SECONDS = (40, 10)
 # A device's updates/s at least the CPU core's.

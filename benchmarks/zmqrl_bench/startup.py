@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
+from zmqrl_bench.report import BenchSettings, Comparison, Stat
 
 # Seconds (full, quick) this part takes, for `zmqrl bench`'s progress line.
 SECONDS = (100, 50)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.replay import PrioritizedReplay, UniformReplay
 from zmqrl.replay import sumtree as sumtree_module
 from zmqrl.types import TransitionBatch
+from zmqrl_bench.report import BenchSettings, Comparison, Stat
 
 SECONDS = (15, 5)  # about how long run() takes: full, quick (`zmqrl bench` prints it first)
 GROUP = "replay"

@@ -7,7 +7,7 @@ here too). Its rate is the actor's own count of env transitions, read from two o
 a window apart, after its first batch went out; its CPU seconds per 1,000 env steps come from
 /proc over the same window. The *reference* steps the same env with the same numpy policy's
 forward pass at the same epsilon and the same vectorization, in a child process with one BLAS
-thread as the actor has (zmqrl/bench/acting.py), and does nothing else: no n-step windows, no
+thread as the actor has (benchmarks/zmqrl_bench/acting.py), and does nothing else: no n-step windows, no
 batches, no encoding, no socket. What the ratio leaves out is exactly what zmqrl adds to acting.
 
 The actor ran on a thread of this process until 2026-12-02: there it shared one GIL with the
@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 import zmq
 
-from zmqrl.bench.acting import CARTPOLE as CARTPOLE
-from zmqrl.bench.acting import CONFIGS as CONFIGS
-from zmqrl.bench.acting import actor_config, actor_like_env, measure_in_child
-from zmqrl.bench.cpu import per_thousand, process_cpu_seconds
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.config import Config, save_config
 from zmqrl.runtime.link import PARENT_PID_ENV, SUPERVISED_ENV
 from zmqrl.supervisor.processes import role_command
+from zmqrl_bench.acting import CARTPOLE as CARTPOLE
+from zmqrl_bench.acting import CONFIGS as CONFIGS
+from zmqrl_bench.acting import actor_config, actor_like_env, measure_in_child
+from zmqrl_bench.cpu import per_thousand, process_cpu_seconds
+from zmqrl_bench.report import BenchSettings, Comparison, Stat
 
 # The real actor's rate against the bare loop's that issue 27 asks for.
 TARGET = 0.8

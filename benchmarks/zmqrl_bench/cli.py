@@ -1,6 +1,6 @@
 """``zmqrl bench``: run the benchmark parts, print their table of ratios, write it as JSON.
 
-Each part is a module ``zmqrl.bench.<name>`` with ``run(settings) -> list[Comparison]``, imported
+Each part is a module ``zmqrl_bench.<name>`` with ``run(settings) -> list[Comparison]``, imported
 by name only when it runs, so a part still being written (or one whose extra dependencies are
 not installed) is skipped with a line rather than breaking the command. A part may say how long
 it takes as ``SECONDS = (full, quick)``, for its progress line.
@@ -28,7 +28,7 @@ from typing import Annotated, Any
 import typer
 
 from zmqrl.agents.configs import DEVICE_NAMES
-from zmqrl.bench.report import HEADERS, BenchSettings, Comparison, markdown_table, table_rows, write_json
+from zmqrl_bench.report import HEADERS, BenchSettings, Comparison, markdown_table, table_rows, write_json
 
 # Every part, in the order a full run measures them.
 PARTS = (
@@ -111,9 +111,9 @@ def check_device(device: str | None) -> None:
 
 
 def load_part(name: str) -> ModuleType | None:
-    """``zmqrl.bench.<name>``, or None when that module does not exist (an import error inside
+    """``zmqrl_bench.<name>``, or None when that module does not exist (an import error inside
     an existing module is a crash, and raises)."""
-    module = f"zmqrl.bench.{name}"
+    module = f"zmqrl_bench.{name}"
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -194,7 +194,7 @@ def run_parts(names: list[str], settings: BenchSettings) -> tuple[list[Compariso
         try:
             module = load_part(name)
             if module is None:
-                typer.echo(f"{name}: skipped (zmqrl.bench.{name} does not exist yet)")
+                typer.echo(f"{name}: skipped (zmqrl_bench.{name} does not exist yet)")
                 outcome["skipped"].append(name)
                 continue
             typer.echo(f"{name}: measuring ({_estimate(name, module, settings.quick)})...")

@@ -13,14 +13,14 @@ transitions/s is what the learner received. These are plain measurements: on 2 c
 actors mostly compete with the learner for the same CPUs.
 
 What each sample costs: at every status answer the sampler also reads the CPU time the kernel
-charged the learner and the actors so far (:mod:`zmqrl.bench.cpu`, all threads); between two
+charged the learner and the actors so far (:mod:`zmqrl_bench.cpu`, all threads); between two
 heartbeats, the CPU seconds the learner used per second over its updates per second is its
 CPU-seconds per 1,000 updates, and the actors' (added up) over the transitions received per
 second, theirs per 1,000 env steps (CartPole DQN: one env per actor, one transition per step).
 The supervisor (this process) is in neither.
 
 ``--actors`` gives the counts (``settings.actors``), ``--device`` the learner's device for these
-runs and for the convolutional learners' rows that follow (:mod:`zmqrl.bench.cnn_learner`).
+runs and for the convolutional learners' rows that follow (:mod:`zmqrl_bench.cnn_learner`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import zmq
 
-from zmqrl.bench import cnn_learner
-from zmqrl.bench.actor import CARTPOLE
-from zmqrl.bench.cpu import per_thousand, process_cpu_seconds, total_cpu_seconds
-from zmqrl.bench.ingest import cases, measure
-from zmqrl.bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison, Stat
+from zmqrl_bench import cnn_learner
+from zmqrl_bench.actor import CARTPOLE
+from zmqrl_bench.cpu import per_thousand, process_cpu_seconds, total_cpu_seconds
+from zmqrl_bench.ingest import cases, measure
+from zmqrl_bench.report import CPU_PER_STEPS, CPU_PER_UPDATES, BenchSettings, Comparison, Stat
 
 SECONDS = (100 + cnn_learner.SECONDS[0], 25 + cnn_learner.SECONDS[1])
 ACTOR_COUNTS = (1, 2, 4, 8)

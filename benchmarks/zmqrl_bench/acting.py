@@ -1,4 +1,4 @@
-"""The in-process sides of the actor benchmark (zmqrl/bench/actor.py): the bare env-and-policy
+"""The in-process sides of the actor benchmark (benchmarks/zmqrl_bench/actor.py): the bare env-and-policy
 loop, and zmqrl's acting code alone (``Sampler`` with each batch encoded, no socket), measured
 one after the other in a child process started as an actor is (one BLAS thread; on an AVX-512
 CPU, OpenBLAS's AVX2 kernels).
@@ -152,7 +152,7 @@ def measure_in_child(envs: int, seconds: float) -> dict[str, float]:
     wake them, so it is measured in the same child, right after, for a ratio of equals."""
     code = (
         "import json, sys\n"
-        "from zmqrl.bench.acting import child_rates\n"
+        "from zmqrl_bench.acting import child_rates\n"
         "print(json.dumps(child_rates(int(sys.argv[1]), float(sys.argv[2]))))"
     )
     done = subprocess.run(

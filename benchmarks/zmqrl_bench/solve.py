@@ -16,8 +16,8 @@ steps (``learner.eval_interval`` x ``agent.batch_size``: each update takes that 
 so both sides' env steps at the target are read at the same resolution.
 
 zmqrl runs ``zmqrl launch CONFIG`` with ``learner.stop_at_target`` at the first evaluation at 475
-(nothing before it changes). SB3 runs zmqrl/bench/sb3_run.py with the RL-Zoo CartPole
-hyper-parameters (zmqrl/bench/sb3_zoo.py) on one torch thread, evaluating inline every
+(nothing before it changes). SB3 runs benchmarks/zmqrl_bench/sb3_run.py with the RL-Zoo CartPole
+hyper-parameters (benchmarks/zmqrl_bench/sb3_zoo.py) on one torch thread, evaluating inline every
 ``--sb3-eval-every`` env steps: DQN against zmqrl's off-policy configs, PPO (8 envs in one vector
 env) against an on-policy one (``agent.kind: appo``, APPO or IMPALA), or whichever ``--sb3-algo``
 names.
@@ -39,9 +39,9 @@ from typing import Annotated, Any
 
 import typer
 
-from zmqrl.bench.runs import Reached, reached_in_history, reached_in_run_dir, run_process
-from zmqrl.bench.sb3_zoo import SB3_ALGOS, ZOO_CARTPOLE
-from zmqrl.bench.solve_table import SIDES, SolveRun, markdown_table, secs_text, steps_text, summarise
+from zmqrl_bench.runs import Reached, reached_in_history, reached_in_run_dir, run_process
+from zmqrl_bench.sb3_zoo import SB3_ALGOS, ZOO_CARTPOLE
+from zmqrl_bench.solve_table import SIDES, SolveRun, markdown_table, secs_text, steps_text, summarise
 
 TARGET_RETURN = 475.0  # CartPole-v1's "solved" (gymnasium's reward_threshold)
 DEFAULT_CONFIG = Path("configs/cartpole_dqn.yaml")
@@ -132,7 +132,7 @@ def run_sb3(
 ) -> SolveRun:
     out = work / f"sb3-s{seed}.json"
     cmd = [
-        *(sys.executable, "-m", "zmqrl.bench.sb3_run", "--seed", str(seed), "--out", str(out)),
+        *(sys.executable, "-m", "zmqrl_bench.sb3_run", "--seed", str(seed), "--out", str(out)),
         *("--target", str(target), "--eval-every", str(eval_every), "--algo", algo),
         *("--episodes", str(episodes)),
     ]
@@ -321,7 +321,7 @@ def register(app: typer.Typer) -> None:
                 episodes=episodes,
             )
         summary = summarise(runs)
-        from zmqrl.bench.cli import machine_meta  # loaded already: this command is one of its group's
+        from zmqrl_bench.cli import machine_meta  # loaded already: this command is one of its group's
 
         cpu = machine_meta()["cpu"]
         machine = f"{platform.node()}, {os.cpu_count()} CPUs ({cpu}), {time.strftime('%Y-%m-%d')}"

@@ -36,9 +36,6 @@ import zmq
 from zmqrl.agents import make_learner
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.api import load_config
-from zmqrl.bench.cpu import per_thousand, process_cpu_seconds
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
-from zmqrl.bench.senders import SampleShape, Senders, sample_batch
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent
 from zmqrl.envs.factory import make_env, sample_spec
@@ -49,6 +46,9 @@ from zmqrl.spec import SampleSpec
 from zmqrl.transport.channels import BadMessages
 from zmqrl.transport.messages import SamplesMsg
 from zmqrl.types import Batch, RolloutBatch
+from zmqrl_bench.cpu import per_thousand, process_cpu_seconds
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat
+from zmqrl_bench.senders import SampleShape, Senders, sample_batch
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cartpole_dqn.yaml"
 APPO_CONFIG = CONFIG.with_name("cartpole_appo.yaml")

@@ -13,7 +13,7 @@ seconds per 1,000 updates (the host time a GPU learner still needs).
 On a CPU "always" runs the graph's code without a graph: a ratio near 1 says the captured code costs a
 CPU nothing. The pixel configs (Nature CNN) run on CUDA only: on a CPU an update takes seconds.
 
-    python -m zmqrl.bench.captured --device cuda [--quick] [--config pong_dqn ...] [--json PATH]
+    python -m zmqrl_bench.captured --device cuda [--quick] [--config pong_dqn ...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ import torch
 from zmqrl.agents import make_learner
 from zmqrl.agents.capture import WARMUP_RUNS
 from zmqrl.api import load_config
-from zmqrl.bench.cnn_learner import CONFIG_DIR, spec_for, torch_threads, transition_batch
-from zmqrl.bench.learner import observations, rollout_batch, rollout_spec, timed_updates
-from zmqrl.bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat, markdown_table, write_json
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent
 from zmqrl.spec import SampleSpec
 from zmqrl.types import Batch, TransitionBatch
+from zmqrl_bench.cnn_learner import CONFIG_DIR, spec_for, torch_threads, transition_batch
+from zmqrl_bench.learner import observations, rollout_batch, rollout_spec, timed_updates
+from zmqrl_bench.report import CPU_PER_UPDATES, BenchSettings, Comparison, Stat, markdown_table, write_json
 
 # Seconds (full, quick) of a run on a CPU (the three MLP configs); the pixel ones add more on CUDA.
 SECONDS = (60, 20)

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.config import AtariConfig, EnvConfig
+from zmqrl_bench.report import BenchSettings, Comparison, Stat
 
-log = logging.getLogger("zmqrl.bench.atari")
+log = logging.getLogger("zmqrl_bench.atari")
 
 GAME = "Pong"  # ALE/Pong-v5 for gymnasium, Pong-v5 for EnvPool: the same ROM and action set
 SUB_ENVS = 8  # sub-envs one actor steps (actor.envs_per_actor)

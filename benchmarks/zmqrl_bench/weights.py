@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from zmqrl.bench.actor import CARTPOLE, CONFIGS
-from zmqrl.bench.report import BenchSettings, Comparison, Stat
 from zmqrl.config import load_config
 from zmqrl.spec import SampleSpec
+from zmqrl_bench.actor import CARTPOLE, CONFIGS
+from zmqrl_bench.report import BenchSettings, Comparison, Stat
 
 SECONDS = (15, 10)
 # How long a spawned subscriber may take to start (a torch import on a busy machine).
@@ -88,7 +88,7 @@ def _subscribe(net: Network, ours_ep: str, raw_ep: str, report_ep: str, stop: Ev
     subscriber = WeightsSubscriber(
         ours,
         None,
-        BadMessages("bench weights", logging.getLogger("zmqrl.bench")),
+        BadMessages("bench weights", logging.getLogger("zmqrl_bench")),
         expected_fingerprint=run_fingerprint(cfg, spec),
     )
     client = WeightsClient(policy, subscriber.bad)
