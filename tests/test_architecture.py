@@ -67,8 +67,9 @@ LAYERS: dict[str, int] = {
     # 9 the Python API and the package's public names.
     "api": 9,
     "": 9,
-    # 10 benchmarks (run a training, time parts of it).
+    # 10 benchmarks (run a training, time parts of it) and the tuner (runs trainings, scores them).
     "bench": 10,
+    "tune": 10,
     # 11 the command line, which mounts everything (bench's commands included); 12 python -m zmqrl.
     "cli": 11,
     "__main__": 12,

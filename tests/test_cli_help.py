@@ -29,6 +29,7 @@ COMMANDS = [
     "plot",
     "status",
     "slurm",
+    "tune",
     "bench",
 ]
 

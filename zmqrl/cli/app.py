@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from zmqrl.bench.cli import app as bench_app
-from zmqrl.cli import launch, plot, roles, slurm, status
+from zmqrl.cli import launch, plot, roles, slurm, status, tune
 
 # A paragraph that starts with this keeps its line breaks (click's marker for "do not re-wrap").
 NO_REWRAP = "\b"
@@ -73,8 +73,8 @@ app = typer.Typer(
 )
 
 # The order of `zmqrl --help` and docs/cli.md: launch, supervise, learner, actor, evaluator, health,
-# eval, keys, config, plot, status, slurm, then bench (a command group of its own).
-for group in (launch, roles, plot, status, slurm):
+# eval, keys, config, plot, status, slurm, tune, then bench (a command group of its own).
+for group in (launch, roles, plot, status, slurm, tune):
     group.register(app)
 app.add_typer(bench_app, name="bench")
 
