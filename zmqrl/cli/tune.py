@@ -16,7 +16,7 @@ import typer
 from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, ConfigArg, SetOpt, fail, load
 from zmqrl.cli.process import SIGNAL_EXIT_BASE
 from zmqrl.errors import ConfigError
-from zmqrl.tune import INSTALL_HINT
+from zmqrl.tune import INSTALL_HINT, POSTGRES_HINT
 
 
 def register(app: typer.Typer) -> None:
@@ -76,7 +76,15 @@ def tune(
         fail(INSTALL_HINT, EXIT_CONFIG)
     from zmqrl.tune.report import BEST_FILE, RESULTS_FILE, summary, write_best
     from zmqrl.tune.space import check_keys, load_space
-    from zmqrl.tune.study import Setup, ended, open_study, recover_abandoned, run_trials, storage_url
+    from zmqrl.tune.study import (
+        Setup,
+        ended,
+        open_study,
+        recover_abandoned,
+        run_trials,
+        shown_url,
+        storage_url,
+    )
 
     cfg = load(config, overrides)
     try:
@@ -96,10 +104,13 @@ def tune(
     setup = Setup(parsed, config.resolve(), list(overrides or []), tune_dir, serial, target)
     url = storage_url(tune_dir, storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress lines say it once
+    shown = shown_url(url)
     try:
         study = open_study(setup, name, url)
+    except ImportError as exc:  # the database's driver, e.g. psycopg2 for postgresql://
+        fail(f"{shown}: its driver is missing ({exc.name}): {POSTGRES_HINT}", EXIT_CONFIG)
     except ValueError as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc).replace(url, shown), EXIT_CONFIG)
     out = sys.stdout
     recover_abandoned(study, out)
     typer.echo(

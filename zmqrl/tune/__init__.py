@@ -13,3 +13,5 @@ runs: the rest of zmqrl never depends on the ``tune`` extra.
 
 # The hint printed (exit 2) when the tune extra is missing.
 INSTALL_HINT = "zmqrl tune needs optuna: pip install 'zmqrl[tune]'"
+# The hint when a --storage URL's database driver is missing (PostgreSQL's is the one we test).
+POSTGRES_HINT = "for PostgreSQL: pip install 'zmqrl[tune-postgres]'"

@@ -67,6 +67,17 @@ def storage_url(tune_dir: Path, storage: str | None) -> str:
     return storage or f"sqlite:///{(tune_dir / DB_FILE).resolve()}"
 
 
+def shown_url(url: str) -> str:
+    """``url`` fit to print: a database password never reaches a terminal or a CI log."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:  # not a URL SQLAlchemy reads: Optuna will say so, without it
+        return url.split("@")[-1]
+
+
 def open_study(setup: Setup, name: str, url: str) -> optuna.Study:
     """Create the study, or load it when it exists (resuming; another host's tuner)."""
     heartbeat: dict[str, Any] = {}
