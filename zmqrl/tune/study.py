@@ -129,11 +129,11 @@ def recover_abandoned(study: optuna.Study, out: TextIO) -> int:
         owner = trial.user_attrs.get("tuner") or {}
         if owner.get("host") != socket.gethostname() or _alive(owner.get("pid"), owner.get("started")):
             continue
-        try:
+        try:  # the attribute first: a finished trial takes none
+            study._storage.set_trial_user_attr(trial._trial_id, "abandoned", True)
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         except RuntimeError:  # another tuner on this host got to it first
             continue
-        study._storage.set_trial_user_attr(trial._trial_id, "abandoned", True)
         _retry(study, trial)
         out.write(
             f"trial {trial.number}: its tuner (pid {owner.get('pid')}) is gone; "
