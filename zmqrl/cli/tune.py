@@ -107,8 +107,9 @@ def tune(
     shown = shown_url(url)
     try:
         study = open_study(setup, name, url)
-    except ImportError as exc:  # the database's driver, e.g. psycopg2 for postgresql://
-        fail(f"{shown}: its driver is missing ({exc.name}): {POSTGRES_HINT}", EXIT_CONFIG)
+    except ImportError as exc:  # the database's driver (Optuna re-raises SQLAlchemy's import error)
+        missing = getattr(exc.__cause__, "name", None) or exc.name
+        fail(f"{shown}: its database driver ({missing}) is not installed; {POSTGRES_HINT}", EXIT_CONFIG)
     except ValueError as exc:
         fail(str(exc).replace(url, shown), EXIT_CONFIG)
     out = sys.stdout

@@ -20,9 +20,12 @@ Recovery, so that no trial is lost or counted twice:
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+import re
 import socket
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,8 @@ TRIALS_DIR = "trials"
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED)
 HEARTBEAT_SECONDS = 30
 GRACE_SECONDS = 120
+# Tries at creating Optuna's tables when another tuner may be creating them at the same moment.
+SCHEMA_ATTEMPTS = 3
 # Consecutive failed trials of one tuner after which it gives up: the space or config is broken.
 MAX_FAILURES_IN_A_ROW = 3
 # Exit codes of a run that ended by itself (0) or was stopped by the tuner's SIGTERM (143).
@@ -63,8 +68,14 @@ class Setup:
 
 
 def storage_url(tune_dir: Path, storage: str | None) -> str:
-    """The storage: ``storage`` as given (any Optuna/SQLAlchemy URL), else SQLite in the tune dir."""
-    return storage or f"sqlite:///{(tune_dir / DB_FILE).resolve()}"
+    """The storage: ``storage`` as given (any Optuna/SQLAlchemy URL), else SQLite in the tune dir.
+
+    A PostgreSQL URL without a driver (``postgresql://``) gets psycopg 3, the driver the
+    ``tune-postgres`` extra installs: SQLAlchemy's default for it changed (psycopg2 up to 2.0,
+    psycopg from 2.1), and the same URL must work on every host whatever SQLAlchemy it has."""
+    if storage is None:
+        return f"sqlite:///{(tune_dir / DB_FILE).resolve()}"
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", storage)
 
 
 def shown_url(url: str) -> str:
@@ -82,10 +93,15 @@ def open_study(setup: Setup, name: str, url: str) -> optuna.Study:
     """Create the study, or load it when it exists (resuming; another host's tuner)."""
     heartbeat: dict[str, Any] = {}
     if not url.startswith("sqlite"):
-        heartbeat = dict(
-            heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS, failed_trial_callback=_retry
+        # Optuna 4.9 renamed the callback; older ones know only the first name.
+        takes = inspect.signature(optuna.storages.RDBStorage).parameters
+        callback = (
+            "heartbeat_stale_trial_callback"
+            if "heartbeat_stale_trial_callback" in takes
+            else "failed_trial_callback"
         )
-    storage = optuna.storages.RDBStorage(url, **heartbeat)
+        heartbeat = {"heartbeat_interval": HEARTBEAT_SECONDS, "grace_period": GRACE_SECONDS, callback: _retry}
+    storage = _storage(url, heartbeat)
     pruner = _pruner(setup.space)
     sampler = optuna.samplers.TPESampler(seed=setup.space.sampler_seed)
     study = optuna.create_study(
@@ -109,6 +125,23 @@ def open_study(setup: Setup, name: str, url: str) -> optuna.Study:
             f"(it was {study.user_attrs.get('config')}): give another --study name or --storage"
         )
     return study
+
+
+def _storage(url: str, heartbeat: dict[str, Any]) -> optuna.storages.RDBStorage:
+    """Optuna's storage, its tables created if the database has none. Tuners started together on
+    a fresh database race to create them (two CREATE TYPE at once: a unique violation for one of
+    them); the loser finds them made when it tries again."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are
+                return optuna.storages.RDBStorage(url, **heartbeat)
+        except (IntegrityError, ProgrammingError):
+            if attempt == SCHEMA_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _pruner(space: Space) -> optuna.pruners.BasePruner:
