@@ -45,7 +45,7 @@ def summary(study: optuna.Study, space: Space) -> str:
         values = decoded(space, trial.params)
         cells = [str(trial.number), _fmt(trial.value), *(_fmt(values.get(k)) for k in keys)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Parameter importances (fANOVA over the complete trials):", ""]
+    lines += ["", "Parameter importances (Optuna's default evaluator, over the complete trials):", ""]
     lines += [f"- {key}: {share:.2f}" for key, share in importances(study).items()] or [
         "- (too few complete trials)"
     ]
