@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from tests.conftest import REPO, processes_mentioning, tiny_overrides, wait_until
+from zmqrl.cli.app import app
 from zmqrl.config import load_config
 
 optuna = pytest.importorskip("optuna", reason="zmqrl tune needs the tune extra: pip install 'zmqrl[tune]'")
@@ -71,6 +73,25 @@ def resume_space(tmp_path: Path) -> Path:
     path = tmp_path / "space.yaml"
     path.write_text(RESUME_SPACE)
     return path
+
+
+def test_without_optuna_the_command_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, space: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` now fails, as when missing
+    result = CliRunner().invoke(app, ["tune", str(CONFIG), "--space", str(space)])
+    assert result.exit_code == 2
+    assert "pip install 'zmqrl[tune]'" in result.output
+
+
+def test_a_postgresql_url_gets_the_extras_driver_and_its_password_is_never_shown(tmp_path: Path) -> None:
+    from zmqrl.tune.study import shown_url, storage_url
+
+    url = storage_url(tmp_path, "postgresql://tuner:s3cret@db-host:5432/zmqrl")
+    assert url == "postgresql+psycopg://tuner:s3cret@db-host:5432/zmqrl"
+    assert "s3cret" not in shown_url(url) and "db-host:5432/zmqrl" in shown_url(url)
+    assert storage_url(tmp_path, "postgresql+psycopg2://db/zmqrl") == "postgresql+psycopg2://db/zmqrl"
+    assert storage_url(tmp_path, None) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
 
 
 def test_a_hopeless_trial_is_pruned_and_its_run_stopped_cleanly(run_root: Path, space: Path) -> None:

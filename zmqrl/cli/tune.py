@@ -78,6 +78,7 @@ def tune(
     from zmqrl.tune.space import check_keys, load_space
     from zmqrl.tune.study import (
         Setup,
+        TrialFailed,
         ended,
         open_study,
         recover_abandoned,
@@ -126,9 +127,11 @@ def tune(
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
         typer.echo(f"interrupted: the same command resumes study {name}", err=True)
         code = SIGNAL_EXIT_BASE + int(signum)
-    except RuntimeError as exc:  # TrialFailed: too many failures in a row
+    except TrialFailed as exc:  # too many failures in a row
         typer.echo(f"error: {exc}", err=True)
         code = EXIT_RUNTIME
+    except FileExistsError as exc:  # a trial's run directory, left by another study in this --dir
+        fail(str(exc), EXIT_CONFIG)
     table = summary(study, parsed)
     (tune_dir / RESULTS_FILE).write_text(table)
     typer.echo(table, nl=False)

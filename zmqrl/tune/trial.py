@@ -40,6 +40,18 @@ STOP_SECONDS = 60.0
 _PR_SET_PDEATHSIG = 1
 
 
+# Each trial binds ports the OS chooses, on loopback: two tuners on one host (a shared study) run
+# trials at the same time, and a config's fixed ports (5555..5558, 9464) would collide. A trial is
+# always a local `zmqrl launch`; a --set of any of these (the command line's or the space's) wins.
+OWN_PORTS = [
+    "transport.samples=tcp://127.0.0.1:0",
+    "transport.weights=tcp://127.0.0.1:0",
+    "transport.heartbeat=tcp://127.0.0.1:0",
+    "transport.control=tcp://127.0.0.1:0",
+    "supervisor.metrics_http=127.0.0.1:0",
+]
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What to launch: the config, every ``--set`` (the run's own directory among them)."""
@@ -54,7 +66,12 @@ class RunSpec:
         cmd = [sys.executable, "-m", "zmqrl", "launch", str(self.config)]
         if self.serial:
             cmd.append("--serial")
-        for item in [*self.overrides, f"run.dir={self.run_dir.parent}", f"run.name={self.run_dir.name}"]:
+        for item in [
+            *OWN_PORTS,
+            *self.overrides,
+            f"run.dir={self.run_dir.parent}",
+            f"run.name={self.run_dir.name}",
+        ]:
             cmd += ["--set", item]
         return cmd
 
