@@ -197,8 +197,17 @@ def run_trials(study: optuna.Study, setup: Setup, n_trials: int, out: TextIO) ->
         ran += 1
         last = study._storage.get_trial(objective.last_trial_id)
         failures = failures + 1 if last.state == TrialState.FAIL else 0
+        out.write(f"{ended(study)} of {n_trials} trials ended{_best_so_far(study, setup.space)}\n")
+        out.flush()
         if failures >= MAX_FAILURES_IN_A_ROW:
             raise TrialFailed(f"{failures} trials in a row failed; the last one's log: {objective.last_log}")
+
+
+def _best_so_far(study: optuna.Study, space: Space) -> str:
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return ""
+    best = study.best_trial
+    return f"; best so far: trial {best.number}, {space.objective.metric} {best.value:.4g}"
 
 
 class TrialObjective:
