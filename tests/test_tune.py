@@ -94,6 +94,7 @@ def test_a_postgresql_url_gets_the_extras_driver_and_its_password_is_never_shown
     assert storage_url(tmp_path, None) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
 
 
+@pytest.mark.slow
 def test_a_hopeless_trial_is_pruned_and_its_run_stopped_cleanly(run_root: Path, space: Path) -> None:
     tune_dir = run_root / "tune"
     # Runs long enough that a pruned one is stopped well before its own end.
@@ -114,6 +115,7 @@ def test_a_hopeless_trial_is_pruned_and_its_run_stopped_cleanly(run_root: Path, 
     assert best.env.max_episode_steps == 500 and best.run.name == "space-best"
 
 
+@pytest.mark.slow
 def test_a_tuner_killed_mid_trial_resumes_without_losing_or_recounting_a_trial(
     run_root: Path, resume_space: Path
 ) -> None:
@@ -147,6 +149,7 @@ def test_a_tuner_killed_mid_trial_resumes_without_losing_or_recounting_a_trial(
     assert f"trial 0: its tuner (pid {first.pid}) is gone" in resumed.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_trial_as_interrupted_and_enqueues_it_again(
     run_root: Path, resume_space: Path
 ) -> None:
