@@ -84,9 +84,22 @@ def write_best(study: optuna.Study, space: Space, config: Path, out: Path) -> Fr
         header.append(
             "# Fixed for tuning (space set:): " + ", ".join(f"{k}={_fmt(v)}" for k, v in space.fixed.items())
         )
-    out.write_text("\n".join(header) + "\n" + yaml.safe_dump(tree, sort_keys=False))
+    out.write_text("\n".join(header) + "\n" + yaml.dump(tree, Dumper=_ConfigDumper, sort_keys=False))
     load_config(out)  # what was written must launch: a ConfigError here is a bug of this module
     return best
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    """Lists of plain values on one line (``hidden_sizes: [128, 128]``), as the shipped configs
+    write them; everything else in block style."""
+
+
+def _list(dumper: yaml.SafeDumper, items: list[Any]) -> yaml.Node:
+    flat = all(not isinstance(item, (list, dict)) for item in items)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flat)
+
+
+_ConfigDumper.add_representer(list, _list)
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:

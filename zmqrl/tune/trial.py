@@ -10,13 +10,15 @@ learner or the evaluator as each evaluation ends), read as it grows while waitin
 
 No process outlives the tuner: the child gets SIGTERM from the kernel when the tuner dies, even
 by SIGKILL (``PR_SET_PDEATHSIG``), and stops its own children as on any SIGTERM. A child that does
-not stop within ``STOP_SECONDS`` is killed with its whole process group.
+not stop within ``STOP_SECONDS`` is killed with its whole process group. The death signal is set by
+a few lines of Python the child runs before it execs ``zmqrl launch`` (:data:`DEATH_SIGNAL`), not
+by a ``preexec_fn``: that runs between fork and exec in a copy of the tuner, and with the tuner's
+other threads (Optuna's heartbeat) holding locks at the fork it can deadlock.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -37,7 +39,15 @@ POLL_SECONDS = 0.2
 # How long a stopped run gets to write its final checkpoint and summary before it is killed; the
 # supervisor's own stop_grace for its children is shorter.
 STOP_SECONDS = 60.0
-_PR_SET_PDEATHSIG = 1
+# argv: the tuner's pid, then the command. The death signal survives execve (python is not
+# set-user-ID); a tuner that died before prctl took effect is caught by the getppid check.
+DEATH_SIGNAL = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(143)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 # Each trial binds ports the OS chooses, on loopback: two tuners on one host (a shared study) run
@@ -130,16 +140,14 @@ class TrialRun:
             raise FileExistsError(f"{self.spec.run_dir} already exists: a tune dir holds one study's trials")
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.spec.log_path.open("ab")
-        parent = os.getpid()
         self._started = time.monotonic()
         self.proc = subprocess.Popen(
-            self.spec.command(),
+            [sys.executable, "-c", DEATH_SIGNAL, str(os.getpid()), *self.spec.command()],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # a terminal's Ctrl-C reaches the tuner, which stops it once
-            preexec_fn=lambda: _die_with(parent),
         )
         return self
 
@@ -182,11 +190,3 @@ class TrialRun:
 
     def _elapsed(self) -> float:
         return time.monotonic() - self._started
-
-
-def _die_with(parent: int) -> None:
-    """In the child before exec: SIGTERM when the tuner dies, however it dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the tuner died before the line above took effect
-        os._exit(143)
