@@ -94,6 +94,25 @@ def test_a_postgresql_url_gets_the_extras_driver_and_its_password_is_never_shown
     assert storage_url(tmp_path, None) == f"sqlite:///{tmp_path.resolve() / 'study.db'}"
 
 
+def test_list_choices_round_trip_through_the_study_and_first_trials_come_first(tmp_path: Path) -> None:
+    from zmqrl.tune.space import load_space
+    from zmqrl.tune.study import _encoded, _pruner, decoded, suggest
+
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "pruner: {kind: hyperband, warmup_evaluations: 2}\n"
+        "params: {agent.hidden_sizes: {choices: [[32, 32], [64, 64, 64]]}}\n"
+        "first_trials: [{agent.hidden_sizes: [64, 64, 64]}]\n"
+    )
+    space = load_space(path)
+    study = optuna.create_study(pruner=_pruner(space))
+    assert isinstance(study.pruner, optuna.pruners.HyperbandPruner)
+    study.enqueue_trial(_encoded(space, space.first_trials[0]))
+    trial = study.ask()
+    assert suggest(trial, space.params[0]) == [64, 64, 64]  # the enqueued point, as a config value
+    assert decoded(space, trial.params) == {"agent.hidden_sizes": [64, 64, 64]}
+
+
 @pytest.mark.slow
 def test_a_hopeless_trial_is_pruned_and_its_run_stopped_cleanly(run_root: Path, space: Path) -> None:
     tune_dir = run_root / "tune"
