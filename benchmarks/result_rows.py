@@ -45,6 +45,14 @@ ROWS = {
         475.0,
         "DQN, prioritized replay, 2 actors, replay ratio 8, 20-episode evals",
     ),
+    # The row above's config after `zmqrl tune` (16 trials of configs/tune/cartpole_dqn.yaml).
+    "cartpole-tuned": Row(
+        "cartpole-tuned",
+        "configs/tuned/cartpole_dqn.yaml",
+        20,
+        475.0,
+        "DQN as above, tuned by `zmqrl tune`: n-step 5, target every 21, lr 0.0017, batch 128, ratio 4",
+    ),
     "pendulum": Row(
         "pendulum", "configs/pendulum_sac.yaml", 3, -200.0, "SAC, 2 actors, evaluator, replay ratio 128"
     ),

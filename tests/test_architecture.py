@@ -71,7 +71,9 @@ LAYERS: dict[str, int] = {
     # 9 the Python API and the package's public names.
     "api": 9,
     "": 9,
-    # 10 benchmarks (run a training, time parts of it): zmqrl_bench, outside zmqrl/ (BENCH_LAYER).
+    # 10 benchmarks (run a training, time parts of it): zmqrl_bench, outside zmqrl/ (BENCH_LAYER);
+    # and the tuner (runs trainings, scores them).
+    "tune": 10,
     # 11 the command line, which mounts everything (bench's commands included); 12 python -m zmqrl.
     "cli": 11,
     "__main__": 12,

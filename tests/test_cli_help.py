@@ -31,6 +31,7 @@ COMMANDS = [
     "plot",
     "status",
     "slurm",
+    "tune",
     "bench",
 ]
 

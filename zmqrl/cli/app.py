@@ -20,7 +20,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from zmqrl.cli import export, launch, plot, roles, slurm, status
+from zmqrl.cli import export, launch, plot, roles, slurm, status, tune
 
 # A paragraph that starts with this keeps its line breaks (click's marker for "do not re-wrap").
 NO_REWRAP = "\b"
@@ -86,8 +86,8 @@ app = typer.Typer(
 )
 
 # The order of `zmqrl --help` and docs/cli.md: launch, supervise, learner, actor, evaluator, health,
-# eval, keys, config, export, plot, status, slurm, then bench (a command group of its own).
-for group in (launch, roles, export, plot, status, slurm):
+# eval, keys, config, export, plot, status, slurm, tune, then bench (a command group of its own).
+for group in (launch, roles, export, plot, status, slurm, tune):
     group.register(app)
 if (bench := bench_app()) is not None:
     app.add_typer(bench, name="bench")
