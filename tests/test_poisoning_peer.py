@@ -133,9 +133,11 @@ def test_a_poisoning_peer_beside_a_normal_actor_changes_nothing_but_the_bad_coun
         wait_until(
             lambda: learner.updates >= 400 and peer.unfit >= 2 * POISON_KINDS, 90, "training beside the peer"
         )
-        wait_until(lambda: learner.receiver.bad.count == peer.unfit, 10, "every unfit message counted")
     finally:
         peer.stop()
+    # Once the peer has stopped sending: its last messages may still be on their way, and the
+    # intake reports its count every few tenths of a second.
+    wait_until(lambda: learner.receiver.bad.count >= peer.unfit, 10, "every unfit message counted")
     assert learner.receiver.bad.count == peer.unfit, "exactly the unfit messages are dropped"
     assert learner_thread.is_alive() and actor_thread.is_alive()
     spec = learner.trainer.spec
