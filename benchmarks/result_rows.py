@@ -63,6 +63,21 @@ ROWS = {
         475.0,
         "APPO (V-trace, PPO clip), 1 actor × 8 envs, 32-step rollouts, 256-step batches, 10 epochs",
     ),
+    # Issue 40: a task that needs memory. The feed-forward row is there to show it fails.
+    "cartpole-novel-lstm": Row(
+        "cartpole-novel-lstm",
+        "configs/cartpole_novel_lstm_appo.yaml",
+        3,
+        475.0,
+        "APPO with an LSTM core on CartPole without velocities (position and angle only)",
+    ),
+    "cartpole-novel-appo": Row(
+        "cartpole-novel-appo",
+        "configs/cartpole_novel_appo.yaml",
+        3,
+        475.0,
+        "feed-forward APPO on the same observations: no memory, no velocities",
+    ),
     "pendulum-appo": Row(
         "pendulum-appo",
         "configs/pendulum_appo.yaml",
