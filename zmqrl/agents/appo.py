@@ -45,7 +45,7 @@ from zmqrl.agents.appo_batch import (
     rollout_arrays,
 )
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
-from zmqrl.agents.appo_policy import APPOActions, CoreState, appo_net, policy_heads
+from zmqrl.agents.appo_policy import APPOActions, CoreActing, CoreState, appo_net, policy_heads
 from zmqrl.agents.appo_rnn import RecurrentValue, recurrent_outputs
 from zmqrl.agents.capture import any_flag, captured_update, pack
 from zmqrl.agents.configs import APPOConfig
@@ -74,7 +74,7 @@ SHUFFLE_STREAM = 2
 ADVANTAGE_EPS = 1e-8
 
 
-class APPOAgent:
+class APPOAgent(CoreActing):
     """Policy and value networks under one Adam optimiser; acts by sampling the policy."""
 
     def __init__(
@@ -125,20 +125,6 @@ class APPOAgent:
         return str(self._device)
 
     # ----------------------------------------------------------------------------------- acting
-
-    @property
-    def recurrent(self) -> bool:
-        """Whether acting carries an LSTM state (``agent.core: lstm``; zmqrl.core.RecurrentPolicy)."""
-        return self._core is not None
-
-    def core_state(self) -> np.ndarray:
-        """A copy of the acting state the next step starts from, ``(B, 2, H)``."""
-        return np.zeros((0, 2, 0), np.float32) if self._core is None else self._core.state.copy()
-
-    def reset_core(self, done: np.ndarray | None = None) -> None:
-        """Zero the acting state of the rows ``done`` (all of them when None)."""
-        if self._core is not None:
-            self._core.reset(done)
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, None)`` or ``(mean, log_std)`` as float32 numpy: through numpy on views of

@@ -113,6 +113,28 @@ class CoreState:
             self.state[np.asarray(done, bool)] = 0.0
 
 
+class CoreActing:
+    """The acting-state half of ``zmqrl.core.RecurrentPolicy``, for a policy that holds a
+    ``CoreState`` in ``_core`` (None: feed-forward): shared by the actors' numpy policy and the
+    learner's torch agent, which act the same way."""
+
+    _core: CoreState | None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether acting carries an LSTM state (``agent.core: lstm``; zmqrl.core.RecurrentPolicy)."""
+        return self._core is not None
+
+    def core_state(self) -> np.ndarray:
+        """A copy of the state the next step starts from, ``(B, 2, H)`` (``(0, 2, 0)``: none)."""
+        return np.zeros((0, 2, 0), np.float32) if self._core is None else self._core.state.copy()
+
+    def reset_core(self, done: np.ndarray | None = None) -> None:
+        """Zero the state of the rows ``done`` (all of them when None)."""
+        if self._core is not None:
+            self._core.reset(done)
+
+
 def policy_heads(
     net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray, core: CoreState | None = None
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -212,7 +234,7 @@ class APPOActions:
         return np.clip(out, self.low, self.high).astype(np.float32, copy=False)
 
 
-class NumpyAPPOPolicy(LoadedArrays):
+class NumpyAPPOPolicy(CoreActing, LoadedArrays):
     """APPO's acting side: samples actions with their log-probabilities (``sample``), or plays
     greedily (``act(obs, explore=False)``, the evaluator's)."""
 
@@ -226,20 +248,6 @@ class NumpyAPPOPolicy(LoadedArrays):
         self._actions = APPOActions(spec)
         self.rng = np.random.default_rng(seed)  # acting draws, in APPOAgent's order
         self._core = CoreState(self.net.core) if self.net.core else None
-
-    @property
-    def recurrent(self) -> bool:
-        """Whether acting carries an LSTM state (``agent.core: lstm``; zmqrl.core.RecurrentPolicy)."""
-        return self._core is not None
-
-    def core_state(self) -> np.ndarray:
-        """A copy of the state the next step starts from, ``(B, 2, H)`` (``(0, 2, 0)``: none)."""
-        return np.zeros((0, 2, 0), np.float32) if self._core is None else self._core.state.copy()
-
-    def reset_core(self, done: np.ndarray | None = None) -> None:
-        """Zero the state of the rows ``done`` (all of them when None)."""
-        if self._core is not None:
-            self._core.reset(done)
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, None)`` or ``(mean, log_std)`` for obs ``(B, *obs_shape)`` (see policy_heads);
