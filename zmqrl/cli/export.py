@@ -115,8 +115,12 @@ def eval_onnx(
         fail(" ".join(str(exc).split()), EXIT_CONFIG)
     except (ValueError, KeyError, RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_RUNTIME)
-    typer.echo(
-        f"{onnx}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes "
-        f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
-        f"{sum(result.lengths) / len(result.lengths):.0f})"
+    typer.echo(played_line(onnx, result.mean, result.std, result.returns, result.lengths))
+
+
+def played_line(source: Path, mean: float, std: float, returns: list[float], lengths: list[int]) -> str:
+    """``zmqrl eval``'s one summary line, for a checkpoint or an exported policy alike."""
+    return (
+        f"{source}: mean return {mean:.1f} ± {std:.1f} over {len(returns)} episodes "
+        f"(min {min(returns):.1f}, max {max(returns):.1f}, mean length {sum(lengths) / len(lengths):.0f})"
     )

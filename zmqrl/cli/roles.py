@@ -306,11 +306,9 @@ def eval_checkpoint(
         fail(" ".join(str(exc).split()), EXIT_CONFIG)
     except (ValueError, KeyError, RuntimeError, OSError) as exc:
         fail(str(exc), EXIT_RUNTIME)
-    typer.echo(
-        f"{checkpoint}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes "
-        f"(min {min(result.returns):.1f}, max {max(result.returns):.1f}, mean length "
-        f"{sum(result.lengths) / len(result.lengths):.0f})"
-    )
+    from zmqrl.cli.export import played_line
+
+    typer.echo(played_line(checkpoint, result.mean, result.std, result.returns, result.lengths))
     for path in result.videos:
         typer.echo(f"video: {path}")
 
