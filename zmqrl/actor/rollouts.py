@@ -168,7 +168,6 @@ class RolloutCollector:
         self._action[:, t] = actions
         self._logp[:, t] = logp
         next_obs = np.empty_like(obs)
-        done = np.zeros(self.num_envs, bool)
         for j, env in enumerate(self.envs):
             observation, reward, terminated, truncated, _ = env.step(actions[j])
             self._reward[j, t] = reward
@@ -181,12 +180,13 @@ class RolloutCollector:
                 if not terminated:
                     self._final.append((j, t, np.asarray(observation, self.spec.obs_dtype)))
                 self._episode_ended(j)
-                done[j] = True
                 observation, _ = env.reset()
             next_obs[j] = observation
         self._current = next_obs
-        if self.recurrent and done.any():
-            self.policy.reset_core(done)  # type: ignore[attr-defined]
+        if self.recurrent:  # the envs whose episode ended start the next one from a zero state
+            done = self._terminated[:, t] | self._truncated[:, t]
+            if done.any():
+                self.policy.reset_core(done)  # type: ignore[attr-defined]
         self.steps += self.num_envs
         self._t = t + 1
         if self._t < self.length:
@@ -198,10 +198,10 @@ class RolloutCollector:
 
     def _start_state(self) -> np.ndarray:
         """A copy of the policy's state for the envs' next step: zeros before its first step."""
-        state = self.policy.core_state()  # type: ignore[attr-defined]
+        state: np.ndarray = self.policy.core_state()  # type: ignore[attr-defined]
         if len(state) != self.num_envs:  # not sized yet: no step taken since the reset
             state = np.zeros((self.num_envs, *state.shape[1:]), np.float32)
-        return np.array(state, np.float32, copy=True)
+        return state
 
     def _episode_ended(self, j: int) -> None:
         stat = EpisodeStat(float(self._returns[j]), int(self._lengths[j]))
