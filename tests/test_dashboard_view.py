@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from zmqrl import strictjson
+from zmqrl.agents.configs import APPOConfig
 from zmqrl.config import Config
 from zmqrl.supervisor.liveness import Liveness
 from zmqrl.supervisor.render import SPARK_BLOCKS, plain_line, render_dashboard, sparkline
@@ -35,7 +36,6 @@ LAUNCHED = 1_000_000.0  # Unix seconds of the launch; the tests' wall clock star
 def config(**learner: Any) -> Config:
     cfg = Config()
     cfg.learner.max_updates = 20_000
-    cfg.replay.capacity = 100_000
     cfg.agent.batch_size = 128
     for key, value in learner.items():
         setattr(cfg.learner, key, value)
@@ -91,6 +91,7 @@ def a_run(b: SnapshotBuilder) -> dict[str, Slot]:
             samples=40_000 + 1000 * k,
             samples_per_s=5.0,
             replay_size=25_000,
+            replay_capacity=100_000,
             weights_version=12,
             policy_lag=1.5,
             sample_blocked_seconds=2.0 + 0.25 * k,
@@ -204,6 +205,13 @@ def test_replay_fill_ratio_and_limiter_wait() -> None:
     assert "25000/100000 (25% full)" in line_of(text, "replay") and "waited 25%" in line_of(text, "replay")
     flow = line_of(text, "samples")
     assert "in 1000/s" in flow and "trained 6400/s" in flow and "ratio 6.40" in flow
+
+
+def test_an_on_policy_run_names_its_store_the_queue() -> None:
+    cfg = config()
+    cfg.agent = APPOConfig()
+    assert built(cfg).replay_label == "queue" and built().replay_label == "replay"
+    assert "queue 25000/100000" in plain_line(built(cfg))
 
 
 def test_a_rising_counter_is_marked_until_it_stops_rising() -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "make_policy",
     "make_priorities",
     "register_agent",
+    "store_label",
     "unregister_agent",
 ]
 
@@ -48,6 +49,12 @@ __all__ = [
 def is_on_policy(config: AgentConfigBase) -> bool:
     """Whether ``config.kind`` learns from rollouts (a queue, no replay): see AgentPlugin.on_policy."""
     return bool(get_agent(config.kind).on_policy)
+
+
+def store_label(config: AgentConfigBase) -> str:
+    """What the learner keeps ``config.kind``'s samples in, as the operator's views name it:
+    "queue" (an on-policy agent's rollouts) or "replay"."""
+    return "queue" if is_on_policy(config) else "replay"
 
 
 def make_learner(

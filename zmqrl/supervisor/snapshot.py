@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zmqrl.agents import is_on_policy
+from zmqrl.agents import store_label
 from zmqrl.config import Config
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.progress_watch import NoProgressWarning
@@ -161,7 +161,6 @@ class SnapshotBuilder:
             self._track(name, slot)
         learner = slots.get("learner-0")
         lc: Mapping[str, float | int] = learner.last.counters if learner and learner.last else {}
-        on_policy = is_on_policy(self.cfg.agent)  # its store is a rollout queue the learner sizes
         lrates = self._tracks[learner.name].rates if learner and learner.name in self._tracks else {}
         version = lc.get("weights_version")
         rows = sorted(
@@ -197,10 +196,8 @@ class SnapshotBuilder:
             eval_best=finite(evc.get("eval_best")),
             eval_history=list(self._history),
             replay_size=int(finite(lc.get("replay_size")) or 0),
-            replay_capacity=int(
-                finite(lc.get("replay_capacity")) or (0 if on_policy else self.cfg.replay.capacity)
-            ),
-            replay_label="queue" if on_policy else "replay",
+            replay_capacity=int(finite(lc.get("replay_capacity")) or 0),  # the learner sizes its store
+            replay_label=store_label(self.cfg.agent),
             samples_in_per_s=samples_in,
             samples_trained_per_s=trained,
             replay_ratio=trained / samples_in if samples_in > 0 and math.isfinite(trained) else None,
