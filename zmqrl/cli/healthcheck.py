@@ -1,8 +1,8 @@
 """``zmqrl health`` without the rest of the command line: what a container's health probe runs.
 
 Docker and Kubernetes run the probe every few seconds in a container that is busy training; the
-whole CLI (typer building every command, its help and its options) took up to 7.5 s there under
-load, against a 10 s probe timeout. ``zmqrl.cli.app.main`` hands ``zmqrl health [--file PATH]``
+whole CLI (typer building every command, its help and its options) came close to the probe's
+timeout there under load. ``zmqrl.cli.app.main`` hands ``zmqrl health [--file PATH]``
 to :func:`main` here before typer builds its commands, and ``python3 -m zmqrl.cli.healthcheck``
 (docker/compose.yaml's probe) skips the CLI's imports too: this module imports nothing but the
 health file's reader (zmqrl/runtime/health.py), no torch, no typer. ``zmqrl health --help`` and any

@@ -2,9 +2,9 @@
 
 The same role commands as ``zmqrl learner | actor | evaluator`` (zmqrl/cli/roles.py), called
 without building typer's command tree: typer builds a pydantic TypeAdapter for every parameter of
-the command it runs, and importing pydantic with the rest of the app cost ~65 ms of each role's
-start on the 2-core machines (measured against calling the command directly). The learner's start
-is on the launch's critical path, and every actor's competes with it for the two cores.
+the command it runs, and importing pydantic with the rest of the app slows each role's start
+(docs/performance.md, "startup"). The learner's start is on the launch's critical path, and every
+actor's competes with it for the same cores.
 
 The arguments are the supervisor's own (``zmqrl.supervisor.processes.role_command`` writes them),
 never a user's: only those shapes are understood, anything else is a usage error (exit 2). People

@@ -1,7 +1,7 @@
 """Keeping ``torch._dynamo``'s import out of the learner: Adam without the compiler's start-up.
 
-torch (2.x, 2.13 included) imports ``torch._dynamo`` (sympy, the FX shape machinery: about 0.7 s
-on a busy 2-core machine, a quarter of a CartPole launch) the first time an optimizer method
+torch (2.x, 2.13 included) imports ``torch._dynamo`` (sympy, the FX shape machinery: a large share
+of a CartPole launch, docs/performance.md "startup") the first time an optimizer method
 wrapped by ``torch._disable_dynamo`` runs (``Optimizer.__init__`` calls one,
 ``add_param_group``), and on every ``Adam.step`` (to mark graph breaks around it). Both only
 tell a compiler what not to trace, which means nothing while no dynamo is loaded: nothing can be

@@ -53,7 +53,7 @@ CREDIT = intake_wire.dump({"credit": 1})
 # Most groups taken into replay in one turn between two updates: a burst is spread over a few.
 GROUPS_PER_TURN = 4
 # While training, the least time between two turns when the intake merges: what arrives meanwhile
-# goes into one group (each insert has a fixed cost of ~100 us), at a lag of a few milliseconds.
+# goes into one group (each insert has a fixed cost whatever its rows), at a lag of a few milliseconds.
 TAKE_EVERY_SECONDS = 0.005
 
 

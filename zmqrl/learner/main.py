@@ -120,8 +120,8 @@ class Learner:
             built.callback(self._report_end)
             if self._bound is not None:
                 built.callback(self._bound.close)
-            # Adam without importing torch._dynamo (~0.7 s of start-up, never used by the
-            # built-in agents): zmqrl/learner/dynamo_import.py.
+            # Adam without importing torch._dynamo (slow to import, never used by the built-in
+            # agents): zmqrl/learner/dynamo_import.py.
             defer_dynamo_import()
             defer_adam_step_import()
             self.trainer = trainer = Trainer(

@@ -135,8 +135,8 @@ class MetricsFile:
 class EventWriter:
     """TensorBoard scalars through tensorboard's own event writer (no torch import).
 
-    Opening it (tensorboard's protobuf modules and the event file: about 0.2 s on a busy 2-core
-    machine) runs on a thread of its own, started here: a role's start-up (the supervisor
+    Opening it (tensorboard's protobuf modules and the event file, a noticeable share of a
+    launch) runs on a thread of its own, started here: a role's start-up (the supervisor
     starting its children, the learner its first weights) does not wait for it; the first
     scalar, flush or close does. A failure to open is raised there, as a failed write is.
     """

@@ -4,12 +4,12 @@ buffers that keep stacked Atari frames in it (``SharedFramesReplay``, ``SharedFr
 A preprocessed Atari observation is a stack of the last 4 frames, and an n-step transition holds
 two of them (``obs`` and ``next_obs``): 8 planes of 84x84 bytes, of which consecutive transitions
 of the same game share all but about one. Storing planes once, and rows as plane ids, cuts replay
-memory about 8x (5.3 GiB -> ~0.7 GiB per 100k transitions).
+memory by nearly that factor of 8.
 
-Planes are found again by content: a 16-byte BLAKE2b digest of each plane's bytes (about 3 µs per
-plane), confirmed by comparing the bytes on a hit, so the wire format and the actors need not know
-about the sharing. Each plane is reference-counted by the replay rows that use it and its slot is
-reused when the count drops to zero.
+Planes are found again by content: a 16-byte BLAKE2b digest of each plane's bytes, confirmed by
+comparing the bytes on a hit, so the wire format and the actors need not know about the sharing.
+Each plane is reference-counted by the replay rows that use it and its slot is reused when the
+count drops to zero.
 
 How many slots (``slots_for``): an add stages its planes before writing any row (storage.py):
 ``FramePool.replace`` interns the new planes and only then releases the ones of the rows they

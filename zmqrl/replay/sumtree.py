@@ -20,7 +20,7 @@ Two implementations share that layout. ``SumTree`` is numpy only: the reference,
 ``CompiledSumTree`` runs each batched operation as one call into a small C extension
 (``_sumtree.c``, built by ``pip install`` where a C compiler exists): still ``log2(capacity)``
 numpy-free steps per item, but no per-level call overhead, which is what made prioritized replay
-cost ~10x uniform per training step. Both give bit-identical nodes and draws
+slow next to uniform (docs/performance.md, "replay"). Both give bit-identical nodes and draws
 (tests/test_sumtree_compiled.py). ``make_sum_tree`` picks the compiled one when the extension
 loads (``IMPLEMENTATION``); ``ZMQRL_SUMTREE=numpy`` in the environment forces the reference.
 

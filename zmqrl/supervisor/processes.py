@@ -28,15 +28,14 @@ Procs = Mapping[str, "subprocess.Popen[bytes]"]
 
 # Roles whose numpy maths is small matrix products per step (the actors' and the evaluator's
 # policies): OpenBLAS splits a product across threads from 262,144 multiply-adds on (4 sub-envs
-# through a 256-wide layer), and on a busy 2-core machine that hand-off took about 1.6 ms against
-# about 60 us on one thread. One BLAS thread each, unless the user's environment says otherwise.
+# through a 256-wide layer), and on a busy machine that hand-off costs far more than the product
+# on one thread. One BLAS thread each, unless the user's environment says otherwise.
 ONE_BLAS_THREAD_ROLES = ("actor", "evaluator")
 BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 # And on a CPU with AVX-512, OpenBLAS's AVX2 kernels. Its AVX-512 ones (its choice there) made the
 # actor's Ape-X priority pass, one (2B, 128) product per batch, slow down the single-row steps
-# after it: the acting loop took 24.2 instead of 20.6 us per CartPole step with the same priority
-# work, and the real actor 0.61x -> 0.68x of its bare loop (docs/performance.md). The bare loop
-# itself, all one-row products, runs as fast with either.
+# after it (docs/performance.md, the actor row). The bare loop itself, all one-row products, runs
+# as fast with either.
 BLAS_CORE_ENV = "OPENBLAS_CORETYPE"
 AVX2_CORE = "Haswell"
 

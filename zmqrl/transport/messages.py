@@ -101,7 +101,7 @@ class SampleGroup:
 
     Each message is an :class:`MessageInfo` (``infos``), not a ``SamplesMsg``: ingest needs only
     its sender, sequence, version and episodes, and a message object with a view of each column
-    cost ~1.3 us per message against ~0.3 for the record (a CartPole-sized message costs ~15 us).
+    costs far more than the record, on every message.
     ``messages`` gives them as messages where that is needed (a group split by policy lag or by
     a failed content scan: rare)."""
 

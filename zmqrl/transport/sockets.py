@@ -65,8 +65,8 @@ def _base(
     sock = ctx.socket(kind, socket_class=socket_class)
     sock.setsockopt(zmq.LINGER, limits.linger_ms)
     # Retry a missing peer every 100 ms, backing off to at most 250 ms. Actors start while the
-    # learner is still importing torch (~3 s); a backoff to 2 s left them connecting up to 1 s
-    # after it bound, and the whole run waited on that. A refused connect costs next to nothing.
+    # learner is still importing torch; a backoff of seconds left them connecting long after it
+    # bound, and the whole run waited on that. A refused connect costs next to nothing.
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
     return sock

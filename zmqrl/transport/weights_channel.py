@@ -173,12 +173,12 @@ class WeightsSubscriber:
 
         Received without a copy: the decoded arrays are views of ZeroMQ's own buffers, validated
         and then copied once, by ``import_weights``, into the policy's parameters (for a Nature
-        CNN a copy of 6.7 MB less; measured no slower for a small MLP either). Each message is read
+        CNN a copy of 6.7 MB less; no slower for a small MLP either). Each message is read
         within the channel's limit (at most ``WEIGHTS_MAX_FRAMES`` frames and
         transport.max_message_mb over all of them); a larger one is dropped as it is read."""
         queued: list[list[Any]] = []
         # Asking the socket whether a message waits is cheaper than the zmq.Again raised by a
-        # receive that finds none (~50 us of a cold actor's ~0.5 ms per small message).
+        # receive that finds none (a real share of a cold actor's time per small message).
         while int(self._sock.get(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 queued.append(recv_bounded(self._sock, self.limit, copy=False))
