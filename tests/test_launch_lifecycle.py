@@ -40,12 +40,16 @@ class PipedLaunch:
         self.text = ""
         self.reading = threading.Event()
         self.reading.set()
+        self.parked = threading.Event()  # the reader waits for `reading`, no read in flight
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         while True:
+            if not self.reading.is_set():
+                self.parked.set()
             self.reading.wait()
+            self.parked.clear()
             chunk = os.read(self.read_end, 65536)
             if not chunk:
                 return
@@ -57,13 +61,10 @@ class PipedLaunch:
         # A description of its own for the same pipe: O_NONBLOCK on the shared one would make the
         # launch's writes fail instead of block.
         filler = os.open(f"/proc/self/fd/{self.write_end}", os.O_WRONLY | os.O_NONBLOCK)
-        written = 0
-        for _ in range(2):  # the reader's read in flight takes one chunk of the first filling
-            try:
-                while True:
-                    written += os.write(filler, b"#" * 4096)
-            except BlockingIOError:
-                time.sleep(0.5)
+        written = _fill(filler)
+        # The reader's read in flight takes one chunk of the first filling; then it reads no more.
+        wait_until(self.parked.is_set, 30, "the reader to stop reading")
+        written += _fill(filler)
         os.close(filler)
         os.close(self.write_end)  # the launch holds its own copy
         return written
@@ -77,6 +78,16 @@ class PipedLaunch:
             return "pipe_write" in Path(f"/proc/{self.proc.pid}/wchan").read_text()  # (anon_)pipe_write
         except OSError:
             return False
+
+
+def _fill(fd: int) -> int:
+    """Write to non-blocking ``fd`` until it is full; returns bytes written."""
+    written = 0
+    try:
+        while True:
+            written += os.write(fd, b"#" * 4096)
+    except BlockingIOError:
+        return written
 
 
 def test_a_launch_whose_stdout_nobody_reads_keeps_its_roles_alive_and_stops_cleanly(run_root: Path) -> None:
@@ -103,7 +114,9 @@ def test_a_launch_whose_stdout_nobody_reads_keeps_its_roles_alive_and_stops_clea
         assert run_state.published_version(run_dir) > published_before, "the learner stopped training"
         launch.resume()
         wait_until(lambda: not launch.writer_blocked(), 30, "the launch to write again")
-        time.sleep(2.0)  # a few turns of its loop after the stall: nobody is judged dead for it
+        for _ in range(3):  # a few turns of its loop after the stall (each answer is one): nobody judged dead
+            snap = run_state.wait_for_snapshot(run_dir, lambda s: True, 30, "an answer after the stall")
+            assert all(run_state.is_up(r) and r.restarts == 0 for r in snap.processes), snap.processes
     finally:
         launch.resume()
         interrupted = time.monotonic()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -139,10 +138,13 @@ def test_an_actor_held_back_by_a_learner_that_does_not_read_is_not_taken_for_hun
     try:
         fake.first_sample(cfg)  # then the learner reads nothing more: the actor's queue fills
         wait_until(lambda: any(hb.state == "blocked" for hb in sup.drain()), 30, "the actor to be held back")
-        blocked_from = time.monotonic()
-        while time.monotonic() - blocked_from < 3.0:  # six hung timeouts
+        blocked_from = next(hb.time for hb in sup.drain() if hb.state == "blocked")
+
+        def beaten_for(seconds: float) -> bool:  # the heartbeat thread is the one its watchdog runs on
             assert ended == [], ended
-            time.sleep(0.1)
+            return sup.drain()[-1].time - blocked_from >= seconds
+
+        wait_until(lambda: beaten_for(3.0), 30, "beats over six hung timeouts while held back")
         assert sup.drain()[-1].state == "blocked"
     finally:
         actor.request_stop()
