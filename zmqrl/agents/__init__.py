@@ -52,8 +52,7 @@ def is_on_policy(config: AgentConfigBase) -> bool:
 
 
 def store_label(config: AgentConfigBase) -> str:
-    """What the learner keeps ``config.kind``'s samples in, as the operator's views name it:
-    "queue" (an on-policy agent's rollouts) or "replay"."""
+    """What the learner keeps ``config.kind``'s samples in: "queue" (on-policy rollouts) or "replay"."""
     return "queue" if is_on_policy(config) else "replay"
 
 

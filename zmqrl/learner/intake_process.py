@@ -7,9 +7,8 @@ to its learner (:mod:`zmqrl.learner.intake_wire`), which only copies it into rep
 Why a process: the learner used to receive on a thread of its own, sharing one interpreter lock
 with training. Training gives the lock up at every torch call and then waits to get it back from a
 thread that wants it, so a flood of samples cut the update rate sharply, and rationing that
-thread's share capped what the learner could take whatever actors offered (docs/performance.md,
-"The learner's intake process"). Here the per-message work runs beside training, not between its
-torch calls.
+thread's share capped what the learner could take whatever actors offered (docs/performance.md).
+Here the per-message work runs beside training, not between its torch calls.
 
 Started by :class:`zmqrl.learner.intake.IntakeProcess` as ``python -m zmqrl.learner.intake_process
 CONTROL GROUPS PARENT_PID SETTINGS`` (SETTINGS: a file in the learner's private directory that

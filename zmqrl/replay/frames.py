@@ -4,7 +4,7 @@ buffers that keep stacked Atari frames in it (``SharedFramesReplay``, ``SharedFr
 A preprocessed Atari observation is a stack of the last 4 frames, and an n-step transition holds
 two of them (``obs`` and ``next_obs``): 8 planes of 84x84 bytes, of which consecutive transitions
 of the same game share all but about one. Storing planes once, and rows as plane ids, cuts replay
-memory by nearly that factor of 8.
+memory nearly 8-fold.
 
 Planes are found again by content: a 16-byte BLAKE2b digest of each plane's bytes, confirmed by
 comparing the bytes on a hit, so the wire format and the actors need not know about the sharing.
