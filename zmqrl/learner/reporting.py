@@ -22,6 +22,20 @@ if TYPE_CHECKING:
 STATS_FILE = "learner-stats.json"
 # Keys of a replay draw's metrics (zmqrl.core.Sampled.metrics) among an update's: logged as replay/.
 REPLAY_DRAW_PREFIX = "per_"
+# When the run first reached (and first held) its target: ``target_time``, ``target_held_samples``...
+TARGET_KEYS = ("time", "samples", "updates")
+# Seconds each side of the replay-ratio limiter waited (zmqrl.replay.ratelimit's stats).
+LIMITER_BLOCKED = ("sample_blocked_seconds", "insert_blocked_seconds")
+# The learner/ scalars of docs/metrics.md: counters, written at each log point and at the run's end.
+LEARNER_COUNTERS = (
+    "stale_batches",
+    "weights_version",
+    "bad_messages",
+    "nonfinite_updates",
+    "lost_batches",
+    "reordered_batches",
+    "actor_restarts",
+)
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -58,24 +72,18 @@ class LearnerReports:
         with c.lock:
             samples, batches, episodes = c.samples, c.batches, c.episodes
             stale_batches, stale_samples = c.stale_batches, c.stale_samples
-        lag = c.recent_lag()
-        reached = t.evals.reached or {}
-        held = t.evals.held or {}
         limits = t.limiter.stats
-        seqs = self.seqs.totals()
         return {
             **t.replay.stats(),
             **self._extra(),
-            "lost_batches": seqs["lost_batches"],
-            "reordered_batches": seqs["reordered_batches"],
-            "actor_restarts": seqs["actor_restarts"],
-            "untracked_batches": seqs["untracked_batches"],
-            "policy_lag": lag,
+            **self.seqs.totals(),  # lost, reordered, restarted and untracked streams
+            **{f"target_{k}": (t.evals.reached or {}).get(k, math.nan) for k in TARGET_KEYS},
+            **{f"target_held_{k}": (t.evals.held or {}).get(k, math.nan) for k in TARGET_KEYS},
+            **{k: limits[k] for k in LIMITER_BLOCKED},
+            "samples_per_insert": limits["ratio"],
+            "policy_lag": c.recent_lag(),
             "stale_batches": stale_batches,
             "stale_samples": stale_samples,
-            "samples_per_insert": limits["ratio"],
-            "sample_blocked_seconds": limits["sample_blocked_seconds"],
-            "insert_blocked_seconds": limits["insert_blocked_seconds"],
             "updates": c.updates,
             "samples": samples,
             "batches": batches,
@@ -93,12 +101,6 @@ class LearnerReports:
             "evaluations": len(t.evals.history),  # the dashboard's eval history grows when this does
             "eval_return": t.evals.last,
             "eval_best": t.evals.best_or_nan,
-            "target_time": reached.get("time", math.nan),
-            "target_samples": reached.get("samples", math.nan),
-            "target_updates": reached.get("updates", math.nan),
-            "target_held_time": held.get("time", math.nan),
-            "target_held_samples": held.get("samples", math.nan),
-            "target_held_updates": held.get("updates", math.nan),
         }
 
     def final_stats(self, state: str, endpoints: dict[str, str]) -> dict[str, Any]:
@@ -158,13 +160,12 @@ class LearnerReports:
             tb.scalar("charts/episodic_return", ep.ret, samples)
             tb.scalar("charts/episodic_length", ep.length, samples)
         if lags:
-            tb.scalar("learner/policy_lag_min", float(np.min(lags)), step)
-            tb.scalar("learner/policy_lag_mean", float(np.mean(lags)), step)
-            tb.scalar("learner/policy_lag_max", float(np.max(lags)), step)
+            for name, reduce in (("min", np.min), ("mean", np.mean), ("max", np.max)):
+                tb.scalar(f"learner/policy_lag_{name}", float(reduce(lags)), step)
         limits = t.limiter.stats
         tb.scalar("replay/samples_per_insert", limits["ratio"], step)
-        tb.scalar("perf/sample_blocked_seconds", limits["sample_blocked_seconds"], step)
-        tb.scalar("perf/insert_blocked_seconds", limits["insert_blocked_seconds"], step)
+        for key in LIMITER_BLOCKED:
+            tb.scalar(f"perf/{key}", limits[key], step)
         now = time.monotonic()
         t0, u0, s0 = self._rate_mark
         if now > t0:
@@ -182,16 +183,9 @@ class LearnerReports:
         run's end, so that TensorBoard's last values are the final stats' (a run whose last
         batches arrived after its last log point, or that stopped between two, would otherwise
         end its curves short)."""
-        t, tb = self.trainer, self.tb
-        step = t.counters.updates
-        tb.scalar("learner/stale_batches", t.counters.stale_batches, step)
-        tb.scalar("learner/weights_version", t.published_version, step)
-        tb.scalar("learner/bad_messages", self._bad_messages(), step)
-        tb.scalar("learner/nonfinite_updates", t.nonfinite.total, step)
-        seqs = self.seqs.totals()
-        tb.scalar("learner/lost_batches", seqs["lost_batches"], step)
-        tb.scalar("learner/reordered_batches", seqs["reordered_batches"], step)
-        tb.scalar("learner/actor_restarts", seqs["actor_restarts"], step)
+        c = self.counters()
+        for key in LEARNER_COUNTERS:
+            self.tb.scalar(f"learner/{key}", c[key], c["updates"])
 
 
 def write_stats(run_dir: Path, stats: dict[str, Any]) -> None:
