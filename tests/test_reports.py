@@ -40,7 +40,10 @@ def test_a_run_with_the_evaluator_writes_strict_json_on_one_time_base(run_root: 
     run_dir = run_root / "t"
     overrides = tiny_overrides(
         run_root,
-        learner__max_updates=2000,  # long enough for the evaluator to score several versions
+        # The run ends when the evaluator has held the target, however slowly it starts (a fixed
+        # update budget let a busy machine end the run before its second evaluation).
+        learner__max_updates=1_000_000,
+        learner__stop_at_target="true",
         learner__target_return=5.0,  # every CartPole episode scores at least this: reached and held
         learner__target_hold=2,
         evaluator__enabled="true",
