@@ -73,7 +73,7 @@ def tune(
     try:
         import optuna
     except ImportError:
-        fail(INSTALL_HINT, EXIT_CONFIG)
+        fail(INSTALL_HINT, EXIT_RUNTIME)  # as plot, export and video: a missing extra exits 1
     from zmqrl.tune.report import BEST_FILE, RESULTS_FILE, summary, write_best
     from zmqrl.tune.space import check_keys, load_space
     from zmqrl.tune.study import (
@@ -110,7 +110,7 @@ def tune(
         study = open_study(setup, name, url)
     except ImportError as exc:  # the database's driver (Optuna re-raises SQLAlchemy's import error)
         missing = getattr(exc.__cause__, "name", None) or exc.name
-        fail(f"{shown}: its database driver ({missing}) is not installed; {POSTGRES_HINT}", EXIT_CONFIG)
+        fail(f"{shown}: its database driver ({missing}) is not installed; {POSTGRES_HINT}", EXIT_RUNTIME)
     except ValueError as exc:
         fail(str(exc).replace(url, shown), EXIT_CONFIG)
     out = sys.stdout
