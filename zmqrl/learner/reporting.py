@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zmqrl import strictjson
+from zmqrl.agents import store_label
 from zmqrl.evaluator.greedy import EvalResult
 from zmqrl.metrics import Logger, fmt_value
 from zmqrl.transport.sequence import SequenceCounts
@@ -62,6 +63,7 @@ class LearnerReports:
         self._bad_messages = bad_messages
         self.seqs = seqs
         self._extra = extra
+        self._store = store_label(trainer.cfg.agent)  # what the progress line calls its store
         self._rate_mark = (time.monotonic(), trainer.counters.updates, trainer.counters.samples)
         self._last_progress = time.monotonic()
 
@@ -129,7 +131,7 @@ class LearnerReports:
             c["samples"],
             c["samples_per_s"],
             c["updates_per_s"],
-            "queue" if t.spec.rollout_length is not None else "replay",
+            self._store,
             c["replay_size"],
             c["weights_version"],
             *(() if separate else (fmt_value(c["eval_return"]), fmt_value(c["eval_best"]))),

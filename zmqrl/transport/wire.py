@@ -159,7 +159,7 @@ def _dump_scalar(v: Any) -> Any:
 
 
 # An allowed dtype -> its wire name and little-endian dtype (``dtype.name`` is a Python-level
-# property of numpy's, ~1 us per array of every message sent; a process meets a handful of dtypes).
+# property of numpy's, paid per array of every message sent; a process meets a handful of dtypes).
 _FRAME_DTYPES: dict[np.dtype[Any], tuple[str, np.dtype[Any]]] = {}
 
 
