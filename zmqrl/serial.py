@@ -1,7 +1,7 @@
 """Serial mode: one process, one thread, the components of a launched run interleaved deterministically.
 
-The same sampling loop (Sampler's exploration and n-step processing, or an on-policy agent's
-rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue, agent update,
+The same sampling loop and adder (Sampler's exploration and n-step processing, or an on-policy
+agent's rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue, agent update,
 evaluation, checkpoints) and weights import run here as in
 ``zmqrl launch``, but in turns instead of in parallel and with no sockets: a batch is encoded to
 its wire frames and decoded back exactly as a learner would receive it, and each published
@@ -42,13 +42,15 @@ log = logging.getLogger("zmqrl.serial")
 
 
 class SerialActor:
-    """One actor's Sampler and policy, with an inbox holding the newest published weights frames."""
+    """One actor's sampler, adder and policy, with an inbox holding the newest published weights frames.
+    The learner is there from the start: its adder holds nothing back."""
 
     def __init__(self, cfg: Config, actor_id: int) -> None:
         parts = build_acting(cfg, actor_id)
         self.policy: Policy = parts.policy
         self.weights = parts.weights  # newer versions only, as an actor's
-        self.sampler = parts.sampler  # n-step transitions, or on-policy rollouts
+        self.sampler = parts.sampler  # steps the env(s) into the adder
+        self.adder = parts.adder  # n-step transitions, or on-policy rollouts, as messages
         self.inbox: list[bytes | memoryview] | None = None
         self.started = time.monotonic()
         self.weights_loaded = 0
@@ -68,7 +70,8 @@ class SerialActor:
         while (collected := self.sampler.collect(1 << 30)) is not Collected.BATCH_READY:
             if collected is Collected.WEIGHTS_DUE:
                 self.take_weights()
-        msg = self.sampler.message()
+        msg = self.adder.pop()
+        assert msg is not None, "collect() said BATCH_READY"
         self.samples_sent += msg.batch.size
         return wire.dump(msg)
 
