@@ -50,7 +50,7 @@ def collector(envs: int, length: int, max_episode_steps: int) -> tuple[RolloutCo
     client = WeightsClient(policy)
     spec = sample_spec(env_list[0])
     adder = Adder(0, RolloutLog(spec, envs, length))
-    return RolloutCollector(cfg, 0, policy, env_list, spec, weights=client, adder=adder, seed=7), client
+    return RolloutCollector(cfg, policy, env_list, spec, weights=client, adder=adder, seed=7), client
 
 
 def message(c: RolloutCollector) -> SamplesMsg:

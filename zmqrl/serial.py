@@ -77,7 +77,7 @@ class SerialActor:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "actor_id": self.sampler.actor_id,
+            "actor_id": self.adder.actor_id,
             **self.sampler.counters(time.monotonic() - self.started),
             "samples": self.samples_sent,
             "weights_loaded": self.weights_loaded,

@@ -70,9 +70,7 @@ def build_acting(
         client = WeightsClient(policy, bad_weights)
         # None held: rollouts must be acted with the learner's weights.
         rollouts = Adder(actor_id, RolloutLog(spec, len(envs), cfg.actor.rollout_length))
-        collector = RolloutCollector(
-            cfg, actor_id, policy, envs, spec, weights=client, adder=rollouts, seed=seed
-        )
+        collector = RolloutCollector(cfg, policy, envs, spec, weights=client, adder=rollouts, seed=seed)
         return ActingParts(policy, spec, client, collector, rollouts)
     num_envs = cfg.actor.envs_per_actor
     env: Any = make_env(cfg.env) if num_envs == 1 else make_vector_env(cfg.env, num_envs, training=True)

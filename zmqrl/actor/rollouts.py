@@ -96,7 +96,7 @@ class RolloutLog:
         self._reward[:, t] = rewards
         self._terminated[:, t] = terminated
         self._truncated[:, t] = truncated
-        self._final.extend((row, t, final) for row, final in finals)
+        self._final.extend((row, t, np.asarray(final, self.spec.obs_dtype)) for row, final in finals)
         self.t = t = t + 1
         if t < self.length:
             return False
@@ -134,7 +134,6 @@ class RolloutCollector:
     def __init__(
         self,
         cfg: Config,
-        actor_id: int,
         policy: SamplingPolicy,
         envs: list[Any],
         spec: SampleSpec,
@@ -150,10 +149,8 @@ class RolloutCollector:
         )
         if problem:
             raise ConfigError(problem)
-        self.actor_id = actor_id
         self.policy = policy
         self.weights = weights
-        self.spec = spec
         self.envs = envs
         self.adder = adder
         self.log = adder.log
@@ -171,10 +168,6 @@ class RolloutCollector:
         self._lengths = np.zeros(n, np.int64)
         self._current = np.stack([env.reset(seed=seed + j)[0] for j, env in enumerate(envs)])
         self._next_poll = 0
-
-    @property
-    def env(self) -> Any:
-        return self.envs[0]
 
     def describe(self) -> str:
         """How this actor acts, for its start-up line."""
@@ -228,7 +221,7 @@ class RolloutCollector:
             truncated[j] = trunc and not term
             if term or trunc:
                 if not term:
-                    finals.append((j, np.asarray(observation, self.spec.obs_dtype)))
+                    finals.append((j, observation))
                 self._episode_ended(j)
                 observation, _ = env.reset()
             next_obs[j] = observation

@@ -168,12 +168,9 @@ class Sampler:
         adder: Adder[NStepLog],
         replacement: bool = False,
     ) -> None:
-        self.actor_id = actor_id
         self.adder = adder
         self.log = log = adder.log
-        self.policy = policy
         self.weights = weights  # which version the policy acts with (the role offers it newer ones)
-        self.spec = spec
         self.num_envs = cfg.actor.envs_per_actor
         self._poll_every = cfg.actor.weights_poll_steps
         self.epsilons = ladder(cfg, actor_id)
@@ -193,10 +190,6 @@ class Sampler:
         self._next_poll = 0
         self._next_epsilon = HOUSEKEEPING_EVERY
 
-    @property
-    def env(self) -> Any:
-        return self.envs.env
-
     def describe(self) -> str:
         """How this actor explores, for its start-up line."""
         rungs = " ".join(f"{e:.4f}" for e in self.epsilons)
@@ -212,7 +205,7 @@ class Sampler:
         return Collected.BATCH_READY if self.log.ready else Collected.BUDGET_SPENT
 
     def close(self) -> None:
-        self.env.close()
+        self.envs.env.close()
 
     def counters(self, elapsed: float) -> dict[str, float | int]:
         """What the sampling loop has done, for heartbeats and stats (``elapsed``: its seconds)."""
