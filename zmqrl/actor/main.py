@@ -37,8 +37,8 @@ def one_torch_thread() -> None:
 
     Actors start without torch (numpy policies); a torch policy (the Nature CNN) imports it while
     it is built, so this must run after ``make_policy``. Left at torch's default (one thread per
-    core), four Pong actors' OpenMP threads spun against each other on 2 cores: ~35 env steps/s
-    per actor instead of ~300.
+    core), several actors' OpenMP threads spin against each other on a few cores (what that cost:
+    docs/performance.md, "Measured in the actor").
     """
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
