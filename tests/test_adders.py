@@ -50,7 +50,7 @@ def test_batches_are_held_until_the_learner_is_heard_then_handed_over_in_order_a
     log.add()
     assert not adder.hold(), "a full share: the actor must wait for the learner now"
     assert [m.seq for m in adder.held] == [0, 1] and all(m.priorities is None for m in adder.held)
-    assert adder.episodes == 2 and adder.episode_counters()["recent_return"] == 1.5
+    assert adder.episode_counters() == {"episodes": 2, "recent_return": 1.5}
 
     weights["scale"] = 10.0  # the learner's weights arrived
     sent = []
@@ -111,4 +111,4 @@ def test_n_step_messages_are_the_reference_batches_numbered_stamped_and_scored()
         assert msg.priorities is not None
         np.testing.assert_array_equal(msg.priorities, np.abs(want[0].reward))
         seq += 1
-    assert seq > 5 and adder.episodes > 0
+    assert seq > 5 and adder.episode_counters()["episodes"] > 0

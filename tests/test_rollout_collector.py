@@ -83,7 +83,7 @@ def test_rollouts_have_one_row_per_env_of_fixed_length_and_bootstrap_observation
         # kept in final_obs (row-major order), and it is not the reset observation that follows.
         for k, (r, t) in enumerate(zip(*np.nonzero(batch.truncated), strict=True)):
             assert not np.array_equal(batch.final_obs[k], batch.obs[r, t + 1])
-    assert c.adder.episodes >= 3 and c.counters(1.0)["rollouts"] == 6
+    assert c.adder.episode_counters()["episodes"] >= 3 and c.counters(1.0)["rollouts"] == 6
 
 
 def test_a_rollout_is_stamped_with_the_version_its_first_step_acted_with_and_weights_come_between() -> None:

@@ -1,15 +1,11 @@
 """The actor's adder: what its steps become on the wire (Acme's adders, in our terms).
 
-An actor's collector (``Sampler`` for a replay agent, ``RolloutCollector`` for an on-policy one)
-steps its env(s) and writes each step into a step log, and each ended episode into
-``Adder.finished``. The log is what differs between the families: an ``NStepLog`` folds steps
-into n-step transitions, a ``RolloutLog`` cuts them into fixed-length rollouts. Everything after
-that is the same for both, and is the adder's: a samples message per batch (this actor's sequence
-number, the oldest weights version acted with, the episodes ended since the last one), Ape-X
-initial priorities where the agent computes them, and the batches held while the learner has not
-been heard from. The role sends what the adder hands it; the adder never calls back into it.
-
-The actor's loop, in short::
+An actor's collector (``Sampler``, ``RolloutCollector``) writes each step into the adder's step
+log and each ended episode into ``Adder.finished``. The log is what differs between agent
+families (``NStepLog``: n-step transitions; ``RolloutLog``: fixed-length rollouts); the rest is
+the adder's: a samples message per batch (sequence number, oldest weights version, episodes),
+Ape-X initial priorities, and the batches held until the learner is heard from. The role sends
+what the adder hands it; the adder never calls back into it. The actor's loop, in short::
 
     collected = collector.collect(budget)           # steps go into adder.log
     if collected is Collected.BATCH_READY and not learner_heard and not adder.hold():
@@ -38,14 +34,12 @@ log = logging.getLogger("zmqrl.actor")
 
 
 class StepLog(Protocol):
-    """Steps in, batches out: the part of an adder that differs between agent families."""
+    """Steps in, batches out: ``take`` the ready batch and the oldest weights version acted with."""
 
     @property
-    def ready(self) -> bool:
-        """Whether a whole batch can be taken."""
+    def ready(self) -> bool: ...
 
-    def take(self) -> tuple[TransitionBatch | RolloutBatch, int]:
-        """The ready batch and the oldest weights version its steps were acted with."""
+    def take(self) -> tuple[TransitionBatch | RolloutBatch, int]: ...
 
 
 L = TypeVar("L", bound=StepLog)
@@ -54,11 +48,9 @@ L = TypeVar("L", bound=StepLog)
 class Adder(Generic[L]):
     """Turns the steps in ``log`` into samples messages, and holds them until the learner is heard.
 
-    ``hold_limit``: how many batches it may hold before the learner is heard from (the builder
-    decides: a replay agent's share of the learner's warm-up, none for an on-policy agent, whose
-    rollouts must be acted with the learner's weights). ``priorities``: the agent's Ape-X initial
-    priorities, computed for each message when it is handed out to be sent (so a held batch is
-    scored under the learner's weights by then); None: messages carry none.
+    ``hold_limit``: how many batches it may hold before then (the builder's to say).
+    ``priorities``: the agent's Ape-X initial priorities, computed when a message is handed over
+    (so a held batch is scored under the learner's weights by then); None: messages carry none.
     """
 
     def __init__(
@@ -106,16 +98,11 @@ class Adder(Generic[L]):
             msg.priorities = self._priorities(cast(TransitionBatch, msg.batch))
         return msg
 
-    @property
-    def episodes(self) -> int:
-        """Episodes ended so far."""
-        return self._episodes + len(self.finished)
-
     def episode_counters(self) -> dict[str, float | int]:
         """The episode counters of the actor's heartbeats."""
         returns = [*self._recent, *(stat.ret for stat in self.finished)][-RECENT_EPISODES:]
         return {
-            "episodes": self.episodes,
+            "episodes": self._episodes + len(self.finished),
             "recent_return": float(np.mean(returns)) if returns else float("nan"),
         }
 

@@ -112,7 +112,6 @@ class Actor:
         self.stats: dict[str, Any] = {}
         self.samples_sent = 0
         self.weights_loaded = 0
-        self.num_envs = cfg.actor.envs_per_actor
         self._learner_heard = False  # a valid (and, if fingerprinted, matching) weights message arrived
 
     def request_stop(self) -> None:

@@ -1,10 +1,9 @@
 """What an actor acts with, built once for the actor process and serial mode alike.
 
 An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), the loop
-that steps the env(s), and the adder that turns the steps into what the learner trains on:
-n-step transitions for a replay agent (:class:`~zmqrl.actor.sampler.Sampler`, with Ape-X
-exploration and priorities), fixed-length rollouts for an on-policy one
-(:class:`~zmqrl.actor.rollouts.RolloutCollector`). Which one is the agent plugin's to say
+that steps the env(s) and the adder that makes the steps what the learner trains on: n-step
+transitions for a replay agent (``Sampler``, with Ape-X exploration and priorities), rollouts for
+an on-policy one (``RolloutCollector``). Which is the agent plugin's to say
 (``AgentPlugin.on_policy``), and so is how many batches the adder may hold before the learner is
 heard from; the callers drive either the same way.
 """
@@ -16,7 +15,7 @@ from typing import Any, NamedTuple
 
 from zmqrl.actor.adders import Adder
 from zmqrl.actor.nstep_log import NStepLog
-from zmqrl.actor.rollouts import RolloutCollector, RolloutLog, make_rollout_envs
+from zmqrl.actor.rollouts import RolloutCollector, RolloutLog
 from zmqrl.actor.sampler import Sampler, actor_seed
 from zmqrl.agents import is_on_policy, make_policy, make_priorities
 from zmqrl.config import Config
@@ -38,15 +37,13 @@ class ActingParts(NamedTuple):
     spec: SampleSpec  # the actor's own view of the spaces (its run fingerprint is built from it)
     weights: WeightsClient
     sampler: Collector
-    # The sampler's steps as samples messages, held until the learner is heard.
-    adder: Adder[NStepLog] | Adder[RolloutLog]
+    adder: Adder[NStepLog] | Adder[RolloutLog]  # the steps as messages, held until the learner is heard
 
 
 def early_batches(cfg: Config) -> int:
-    """How many batches a replay agent's actor may collect before the learner is heard from: its
-    share of ``learner.min_replay_size`` (the learner's warm-up), at most EARLY_BATCHES_MAX. The
-    learner starts seconds after its actors (torch's import), and can train as soon as it has
-    published."""
+    """How many batches a replay agent's actor may collect before the learner (which starts seconds
+    after its actors: torch's import) is heard from: its share of ``learner.min_replay_size``, so
+    the learner can train as soon as it has published; at most EARLY_BATCHES_MAX."""
     share = cfg.learner.min_replay_size / max(1, cfg.actor.num_actors)
     return min(EARLY_BATCHES_MAX, math.ceil(share / cfg.actor.send_batch))
 
@@ -59,7 +56,7 @@ def build_acting(
     ``bad_weights``: where snapshots the policy refuses are counted (None: a tally of its own)."""
     seed = actor_seed(cfg, actor_id)
     if is_on_policy(cfg.agent):
-        envs = make_rollout_envs(cfg)
+        envs = [make_env(cfg.env) for _ in range(cfg.actor.envs_per_actor)]  # each reset by the collector
         spec = sample_spec(envs[0])
         policy = make_policy(cfg.agent, spec, seed=seed)
         if not isinstance(policy, SamplingPolicy):

@@ -32,16 +32,10 @@ from zmqrl.actor.adders import Adder
 from zmqrl.actor.sampler import Collected
 from zmqrl.config import Config
 from zmqrl.core import SamplingPolicy, is_recurrent
-from zmqrl.envs.factory import make_env
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec, rollout_message_problem
 from zmqrl.transport.weights_channel import WeightsClient
 from zmqrl.types import EpisodeStat, RolloutBatch
-
-
-def make_rollout_envs(cfg: Config) -> list[Any]:
-    """The actor's ``actor.envs_per_actor`` training envs, each reset by the collector."""
-    return [make_env(cfg.env) for _ in range(cfg.actor.envs_per_actor)]
 
 
 class RolloutLog:
@@ -108,12 +102,8 @@ class RolloutLog:
         """The filled rows as rollouts (copies: the buffers are refilled by the next rollout)."""
         assert self.ready, "take() before the rollouts were complete"
         # Row-major order of the truncated flags, as RolloutBatch.final_obs is defined.
-        final = sorted(self._final, key=lambda item: (item[0], item[1]))
-        final_obs = (
-            np.stack([obs for _, _, obs in final])
-            if final
-            else np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
-        )
+        final = [obs for _, _, obs in sorted(self._final, key=lambda item: item[:2])]
+        final_obs = np.array(final, self.spec.obs_dtype).reshape(len(final), *self.spec.obs_shape)
         batch = RolloutBatch(
             self._obs.copy(),
             self._action.copy(),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -72,27 +72,18 @@ class Collected(enum.Enum):
 Act = Callable[[np.ndarray], np.ndarray]
 
 
-class EnvStepper(Protocol):
-    """Steps the env(s) and logs the steps for n-step folding."""
-
-    env: Any
-    log: NStepLog
-
-    def run(self, act: Act, budget: int, version: int) -> int:
-        """Act and step until about ``budget`` real env transitions were taken (a vector step
-        may overshoot by fewer than E) or the log holds a batch, acting with weights
-        ``version``; returns the transitions taken. Episodes that ended are appended to the
-        ``finished`` list the stepper was given. One call runs many steps: the acting loop's
-        per-step work is all here, in locals."""
-
-
 class SingleEnvStepper:
-    """One gymnasium env, reset as soon as an episode ends."""
+    """One gymnasium env, reset as soon as an episode ends. Its ``run`` (and the vector
+    stepper's) acts and steps until about ``budget`` real env transitions were taken (a vector
+    step may overshoot by fewer than E) or the log holds a batch, acting with weights
+    ``version``, and returns the transitions taken; ended episodes go to the adder's
+    ``finished``. One call runs many steps: the acting loop's per-step work is all here, in
+    locals."""
 
-    def __init__(self, env: Any, seed: int, log: NStepLog, finished: list[EpisodeStat]) -> None:
+    def __init__(self, env: Any, seed: int, adder: Adder[NStepLog]) -> None:
         self.env = env
-        self.log = log
-        self._finished = finished
+        self.log = adder.log
+        self._finished = adder.finished
         self._obs, _ = env.reset(seed=seed)
         self._return, self._length = 0.0, 0
 
@@ -122,12 +113,10 @@ class VectorEnvStepper:
     """A ``SyncVectorEnv`` (autoreset NEXT_STEP), whose autoreset steps are not transitions: the
     log tells them apart and keeps each sub-env's windows its own."""
 
-    def __init__(
-        self, env: Any, seed: int, num_envs: int, log: NStepLog, finished: list[EpisodeStat]
-    ) -> None:
+    def __init__(self, env: Any, seed: int, num_envs: int, adder: Adder[NStepLog]) -> None:
         self.env = env
-        self.log = log
-        self._finished = finished
+        self.log = adder.log
+        self._finished = adder.finished
         # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each
         # step, so the log may keep them until its batch is taken.
         self.obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
@@ -169,7 +158,7 @@ class Sampler:
         replacement: bool = False,
     ) -> None:
         self.adder = adder
-        self.log = log = adder.log
+        self.log = adder.log
         self.weights = weights  # which version the policy acts with (the role offers it newer ones)
         self.num_envs = cfg.actor.envs_per_actor
         self._poll_every = cfg.actor.weights_poll_steps
@@ -180,10 +169,10 @@ class Sampler:
         self._schedule = LinearSchedule(1.0, float(self.epsilons[0]), self.epsilon_decay)
         self.steps = 0
         seed = actor_seed(cfg, actor_id)
-        self.envs: EnvStepper = (
-            SingleEnvStepper(env, seed, log, adder.finished)
+        self.envs = (
+            SingleEnvStepper(env, seed, adder)
             if self.num_envs == 1
-            else VectorEnvStepper(env, seed, self.num_envs, log, adder.finished)
+            else VectorEnvStepper(env, seed, self.num_envs, adder)
         )
         # Epsilon-random rows around the policy's own acting, on this actor's rungs.
         self.explorer = EpsilonExplorer(policy, spec, seed=seed, epsilon=self._epsilon())
