@@ -1,13 +1,12 @@
 """Serial mode: one process, one thread, the components of a launched run interleaved deterministically.
 
 The same sampling loop and adder (Sampler's exploration and n-step processing, or an on-policy
-agent's rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue, agent update,
-evaluation, checkpoints) and weights import run here as in
-``zmqrl launch``, but in turns instead of in parallel and with no sockets: a batch is encoded to
-its wire frames and decoded back exactly as a learner would receive it, and each published
-snapshot goes through the wire to every actor, which imports it at its next weights poll. With a
-fixed ``run.seed`` two runs give identical results, so this is the mode for breakpoints,
-profilers and fast tests.
+agent's rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue,
+agent update, evaluation, checkpoints) and weights import run here as in ``zmqrl launch``, but
+in turns instead of in parallel and with no sockets: a batch is encoded to its wire frames and
+decoded back exactly as a learner would receive it, and each published snapshot goes through the
+wire to every actor, which imports it at its next weights poll. With a fixed ``run.seed`` two
+runs give identical results, so this is the mode for breakpoints, profilers and fast tests.
 
 The interleaving follows the replay ratio. With ``learner.samples_per_insert`` set, actors take
 turns (round robin) producing one batch each, and the learner trains whenever the ratio admits
@@ -42,8 +41,8 @@ log = logging.getLogger("zmqrl.serial")
 
 
 class SerialActor:
-    """One actor's sampler, adder and policy, with an inbox holding the newest published weights frames.
-    The learner is there from the start: its adder holds nothing back."""
+    """One actor's parts (its adder holds nothing back: the learner is there from the start), with an
+    inbox holding the newest published weights frames."""
 
     def __init__(self, cfg: Config, actor_id: int) -> None:
         parts = build_acting(cfg, actor_id)
@@ -67,11 +66,9 @@ class SerialActor:
 
     def next_batch(self) -> list[bytes | memoryview]:
         """Step until a batch is ready, taking in weights whenever they are due; its wire frames."""
-        while (collected := self.sampler.collect(1 << 30)) is not Collected.BATCH_READY:
-            if collected is Collected.WEIGHTS_DUE:
+        while (msg := self.adder.pop()) is None:
+            if self.sampler.collect(1 << 30) is Collected.WEIGHTS_DUE:
                 self.take_weights()
-        msg = self.adder.pop()
-        assert msg is not None, "collect() said BATCH_READY"
         self.samples_sent += msg.batch.size
         return wire.dump(msg)
 

@@ -122,10 +122,8 @@ class Adder(Generic[L]):
         the rows its max priority)."""
         assert self._priority_fn is not None
         started = time.perf_counter()
-        try:
-            raw = self._priority_fn(batch)
-        finally:
-            self.priority_seconds += time.perf_counter() - started
+        raw = self._priority_fn(batch)
+        self.priority_seconds += time.perf_counter() - started
         if raw is None:
             return None
         priorities = np.ascontiguousarray(raw, dtype=np.float32)

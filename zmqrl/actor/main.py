@@ -11,7 +11,7 @@ from typing import Any
 
 import zmq
 
-from zmqrl.actor.parts import Collector, build_acting
+from zmqrl.actor.parts import build_acting
 from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, actor_seed
 from zmqrl.config import Config
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
@@ -127,7 +127,7 @@ class Actor:
         bad_weights = BadMessages(f"actor-{self.actor_id} weights", log)
         parts = build_acting(cfg, self.actor_id, replacement=self.replacement, bad_weights=bad_weights)
         self.agent, spec = parts.policy, parts.spec
-        self.sampler: Collector = parts.sampler  # steps the env(s) into the adder
+        self.sampler = parts.sampler  # steps the env(s) into the adder
         self.adder = parts.adder  # n-step transitions, or on-policy rollouts, as messages
         if self._faults is not None:  # a test's: this one process's sampler may hang (testhooks)
             self.sampler = self._faults.sampler(self.sampler)

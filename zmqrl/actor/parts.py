@@ -1,11 +1,10 @@
 """What an actor acts with, built once for the actor process and serial mode alike.
 
-An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), the loop
-that steps the env(s) and the adder that makes the steps what the learner trains on: n-step
-transitions for a replay agent (``Sampler``, with Ape-X exploration and priorities), rollouts for
-an on-policy one (``RolloutCollector``). Which is the agent plugin's to say
-(``AgentPlugin.on_policy``), and so is how many batches the adder may hold before the learner is
-heard from; the callers drive either the same way.
+An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), a loop
+that steps the env(s) and an adder that makes the steps what the learner trains on: n-step
+transitions for a replay agent (``Sampler``, Ape-X exploration and priorities), rollouts for an
+on-policy one (``RolloutCollector``). Which is the agent plugin's (``AgentPlugin.on_policy``), and
+so is how many batches the adder may hold; the callers drive either the same way.
 """
 
 from __future__ import annotations
@@ -28,15 +27,12 @@ from zmqrl.transport.weights_channel import WeightsClient
 # Most batches a replay agent's actor collects before the learner is heard from (see early_batches).
 EARLY_BATCHES_MAX = 64
 
-# Either sampling loop: both have collect / counters / close / steps / describe.
-Collector = Sampler | RolloutCollector
-
 
 class ActingParts(NamedTuple):
     policy: Policy
     spec: SampleSpec  # the actor's own view of the spaces (its run fingerprint is built from it)
     weights: WeightsClient
-    sampler: Collector
+    sampler: Sampler | RolloutCollector  # either has collect / counters / close / steps / describe
     adder: Adder[NStepLog] | Adder[RolloutLog]  # the steps as messages, held until the learner is heard
 
 
@@ -51,7 +47,7 @@ def early_batches(cfg: Config) -> int:
 def build_acting(
     cfg: Config, actor_id: int, *, replacement: bool = False, bad_weights: BadMessages | None = None
 ) -> ActingParts:
-    """Env(s), policy, weights client, sampling loop and adder of actor ``actor_id``. ``replacement``: it
+    """Env(s), policy, weights client, sampling loop and adder of actor ``actor_id``. ``replacement``:
     joins a run under way (a replay agent's explorer starts at its rung at once).
     ``bad_weights``: where snapshots the policy refuses are counted (None: a tally of its own)."""
     seed = actor_seed(cfg, actor_id)

@@ -1,11 +1,10 @@
 """An on-policy actor's sampling loop without sockets: fixed-length rollouts of its env(s).
 
-The on-policy counterpart of :class:`zmqrl.actor.sampler.Sampler`, with the same surface
-(``collect`` returns what happened, ``counters``), so the actor process and serial mode drive
-either. It steps ``actor.envs_per_actor`` envs in lockstep with one batched ``sample`` of the
-policy per step into its adder's ``RolloutLog``, which records each action's log-probability
-under the policy that acted and after ``actor.rollout_length`` steps hands over one rollout per
-env, stamped with the weights version its first step was acted with (the oldest in it).
+The on-policy counterpart of :class:`zmqrl.actor.sampler.Sampler`, driven the same way. It steps
+``actor.envs_per_actor`` envs in lockstep with one batched ``sample`` of the policy per step into
+its adder's ``RolloutLog``, which keeps each action's log-probability and after
+``actor.rollout_length`` steps hands over one rollout per env, stamped with the weights version
+its first step was acted with (the oldest in it).
 
 The envs are plain gymnasium envs reset here as soon as an episode ends (not a vector env with
 gymnasium's autoreset), so every recorded step is a real transition: after a done step the row
@@ -100,7 +99,6 @@ class RolloutLog:
 
     def take(self) -> tuple[RolloutBatch, int]:
         """The filled rows as rollouts (copies: the buffers are refilled by the next rollout)."""
-        assert self.ready, "take() before the rollouts were complete"
         # Row-major order of the truncated flags, as RolloutBatch.final_obs is defined.
         final = [obs for _, _, obs in sorted(self._final, key=lambda item: item[:2])]
         final_obs = np.array(final, self.spec.obs_dtype).reshape(len(final), *self.spec.obs_shape)
@@ -132,8 +130,6 @@ class RolloutCollector:
         adder: Adder[RolloutLog],
         seed: int,
     ) -> None:
-        if not isinstance(policy, SamplingPolicy):
-            raise TypeError(f"an on-policy actor needs a SamplingPolicy, got {type(policy).__name__}")
         problem = rollout_message_problem(
             spec, len(envs), cfg.actor.rollout_length, cfg.transport.max_message_mb
         )

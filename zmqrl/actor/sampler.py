@@ -1,19 +1,17 @@
 """A replay agent's sampling loop without sockets: env(s), policy, exploration, steps into its adder.
 
-The actor process drives a ``Sampler`` between heartbeats and sends what its adder
-(zmqrl/actor/adders.py) makes of the steps; serial mode drives the same objects and hands the
-batches to the learner in the same thread. ``collect`` returns what happened (a batch is ready,
+The actor process (and serial mode) drives a ``Sampler`` and sends what its adder
+(zmqrl/actor/adders.py) makes of the steps. ``collect`` returns what happened (a batch is ready,
 weights are due, the step budget is spent) and the caller decides what to do about it: the
 sampler never calls back into its role.
 
 With ``actor.envs_per_actor`` = E > 1 it steps a gymnasium ``SyncVectorEnv`` (autoreset mode
 NEXT_STEP) with one batched ``act`` per vector step, and behaves like E single-env actors on
-consecutive rungs of the Ape-X ladder. One acting loop serves both: what differs between one env
-and a vector of them (how a step is taken and an ended episode reset) is in two small steppers,
-which log each step in the adder's ``NStepLog`` (n-step windows per sub-env, the versions each
-step was acted with), folded into transitions once per batch (nstep_log.py says why). ``steps`` counts real
-env transitions (sub-env steps that are not a NEXT_STEP autoreset step), and everything scheduled
-by it (weight polls, epsilon annealing) goes by that count.
+consecutive rungs of the Ape-X ladder. One acting loop serves both: what differs (how a step is
+taken and an ended episode reset) is in two small steppers, which log each step in the adder's
+``NStepLog`` (nstep_log.py says how). ``steps`` counts real env transitions (sub-env steps that
+are not a NEXT_STEP autoreset step), and everything scheduled by it (weight polls, epsilon
+annealing) goes by that count.
 """
 
 from __future__ import annotations
@@ -113,13 +111,13 @@ class VectorEnvStepper:
     """A ``SyncVectorEnv`` (autoreset NEXT_STEP), whose autoreset steps are not transitions: the
     log tells them apart and keeps each sub-env's windows its own."""
 
-    def __init__(self, env: Any, seed: int, num_envs: int, adder: Adder[NStepLog]) -> None:
+    def __init__(self, env: Any, seed: int, adder: Adder[NStepLog]) -> None:
         self.env = env
         self.log = adder.log
         self._finished = adder.finished
         # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each
         # step, so the log may keep them until its batch is taken.
-        self.obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
+        self.obs, _ = env.reset(seed=[seed + j for j in range(self.log.num_envs)])
 
     def run(self, act: Act, budget: int, version: int) -> int:
         env, log, finished = self.env, self.log, self._finished
@@ -170,9 +168,7 @@ class Sampler:
         self.steps = 0
         seed = actor_seed(cfg, actor_id)
         self.envs = (
-            SingleEnvStepper(env, seed, adder)
-            if self.num_envs == 1
-            else VectorEnvStepper(env, seed, self.num_envs, adder)
+            SingleEnvStepper(env, seed, adder) if self.num_envs == 1 else VectorEnvStepper(env, seed, adder)
         )
         # Epsilon-random rows around the policy's own acting, on this actor's rungs.
         self.explorer = EpsilonExplorer(policy, spec, seed=seed, epsilon=self._epsilon())
