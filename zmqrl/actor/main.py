@@ -1,4 +1,4 @@
-"""An actor process: its sampling loop and adder wired to the samples socket, weights and supervisor."""
+"""An actor process: its sampling loop wired to the samples socket, weights subscription and supervisor."""
 
 from __future__ import annotations
 

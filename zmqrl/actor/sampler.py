@@ -1,4 +1,4 @@
-"""A replay agent's sampling loop without sockets: env(s), policy, exploration, steps into its adder.
+"""An actor's sampling loop without sockets: env(s), policy, exploration, n-step windows, batches.
 
 The actor process (and serial mode) drives a ``Sampler`` and sends what its adder
 (zmqrl/actor/adders.py) makes of the steps. ``collect`` returns what happened (a batch is ready,
