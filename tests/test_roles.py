@@ -15,7 +15,8 @@ import pytest
 import zmq
 
 from tests.conftest import tiny_config, wait_until
-from zmqrl.actor.main import EARLY_BATCHES_MAX, Actor, early_batches
+from zmqrl.actor.main import Actor
+from zmqrl.actor.parts import EARLY_BATCHES_MAX, build_acting, early_batches
 from zmqrl.agents import make_learner
 from zmqrl.config import Config, load_config
 from zmqrl.envs.factory import make_env, sample_spec
@@ -378,7 +379,9 @@ def test_an_actor_collects_its_warm_up_share_before_the_learner_is_up_and_sends_
     actor = Actor(cfg, 0, ctx=ctx)
     thread = start(actor.run)
     try:
-        wait_until(lambda: len(actor._early) == 3, 20, "the actor's warm-up share")
+        wait_until(
+            lambda: hasattr(actor, "adder") and len(actor.adder.held) == 3, 20, "the actor's warm-up share"
+        )
         assert not fake.pull.poll(0), "nothing may be sent before the learner was heard"
         fake.greet_until(cfg, lambda: fake.pull.poll(0), 20, "the actor's first samples")
         msgs = []
@@ -407,8 +410,9 @@ def test_how_many_batches_an_actor_collects_before_the_learner_is_heard(tmp_path
         Path(__file__).parent.parent / "configs" / "cartpole_dqn.yaml", ["learner.min_replay_size=90000"]
     )
     assert early_batches(big) == EARLY_BATCHES_MAX
-    appo = load_config(Path(__file__).parent.parent / "configs" / "cartpole_appo.yaml")
-    assert early_batches(appo) == 0  # rollouts must be acted with the learner's weights
+    appo = build_acting(load_config(Path(__file__).parent.parent / "configs" / "cartpole_appo.yaml"), 0)
+    appo.sampler.close()
+    assert appo.adder.hold_limit == 0  # rollouts must be acted with the learner's weights
 
 
 def test_an_actor_that_never_hears_the_learner_gives_up_after_connect_timeout(

@@ -6,11 +6,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from zmqrl.actor.rollouts import RolloutCollector
+from zmqrl.actor.adders import Adder
+from zmqrl.actor.rollouts import RolloutCollector, RolloutLog
 from zmqrl.actor.sampler import Collected
 from zmqrl.config import load_config
 from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.transport.weights_channel import WeightsClient
+from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import RolloutBatch, Weights
 
 
@@ -47,13 +49,20 @@ def collector(envs: int, length: int, max_episode_steps: int) -> tuple[RolloutCo
     policy = CoinPolicy()
     client = WeightsClient(policy)
     spec = sample_spec(env_list[0])
-    return RolloutCollector(cfg, 0, policy, env_list, spec, weights=client, seed=7), client
+    adder = Adder(0, RolloutLog(spec, envs, length))
+    return RolloutCollector(cfg, policy, env_list, spec, weights=client, adder=adder, seed=7), client
+
+
+def message(c: RolloutCollector) -> SamplesMsg:
+    msg = c.adder.pop()
+    assert msg is not None, "collect() said BATCH_READY"
+    return msg
 
 
 def next_message(c: RolloutCollector) -> RolloutBatch:
     while (collected := c.collect(1 << 20)) is not Collected.BATCH_READY:
         assert collected is Collected.WEIGHTS_DUE
-    batch = c.message().batch
+    batch = message(c).batch
     assert isinstance(batch, RolloutBatch)
     return batch
 
@@ -74,7 +83,7 @@ def test_rollouts_have_one_row_per_env_of_fixed_length_and_bootstrap_observation
         # kept in final_obs (row-major order), and it is not the reset observation that follows.
         for k, (r, t) in enumerate(zip(*np.nonzero(batch.truncated), strict=True)):
             assert not np.array_equal(batch.final_obs[k], batch.obs[r, t + 1])
-    assert c.episodes >= 3 and c.counters(1.0)["rollouts"] == 6
+    assert c.adder.episode_counters()["episodes"] >= 3 and c.counters(1.0)["rollouts"] == 6
 
 
 def test_a_rollout_is_stamped_with_the_version_its_first_step_acted_with_and_weights_come_between() -> None:
@@ -82,12 +91,12 @@ def test_a_rollout_is_stamped_with_the_version_its_first_step_acted_with_and_wei
     assert c.collect(1 << 20) is Collected.WEIGHTS_DUE  # before the first step
     client.offer(Weights(3, {}))
     assert c.collect(1 << 20) is Collected.BATCH_READY
-    assert c.message().weights_version == 3
+    assert message(c).weights_version == 3
     # Every new rollout starts by asking for newer weights.
     assert c.collect(1 << 20) is Collected.WEIGHTS_DUE
     client.offer(Weights(5, {}))
     assert c.collect(2) is Collected.BUDGET_SPENT  # half a rollout: nothing to send yet
     client.offer(Weights(6, {}))  # a newer version mid-rollout is used, but the stamp stays the oldest
     assert c.collect(1 << 20) is Collected.BATCH_READY
-    msg = c.message()
+    msg = message(c)
     assert msg.weights_version == 5 and msg.seq == 1

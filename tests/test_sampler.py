@@ -50,8 +50,8 @@ def test_a_ready_batch_is_said_before_any_further_step(tmp_path: Path, envs: int
         assert sampler.collect(10_000) is Collected.BATCH_READY
         steps = sampler.steps
         assert sampler.collect(10_000) is Collected.BATCH_READY and sampler.steps == steps
-        msg = sampler.message()
-        assert msg.batch.size >= cfg.actor.send_batch and msg.seq == 0
-        assert not sampler.batch_ready
+        msg = actor.adder.pop()
+        assert msg is not None and msg.batch.size >= cfg.actor.send_batch and msg.seq == 0
+        assert not actor.adder.ready
     finally:
         sampler.close()

@@ -1,13 +1,12 @@
 """Serial mode: one process, one thread, the components of a launched run interleaved deterministically.
 
-The same sampling loop (Sampler's exploration and n-step processing, or an on-policy agent's
-rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue, agent update,
-evaluation, checkpoints) and weights import run here as in
-``zmqrl launch``, but in turns instead of in parallel and with no sockets: a batch is encoded to
-its wire frames and decoded back exactly as a learner would receive it, and each published
-snapshot goes through the wire to every actor, which imports it at its next weights poll. With a
-fixed ``run.seed`` two runs give identical results, so this is the mode for breakpoints,
-profilers and fast tests.
+The same sampling loop and adder (Sampler's exploration and n-step processing, or an on-policy
+agent's rollouts), wire encoding and decoding, Trainer (ingest, replay or the rollout queue,
+agent update, evaluation, checkpoints) and weights import run here as in ``zmqrl launch``, but
+in turns instead of in parallel and with no sockets: a batch is encoded to its wire frames and
+decoded back exactly as a learner would receive it, and each published snapshot goes through the
+wire to every actor, which imports it at its next weights poll. With a fixed ``run.seed`` two
+runs give identical results, so this is the mode for breakpoints, profilers and fast tests.
 
 The interleaving follows the replay ratio. With ``learner.samples_per_insert`` set, actors take
 turns (round robin) producing one batch each, and the learner trains whenever the ratio admits
@@ -42,13 +41,15 @@ log = logging.getLogger("zmqrl.serial")
 
 
 class SerialActor:
-    """One actor's Sampler and policy, with an inbox holding the newest published weights frames."""
+    """One actor's parts (its adder holds nothing back: the learner is there from the start), with an
+    inbox holding the newest published weights frames."""
 
     def __init__(self, cfg: Config, actor_id: int) -> None:
         parts = build_acting(cfg, actor_id)
         self.policy: Policy = parts.policy
         self.weights = parts.weights  # newer versions only, as an actor's
-        self.sampler = parts.sampler  # n-step transitions, or on-policy rollouts
+        self.sampler = parts.sampler  # steps the env(s) into the adder
+        self.adder = parts.adder  # n-step transitions, or on-policy rollouts, as messages
         self.inbox: list[bytes | memoryview] | None = None
         self.started = time.monotonic()
         self.weights_loaded = 0
@@ -65,16 +66,15 @@ class SerialActor:
 
     def next_batch(self) -> list[bytes | memoryview]:
         """Step until a batch is ready, taking in weights whenever they are due; its wire frames."""
-        while (collected := self.sampler.collect(1 << 30)) is not Collected.BATCH_READY:
-            if collected is Collected.WEIGHTS_DUE:
+        while (msg := self.adder.pop()) is None:
+            if self.sampler.collect(1 << 30) is Collected.WEIGHTS_DUE:
                 self.take_weights()
-        msg = self.sampler.message()
         self.samples_sent += msg.batch.size
         return wire.dump(msg)
 
     def stats(self) -> dict[str, Any]:
         return {
-            "actor_id": self.sampler.actor_id,
+            "actor_id": self.adder.actor_id,
             **self.sampler.counters(time.monotonic() - self.started),
             "samples": self.samples_sent,
             "weights_loaded": self.weights_loaded,

@@ -100,29 +100,20 @@ def measure_sampler(envs: int, seconds: float, priorities: bool = True) -> float
     prioritized-replay config computes per batch) with each ready batch encoded as a samples
     message, in this process, sent nowhere. Between the bare loop and the real actor, it splits
     what zmqrl's acting costs from what its process, socket and threads cost."""
-    from zmqrl.actor.sampler import Collected, Sampler
-    from zmqrl.agents import make_priorities
+    from zmqrl.actor.parts import build_acting
+    from zmqrl.actor.sampler import Collected
     from zmqrl.transport import wire
-    from zmqrl.transport.weights_channel import WeightsClient
 
-    cfg, env, spec, policy = _acting_parts(envs)
-    prioritized = priorities and cfg.replay.prioritized
-    sampler = Sampler(
-        cfg,
-        0,
-        policy,
-        env,
-        spec,
-        weights=WeightsClient(policy),
-        priorities=make_priorities(cfg.agent, policy) if prioritized else None,
-    )
+    parts = build_acting(actor_config(envs, *([] if priorities else ["replay.prioritized=false"])), 0)
+    sampler, adder = parts.sampler, parts.adder
     encoded = 0
 
     def step() -> int:
         nonlocal encoded
         before = sampler.steps
-        if sampler.collect(CLOCK_EVERY) is Collected.BATCH_READY:  # weights due: none to take here
-            encoded += len(wire.dump(sampler.message()))
+        # Weights due: none to take here. The learner counts as heard: nothing is held back.
+        if sampler.collect(CLOCK_EVERY) is Collected.BATCH_READY and (msg := adder.pop()) is not None:
+            encoded += len(wire.dump(msg))
         return sampler.steps - before
 
     try:

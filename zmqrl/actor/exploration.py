@@ -174,7 +174,7 @@ class EpsilonExplorer:
         """Actions for observations ``(B, *obs_shape)``, the policy exploring in its own way
         (``explore=True``) where a row is not random."""
         epsilon = self.epsilon
-        # np.any costs ~1 µs per call: keep the scalar test for the single-env actor's hot path.
+        # np.any's per-call cost shows on the single-env actor's hot path: keep the scalar test there.
         if not (epsilon > 0.0 if isinstance(epsilon, float) else bool(np.any(epsilon > 0.0))):
             return self.policy.act(obs, explore=True)
         n = obs.shape[0]

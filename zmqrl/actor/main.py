@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import threading
 import time
@@ -12,9 +11,8 @@ from typing import Any
 
 import zmq
 
-from zmqrl.actor.parts import Collector, build_acting
+from zmqrl.actor.parts import build_acting
 from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, actor_seed
-from zmqrl.agents import is_on_policy
 from zmqrl.config import Config
 from zmqrl.runtime.link import SupervisorLink, socket_limits, transport_security
 from zmqrl.runtime.run_fingerprint import run_fingerprint
@@ -25,8 +23,6 @@ from zmqrl.transport.wire import SamplesMsg
 
 # While waiting for the learner's weights, an actor heartbeats at least this often (milliseconds).
 WEIGHTS_WAIT_POLL_MS = 50
-# Most batches a replay agent's actor collects before the learner is heard from (see early_batches).
-EARLY_BATCHES_MAX = 64
 # Pacing never banks more than this many seconds of unused step budget.
 PACE_MAX_DEBT = 0.05
 # Longest single sleep of the pacer: a low cap still reports progress (the actor's watchdog) and
@@ -41,8 +37,8 @@ def one_torch_thread() -> None:
 
     Actors start without torch (numpy policies); a torch policy (the Nature CNN) imports it while
     it is built, so this must run after ``make_policy``. Left at torch's default (one thread per
-    core), four Pong actors' OpenMP threads spun against each other on 2 cores: ~35 env steps/s
-    per actor instead of ~300.
+    core), several actors' OpenMP threads spin against each other on a few cores (what that cost:
+    docs/performance.md, "Measured in the actor").
     """
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
@@ -74,18 +70,9 @@ class Pacer:
                     return
 
 
-def early_batches(cfg: Config) -> int:
-    """How many batches an actor may collect before the learner is heard from: a replay agent's
-    share of ``learner.min_replay_size`` (its warm-up), at most EARLY_BATCHES_MAX; none for an
-    on-policy agent."""
-    if is_on_policy(cfg.agent):
-        return 0
-    share = cfg.learner.min_replay_size / max(1, cfg.actor.num_actors)
-    return min(EARLY_BATCHES_MAX, math.ceil(share / cfg.actor.send_batch))
-
-
 class Actor:
-    """Steps its env with exploration, turns steps into n-step transitions and ships them.
+    """An actor process's lifecycle: builds its parts and sockets, drives its sampler, sends what
+    its adder hands over, takes in weights, heartbeats, paces and stops.
 
     Acts with its own initial weights until the learner's first publish arrives; from then on it
     adopts every newer version (never an older one) and stamps each batch with the version its
@@ -93,11 +80,9 @@ class Actor:
 
     Nothing is sent before the learner was heard from: batches wait until a valid weights message
     arrived, which carries the learner's run fingerprint. An actor whose settings differ raises
-    ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition. Meanwhile a
-    replay agent's actor goes on collecting its share of the learner's warm-up
-    (``early_batches``), so the learner, which starts seconds after its actors (torch's import),
-    can train as soon as it has published; an on-policy actor holds its first rollouts, which
-    must be acted with the learner's weights.
+    ``FingerprintMismatch`` (exit 2 at the CLI) without having sent a transition. Meanwhile its
+    adder holds as many batches as the agent's builder allows (``Adder.hold_limit``), then the
+    actor waits for the learner.
 
     ``faults`` are a test's (zmqrl.runtime.testhooks; the process main builds them from the
     environment): none by default, and then no fault code runs.
@@ -127,10 +112,7 @@ class Actor:
         self.stats: dict[str, Any] = {}
         self.samples_sent = 0
         self.weights_loaded = 0
-        self.num_envs = cfg.actor.envs_per_actor
         self._learner_heard = False  # a valid (and, if fingerprinted, matching) weights message arrived
-        self._early: list[SamplesMsg] = []  # batches collected before that, sent once it has
-        self._early_limit = early_batches(cfg)
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -139,17 +121,14 @@ class Actor:
     def steps(self) -> int:
         return self.sampler.steps if hasattr(self, "sampler") else 0
 
-    @property
-    def episodes(self) -> int:
-        return self.sampler.episodes if hasattr(self, "sampler") else 0
-
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         # Snapshots the policy refuses are counted with the weights channel's bad messages.
         bad_weights = BadMessages(f"actor-{self.actor_id} weights", log)
         parts = build_acting(cfg, self.actor_id, replacement=self.replacement, bad_weights=bad_weights)
         self.agent, spec = parts.policy, parts.spec
-        self.sampler: Collector = parts.sampler  # n-step transitions, or on-policy rollouts
+        self.sampler = parts.sampler  # steps the env(s) into the adder
+        self.adder = parts.adder  # n-step transitions, or on-policy rollouts, as messages
         if self._faults is not None:  # a test's: this one process's sampler may hang (testhooks)
             self.sampler = self._faults.sampler(self.sampler)
         self.weights_client = parts.weights  # newer versions only
@@ -193,7 +172,7 @@ class Actor:
         """Heartbeat and pace every HOUSEKEEPING_EVERY env steps; collect and ship in between.
         Returns True at ``actor.max_steps``, False when told to stop."""
         max_steps = self.cfg.actor.max_steps
-        sampler = self.sampler
+        sampler, adder = self.sampler, self.adder
         next_housekeeping = paced_steps = ticked_steps = 0
         while True:
             if sampler.steps >= next_housekeeping:
@@ -204,55 +183,29 @@ class Actor:
                 paced_steps = sampler.steps
                 next_housekeeping = sampler.steps + HOUSEKEEPING_EVERY
             if max_steps is not None and sampler.steps >= max_steps:
-                return self._deliver_early()
+                # What was held before the learner was heard from still goes to it (waiting for it,
+                # as a first batch always did).
+                if adder.held and not self._await_learner(lambda: self._learner_heard):
+                    return False
+                return self._send_all()
             budget = next_housekeeping - sampler.steps
             if max_steps is not None:
                 budget = min(budget, max_steps - sampler.steps)
             collected = sampler.collect(budget)
             if collected is Collected.WEIGHTS_DUE:
                 self._sync_weights()
-                if self._early and self._learner_heard and not self._send_early():
+            elif collected is Collected.BATCH_READY and not self._learner_heard and not adder.hold():
+                log.info("holding the next batch until the learner's weights (and run fingerprint) arrive")
+                if not self._await_learner(lambda: self._learner_heard):
                     return False
-            elif collected is Collected.BATCH_READY and not self._ship():
+            if self._learner_heard and not self._send_all():
                 return False
 
-    def _ship(self) -> bool:
-        """Send the ready batch (before the learner was heard from: keep it, up to the early limit,
-        then wait); returns False if told to stop while the learner's queue was full, or before
-        the learner was heard from."""
-        if not self._learner_heard:
-            if len(self._early) < self._early_limit:
-                if not self._early:
-                    log.info(
-                        "collecting up to %d batches until the learner's weights (and run "
-                        "fingerprint) arrive",
-                        self._early_limit,
-                    )
-                # Ape-X priorities when sent, under the learner's weights by then.
-                self._early.append(self.sampler.message(priorities=False))
-                return True
-            log.info("holding the next batch until the learner's weights (and run fingerprint) arrive")
-            if not self._await_learner(lambda: self._learner_heard):
-                return False
-        if self._early and not self._send_early():
-            return False
-        return self._send(self.sampler.message())  # Ape-X priorities under the weights held now
-
-    def _deliver_early(self) -> bool:
-        """At ``actor.max_steps``: what was collected before the learner was heard from still goes
-        to it (waiting for it, as a first batch always did). False if told to stop first."""
-        if self._early and not self._learner_heard and not self._await_learner(lambda: self._learner_heard):
-            return False
-        return self._send_early()
-
-    def _send_early(self) -> bool:
-        """Send the batches collected before the learner was heard from, oldest first."""
-        while self._early:
-            msg = self._early[0]
-            self.sampler.add_priorities(msg)
+    def _send_all(self) -> bool:
+        """Send what the adder hands over (held batches first); False if told to stop meanwhile."""
+        while (msg := self.adder.pop()) is not None:
             if not self._send(msg):
                 return False
-            self._early.pop(0)
         return True
 
     def _send(self, msg: SamplesMsg) -> bool:

@@ -1,17 +1,20 @@
 """What an actor acts with, built once for the actor process and serial mode alike.
 
-An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), and the
-loop that turns steps into what the learner trains on: n-step transitions for a replay agent
-(:class:`~zmqrl.actor.sampler.Sampler`, with Ape-X exploration and priorities), fixed-length
-rollouts for an on-policy one (:class:`~zmqrl.actor.rollouts.RolloutCollector`). Which one is the
-agent plugin's to say (``AgentPlugin.on_policy``); the callers drive either the same way.
+An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), a loop
+that steps the env(s) and an adder that makes the steps what the learner trains on: n-step
+transitions for a replay agent (``Sampler``, Ape-X exploration and priorities), rollouts for an
+on-policy one (``RolloutCollector``). Which is the agent plugin's (``AgentPlugin.on_policy``), and
+so is how many batches the adder may hold; the callers drive either the same way.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
-from zmqrl.actor.rollouts import RolloutCollector, make_rollout_envs
+from zmqrl.actor.adders import Adder
+from zmqrl.actor.nstep_log import NStepLog
+from zmqrl.actor.rollouts import RolloutCollector, RolloutLog
 from zmqrl.actor.sampler import Sampler, actor_seed
 from zmqrl.agents import is_on_policy, make_policy, make_priorities
 from zmqrl.config import Config
@@ -21,26 +24,35 @@ from zmqrl.spec import SampleSpec
 from zmqrl.transport.bad_messages import BadMessages
 from zmqrl.transport.weights_channel import WeightsClient
 
-# Either sampling loop: both have collect / message / counters / close / steps / episodes.
-Collector = Sampler | RolloutCollector
+# Most batches a replay agent's actor collects before the learner is heard from (see early_batches).
+EARLY_BATCHES_MAX = 64
 
 
 class ActingParts(NamedTuple):
     policy: Policy
     spec: SampleSpec  # the actor's own view of the spaces (its run fingerprint is built from it)
     weights: WeightsClient
-    sampler: Collector
+    sampler: Sampler | RolloutCollector  # either has collect / counters / close / steps / describe
+    adder: Adder[NStepLog] | Adder[RolloutLog]  # the steps as messages, held until the learner is heard
+
+
+def early_batches(cfg: Config) -> int:
+    """How many batches a replay agent's actor may collect before the learner (which starts seconds
+    after its actors: torch's import) is heard from: its share of ``learner.min_replay_size``, so
+    the learner can train as soon as it has published; at most EARLY_BATCHES_MAX."""
+    share = cfg.learner.min_replay_size / max(1, cfg.actor.num_actors)
+    return min(EARLY_BATCHES_MAX, math.ceil(share / cfg.actor.send_batch))
 
 
 def build_acting(
     cfg: Config, actor_id: int, *, replacement: bool = False, bad_weights: BadMessages | None = None
 ) -> ActingParts:
-    """Env(s), policy, weights client and sampling loop of actor ``actor_id``. ``replacement``: it
+    """Env(s), policy, weights client, sampling loop and adder of actor ``actor_id``. ``replacement``:
     joins a run under way (a replay agent's explorer starts at its rung at once).
     ``bad_weights``: where snapshots the policy refuses are counted (None: a tally of its own)."""
     seed = actor_seed(cfg, actor_id)
     if is_on_policy(cfg.agent):
-        envs = make_rollout_envs(cfg)
+        envs = [make_env(cfg.env) for _ in range(cfg.actor.envs_per_actor)]  # each reset by the collector
         spec = sample_spec(envs[0])
         policy = make_policy(cfg.agent, spec, seed=seed)
         if not isinstance(policy, SamplingPolicy):
@@ -49,21 +61,23 @@ def build_acting(
                 "no sample(obs) -> (actions, logp) (zmqrl.core.SamplingPolicy)"
             )
         client = WeightsClient(policy, bad_weights)
-        collector = RolloutCollector(cfg, actor_id, policy, envs, spec, weights=client, seed=seed)
-        return ActingParts(policy, spec, client, collector)
+        # None held: rollouts must be acted with the learner's weights.
+        rollouts = Adder(actor_id, RolloutLog(spec, len(envs), cfg.actor.rollout_length))
+        collector = RolloutCollector(cfg, policy, envs, spec, weights=client, adder=rollouts, seed=seed)
+        return ActingParts(policy, spec, client, collector, rollouts)
     num_envs = cfg.actor.envs_per_actor
     env: Any = make_env(cfg.env) if num_envs == 1 else make_vector_env(cfg.env, num_envs, training=True)
     spec = sample_spec(env)
     policy = make_policy(cfg.agent, spec, seed=seed)
     client = WeightsClient(policy, bad_weights)
-    sampler = Sampler(
-        cfg,
+    n, gamma = cfg.agent.n_step, cfg.agent.gamma
+    transitions = Adder(
         actor_id,
-        policy,
-        env,
-        spec,
-        weights=client,
-        replacement=replacement,
+        NStepLog(num_envs, n, gamma, cfg.actor.send_batch, spec.obs_dtype, spec.action_dtype),
+        hold_limit=early_batches(cfg),
         priorities=make_priorities(cfg.agent, policy) if cfg.replay.prioritized else None,
     )
-    return ActingParts(policy, spec, client, sampler)
+    sampler = Sampler(
+        cfg, actor_id, policy, env, spec, weights=client, adder=transitions, replacement=replacement
+    )
+    return ActingParts(policy, spec, client, sampler, transitions)

@@ -1,11 +1,10 @@
 """An on-policy actor's sampling loop without sockets: fixed-length rollouts of its env(s).
 
-The on-policy counterpart of :class:`zmqrl.actor.sampler.Sampler`, with the same surface
-(``collect`` returns what happened, ``message`` the ready rollouts, ``counters``), so the actor
-process and serial mode drive either. It steps ``actor.envs_per_actor`` envs in lockstep with
-one batched ``sample`` of the policy per step, records each action's log-probability under the
-policy that acted, and after ``actor.rollout_length`` steps hands over one rollout per env,
-stamped with the weights version its first step was acted with (the oldest in it).
+The on-policy counterpart of :class:`zmqrl.actor.sampler.Sampler`, driven the same way. It steps
+``actor.envs_per_actor`` envs in lockstep with one batched ``sample`` of the policy per step into
+its adder's ``RolloutLog``, which keeps each action's log-probability and after
+``actor.rollout_length`` steps hands over one rollout per env, stamped with the weights version
+its first step was acted with (the oldest in it).
 
 The envs are plain gymnasium envs reset here as soon as an episode ends (not a vector env with
 gymnasium's autoreset), so every recorded step is a real transition: after a done step the row
@@ -24,98 +23,146 @@ keep a rollout correct even if its policy changed in the middle.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import numpy as np
 
+from zmqrl.actor.adders import Adder
 from zmqrl.actor.sampler import Collected
 from zmqrl.config import Config
 from zmqrl.core import SamplingPolicy, is_recurrent
-from zmqrl.envs.factory import make_env
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec, rollout_message_problem
 from zmqrl.transport.weights_channel import WeightsClient
-from zmqrl.transport.wire import SamplesMsg
 from zmqrl.types import EpisodeStat, RolloutBatch
 
 
-def make_rollout_envs(cfg: Config) -> list[Any]:
-    """The actor's ``actor.envs_per_actor`` training envs, each reset by the collector."""
-    return [make_env(cfg.env) for _ in range(cfg.actor.envs_per_actor)]
+class RolloutLog:
+    """Lockstep steps of E envs cut into rollouts of ``length`` steps, one row per env: the step log
+    of an on-policy actor's adder. ``take`` hands over the filled rows (copies) stamped with the
+    weights version the rollout's first step was acted with; the collector steps no further
+    until then."""
+
+    def __init__(self, spec: SampleSpec, num_envs: int, length: int) -> None:
+        self.spec = spec
+        self.length = length
+        self.rollouts = 0  # rows completed so far
+        self.t = 0  # steps in the rollout being filled
+        # The rollout being filled, one row per env; obs has one more step, the bootstrap.
+        self._obs = np.zeros((num_envs, length + 1, *spec.obs_shape), spec.obs_dtype)
+        self._action = np.zeros((num_envs, length, *spec.action_shape), spec.action_dtype)
+        self._reward = np.zeros((num_envs, length), np.float32)
+        self._terminated = np.zeros((num_envs, length), bool)
+        self._truncated = np.zeros((num_envs, length), bool)
+        self._logp = np.zeros((num_envs, length), np.float32)
+        self._final: list[tuple[int, int, np.ndarray]] = []  # (row, step, obs) of truncated steps
+        self._version = 0  # the version the rollout's first step was acted with
+        self._core_state: np.ndarray | None = None  # each row's state before its first step
+
+    @property
+    def ready(self) -> bool:
+        return self.t == self.length
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        logp: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        finals: list[tuple[int, np.ndarray]],
+        next_obs: np.ndarray,
+        version: int,
+        core_state: np.ndarray | None = None,
+    ) -> bool:
+        """One lockstep step (``finals``: each truncated row's last observation, as ``(row, obs)``;
+        ``next_obs``: the observations the next step starts from). ``version`` and ``core_state``
+        count at a rollout's first step only. True when it completed the rollouts."""
+        t = self.t
+        if t == 0:
+            self._version, self._core_state = version, core_state
+            self._final.clear()
+        self._obs[:, t] = obs
+        self._action[:, t] = actions
+        self._logp[:, t] = logp
+        self._reward[:, t] = rewards
+        self._terminated[:, t] = terminated
+        self._truncated[:, t] = truncated
+        self._final.extend((row, t, np.asarray(final, self.spec.obs_dtype)) for row, final in finals)
+        self.t = t = t + 1
+        if t < self.length:
+            return False
+        self._obs[:, t] = next_obs
+        self.rollouts += len(obs)
+        return True
+
+    def take(self) -> tuple[RolloutBatch, int]:
+        """The filled rows as rollouts (copies: the buffers are refilled by the next rollout)."""
+        # Row-major order of the truncated flags, as RolloutBatch.final_obs is defined.
+        final = [obs for _, _, obs in sorted(self._final, key=lambda item: item[:2])]
+        final_obs = np.array(final, self.spec.obs_dtype).reshape(len(final), *self.spec.obs_shape)
+        batch = RolloutBatch(
+            self._obs.copy(),
+            self._action.copy(),
+            self._reward.copy(),
+            self._terminated.copy(),
+            self._truncated.copy(),
+            self._logp.copy(),
+            final_obs,
+            self._core_state,
+        )
+        self.t = 0
+        return batch, self._version
 
 
 class RolloutCollector:
-    """Steps its envs with the policy's own sampling and cuts the steps into rollouts."""
+    """Steps its envs with the policy's own sampling into ``adder``, whose log cuts them into rollouts."""
 
     def __init__(
         self,
         cfg: Config,
-        actor_id: int,
         policy: SamplingPolicy,
         envs: list[Any],
         spec: SampleSpec,
         *,
         weights: WeightsClient,
+        adder: Adder[RolloutLog],
         seed: int,
     ) -> None:
-        if not isinstance(policy, SamplingPolicy):
-            raise TypeError(f"an on-policy actor needs a SamplingPolicy, got {type(policy).__name__}")
         problem = rollout_message_problem(
             spec, len(envs), cfg.actor.rollout_length, cfg.transport.max_message_mb
         )
         if problem:
             raise ConfigError(problem)
-        self.actor_id = actor_id
         self.policy = policy
         self.weights = weights
-        self.spec = spec
         self.envs = envs
+        self.adder = adder
+        self.log = adder.log
         self.num_envs = n = len(envs)
-        self.length = t_max = cfg.actor.rollout_length
         self._poll_every = cfg.actor.weights_poll_steps
         self.steps = 0
-        self.episodes = 0
-        self.rollouts = 0
-        self.recent_returns: deque[float] = deque(maxlen=20)
-        self._seq = 0
-        # The rollout being filled, one row per env; obs has one more step, the bootstrap.
-        self._obs = np.zeros((n, t_max + 1, *spec.obs_shape), spec.obs_dtype)
-        self._action = np.zeros((n, t_max, *spec.action_shape), spec.action_dtype)
-        self._reward = np.zeros((n, t_max), np.float32)
-        self._terminated = np.zeros((n, t_max), bool)
-        self._truncated = np.zeros((n, t_max), bool)
-        self._logp = np.zeros((n, t_max), np.float32)
-        self._final: list[tuple[int, int, np.ndarray]] = []  # (row, step, obs) of truncated steps
         self.recurrent = is_recurrent(policy)
         if self.recurrent:
             policy.reset_core()  # type: ignore[attr-defined]
-        self._core_state: np.ndarray | None = None  # each row's state before its first step
-        self._t = 0
-        self._version = weights.version  # the version the rollout's first step was acted with
-        self._finished: list[EpisodeStat] = []
-        self._ready: SamplesMsg | None = None
+        # This step's rewards and end flags, one per env (refilled each step).
+        self._reward = np.zeros(n, np.float32)
+        self._terminated = np.zeros(n, bool)
+        self._truncated = np.zeros(n, bool)
         self._returns = np.zeros(n)
         self._lengths = np.zeros(n, np.int64)
         self._current = np.stack([env.reset(seed=seed + j)[0] for j, env in enumerate(envs)])
         self._next_poll = 0
 
-    @property
-    def env(self) -> Any:
-        return self.envs[0]
-
-    @property
-    def batch_ready(self) -> bool:
-        return self._ready is not None
-
     def describe(self) -> str:
         """How this actor acts, for its start-up line."""
-        return f"on-policy rollouts of {self.length} steps x {self.num_envs} env(s)"
+        return f"on-policy rollouts of {self.log.length} steps x {self.num_envs} env(s)"
 
     def collect(self, budget: int) -> Collected:
         """Step until rollouts are ready, weights are due, or about ``budget`` env transitions
         were taken (one lockstep step may overshoot by fewer than the env count)."""
-        if self._ready is not None:
+        if self.log.ready:
             return Collected.BATCH_READY
         until = self.steps + budget
         while self.steps < until:
@@ -127,74 +174,53 @@ class RolloutCollector:
                 return Collected.BATCH_READY
         return Collected.BUDGET_SPENT
 
-    def message(self, priorities: bool = True) -> SamplesMsg:
-        """The ready rollouts as a samples message (kind "rollouts" on the wire; rollouts carry no
-        priorities, whatever ``priorities`` says)."""
-        assert self._ready is not None, "message() after collect() said BATCH_READY"
-        msg, self._ready = self._ready, None
-        return msg
-
-    def add_priorities(self, msg: SamplesMsg) -> None:
-        """Nothing: rollouts carry no priorities (the samplers' counterpart scores replay batches)."""
-
     def close(self) -> None:
         for env in self.envs:
             env.close()
 
     def counters(self, elapsed: float) -> dict[str, float | int]:
         """What the sampling loop has done, for heartbeats and stats (``elapsed``: its seconds)."""
-        recent = self.recent_returns
         return {
             "envs": self.num_envs,
             "steps": self.steps,
-            "episodes": self.episodes,
-            "rollouts": self.rollouts,
+            "rollouts": self.log.rollouts,
             "weights_version": self.weights.version,
             "steps_per_s": self.steps / max(elapsed, 1e-9),
-            "recent_return": float(np.mean(recent)) if recent else float("nan"),
+            **self.adder.episode_counters(),
         }
 
     def _step(self) -> bool:
         """One lockstep step of every env; True when it completed the rollouts."""
-        t = self._t
-        if t == 0:
-            self._version = self.weights.version
-            self._final.clear()
-            if self.recurrent:
-                self._core_state = self._start_state()
+        start_state = self._start_state() if self.recurrent and self.log.t == 0 else None
         obs = self._current
         actions, logp = self.policy.sample(obs)
-        self._obs[:, t] = obs
-        self._action[:, t] = actions
-        self._logp[:, t] = logp
+        rewards, terminated, truncated = self._reward, self._terminated, self._truncated
+        finals: list[tuple[int, np.ndarray]] = []
         next_obs = np.empty_like(obs)
         for j, env in enumerate(self.envs):
-            observation, reward, terminated, truncated, _ = env.step(actions[j])
-            self._reward[j, t] = reward
+            observation, reward, term, trunc, _ = env.step(actions[j])
+            rewards[j] = reward
             self._returns[j] += float(reward)
             self._lengths[j] += 1
             # A step is terminated or truncated, never both: termination bootstraps nothing.
-            self._terminated[j, t] = terminated
-            self._truncated[j, t] = truncated and not terminated
-            if terminated or truncated:
-                if not terminated:
-                    self._final.append((j, t, np.asarray(observation, self.spec.obs_dtype)))
+            terminated[j] = term
+            truncated[j] = trunc and not term
+            if term or trunc:
+                if not term:
+                    finals.append((j, observation))
                 self._episode_ended(j)
                 observation, _ = env.reset()
             next_obs[j] = observation
         self._current = next_obs
         if self.recurrent:  # the envs whose episode ended start the next one from a zero state
-            done = self._terminated[:, t] | self._truncated[:, t]
+            done = terminated | truncated
             if done.any():
                 self.policy.reset_core(done)  # type: ignore[attr-defined]
         self.steps += self.num_envs
-        self._t = t + 1
-        if self._t < self.length:
-            return False
-        self._obs[:, self.length] = next_obs
-        self._ready = self._rollouts()
-        self._t = 0
-        return True
+        version = self.weights.version
+        return self.log.add(
+            obs, actions, logp, rewards, terminated, truncated, finals, next_obs, version, start_state
+        )
 
     def _start_state(self) -> np.ndarray:
         """A copy of the policy's state for the envs' next step: zeros before its first step."""
@@ -204,39 +230,5 @@ class RolloutCollector:
         return state
 
     def _episode_ended(self, j: int) -> None:
-        stat = EpisodeStat(float(self._returns[j]), int(self._lengths[j]))
-        self._finished.append(stat)
-        self.recent_returns.append(stat.ret)
-        self.episodes += 1
+        self.adder.finished.append(EpisodeStat(float(self._returns[j]), int(self._lengths[j])))
         self._returns[j], self._lengths[j] = 0.0, 0
-
-    def _rollouts(self) -> SamplesMsg:
-        """The filled buffers as a message (copies: the buffers are refilled by the next rollout)."""
-        # Row-major order of the truncated flags, as RolloutBatch.final_obs is defined.
-        final = sorted(self._final, key=lambda item: (item[0], item[1]))
-        final_obs = (
-            np.stack([obs for _, _, obs in final])
-            if final
-            else np.zeros((0, *self.spec.obs_shape), self.spec.obs_dtype)
-        )
-        batch = RolloutBatch(
-            self._obs.copy(),
-            self._action.copy(),
-            self._reward.copy(),
-            self._terminated.copy(),
-            self._truncated.copy(),
-            self._logp.copy(),
-            final_obs,
-            self._core_state,
-        )
-        msg = SamplesMsg(
-            actor_id=self.actor_id,
-            seq=self._seq,
-            weights_version=self._version,
-            batch=batch,
-            episodes=self._finished,
-        )
-        self._seq += 1
-        self.rollouts += self.num_envs
-        self._finished = []
-        return msg

@@ -1,48 +1,41 @@
 """An actor's sampling loop without sockets: env(s), policy, exploration, n-step windows, batches.
 
-The actor process drives a ``Sampler`` between heartbeats and sends what it collects; serial mode
-drives the same object and hands the batches to the learner in the same thread. ``collect``
-returns what happened (a batch is ready, weights are due, the step budget is spent) and the
-caller decides what to do about it: the sampler never calls back into its role.
+The actor process (and serial mode) drives a ``Sampler`` and sends what its adder
+(zmqrl/actor/adders.py) makes of the steps. ``collect`` returns what happened (a batch is ready,
+weights are due, the step budget is spent) and the caller decides what to do about it: the
+sampler never calls back into its role.
 
 With ``actor.envs_per_actor`` = E > 1 it steps a gymnasium ``SyncVectorEnv`` (autoreset mode
 NEXT_STEP) with one batched ``act`` per vector step, and behaves like E single-env actors on
-consecutive rungs of the Ape-X ladder. One acting loop serves both: what differs between one env
-and a vector of them (how a step is taken and an ended episode reset) is in two small steppers,
-which log each step in an ``NStepLog`` (n-step windows per sub-env, the versions each step was
-acted with), folded into transitions once per batch (nstep_log.py says why). ``steps`` counts real
-env transitions (sub-env steps that are not a NEXT_STEP autoreset step), and everything scheduled
-by it (weight polls, epsilon annealing) goes by that count.
+consecutive rungs of the Ape-X ladder. One acting loop serves both: what differs (how a step is
+taken and an ended episode reset) is in two small steppers, which log each step in the adder's
+``NStepLog`` (nstep_log.py says how). ``steps`` counts real env transitions (sub-env steps that
+are not a NEXT_STEP autoreset step), and everything scheduled by it (weight polls, epsilon
+annealing) goes by that count.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
-import time
-from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from zmqrl.actor.adders import Adder
 from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, ladder_epsilon
 from zmqrl.actor.nstep_log import NStepLog
-from zmqrl.agents import PriorityFn
 from zmqrl.config import Config
 from zmqrl.core import Policy
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.weights_channel import WeightsClient
-from zmqrl.transport.wire import SamplesMsg
-from zmqrl.types import EpisodeStat, TransitionBatch
+from zmqrl.types import EpisodeStat
 
 # Actor i's env is seeded with run.seed + ACTOR_SEED_STRIDE * (i + 1): distinct and reproducible.
 # Sub-env j of a vector actor gets that seed + j (distinct while envs_per_actor < the stride).
 ACTOR_SEED_STRIDE = 1000
 # Env steps between updates of the annealed epsilon (and the actor's heartbeat/control checks).
 HOUSEKEEPING_EVERY = 16
-
-log = logging.getLogger("zmqrl.actor")
 
 
 def actor_seed(cfg: Config, actor_id: int) -> int:
@@ -67,7 +60,7 @@ def ladder(cfg: Config, actor_id: int) -> np.ndarray:
 class Collected(enum.Enum):
     """What ``Sampler.collect`` stopped for; the caller decides what to do about it."""
 
-    BATCH_READY = "batch ready"  # ``message()`` holds a batch to send
+    BATCH_READY = "batch ready"  # the adder holds a batch to send
     WEIGHTS_DUE = "weights due"  # actor.weights_poll_steps passed (and before the first step):
     # hand the policy newer weights if there are any, then collect on
     BUDGET_SPENT = "budget spent"  # the step budget was taken, and neither of the above
@@ -77,27 +70,18 @@ class Collected(enum.Enum):
 Act = Callable[[np.ndarray], np.ndarray]
 
 
-class EnvStepper(Protocol):
-    """Steps the env(s) and logs the steps for n-step folding."""
-
-    env: Any
-    log: NStepLog
-
-    def run(self, act: Act, budget: int, version: int) -> int:
-        """Act and step until about ``budget`` real env transitions were taken (a vector step
-        may overshoot by fewer than E) or the log holds a batch, acting with weights
-        ``version``; returns the transitions taken. Episodes that ended are appended to the
-        ``finished`` list the stepper was given. One call runs many steps: the acting loop's
-        per-step work is all here, in locals."""
-
-
 class SingleEnvStepper:
-    """One gymnasium env, reset as soon as an episode ends."""
+    """One gymnasium env, reset as soon as an episode ends. Its ``run`` (and the vector
+    stepper's) acts and steps until about ``budget`` real env transitions were taken (a vector
+    step may overshoot by fewer than E) or the log holds a batch, acting with weights
+    ``version``, and returns the transitions taken; ended episodes go to the adder's
+    ``finished``. One call runs many steps: the acting loop's per-step work is all here, in
+    locals."""
 
-    def __init__(self, env: Any, seed: int, log: NStepLog, finished: list[EpisodeStat]) -> None:
+    def __init__(self, env: Any, seed: int, adder: Adder[NStepLog]) -> None:
         self.env = env
-        self.log = log
-        self._finished = finished
+        self.log = adder.log
+        self._finished = adder.finished
         self._obs, _ = env.reset(seed=seed)
         self._return, self._length = 0.0, 0
 
@@ -127,15 +111,13 @@ class VectorEnvStepper:
     """A ``SyncVectorEnv`` (autoreset NEXT_STEP), whose autoreset steps are not transitions: the
     log tells them apart and keeps each sub-env's windows its own."""
 
-    def __init__(
-        self, env: Any, seed: int, num_envs: int, log: NStepLog, finished: list[EpisodeStat]
-    ) -> None:
+    def __init__(self, env: Any, seed: int, adder: Adder[NStepLog]) -> None:
         self.env = env
-        self.log = log
-        self._finished = finished
+        self.log = adder.log
+        self._finished = adder.finished
         # SyncVectorEnv (copy=True, as make_vector_env builds it) returns fresh arrays each
         # step, so the log may keep them until its batch is taken.
-        self.obs, _ = env.reset(seed=[seed + j for j in range(num_envs)])
+        self.obs, _ = env.reset(seed=[seed + j for j in range(self.log.num_envs)])
 
     def run(self, act: Act, budget: int, version: int) -> int:
         env, log, finished = self.env, self.log, self._finished
@@ -153,12 +135,12 @@ class VectorEnvStepper:
 
 
 class Sampler:
-    """Steps its env(s) with exploration and folds the steps into batches of n-step transitions.
+    """Steps its env(s) with exploration into ``adder``, whose n-step log folds them into batches.
 
     ``collect`` returns ``Collected.WEIGHTS_DUE`` every ``actor.weights_poll_steps`` env steps (and
-    before the first): the caller hands the policy newer weights then, if it has any. Each batch
-    is stamped with the oldest weights version its transitions were acted with, so the learner
-    can measure policy lag.
+    before the first): the caller hands the policy newer weights then, if it has any. Each step is
+    logged with the weights version it was acted with, so each batch is stamped with its oldest
+    and the learner can measure policy lag.
     """
 
     def __init__(
@@ -170,56 +152,28 @@ class Sampler:
         spec: SampleSpec,
         *,
         weights: WeightsClient,
+        adder: Adder[NStepLog],
         replacement: bool = False,
-        priorities: PriorityFn | None = None,
     ) -> None:
-        self.actor_id = actor_id
-        self.policy = policy
+        self.adder = adder
+        self.log = adder.log
         self.weights = weights  # which version the policy acts with (the role offers it newer ones)
-        self.spec = spec
         self.num_envs = cfg.actor.envs_per_actor
-        self._send_batch = cfg.actor.send_batch
         self._poll_every = cfg.actor.weights_poll_steps
         self.epsilons = ladder(cfg, actor_id)
         # Start fully random and anneal to each rung of the ladder (no-op when decay is 0); a
         # replacement joins a run under way, at its rung at once.
         self.epsilon_decay = 0 if replacement else cfg.actor.epsilon_decay_steps
         self._schedule = LinearSchedule(1.0, float(self.epsilons[0]), self.epsilon_decay)
-        self._priority_fn = priorities  # Ape-X initial priorities for each batch (None: none)
         self.steps = 0
-        self.episodes = 0
-        self.priority_seconds = 0.0
-        self.recent_returns: deque[float] = deque(maxlen=20)
-        self._seq = 0
-        self._finished: list[EpisodeStat] = []  # episodes ended since the last message
-        self._counted = 0  # how many of them episodes and recent_returns include
-        self._bad_priorities_logged = False
         seed = actor_seed(cfg, actor_id)
-        self.log = NStepLog(
-            self.num_envs,
-            cfg.agent.n_step,
-            cfg.agent.gamma,
-            self._send_batch,
-            spec.obs_dtype,
-            spec.action_dtype,
-        )
-        self.envs: EnvStepper = (
-            SingleEnvStepper(env, seed, self.log, self._finished)
-            if self.num_envs == 1
-            else VectorEnvStepper(env, seed, self.num_envs, self.log, self._finished)
+        self.envs = (
+            SingleEnvStepper(env, seed, adder) if self.num_envs == 1 else VectorEnvStepper(env, seed, adder)
         )
         # Epsilon-random rows around the policy's own acting, on this actor's rungs.
         self.explorer = EpsilonExplorer(policy, spec, seed=seed, epsilon=self._epsilon())
         self._next_poll = 0
         self._next_epsilon = HOUSEKEEPING_EVERY
-
-    @property
-    def env(self) -> Any:
-        return self.envs.env
-
-    @property
-    def batch_ready(self) -> bool:
-        return self.log.ready
 
     def describe(self) -> str:
         """How this actor explores, for its start-up line."""
@@ -229,51 +183,26 @@ class Sampler:
     def collect(self, budget: int) -> Collected:
         """Step until a batch is ready, weights are due, or about ``budget`` env transitions were
         taken (a vector step may overshoot by fewer than E); says which (see ``Collected``)."""
-        if self.batch_ready:
+        if self.log.ready:
             return Collected.BATCH_READY
         if self._act(self.steps + budget):
             return Collected.WEIGHTS_DUE
-        return Collected.BATCH_READY if self.batch_ready else Collected.BUDGET_SPENT
-
-    def message(self, priorities: bool = True) -> SamplesMsg:
-        """The ready batch as a samples message (with Ape-X initial priorities when the sampler
-        computes them and ``priorities`` asks for them); starts the next batch."""
-        batch, version = self.log.take()
-        msg = SamplesMsg(
-            actor_id=self.actor_id,
-            seq=self._seq,
-            weights_version=version,
-            batch=batch,
-            episodes=list(self._finished),
-            priorities=self._priorities(batch) if priorities and self._priority_fn is not None else None,
-        )
-        self._seq += 1
-        self._finished.clear()  # the steppers append to this very list
-        self._counted = 0
-        return msg
-
-    def add_priorities(self, msg: SamplesMsg) -> None:
-        """Give ``msg``, taken earlier with ``message(priorities=False)``, its Ape-X initial
-        priorities under the weights held now (when the sampler computes them)."""
-        if self._priority_fn is not None and isinstance(msg.batch, TransitionBatch):
-            msg.priorities = self._priorities(msg.batch)
+        return Collected.BATCH_READY if self.log.ready else Collected.BUDGET_SPENT
 
     def close(self) -> None:
-        self.env.close()
+        self.envs.env.close()
 
     def counters(self, elapsed: float) -> dict[str, float | int]:
         """What the sampling loop has done, for heartbeats and stats (``elapsed``: its seconds)."""
-        recent = self.recent_returns
         return {
             "envs": self.num_envs,
             "steps": self.steps,
-            "episodes": self.episodes,
             "weights_version": self.weights.version,
             # A vector actor reports the mean of its sub-envs' epsilons.
             "epsilon": float(np.mean(self.explorer.epsilon)),
             "steps_per_s": self.steps / max(elapsed, 1e-9),
-            "priority_seconds": self.priority_seconds,
-            "recent_return": float(np.mean(recent)) if recent else float("nan"),
+            "priority_seconds": self.adder.priority_seconds,
+            **self.adder.episode_counters(),
         }
 
     def _act(self, until: int) -> bool:
@@ -298,11 +227,6 @@ class Sampler:
             return False
         finally:
             self.steps = steps
-            if len(self._finished) > self._counted:
-                for stat in self._finished[self._counted :]:
-                    self.recent_returns.append(stat.ret)
-                self.episodes += len(self._finished) - self._counted
-                self._counted = len(self._finished)
 
     def _epsilon(self) -> float | np.ndarray:
         """The policy's epsilon now: one env's from its schedule over the actor's steps, a vector's
@@ -318,27 +242,3 @@ class Sampler:
             return self.epsilons.copy()
         frac = np.minimum(env_steps / self.epsilon_decay, 1.0)
         return 1.0 + (self.epsilons - 1.0) * frac
-
-    def _priorities(self, batch: TransitionBatch) -> np.ndarray | None:
-        """The Ape-X initial priorities of ``batch`` under the weights held now, as float32 (B,), or
-        None when there are none or they are unusable (NaN, inf, negative: the learner then gives
-        the rows its max priority)."""
-        assert self._priority_fn is not None
-        started = time.perf_counter()
-        try:
-            raw = self._priority_fn(batch)
-        finally:
-            self.priority_seconds += time.perf_counter() - started
-        if raw is None:
-            return None
-        priorities = np.ascontiguousarray(raw, dtype=np.float32)
-        if priorities.shape != (batch.size,):
-            raise ValueError(
-                f"initial_priorities returned shape {priorities.shape}, expected ({batch.size},)"
-            )
-        if not (priorities.min() >= 0.0 and priorities.max() < np.inf):
-            if not self._bad_priorities_logged:
-                log.warning("initial priorities not finite and >= 0; sending batches without them")
-                self._bad_priorities_logged = True
-            return None
-        return priorities

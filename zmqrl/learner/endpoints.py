@@ -6,7 +6,7 @@ and connect while it loads; if the learner's sockets are bound only after the im
 actor's connection waits for its next reconnect attempt, and the run's first update waits for
 the slowest of them. Bound first (the process main does this before importing the learner),
 every actor is connected by the time the first weights are published, and the batches it
-collected meanwhile (zmqrl.actor.main: ``early_batches``) reach the learner at once.
+collected meanwhile (zmqrl.actor.parts: ``early_batches``) reach the learner at once.
 
 The intake starts in parallel with the rest of the learner's start: it binds while this process
 binds the weights socket and imports torch. Nothing here imports torch.
