@@ -187,7 +187,7 @@ class LearnerReports:
         end its curves short)."""
         c = self.counters()
         for key in LEARNER_COUNTERS:
-            self.tb.scalar(f"learner/{key}", c[key], c["updates"])
+            self.tb.scalar(f"learner/{key}", c[key], self.trainer.counters.updates)
 
 
 def write_stats(run_dir: Path, stats: dict[str, Any]) -> None:
