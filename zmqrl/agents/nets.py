@@ -43,8 +43,8 @@ def annealed_lr(lr: float, lr_final: float | None, decay_updates: int, updates: 
 
 
 def fused_adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
-    """Adam with the fused kernel where this torch build has it (~20% faster steps for small
-    CPU networks, where per-tensor Python overhead dominates), else the default implementation."""
+    """Adam with the fused kernel where this torch build has it (faster steps for small CPU
+    networks, where per-tensor Python overhead dominates), else the default implementation."""
     params = list(params)
     try:
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
