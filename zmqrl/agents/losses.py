@@ -122,20 +122,20 @@ def appo_loss(
     values: torch.Tensor,
     behaviour_logp: torch.Tensor,
     vs: torch.Tensor,
-    pg_advantages: torch.Tensor,
+    advantages: torch.Tensor,
     clip: float | None,
     vf_coef: float,
     ent_coef: float,
     normalize_advantages: bool = False,
 ) -> APPOLoss:
     """APPO's loss on one minibatch of steps (all ``(N,)``), its V-trace targets ``vs`` and
-    ``pg_advantages`` given (``zmqrl.agents.vtrace``): PPO's clipped surrogate (Schulman et al.,
-    2017) on the ratio ``pi / mu`` between the policy trained (``logp``) and the actors'
-    (``behaviour_logp``), or with ``clip`` None IMPALA's ``-logp * advantage`` (its advantages
-    already carry the truncated importance weights); ``0.5 (V - vs)^2``; the entropy bonus."""
+    ``advantages`` (V-trace's ``pg_advantages``) given (``zmqrl.agents.vtrace``): PPO's clipped
+    surrogate (Schulman et al., 2017) on the ratio ``pi / mu`` between the policy trained
+    (``logp``) and the actors' (``behaviour_logp``), or with ``clip`` None IMPALA's
+    ``-logp * advantage`` (its advantages already carry the truncated importance weights);
+    ``0.5 (V - vs)^2``; the entropy bonus."""
     log_ratio = (logp - behaviour_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = log_ratio.exp()
-    advantages = pg_advantages
     if normalize_advantages:
         advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + ADVANTAGE_EPS)
     if clip is None:

@@ -66,11 +66,11 @@ def backward_step(
     returns its flag and the gradients' 2-norm before clipping (a metric, on the device, unread)."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    params = [p for p in params if p.grad is not None]
     found, norm = guarded_step(optimizer, loss, params, max_grad_norm, also, after, captured)
     if norm is None:  # clipping off: a norm of the norms is 2 ops, not N
         with torch.no_grad():
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
     return found, norm
 
 
