@@ -90,7 +90,7 @@ def dqn_pair(
     graphs = StandInGraphs([twin.optimizer], fail=fail)
     assert twin._captured is not None
     twin._captured = CapturedUpdate(
-        twin._static_update,
+        twin._learn,
         twin._captured.device,
         [twin.optimizer],
         dtypes=twin._captured._dtypes,
@@ -114,7 +114,7 @@ def test_warm_up_then_one_capture_then_replays_with_the_eager_numbers(
     with caplog.at_level(logging.INFO, logger="zmqrl.agents"):
         for i in range(capture.WARMUP_RUNS + 5):
             assert_same_results(eager.update(batch(i)), twin.update(batch(i)))
-    assert caplog.text.count("update captured as a CUDA graph (_static_update: obs (16, 4),") == 1
+    assert caplog.text.count("update captured as a CUDA graph (_learn: obs (16, 4),") == 1
     # The capture ran nothing: its batch is the first replay.
     assert (graphs.warmed, graphs.captured, graphs.replayed) == (capture.WARMUP_RUNS, 1, 5)
     # Captured with capturable optimisers and no gradients (they are allocated in the graph's pool).

@@ -6,6 +6,7 @@ does not count, so the agent never gets past the poison), as a network that over
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ from zmqrl.agents.builtin import check_dqn, dqn_priorities, make_dqn_policy
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.dqn import DQNAgent
 from zmqrl.agents.registry import AgentPlugin
+from zmqrl.agents.updates import Flag, Metrics
 from zmqrl.core import LearningAgent
 from zmqrl.spec import SampleSpec
 
@@ -32,17 +34,10 @@ class PoisonedDQNConfig(DQNConfig):
 
 
 class PoisonedDQN(DQNAgent):
-    def _td_target(
-        self,
-        rewards: torch.Tensor,
-        next_obs: torch.Tensor,
-        discounts: torch.Tensor,
-        next_online: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        td_target, target_q = super()._td_target(rewards, next_obs, discounts, next_online)
-        if self.updates >= POISON_AFTER:
-            td_target = td_target * float("nan")
-        return td_target, target_q
+    def _learn(self, x: Mapping[str, torch.Tensor], captured: bool) -> tuple[list[Flag], Metrics]:
+        if self.updates >= POISON_AFTER:  # a NaN reward makes every TD target NaN
+            x = {**x, "reward": x["reward"] * float("nan")}
+        return super()._learn(x, captured)
 
 
 def make_learner(

@@ -22,7 +22,7 @@ One update, in order:
 
 When ``minibatches`` is 1, the first epoch's step back-propagates through the forward pass of
 step 1 (computed with gradient, its outputs detached for the targets): the same numbers, one
-forward pass fewer (measured on a CPU, CartPole's 64x64 networks, 1024 steps: 3.0 -> 2.5 ms).
+forward pass fewer (docs/performance.md, "Figures behind the agents' code").
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from zmqrl.agents.appo_batch import (
-    FirstPass,
     Rollouts,
     as_rollouts,
     column_dtypes,
@@ -47,12 +46,13 @@ from zmqrl.agents.appo_batch import (
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
 from zmqrl.agents.appo_policy import APPOActions, CoreActing, CoreState, appo_net, policy_heads
 from zmqrl.agents.appo_rnn import RecurrentValue, recurrent_outputs
-from zmqrl.agents.capture import any_flag, captured_update, pack
+from zmqrl.agents.capture import captured_update, run_update
 from zmqrl.agents.configs import APPOConfig
-from zmqrl.agents.nets import annealed_lr, fused_adam, resolve_device, to_device
+from zmqrl.agents.losses import appo_loss
+from zmqrl.agents.nets import annealed_lr, fused_adam, on_device, resolve_device, to_device
 from zmqrl.agents.numpy_policies import PublishedModule, parameter_views
-from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step
-from zmqrl.agents.vtrace import LOG_RATIO_LIMIT, VTraceReturns
+from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, backward_step
+from zmqrl.agents.vtrace import VTraceReturns
 from zmqrl.spec import SampleSpec
 from zmqrl.types import Batch, RolloutBatch
 
@@ -70,8 +70,6 @@ _STEP_METRICS = (
 _METRICS = (*_STEP_METRICS, "rho_mean", "advantage_mean", "value_mean", "lr", "skipped_minibatches")
 # Stream of the seed's generator that shuffles rollouts into minibatches (apart from acting's).
 SHUFFLE_STREAM = 2
-# Added to the advantages' standard deviation before dividing by it (a constant minibatch).
-ADVANTAGE_EPS = 1e-8
 
 
 class APPOAgent(CoreActing):
@@ -112,11 +110,10 @@ class APPOAgent(CoreActing):
         # where the table says numpy is cheap; the Nature CNN's convolutions stay with torch.
         numpy_acting = self._device.type == "cpu" and self._net.numpy_acting
         self._policy_arrays = parameter_views(self.policy) if numpy_acting else None
-        self._dtypes = column_dtypes(self.policy.discrete)
+        self._dtypes = {**column_dtypes(self.policy.discrete), "perm": torch.int64}
         # The update as one CUDA graph (agent.capture; zmqrl.agents.capture), or None: eager.
-        dtypes = {**self._dtypes, "perm": torch.int64}
         self._captured = captured_update(
-            config.capture, self._static_update, self._device, [self.optimizer], dtypes
+            config.capture, self._learn, self._device, [self.optimizer], self._dtypes
         )
 
     @property
@@ -170,33 +167,20 @@ class APPOAgent(CoreActing):
         """
         if importance is not None:
             raise ValueError("APPOAgent takes no importance weights (on-policy rollouts are not prioritized)")
-        cfg, dev = self.config, self._device
+        cfg = self.config
         arrays = rollout_arrays(batch, self._net.core)  # checked before anything changes
         rows = len(arrays["reward"])
-        lr = self.current_lr()
         if cfg.lr_final is not None:
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = self.current_lr()
         if min(cfg.minibatches, rows) > 1:  # step 4's shuffles: a permutation of the rows per epoch
             arrays["perm"] = np.stack([self._shuffle.permutation(rows) for _ in range(cfg.epochs)])
-        if self._captured is not None:
-            host = self._captured.run(padded(arrays, final_capacity(len(arrays["final_obs"]), rows)))
-            skipped = bool(host[0])
-            if not skipped:
-                self.updates += 1
-            return DeferredUpdate.of_values(_METRICS, host[1:], skipped=skipped)
-        flags, stats, first = self._train(self._on_device(arrays))
-        # The update's one host read of the flags (on an accelerator each step was refused, or
-        # not, on the device): the learner must know, and a refused update does not count.
-        skipped = any_found(flags)
-        if not skipped:
+        if self._captured is not None:  # a graph's shapes are fixed: final_obs padded to a capacity
+            arrays = padded(arrays, final_capacity(len(arrays["final_obs"]), rows))
+        result = run_update(self._learn, arrays, _METRICS, self._captured, self._device, self._dtypes)
+        if not result.skipped:
             self.updates += 1
-
-        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
-            lr_tensor = torch.tensor(lr, device=dev)
-            return self._metric_tensors(flags, stats, first, lr_tensor), torch.zeros(rows, device=dev)
-
-        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
+        return result
 
     def targets(self, batch: RolloutBatch) -> VTraceReturns:
         """V-trace targets of ``batch`` under the current networks, exactly as ``update`` computes
@@ -208,30 +192,18 @@ class APPOAgent(CoreActing):
         return as_rollouts(self._on_device(rollout_arrays(batch, self._net.core)))
 
     def _on_device(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {name: to_device(a, self._device, self._dtypes.get(name)) for name, a in arrays.items()}
+        return on_device(arrays, self._device, self._dtypes)
 
-    def _static_update(self, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The captured update on the static inputs ``x`` (``zmqrl.agents.capture``): the eager
-        update's passes and steps, flags kept on the device, metrics packed."""
-        flags, stats, first = self._train(x, captured=True)
-        found = any_flag(flags)
-        lr = torch.as_tensor(self.optimizer.param_groups[0]["lr"], dtype=torch.float32, device=self._device)
-        no_priorities = torch.zeros_like(first.values[:, 0])
-        return pack(found, self._metric_tensors(flags, stats, first, lr), no_priorities)
-
-    def _train(
-        self, columns: Mapping[str, torch.Tensor], captured: bool = False
-    ) -> tuple[list[Flag], list[torch.Tensor], FirstPass]:
-        """Steps 1-4 on the batch's device ``columns`` (``appo_batch.COLUMNS``, and ``perm``, the
-        rows' order per epoch, when there are several minibatches); returns each step's refusal
-        flag and metrics, and the first pass."""
+    def _learn(self, x: Mapping[str, torch.Tensor], captured: bool) -> tuple[list[Flag], Metrics]:
+        """Steps 1-4 on the batch's device inputs ``x`` (``appo_batch.COLUMNS``, and ``perm``, the
+        rows' order per epoch, when there are several minibatches): ``zmqrl.agents.capture``'s
+        ``UpdateStep``. Returns each step's refusal flag and the update's metrics."""
         cfg = self.config
-        data = as_rollouts(dict(columns))
+        data = as_rollouts(dict(x))
         rows, steps = data.rewards.shape
         slices = min(cfg.minibatches, rows)
-        reuse = slices == 1
         # Steps 1-3, with gradient only when the first step reuses the forward pass.
-        first = first_pass(self.policy, self.value, cfg, data, grad=reuse)
+        first = first_pass(self.policy, self.value, cfg, data, grad=slices == 1)
         targets = first.targets
         bad_data = nonfinite(data, targets, captured)
 
@@ -239,92 +211,40 @@ class APPOAgent(CoreActing):
         flags: list[Flag] = []
         stats: list[torch.Tensor] = []
         for epoch in range(cfg.epochs):
-            picks: list[torch.Tensor | slice] = [slice(None)]
-            if slices > 1:
-                picks = list(columns["perm"][epoch].tensor_split(slices))
+            picks = [slice(None)] if slices == 1 else list(x["perm"][epoch].tensor_split(slices))
             for picked in picks:
-                if reuse and epoch == 0:
-                    now = (first.logp, first.entropy, first.values)
+                if slices == 1 and epoch == 0:
+                    logp, entropy, values = first.logp, first.entropy, first.values
                 elif self._net.core:  # each picked row unrolled again from its start state
-                    out = recurrent_outputs(self.policy, self.value, data, picked, finals=False)  # type: ignore[arg-type]
-                    now = (out.logp, out.entropy, out.row_values[:, :steps])
+                    rnn = recurrent_outputs(self.policy, self.value, data, picked, finals=False)  # type: ignore[arg-type]
+                    logp, entropy, values = rnn.logp, rnn.entropy, rnn.row_values[:, :steps]
                 else:
                     mb_obs = data.obs[picked, :steps].flatten(0, 1)
-                    now = (
-                        *self.policy.log_prob_entropy(mb_obs, data.actions[picked].flatten(0, 1)),
-                        self.value(mb_obs),
-                    )
-                found, step_stats = self._step(
-                    *now,
-                    data.behaviour[picked].reshape(-1),
-                    targets.vs[picked].reshape(-1),
-                    targets.pg_advantages[picked].reshape(-1),
-                    bad_data,
-                    captured,
+                    logp, entropy = self.policy.log_prob_entropy(mb_obs, data.actions[picked].flatten(0, 1))
+                    values = self.value(mb_obs)
+                behaviour, vs = data.behaviour[picked].reshape(-1), targets.vs[picked].reshape(-1)
+                advantages = targets.pg_advantages[picked].reshape(-1)
+                out = appo_loss(logp, entropy, values.reshape(-1), behaviour, vs, advantages,
+                                cfg.clip, cfg.vf_coef, cfg.ent_coef, cfg.normalize_advantages)
+                found, grad_norm = backward_step(
+                    self.optimizer, out.loss, self._params, cfg.max_grad_norm, after=bad_data,
+                    captured=captured,
                 )
                 flags.append(found)
-                stats.append(step_stats)
-        return flags, stats, first
+                with torch.no_grad():  # in _STEP_METRICS order
+                    terms = [out.policy_loss, out.value_loss, out.entropy, out.approx_kl, out.clip_fraction]
+                    stats.append(torch.stack([*terms, out.ratio_mean, grad_norm]))
+        lr = self.optimizer.param_groups[0]["lr"]  # a device tensor while captured
 
-    def _metric_tensors(
-        self, flags: list[Flag], stats: list[torch.Tensor], first: FirstPass, lr: torch.Tensor
-    ) -> list[torch.Tensor]:
-        """The update's metrics in ``_METRICS`` order (0-d tensors on the device)."""
-        dev = self._device
-        means = torch.stack(stats).mean(dim=0)
-        refused = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=dev) for f in flags]).sum()
-        targets, values = first.targets, first.values.detach()
-        extra = [targets.rhos.mean(), targets.pg_advantages.mean(), values.mean()]
-        return [*means.unbind(), *extra, lr, refused]
+        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
+            dev = self._device
+            means = torch.stack(stats).mean(dim=0)
+            refused = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=dev) for f in flags]).sum()
+            extra = [targets.rhos.mean(), targets.pg_advantages.mean(), first.values.detach().mean()]
+            lr_tensor = torch.as_tensor(lr, dtype=torch.float32, device=dev)
+            return [*means.unbind(), *extra, lr_tensor, refused], torch.zeros_like(first.values[:, 0])
 
-    def _step(
-        self,
-        logp: torch.Tensor,
-        entropy: torch.Tensor,
-        values: torch.Tensor,
-        behaviour: torch.Tensor,
-        vs: torch.Tensor,
-        advantages: torch.Tensor,
-        bad_data: Flag,
-        captured: bool = False,
-    ) -> tuple[Flag, torch.Tensor]:
-        """One Adam step on a minibatch's loss, refused if it or a gradient is not finite or the
-        batch was not (``bad_data``); returns the refusal flag and the step's metrics
-        (``captured``: the flag stays on the device)."""
-        cfg = self.config
-        log_ratio = (logp - behaviour).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        ratio = log_ratio.exp()
-        if cfg.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + ADVANTAGE_EPS)
-        if cfg.clip is None:  # IMPALA: the advantages already carry the truncated importance weights
-            policy_loss = -(logp * advantages).mean()
-        else:
-            clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip)
-            policy_loss = -torch.min(ratio * advantages, clipped * advantages).mean()
-        value_loss = 0.5 * (values.reshape(-1) - vs).square().mean()
-        entropy_mean = entropy.mean()
-        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy_mean
-
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for p in self._params if p.grad is not None]
-        found, grad_norm = guarded_step(
-            self.optimizer, loss, params, cfg.max_grad_norm, after=bad_data, captured=captured
-        )
-        with torch.no_grad():
-            if grad_norm is None:  # clipping off: the metric, kept unread
-                grad_norm = torch.linalg.vector_norm(
-                    torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
-                )
-            approx_kl = ((ratio - 1.0) - log_ratio).mean()  # Schulman's k3 estimator of KL(mu || pi)
-            if cfg.clip is None:
-                clip_fraction = torch.zeros((), device=ratio.device)
-            else:
-                clip_fraction = ((ratio - 1.0).abs() > cfg.clip).to(torch.float32).mean()
-            step_stats = torch.stack(
-                [policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction, ratio.mean(), grad_norm]
-            ).detach()
-        return found, step_stats
+        return flags, metrics
 
     def current_lr(self) -> float:
         """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` over

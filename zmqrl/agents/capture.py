@@ -1,11 +1,16 @@
-"""Captured updates: an agent's whole update recorded once as a CUDA graph, then replayed per batch.
+"""The speed seam: how an agent's update runs, eagerly or recorded once as a CUDA graph and replayed.
 
-Why. An eager update is a few hundred small torch operations, each dispatched from Python: 2.3-4.6
-ms of host time per DQN update whatever the device, so a GPU learner waited on its own interpreter
-(212 Nature CNN updates/s on an H200; a CartPole update slower there than on one CPU core). A
-CUDA graph records the kernels of one update (forward passes, losses, backward passes, the guarded
-optimiser steps) and replays them all with one call: per update the host copies the batch into
-the graph's input buffers, replays, and reads one small vector back.
+An agent writes its update once, as an :data:`UpdateStep` (forward passes, the losses of
+``zmqrl.agents.losses``, guarded optimiser steps) and makes one call, :func:`run_update`. Eagerly,
+the batch goes to the device, the step runs, its skip flags are read once and its metrics are
+left to be computed when read (``zmqrl.agents.updates``). Captured (``agent.capture``), the step
+runs on static buffers through :class:`CapturedUpdate`.
+
+Why capture. An eager update is a few hundred small torch operations, each dispatched from Python,
+so a GPU learner waits on its own interpreter (docs/performance.md, "Figures behind the agents'
+code"). A CUDA graph records the kernels of one update (forward passes, losses, backward passes,
+the guarded optimiser steps) and replays them all with one call: per update the host copies the
+batch into the graph's input buffers, replays, and reads one small vector back.
 
 What the agents' captured code (their ``captured=True`` path) guarantees, and this module relies on:
 
@@ -14,7 +19,7 @@ What the agents' captured code (their ``captured=True`` path) guarantees, and th
 - No host read inside. The non-finite checks keep their flags on the device and a fused Adam skips
   its step by ``found_inf`` (``zmqrl.agents.updates``), as on any accelerator.
 - One output: the skip flag, the metrics and the per-row TD errors in one float32 vector
-  (:func:`pack`), which the host reads once per update, as the eager update already did (a
+  (:func:`packed`), which the host reads once per update, as the eager update already did (a
   skipped update must not move targets nor count, and prioritized replay needs the TD errors).
 - Learning rates in device tensors while a graph runs: a float lr would be baked in at capture and
   the annealed schedules would stop moving.
@@ -42,8 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from zmqrl.agents.nets import check_importance
-from zmqrl.agents.updates import Flag
+from zmqrl.agents.nets import check_importance, on_device
+from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, UpdateStep, any_found
 from zmqrl.types import TransitionBatch
 
 # Eager runs of a new signature, on a side stream, before its capture (torch's advice: lazy
@@ -58,9 +63,6 @@ CAPTURE_ERROR_MODE = "thread_local"
 
 log = logging.getLogger("zmqrl.agents")
 
-# An agent's update written for capture: the static input tensors by name -> the packed output.
-StaticStep = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
-
 
 def capture_wanted(mode: str, device: torch.device) -> bool:
     """Whether an agent with ``capture: mode`` (``configs.CAPTURE_MODES``) on ``device`` runs its
@@ -72,7 +74,7 @@ def capture_wanted(mode: str, device: torch.device) -> bool:
 
 def captured_update(
     mode: str,
-    step: StaticStep,
+    step: UpdateStep,
     device: torch.device,
     optimizers: Sequence[torch.optim.Optimizer],
     dtypes: Mapping[str, torch.dtype] | None = None,
@@ -87,13 +89,34 @@ def captured_update(
     )
 
 
+def run_update(
+    step: UpdateStep,
+    arrays: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    captured: CapturedUpdate | None,
+    device: torch.device,
+    dtypes: Mapping[str, torch.dtype],
+) -> DeferredUpdate:
+    """One update: ``step`` on the batch ``arrays`` (by input name; ``dtypes``: the device dtype
+    of those that have a fixed one), through ``captured`` where the agent has one, else eagerly.
+    The result holds the metrics in ``names`` order and the rows' TD errors, and says whether
+    the update was skipped (a NaN or infinity: nothing changed)."""
+    if captured is not None:
+        host = captured.run(arrays, step)
+        return DeferredUpdate.of_values(names, host[1:], skipped=bool(host[0]))
+    flags, metrics = step(on_device(arrays, device, dtypes), False)
+    # The update's one host read of its flags (on an accelerator each step was skipped, or not,
+    # on the device): a skipped update must not move targets nor count, and the learner must know.
+    return DeferredUpdate(names, metrics, skipped=any_found(flags))
+
+
 def transition_inputs(batch: TransitionBatch, importance: np.ndarray | None) -> dict[str, np.ndarray]:
     """A transition batch's columns by name, and prioritized replay's ``importance`` weights
-    (checked) when given: a DQN or SAC captured update's inputs."""
+    (checked) when given: a DQN or SAC update's inputs."""
     arrays = dict(batch._asdict())
     if importance is not None:
         check_importance(importance, batch.size)
-        arrays["importance"] = importance
+        arrays["importance"] = np.asarray(importance)
     return arrays
 
 
@@ -102,21 +125,17 @@ def transition_dtypes(action: torch.dtype) -> dict[str, torch.dtype]:
     return {"action": action, "reward": torch.float32, "discount": torch.float32, "importance": torch.float32}
 
 
-def any_flag(flags: Sequence[Flag]) -> torch.Tensor:
-    """Whether any of a captured update's skip flags (device tensors) is set, as one, on the device."""
-    return torch.stack([torch.as_tensor(f).reshape(()).to(torch.bool) for f in flags]).any()
-
-
-def pack(found: Flag, scalars: Sequence[torch.Tensor], per_row: torch.Tensor) -> torch.Tensor:
-    """The captured update's one output: ``[found, *scalars, *per_row]`` as float32 ``(1 + S + B,)``
-    (``found``: the update's skip flag, a device tensor here; ``scalars``: 0-d metrics in their
-    names' order; ``per_row``: the ``|TD error|`` per row, or zeros)."""
-    if not isinstance(found, torch.Tensor):
-        raise TypeError("a captured update's skip flag must be a device tensor (guarded_step(captured=True))")
-    with torch.no_grad():
-        flag = found.to(torch.float32).reshape(1)
-        metrics = torch.stack([s.detach().to(torch.float32) for s in scalars])
-        return torch.cat([flag, metrics, per_row.detach().to(torch.float32)])
+@torch.no_grad()
+def packed(flags: Sequence[Flag], metrics: Metrics) -> torch.Tensor:
+    """A captured update's one output: ``[found, *scalars, *per_row]`` as float32 ``(1 + S + B,)``
+    (``found``: whether any of the skip ``flags``, device tensors here, is set; ``scalars``: the
+    0-d ``metrics`` in their names' order; ``per_row``: the ``|TD error|`` per row, or zeros)."""
+    if not all(isinstance(f, torch.Tensor) for f in flags):
+        raise TypeError("a captured update's skip flags must be device tensors (guarded_step(captured=True))")
+    found = torch.stack([torch.as_tensor(f).reshape(()).to(torch.bool) for f in flags]).any()
+    scalars, per_row = metrics()
+    scalar_values = torch.stack([s.detach().to(torch.float32) for s in scalars])
+    return torch.cat([found.to(torch.float32).reshape(1), scalar_values, per_row.detach().to(torch.float32)])
 
 
 class CudaGraphs:
@@ -158,7 +177,7 @@ class CudaGraphs:
 class _Signature:
     """The buffers, and once captured the graph, of one input signature."""
 
-    step: StaticStep  # the agent's update variant run on them
+    step: UpdateStep  # the agent's update variant run on them
     buffers: dict[str, torch.Tensor]  # the static inputs on the device
     staging: dict[str, np.ndarray]  # where the host writes each batch column (pinned, or the buffer)
     pinned: dict[str, torch.Tensor] = field(default_factory=dict)  # CUDA: the host side of each copy
@@ -167,7 +186,7 @@ class _Signature:
 
 
 class CapturedUpdate:
-    """Runs an agent's :data:`StaticStep` on each batch: as a CUDA graph replay on CUDA, as plain
+    """Runs an agent's :data:`UpdateStep` on each batch: as a CUDA graph replay on CUDA, as plain
     calls on a CPU (or where capture was given up).
 
     ``optimizers`` are those the step steps (all fused, for a graph); ``dtypes`` the device dtype of
@@ -179,7 +198,7 @@ class CapturedUpdate:
 
     def __init__(
         self,
-        step: StaticStep,
+        step: UpdateStep,
         device: torch.device,
         optimizers: Sequence[torch.optim.Optimizer],
         *,
@@ -205,7 +224,7 @@ class CapturedUpdate:
         if self.graphs is not None and unfused:
             self._give_up(f"optimisers {unfused} are not fused (their skip would read the host)")
 
-    def run(self, arrays: Mapping[str, np.ndarray], step: StaticStep | None = None) -> np.ndarray:
+    def run(self, arrays: Mapping[str, np.ndarray], step: UpdateStep | None = None) -> np.ndarray:
         """One update on the batch ``arrays`` (by input name): copies them into the signature's
         buffers, runs or replays the step (``step``: another variant of the agent's update, as a
         bound method, each with its own graph), and returns its packed output on the host."""
@@ -232,7 +251,7 @@ class CapturedUpdate:
 
     # ------------------------------------------------------------------------------------ parts
 
-    def _new_signature(self, step: StaticStep, arrays: Mapping[str, np.ndarray]) -> _Signature:
+    def _new_signature(self, step: UpdateStep, arrays: Mapping[str, np.ndarray]) -> _Signature:
         buffers: dict[str, torch.Tensor] = {}
         staging: dict[str, np.ndarray] = {}
         pinned: dict[str, torch.Tensor] = {}
@@ -271,7 +290,7 @@ class CapturedUpdate:
         for group, tensor in self._lrs:
             group["lr"] = tensor
         try:
-            return entry.step(entry.buffers)
+            return packed(*entry.step(entry.buffers, True))
         finally:
             for (group, _), value in zip(self._lrs, floats, strict=True):
                 group["lr"] = value

@@ -14,27 +14,21 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from zmqrl.agents.capture import captured_update, pack, transition_dtypes, transition_inputs
+from zmqrl.agents.capture import captured_update, run_update, transition_dtypes, transition_inputs
 from zmqrl.agents.configs import DQNConfig
 from zmqrl.agents.layers import dqn_net
-from zmqrl.agents.nets import (
-    QNetwork,
-    annealed_lr,
-    check_importance,
-    fused_adam,
-    polyak_update,
-    resolve_device,
-    to_device,
-)
+from zmqrl.agents.losses import dqn_loss
+from zmqrl.agents.nets import QNetwork, annealed_lr, fused_adam, on_device, polyak_update, resolve_device
 from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, PublishedModule, dqn_q_values, parameter_views
-from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step
+from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, backward_step
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean")
+# Device dtypes of a batch's columns (observations keep theirs).
+_INPUT_DTYPES = transition_dtypes(torch.int64)
 
 
 class DQNAgent:
@@ -90,11 +84,7 @@ class DQNAgent:
         self._target_arrays = parameter_views(self.target) if mirror else None
         # The update as one CUDA graph (agent.capture; zmqrl.agents.capture), or None: eager.
         self._captured = captured_update(
-            config.capture,
-            self._static_update,
-            self._device,
-            [self.optimizer],
-            transition_dtypes(torch.int64),
+            config.capture, self._learn, self._device, [self.optimizer], _INPUT_DTYPES
         )
 
     @property
@@ -107,7 +97,7 @@ class DQNAgent:
         """The target Q-network. ``load_weights`` makes it equal to the online network, but the
         copy is made here, on first use after the load: an actor that only acts never uses it
         (its ``initial_priorities`` take the target to be the online net), and copying the Nature
-        CNN's 6.7 MB on every load cost an actor more than the load itself."""
+        CNN's weights on every load cost an actor more than the load itself."""
         if self._target_behind:
             self._target.load_state_dict(self.online.state_dict())
             self._target_behind = False
@@ -147,9 +137,9 @@ class DQNAgent:
     # --------------------------------------------------------------------------------- learning
 
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> DeferredUpdate:
-        """One Adam step on the Huber TD loss; returns its pre-step metrics and the rows'
-        ``|td_target - q_taken|`` (the new priorities), computed when first read, in a single
-        device->host transfer.
+        """One Adam step on the Huber TD loss (``zmqrl.agents.losses.dqn_loss``); returns its
+        pre-step metrics and the rows' ``|td_target - q_taken|`` (the new priorities), computed
+        when first read, in a single device->host transfer.
 
         A loss or gradient holding NaN or infinity skips the step (``zmqrl.agents.updates``): no
         parameter, optimiser state, target network or update count changes, and the result's
@@ -161,82 +151,32 @@ class DQNAgent:
         """
         if self.config.lr_final is not None:
             self._set_lr(self.current_lr())
-        if self._captured is not None:
-            return self._captured_update(batch, importance)
-        obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
-        weights = None
-        if importance is not None:
-            check_importance(importance, batch.size)
-            weights = to_device(np.asarray(importance), self._device, torch.float32)
-        loss, q_taken, td_target, target_q = self._loss(obs, actions, rewards, next_obs, discounts, weights)
-        found, grad_norm = self._step(loss, captured=False)
-        # The update's one host read of a flag: a skipped step (NaN or infinity in the loss or a
-        # gradient) must not move the target network nor count, and the learner must know.
-        skipped = any_found([found])
-        self._after_step(skipped)
-        loss = loss.detach()
+        self.target  # noqa: B018  (a load_weights' copy, made before the update reads the target)
+        inputs = transition_inputs(batch, importance)
+        result = run_update(self._learn, inputs, _METRICS, self._captured, self._device, _INPUT_DTYPES)
+        self._after_step(result.skipped)
+        return result
+
+    def _learn(self, x: Mapping[str, torch.Tensor], captured: bool) -> tuple[list[Flag], Metrics]:
+        """The update on the device inputs ``x`` (``zmqrl.agents.capture.UpdateStep``): the
+        networks' values, the loss and the guarded step."""
+        q, next_online = self._online_q(x["obs"], x["next_obs"])
+        with torch.no_grad():
+            next_target = self.target(x["next_obs"])
+            if self.config.double and next_online is None:
+                next_online = self.online(x["next_obs"])
+        out = dqn_loss(q, x["action"], x["reward"], x["discount"], next_target, next_online,
+                       self.config.huber_delta, x.get("importance"))
+        found, grad_norm = backward_step(
+            self.optimizer, out.loss, self._params, self.config.max_grad_norm, captured=captured
+        )
+        loss = out.loss.detach()
 
         def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
-            td_abs = (td_target - q_taken).abs()
-            return [loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()], td_abs
+            td_abs = out.td_error.abs()
+            return [loss, out.old_val.mean(), td_abs.mean(), grad_norm, out.target_max.mean()], td_abs
 
-        return DeferredUpdate(_METRICS, metrics, skipped=skipped)
-
-    def _captured_update(self, batch: TransitionBatch, importance: np.ndarray | None) -> DeferredUpdate:
-        """``update`` as one CUDA graph (``zmqrl.agents.capture``): the batch into the graph's
-        buffers, one replay of :meth:`_static_update`, one read of its packed output."""
-        self.target  # noqa: B018  (a load_weights' copy, made before the graph reads the target)
-        assert self._captured is not None
-        host = self._captured.run(transition_inputs(batch, importance))
-        skipped = bool(host[0])
-        self._after_step(skipped)
-        return DeferredUpdate.of_values(_METRICS, host[1:], skipped=skipped)
-
-    def _static_update(self, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The captured update on the static inputs ``x``: the eager update's loss and step, its
-        flag kept on the device, metrics and TD errors packed (``zmqrl.agents.capture.pack``)."""
-        loss, q_taken, td_target, target_q = self._loss(
-            x["obs"], x["action"], x["reward"], x["next_obs"], x["discount"], x.get("importance")
-        )
-        found, grad_norm = self._step(loss, captured=True)
-        td_abs = (td_target - q_taken.detach()).abs()
-        return pack(found, [loss, q_taken.mean(), td_abs.mean(), grad_norm, target_q.mean()], td_abs)
-
-    def _loss(
-        self,
-        obs: torch.Tensor,
-        actions: torch.Tensor,
-        rewards: torch.Tensor,
-        next_obs: torch.Tensor,
-        discounts: torch.Tensor,
-        weights: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The Huber TD loss (rows weighted by ``weights`` if given) and, detached, the Q-values
-        of the actions taken, the TD targets and the target net's values: ``(loss, q_taken,
-        td_target, target_q)``."""
-        q, next_online = self._online_q(obs, next_obs)
-        with torch.no_grad():
-            td_target, target_q = self._td_target(rewards, next_obs, discounts, next_online)
-        q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
-        row_loss = F.huber_loss(q_taken, td_target, delta=self.config.huber_delta, reduction="none")
-        loss = row_loss.mean() if weights is None else (weights * row_loss).mean()
-        return loss, q_taken.detach(), td_target, target_q
-
-    def _step(self, loss: torch.Tensor, captured: bool) -> tuple[Flag, torch.Tensor]:
-        """Back-propagate ``loss`` and take the guarded Adam step (``zmqrl.agents.updates``);
-        returns the skip flag and the gradient norm (the metric, unread)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = [p for p in self._params if p.grad is not None]
-        found, clipped_norm = guarded_step(
-            self.optimizer, loss, params, self.config.max_grad_norm, captured=captured
-        )
-        if clipped_norm is not None:
-            return found, clipped_norm
-        # Clipping off: a norm of the norms is 2 ops, not N.
-        with torch.no_grad():
-            norms = torch.stack([torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])
-            return found, torch.linalg.vector_norm(norms)
+        return [found], metrics
 
     def _after_step(self, skipped: bool) -> None:
         """Count a step taken and move the target network when due (a skipped one does neither)."""
@@ -260,16 +200,16 @@ class DQNAgent:
         if self._online_arrays is not None and self._target_arrays is not None:
             return self._numpy_priorities(batch, self._online_arrays, self._target_arrays)
         with torch.inference_mode():
-            obs, actions, rewards, next_obs, discounts = self._batch_tensors(batch)
-            if self._target_is_online:
+            x = on_device(batch._asdict(), self._device, _INPUT_DTYPES)
+            obs, next_obs, next_online = x["obs"], x["next_obs"], None
+            if self._target_is_online:  # the online argmax, valued by the same net, is the max
                 q_both = self.online(torch.cat([obs, next_obs]))
-                q, next_q = q_both[: batch.size], q_both[batch.size :]
-                td_target = rewards + discounts * next_q.max(dim=1).values
+                q, next_target = q_both[: batch.size], q_both[batch.size :]
             else:
-                td_target, _ = self._td_target(rewards, next_obs, discounts)
-                q = self.online(obs)
-            q_taken = q.gather(1, actions.unsqueeze(1)).squeeze(1)
-            return (td_target - q_taken).abs().cpu().numpy()
+                q, next_target = self.online(obs), self.target(next_obs)
+                next_online = self.online(next_obs) if self.config.double else None
+            out = dqn_loss(q, x["action"], x["reward"], x["discount"], next_target, next_online)
+            return out.td_error.abs().cpu().numpy()
 
     def _numpy_priorities(
         self, batch: TransitionBatch, online: dict[str, np.ndarray], target: dict[str, np.ndarray]
@@ -287,26 +227,15 @@ class DQNAgent:
         td_target = batch.reward + batch.discount * target_q
         return np.abs(td_target - q_taken).astype(np.float32, copy=False)
 
-    def _batch_tensors(self, batch: TransitionBatch) -> tuple[torch.Tensor, ...]:
-        """(obs, actions, rewards, next_obs, discounts) on the device; observations keep their dtype
-        (uint8 frames are widened inside the network, after the transfer)."""
-        return (
-            to_device(batch.obs, self._device),
-            to_device(batch.action, self._device, torch.int64),
-            to_device(batch.reward, self._device, torch.float32),
-            to_device(batch.next_obs, self._device),
-            to_device(batch.discount, self._device, torch.float32),
-        )
-
     def _online_q(
         self, obs: torch.Tensor, next_obs: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The online net's Q-values of ``obs`` (for the gradient) and, when double DQN needs them,
-        of ``next_obs`` (detached; None: ``_td_target`` computes them itself).
+        of ``next_obs`` (detached; None: not computed here).
 
         With the MLP torso both come from one forward pass over the two batches stacked: what a
-        small net's update costs is Python's per-call overhead (one pass fewer saved ~7% of a
-        CartPole update), not arithmetic. A CNN keeps two passes: stacked, its backward pass would
+        small net's update costs is Python's per-call overhead, not arithmetic (docs/performance.md,
+        "Figures behind the agents' code"). A CNN keeps two passes: stacked, its backward pass would
         run the convolutions over twice the rows.
         """
         if not self._one_pass:
@@ -314,25 +243,6 @@ class DQNAgent:
         n = obs.shape[0]
         both = self.online(torch.cat([obs, next_obs]))
         return both[:n], both[n:].detach()
-
-    def _td_target(
-        self,
-        rewards: torch.Tensor,
-        next_obs: torch.Tensor,
-        discounts: torch.Tensor,
-        next_online: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(reward + discount * target_q, target_q)``; with ``double`` the online net picks the
-        next action and the target net values it, which curbs the max operator's overestimation
-        (``next_online``: the online net's values of ``next_obs``, if already computed)."""
-        if self.config.double:
-            if next_online is None:
-                next_online = self.online(next_obs)
-            next_actions = next_online.argmax(dim=1, keepdim=True)
-            target_q = self.target(next_obs).gather(1, next_actions).squeeze(1)
-        else:
-            target_q = self.target(next_obs).max(dim=1).values
-        return rewards + discounts * target_q, target_q
 
     def current_lr(self) -> float:
         """Learning rate for the next update: ``lr``, annealed linearly to ``lr_final`` if set.

@@ -6,7 +6,7 @@ Kept free of algorithm logic so that an agent module reads as "networks + loss" 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -43,8 +43,8 @@ def annealed_lr(lr: float, lr_final: float | None, decay_updates: int, updates: 
 
 
 def fused_adam(params: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
-    """Adam with the fused kernel where this torch build has it (~20% faster steps for small
-    CPU networks, where per-tensor Python overhead dominates), else the default implementation."""
+    """Adam with the fused kernel where this torch build has it (faster steps for small CPU
+    networks, where per-tensor Python overhead dominates), else the default implementation."""
     params = list(params)
     try:
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
@@ -61,6 +61,13 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
         array = array.copy()
     tensor = torch.from_numpy(array)
     return tensor.to(device=device, dtype=dtype) if dtype is not None else tensor.to(device)
+
+
+def on_device(
+    arrays: Mapping[str, np.ndarray], device: torch.device, dtypes: Mapping[str, torch.dtype]
+) -> dict[str, torch.Tensor]:
+    """``arrays`` by name as tensors on ``device``, each in its ``dtypes`` entry if it has one."""
+    return {name: to_device(a, device, dtypes.get(name)) for name, a in arrays.items()}
 
 
 def check_importance(importance: np.ndarray, size: int) -> None:

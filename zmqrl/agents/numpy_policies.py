@@ -16,11 +16,11 @@ same code: :class:`PublishedModule` exports and loads the one network an agent p
 float32 arrays, checked as the numpy policies check them (which snapshot is newer is the weights
 client's business, ``zmqrl.transport.weights_channel``), and :func:`parameter_views` lets a torch
 agent on the CPU act through this module's forward functions. For one observation (or one row per
-sub-env), torch's per-op dispatch and module-call overhead dwarf a small MLP's arithmetic: ~30 µs
-against ~8 µs for DQN's 2x256 Q-network, ~37 µs against ~15 µs for SAC's policy; on numpy views
-of its parameters the agent gives the same numbers as the numpy policy and keeps a single copy of
-that code. Those two import torch only when called (a torch agent has it loaded already), so an
-actor importing this module still never loads torch.
+sub-env), torch's per-op dispatch and module-call overhead dwarf a small MLP's arithmetic
+(docs/performance.md, "Figures behind the agents' code"); on numpy views of its parameters the
+agent gives the same numbers as the numpy policy and keeps a single copy of that code.
+Those two import torch only when called (a torch agent has it loaded already), so an actor
+importing this module still never loads torch.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ class PublishedModule:
         """The module's state-dict tensors by name, each with a numpy view of its memory when it is
         a float32 CPU tensor (else None), looked up once.
 
-        ``state_dict()`` walks the module tree (~0.25 ms for the Nature CNN), and building a tensor
+        ``state_dict()`` walks the module tree (slow for the Nature CNN), and building a tensor
         from each array before ``copy_`` made a second full copy of every import; an actor imports
         many times. Like ``parameter_views``, this holds while the parameters are updated in
         place (optimiser steps, ``copy_``, ``load_state_dict``), which is all this codebase does

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from zmqrl.agents.capture import any_flag, captured_update, pack, transition_dtypes, transition_inputs
+from zmqrl.agents.capture import captured_update, run_update, transition_dtypes, transition_inputs
 from zmqrl.agents.configs import SACConfig
 from zmqrl.agents.layers import sac_policy_net
-from zmqrl.agents.nets import check_importance, fused_adam, polyak_update, resolve_device, to_device
+from zmqrl.agents.losses import sac_actor_loss, sac_alpha_loss, sac_critic_loss
+from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device
 from zmqrl.agents.numpy_policies import LOG_STD_MAX as LOG_STD_MAX  # the policy's log-std bounds
 from zmqrl.agents.numpy_policies import LOG_STD_MIN as LOG_STD_MIN
 from zmqrl.agents.numpy_policies import (
@@ -35,7 +35,7 @@ from zmqrl.agents.numpy_policies import (
     squashed_action_bounds,
 )
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
-from zmqrl.agents.updates import DeferredUpdate, Flag, any_found, guarded_step, step_unless
+from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, guarded_step, step_unless
 from zmqrl.spec import SampleSpec
 from zmqrl.types import BATCH_FIELDS, TransitionBatch
 
@@ -43,26 +43,6 @@ from zmqrl.types import BATCH_FIELDS, TransitionBatch
 _METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "entropy", "td_abs_mean")
 # Device dtypes of a batch's columns (observations keep theirs).
 _INPUT_DTYPES = transition_dtypes(torch.float32)
-
-
-class _CriticStep(NamedTuple):
-    """What an update's critic step leaves for its metrics (detached), and the alpha it used."""
-
-    critic_loss: torch.Tensor
-    q1: torch.Tensor  # (B,) each critic's values of the batch's actions
-    q2: torch.Tensor
-    q1_error: torch.Tensor  # (B,) each critic's Q - TD target
-    q2_error: torch.Tensor
-    alpha: torch.Tensor
-
-
-def _metric_tensors(out: _CriticStep, policy_stats: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """An update's metrics in ``_METRICS`` order and its rows' TD errors (the mean over the two
-    critics of ``|Q_i - target|``); ``policy_stats``: the latest policy step's."""
-    td_abs = 0.5 * (out.q1_error.abs() + out.q2_error.abs())
-    actor_loss, alpha_loss, entropy = policy_stats
-    q_mean = 0.5 * (out.q1.mean() + out.q2.mean())
-    return [out.critic_loss, actor_loss, out.alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
 
 
 class SACAgent:
@@ -127,7 +107,7 @@ class SACAgent:
         optimizers += [self.alpha_optimizer] if self.alpha_optimizer is not None else []
         noise = [self._noise] if self._device.type == "cuda" else []
         self._captured = captured_update(
-            config.capture, self._static_update, self._device, optimizers, _INPUT_DTYPES, noise
+            config.capture, self._learn, self._device, optimizers, _INPUT_DTYPES, noise
         )
 
     @property
@@ -171,8 +151,8 @@ class SACAgent:
 
     def update(self, batch: TransitionBatch, importance: np.ndarray | None = None) -> DeferredUpdate:
         """One critic step, then (every ``policy_update_interval`` updates, as many) policy and alpha
-        steps; returns the metrics and the rows' TD errors, computed when first read (in one
-        device->host transfer).
+        steps (``zmqrl.agents.losses``); returns the metrics and the rows' TD errors, computed when
+        first read (in one device->host transfer).
 
         ``batch.discount`` already holds ``gamma**k`` (0 on termination). ``importance`` weights the
         critic loss per row (prioritized replay); the result's ``td_errors`` are the mean over the
@@ -182,116 +162,90 @@ class SACAgent:
         and then the update also leaves the critic targets and its count alone and says
         ``skipped`` (the other steps, each checked on its own, may have been taken).
         """
-        if self._captured is not None:
-            return self._captured_update(batch, importance)
-        columns = [to_device(a, self._device, _INPUT_DTYPES.get(n)) for n, a in batch._asdict().items()]
-        weights = None
-        if importance is not None:
-            check_importance(importance, batch.size)
-            weights = to_device(np.asarray(importance), self._device, torch.float32)
-        flags, out = self._train(columns, weights, self._policy_turn())
-        # The update's one host read of the flags (on an accelerator each step above was skipped,
-        # or not, on the device): a non-finite step leaves the targets and the count alone, and
-        # the learner knows.
-        skipped = any_found(flags)
-        self._after_step(skipped)
-        policy_stats = self._policy_stats
-        return DeferredUpdate(_METRICS, lambda: _metric_tensors(out, policy_stats), skipped=skipped)
-
-    def _captured_update(self, batch: TransitionBatch, importance: np.ndarray | None) -> DeferredUpdate:
-        """``update`` as one CUDA graph (``zmqrl.agents.capture``): one graph with the policy and
-        alpha steps, one without (``policy_update_interval`` > 1), each replayed on its turn."""
-        assert self._captured is not None
-        step = self._static_update if self._policy_turn() else self._static_critic_update
-        host = self._captured.run(transition_inputs(batch, importance), step)
-        skipped = bool(host[0])
-        self._after_step(skipped)
-        return DeferredUpdate.of_values(_METRICS, host[1:], skipped=skipped)
-
-    def _static_update(self, x: Mapping[str, torch.Tensor], policy_turn: bool = True) -> torch.Tensor:
-        """The captured update on the static inputs ``x``, with its policy and alpha steps on
-        ``policy_turn``: the eager update's steps, flags kept on the device, outputs packed."""
-        columns = [x[name] for name in BATCH_FIELDS]
-        flags, out = self._train(columns, x.get("importance"), policy_turn, captured=True)
-        found = any_flag(flags)
-        scalars, td_abs = _metric_tensors(out, self._policy_stats)
-        return pack(found, scalars, td_abs)
-
-    def _static_critic_update(self, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The captured update without a policy step (``policy_update_interval`` > 1, not its turn)."""
-        return self._static_update(x, policy_turn=False)
+        # A graph per variant when captured: with the policy and alpha steps, and without.
+        step = self._learn if self._policy_turn() else self._learn_critic
+        inputs = transition_inputs(batch, importance)
+        result = run_update(step, inputs, _METRICS, self._captured, self._device, _INPUT_DTYPES)
+        if not result.skipped:
+            self.updates += 1
+            if self.updates % self.config.target_update_interval == 0:
+                polyak_update(self.critic_target, self.critic, self.config.tau)
+        return result
 
     def _policy_turn(self) -> bool:
         """Whether this update takes the (delayed) policy and alpha steps."""
         return (self.updates + 1) % self.config.policy_update_interval == 0
 
-    def _train(
-        self,
-        columns: Sequence[torch.Tensor],
-        weights: torch.Tensor | None,
-        policy_turn: bool,
-        captured: bool = False,
-    ) -> tuple[list[Flag], _CriticStep]:
-        """The critic step on the batch's ``columns`` (``BATCH_FIELDS`` order, on the device),
-        its rows' losses weighted by ``weights`` if given, then on ``policy_turn`` as many policy
-        and alpha steps as ``policy_update_interval``; returns their skip flags and the critic
-        step's tensors. ``captured``: flags stay on the device, the policy's stats are written
-        in place."""
+    def _learn_critic(self, x: Mapping[str, torch.Tensor], captured: bool) -> tuple[list[Flag], Metrics]:
+        """The update without its policy step (``policy_update_interval`` > 1, not its turn)."""
+        return self._learn(x, captured, policy_turn=False)
+
+    def _learn(
+        self, x: Mapping[str, torch.Tensor], captured: bool, policy_turn: bool = True
+    ) -> tuple[list[Flag], Metrics]:
+        """The update on the device inputs ``x`` (``zmqrl.agents.capture.UpdateStep``): the critic
+        step, then on ``policy_turn`` as many policy and alpha steps as ``policy_update_interval``.
+        ``captured``: the policy's stats are written in place."""
         cfg = self.config
-        obs, env_actions, rewards, next_obs, discounts = columns
+        obs, env_actions, rewards, next_obs, discounts = (x[name] for name in BATCH_FIELDS)
         actions = (env_actions - self._shift_t) / self._scale_t
         alpha = self.log_alpha.detach().exp()
 
-        # Critic: soft Bellman backup with the smaller target critic and a fresh next action.
-        with torch.no_grad():
+        with torch.no_grad():  # the backup's next action, fresh from the current policy
             next_actions, next_log_prob = self.policy.sample(next_obs, self._noise)
-            next_q_target = torch.min(*self.critic_target(next_obs, next_actions))
-            soft_next_value = next_q_target - alpha * next_log_prob
-            td_target = rewards + discounts * soft_next_value
+            next_q1_target, next_q2_target = self.critic_target(next_obs, next_actions)
         q1, q2 = self.critic(obs, actions)
-        q1_error, q2_error = q1 - td_target, q2 - td_target
-        row_loss = q1_error.square() + q2_error.square()
-        critic_loss = row_loss.mean() if weights is None else (weights * row_loss).mean()
-        flags = [self._step(self.critic_optimizer, critic_loss, self.critic, captured=captured)]
+        critic = sac_critic_loss(
+            q1, q2, rewards, discounts, next_q1_target, next_q2_target, next_log_prob, alpha,
+            importance=x.get("importance"),
+        )
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic.loss.backward()
+        found, _ = guarded_step(
+            self.critic_optimizer, critic.loss, self._critic_params, cfg.max_grad_norm, captured=captured
+        )
+        flags = [found]
 
         used_alpha = alpha
         if policy_turn:
             # Delayed policy steps catch up on the ones skipped (as in CleanRL's TD3-style loop).
             for _ in range(cfg.policy_update_interval):
                 alpha = self._policy_and_alpha_step(obs, alpha, flags, captured)
-        detached = (critic_loss.detach(), q1.detach(), q2.detach(), q1_error.detach(), q2_error.detach())
-        return flags, _CriticStep(*detached, used_alpha)
+        critic_loss, q1, q2 = critic.loss.detach(), q1.detach(), q2.detach()
+        policy_stats = self._policy_stats  # this update's (a later one replaces it when eager)
 
-    def _after_step(self, skipped: bool) -> None:
-        """Count a step taken and move the critic targets when due (a skipped one does neither)."""
-        if not skipped:
-            self.updates += 1
-            if self.updates % self.config.target_update_interval == 0:
-                polyak_update(self.critic_target, self.critic, self.config.tau)
+        def metrics() -> tuple[list[torch.Tensor], torch.Tensor]:
+            td_abs = 0.5 * (critic.q1_error.abs() + critic.q2_error.abs())
+            actor_loss, alpha_loss, entropy = policy_stats
+            q_mean = 0.5 * (q1.mean() + q2.mean())
+            return [critic_loss, actor_loss, used_alpha, alpha_loss, q_mean, entropy, td_abs.mean()], td_abs
+
+        return flags, metrics
 
     def _policy_and_alpha_step(
         self, obs: torch.Tensor, alpha: torch.Tensor, flags: list[Flag], captured: bool
     ) -> torch.Tensor:
         """One policy step, then one alpha step (if autotuned); returns the alpha to use next and
         appends their skip flag (``zmqrl.agents.updates``) to ``flags``."""
-        # Policy: maximise the soft value min Q(s, a~pi) - alpha * log pi(a|s); the critics are
-        # frozen for this backward pass, which then builds no gradients for their weights.
         pi_actions, log_prob = self.policy.sample(obs, self._noise)
+        # The critics are frozen for the policy's backward pass, which then builds no gradients
+        # for their weights.
         self.critic.requires_grad_(False)
-        q_pi = torch.min(*self.critic(obs, pi_actions))
+        q1_pi, q2_pi = self.critic(obs, pi_actions)
         self.critic.requires_grad_(True)
-        actor_loss = (alpha * log_prob - q_pi).mean()
-        # Alpha: grow when the policy's entropy (-log pi) is below target, shrink when above. Its
-        # loss is -alpha * mean(gap), whose gradient in log(alpha) is the loss itself: checked
-        # with the policy step's, one check serves both steps.
-        log_prob = log_prob.detach()
+        actor_loss = sac_actor_loss(q1_pi, q2_pi, log_prob, alpha)
+        # The alpha loss's gradient in log(alpha) is the loss itself: checked with the policy
+        # step's, one check serves both steps.
         if self.alpha_optimizer is not None:
-            alpha_loss = (-self.log_alpha.exp() * (log_prob + self.target_entropy)).mean()
+            alpha_loss = sac_alpha_loss(self.log_alpha, log_prob, self.target_entropy)
         else:
             alpha_loss = torch.zeros((), device=self._device)
         # Skipped too if the critic step was (flags[0]): its batch is not one to learn from.
-        found = self._step(
-            self.policy_optimizer, actor_loss, self.policy, also=alpha_loss, after=flags[0], captured=captured
+        self.policy_optimizer.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        found, _ = guarded_step(
+            self.policy_optimizer, actor_loss, self._policy_params, self.config.max_grad_norm,
+            also=alpha_loss, after=flags[0], captured=captured,
         )
         flags.append(found)
         if self.alpha_optimizer is not None:
@@ -299,32 +253,12 @@ class SACAgent:
             alpha_loss.backward()
             step_unless(self.alpha_optimizer, found)
             alpha = self.log_alpha.detach().exp()
-        stats = torch.stack([actor_loss.detach(), alpha_loss.detach(), -log_prob.mean()])
+        stats = torch.stack([actor_loss.detach(), alpha_loss.detach(), -log_prob.detach().mean()])
         if captured:  # in place: a graph reads the stats where it captured them
             self._policy_stats.copy_(stats)
         else:
             self._policy_stats = stats
         return alpha
-
-    def _step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        loss: torch.Tensor,
-        net: nn.Module,
-        also: torch.Tensor | None = None,
-        after: Flag = False,
-        captured: bool = False,
-    ) -> Flag:
-        """Back-propagate ``loss`` into ``net`` and step, unless ``loss``, a gradient or ``also``
-        is not finite or ``after`` is set; returns the flag as
-        :func:`zmqrl.agents.updates.guarded_step` does."""
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = self._critic_params if net is self.critic else self._policy_params
-        found, _ = guarded_step(
-            optimizer, loss, params, self.config.max_grad_norm, also=also, after=after, captured=captured
-        )
-        return found
 
     # ------------------------------------------------------------------------------ weight sync
 

@@ -8,8 +8,9 @@ drifting apart.
 
 The numpy forward is im2col: every ``k x k`` window of the input becomes a row (one gather through
 a cached index), so a convolution is one matrix product. For MinAtar's single 3x3 convolution on
-10x10 grids a row's Q-values take ~25 µs, against ~200 µs through torch's modules. For the Nature
-CNN on 84x84 frames the copies grow large: its actors keep acting with torch.
+10x10 grids that is several times faster than torch's modules (docs/performance.md, "Figures
+behind the agents' code"). For the Nature CNN on 84x84 frames the copies grow large: its actors
+keep acting with torch.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 # OpenBLAS (numpy's BLAS) splits a matrix product over threads once m * n * k reaches 65536 * 4.
-# Actors run next to a learner on few cores: there the hand-off was measured at ~1.5 ms for a
-# (4 x 1024) @ (1024 x 128) product that takes ~60 µs on one thread. Products are therefore cut
-# into row blocks below the threshold (see small_matmul).
+# Actors run next to a learner on few cores: there the hand-off to other threads costs far more
+# than a small product on one (docs/performance.md, "Figures behind the agents' code"). Products
+# are therefore cut into row blocks below the threshold (see small_matmul).
 _BLAS_SINGLE_THREAD_MACS = 65536 * 4 - 1
 
 

@@ -16,15 +16,14 @@ anyway, the norm is checked). On an accelerator the skip stays there too: a fuse
 flag (``found_inf``) returns without writing parameters or moments and puts its step count back,
 so a step costs no host synchronisation and the agent reads its flags once per update, at its
 end (it must know whether to move its target networks). On a CPU nothing runs ahead of the host,
-so reading a flag waits for nothing (0.2 us), while ``found_inf`` costs an extra pass in Adam
-(+23 us a step, measured on the CartPole MLP): there the host reads the flag and steps or not.
+so reading a flag waits for nothing, while ``found_inf`` costs Adam an extra pass: there the
+host reads the flag and steps or not (docs/performance.md, "Figures behind the agents' code").
 
 Deferred metrics. The learner reads an update's scalar metrics once every ``learner.log_interval``
-updates, and its per-row ``|TD error|`` only with prioritized replay. Computed eagerly, the
-CartPole DQN's metrics (eight small tensor ops and a device-to-host copy) took ~15% of each update
-on a CPU, and on a GPU they force a synchronisation per update. The agents keep the pre-step
-tensors (detached) and this turns them into python floats on first read, in one device-to-host
-transfer, as before.
+updates, and its per-row ``|TD error|`` only with prioritized replay. Computed eagerly, a small
+network's metrics (a few tensor ops and a device-to-host copy) are a real share of its update on
+a CPU, and on a GPU they force a synchronisation per update. The agents keep the pre-step tensors
+(detached) and this turns them into python floats on first read, in one device-to-host transfer.
 """
 
 from __future__ import annotations
@@ -44,6 +43,35 @@ _ONES: dict[torch.device, torch.Tensor] = {}
 # Whether a step was skipped: a python bool on a CPU (read at once: it waits for nothing), a 0-d
 # tensor on an accelerator (read once per update, by `any_found`).
 Flag = bool | torch.Tensor
+# An update's metrics, computed when called: 0-d tensors in the agent's names' order, and the
+# rows' |TD error| (B,) (zeros where nothing is prioritized).
+Metrics = Callable[[], tuple[list[torch.Tensor], torch.Tensor]]
+# An agent's update on its inputs by name (device tensors) -> its steps' skip flags and metrics.
+# The bool says it runs captured (zmqrl.agents.capture): flags stay on the device, state changes
+# in place.
+UpdateStep = Callable[[Mapping[str, torch.Tensor], bool], tuple[list[Flag], Metrics]]
+
+
+def backward_step(
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    max_grad_norm: float = 0.0,
+    *,
+    also: torch.Tensor | None = None,
+    after: Flag = False,
+    captured: bool = False,
+) -> tuple[Flag, torch.Tensor]:
+    """Back-propagate ``loss`` into fresh gradients of ``params`` and take :func:`guarded_step`;
+    returns its flag and the gradients' 2-norm before clipping (a metric, on the device, unread)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    found, norm = guarded_step(optimizer, loss, params, max_grad_norm, also, after, captured)
+    if norm is None:  # clipping off: a norm of the norms is 2 ops, not N
+        with torch.no_grad():
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return found, norm
 
 
 def guarded_step(
