@@ -38,7 +38,7 @@ def one_torch_thread() -> None:
     Actors start without torch (numpy policies); a torch policy (the Nature CNN) imports it while
     it is built, so this must run after ``make_policy``. Left at torch's default (one thread per
     core), several actors' OpenMP threads spin against each other on a few cores (what that cost:
-    docs/performance.md, "Measured in the actor").
+    docs/performance.md, "Figures behind the actor's code").
     """
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
