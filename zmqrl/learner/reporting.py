@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 STATS_FILE = "learner-stats.json"
 # Keys of a replay draw's metrics (zmqrl.core.Sampled.metrics) among an update's: logged as replay/.
 REPLAY_DRAW_PREFIX = "per_"
+# The samples streams' counts among the counters: lost, reordered, restarted and untracked.
+SEQUENCE_COUNTERS = ("lost_batches", "reordered_batches", "actor_restarts", "untracked_batches")
 # When the run first reached (and first held) its target: ``target_time``, ``target_held_samples``...
 TARGET_KEYS = ("time", "samples", "updates")
 # Seconds each side of the replay-ratio limiter waited (zmqrl.replay.ratelimit's stats).
@@ -75,10 +77,11 @@ class LearnerReports:
             samples, batches, episodes = c.samples, c.batches, c.episodes
             stale_batches, stale_samples = c.stale_batches, c.stale_samples
         limits = t.limiter.stats
+        seqs = self.seqs.totals()
         return {
             **t.replay.stats(),
             **self._extra(),
-            **self.seqs.totals(),  # lost, reordered, restarted and untracked streams
+            **{k: seqs[k] for k in SEQUENCE_COUNTERS},
             **{f"target_{k}": (t.evals.reached or {}).get(k, math.nan) for k in TARGET_KEYS},
             **{f"target_held_{k}": (t.evals.held or {}).get(k, math.nan) for k in TARGET_KEYS},
             **{k: limits[k] for k in LIMITER_BLOCKED},
