@@ -81,7 +81,8 @@ def test_the_app_has_exactly_these_commands_in_this_order() -> None:
 def test_the_order_does_not_depend_on_which_cli_module_is_imported_first() -> None:
     # A library caller importing e.g. zmqrl.cli.launch first registers launch and supervise last.
     code = (
-        "import zmqrl.cli.launch, typer.main, zmqrl.cli.docgen as d; from zmqrl.cli.app import app; "
+        "import zmqrl.cli.launch, typer.main; from tests.scripts import load_script; "
+        "d = load_script('docgen'); from zmqrl.cli.app import app; "
         "g = typer.main.get_command(app); print(g.list_commands(g.context_class(g))); "
         "print(d.render_cli_reference() == open('docs/cli.md', encoding='utf-8').read())"
     )

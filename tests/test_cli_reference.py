@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from zmqrl.cli import docgen
+from tests.scripts import load_script
+
+docgen = load_script("docgen")
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "cli.md"
@@ -18,7 +20,7 @@ COMMANDS = [name for name, _ in docgen.cli_commands()]
 def test_docs_cli_md_is_not_stale() -> None:
     """Fails whenever a command, option, default or help text changed without regenerating."""
     assert REFERENCE.read_text(encoding="utf-8") == docgen.render_cli_reference(), (
-        "docs/cli.md is stale: run python -m zmqrl.cli.docgen"
+        "docs/cli.md is stale: run python benchmarks/docgen.py"
     )
 
 
@@ -46,7 +48,10 @@ def test_the_reference_lists_every_option_of_every_command_with_its_default() ->
 
 def test_the_reference_does_not_depend_on_the_terminal_width() -> None:
     """Rendered in processes with narrow and wide terminals: the same text."""
-    code = "import sys\nfrom zmqrl.cli import docgen\nsys.stdout.write(docgen.render_cli_reference())\n"
+    code = (
+        "import sys\nfrom tests.scripts import load_script\n"
+        "sys.stdout.write(load_script('docgen').render_cli_reference())\n"
+    )
     outputs = set()
     for columns in ("40", "200"):
         env = {"COLUMNS": columns, "PATH": "/usr/bin:/bin", "TERM": "xterm-256color"}

@@ -37,7 +37,6 @@ MOVED: dict[str, str] = {
     "zmqrl.cli_status": "zmqrl.cli.status",
     "zmqrl.deploy": "zmqrl.checkpoints.policy",
     "zmqrl.deploy_choice": "zmqrl.checkpoints.choice",
-    "zmqrl.docgen": "zmqrl.cli.docgen",
     "zmqrl.env_ids": "zmqrl.envs.ids",
     "zmqrl.evaluating": "zmqrl.evaluator.scoring",
     "zmqrl.evaluation": "zmqrl.evaluator.greedy",

@@ -1,8 +1,8 @@
 """Everything a run reports, in one table: every TensorBoard / metrics.jsonl tag and every
 Prometheus metric the supervisor exports, each with its meaning and unit.
 
-Why one table in code: docs/metrics.md's two tables are generated from it (``python -m
-zmqrl.cli.docgen``; tests fail when they are stale), tests/test_metrics_tags.py checks every tag a
+Why one table in code: docs/metrics.md's two tables are generated from it (``python
+benchmarks/docgen.py``; tests fail when they are stale), tests/test_metrics_tags.py checks every tag a
 real run writes against :data:`TAGS`, and the supervisor's Prometheus collector
 (zmqrl/supervisor/prometheus.py) exports exactly the rows of :data:`PROMETHEUS`, reading each from
 the heartbeat counter its row names. A metric added in one place and not the other cannot pass.
