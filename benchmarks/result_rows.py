@@ -78,6 +78,22 @@ ROWS = {
         475.0,
         "feed-forward APPO on the same observations: no memory, no velocities",
     ),
+    # Issue 40: a game with illegal moves, its action mask in a Dict observation (the env raises
+    # at an illegal move, so a finished run took none). Best return 6; a random legal player 2.45.
+    "pick-largest-dqn": Row(
+        "pick-largest-dqn",
+        "configs/pick_largest_dqn.yaml",
+        3,
+        5.7,
+        "masked DQN on zmqrl/PickLargest-v0 (6 slots; illegal moves raise), 2 actors, replay ratio 8",
+    ),
+    "pick-largest-appo": Row(
+        "pick-largest-appo",
+        "configs/pick_largest_appo.yaml",
+        3,
+        5.7,
+        "masked APPO on zmqrl/PickLargest-v0 (logits of illegal slots masked), 1 actor × 8 envs",
+    ),
     "pendulum-appo": Row(
         "pendulum-appo",
         "configs/pendulum_appo.yaml",

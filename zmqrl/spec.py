@@ -79,6 +79,11 @@ class SampleSpec:
     # DEFAULT_MAX_ABS_CORE_CELL), |h| at most 1.
     core_size: int = 0
     max_abs_core_cell: float = DEFAULT_MAX_ABS_CORE_CELL
+    # Masked runs (an env whose Dict observation has an ``action_mask``, see zmqrl.envs.action_masks):
+    # each observation row is a flat vector whose last num_actions components are its state's legal
+    # actions (1 legal, 0 not). The rows carry them, so the wire, replay and snapshots need no column
+    # of their own; the decoder checks them (transport/mask_checks.py) and the agents obey them.
+    action_mask: bool = False
     # Derived from the fields above on construction (see obs_limits); not part of equality.
     _obs_limits: tuple[np.ndarray, np.ndarray] | None = field(
         init=False, repr=False, compare=False, default=None
@@ -111,6 +116,13 @@ class SampleSpec:
         if not 0.0 <= float(self.max_discount) <= 1.0:
             raise ValueError(f"SampleSpec.max_discount must be in [0, 1], got {self.max_discount}")
         object.__setattr__(self, "max_discount", float(self.max_discount))
+        if self.action_mask:
+            if self.num_actions is None or len(self.obs_shape) != 1 or self.obs_shape[0] < self.num_actions:
+                raise ValueError(
+                    "SampleSpec.action_mask needs Discrete actions and flat observations that end with their "
+                    f"mask, got obs_shape {self.obs_shape}, num_actions {self.num_actions}"
+                )
+            object.__setattr__(self, "action_mask", True)
         self._normalise_bounds()
         self._normalise_obs_bounds()
 

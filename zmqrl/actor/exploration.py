@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from zmqrl.agents.masks import random_legal
 from zmqrl.core import Policy
 from zmqrl.spec import SampleSpec
 
@@ -121,10 +122,12 @@ EXPLORE_STREAM = 2
 class RandomActions:
     """Uniformly random actions of the spec's space: ``0..num_actions-1`` (int64) for a Discrete
     space, ``[low, high]`` per dimension (float32) for a Box (an infinite or missing bound counts
-    as -1 / +1: nothing uniform lies beyond it)."""
+    as -1 / +1: nothing uniform lies beyond it). A masked run's rows (``spec.action_mask``) draw
+    uniformly among their own legal actions."""
 
     def __init__(self, spec: SampleSpec) -> None:
         self.num_actions = spec.num_actions
+        self.masked = spec.action_mask
         self.shape = tuple(spec.action_shape)
         if self.num_actions is None:
             size = math.prod(self.shape)
@@ -137,7 +140,11 @@ class RandomActions:
             self.low = np.where(np.isfinite(low), low, -1.0).astype(np.float32).reshape(self.shape)
             self.high = np.where(np.isfinite(high), high, 1.0).astype(np.float32).reshape(self.shape)
 
-    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
+    def __call__(self, rng: np.random.Generator, n: int, obs: np.ndarray | None = None) -> np.ndarray:
+        if self.masked and self.num_actions is not None:
+            if obs is None:
+                raise ValueError("a masked run's random actions need the observations they are legal in")
+            return random_legal(rng, obs, self.num_actions)
         if self.num_actions is not None:
             return rng.integers(self.num_actions, size=n, dtype=np.int64)
         return rng.uniform(self.low, self.high, size=(n, *self.shape)).astype(np.float32)
@@ -181,10 +188,10 @@ class EpsilonExplorer:
         random_rows = self.rng.random(n) < epsilon
         n_random = int(np.count_nonzero(random_rows))
         if n_random == n:
-            return self._random(self.rng, n)
+            return self._random(self.rng, n, obs)
         actions = self.policy.act(obs, explore=True)
         if n_random:
             if not actions.flags.writeable:
                 actions = actions.copy()
-            actions[random_rows] = self._random(self.rng, n_random)
+            actions[random_rows] = self._random(self.rng, n_random, obs[random_rows])
         return actions

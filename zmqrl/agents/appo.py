@@ -95,7 +95,10 @@ class APPOAgent(CoreActing):
 
         self._actions = APPOActions(spec)
         bounds = (self._actions.low, self._actions.high)
-        policy = APPOPolicyNet(self._net, self.obs_shape, config.log_std_init, init_generator, bounds)
+        self._masked = spec.action_mask
+        policy = APPOPolicyNet(
+            self._net, self.obs_shape, config.log_std_init, init_generator, bounds, masked=self._masked
+        )
         self.policy = policy.to(self._device)
         # A recurrent policy's value is a unit on its core (zmqrl.agents.appo_rnn), not a network.
         obs_size, core = int(np.prod(self.obs_shape)), self._net.core
@@ -129,7 +132,7 @@ class APPOAgent(CoreActing):
         elsewhere (observations cross in their own dtype: uint8 frames are widened on the device).
         A recurrent policy's acting state advances one step."""
         if self._policy_arrays is not None:
-            return policy_heads(self._net, self._policy_arrays, obs, self._core)
+            return policy_heads(self._net, self._policy_arrays, obs, self._core, self._masked)
         with torch.inference_mode():
             x = to_device(np.asarray(obs), self._device)
             if self._core is None:

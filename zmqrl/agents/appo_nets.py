@@ -16,6 +16,7 @@ from torch import nn
 
 from zmqrl.agents.appo_policy import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, shape_initial_policy
 from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, TANH, VALUE, ActingNet, appo_value_net
+from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import build_acting, init_linear_, torso_features
 from zmqrl.agents.numpy_policies import parameter_views
 
@@ -53,9 +54,11 @@ class APPOPolicyNet(nn.Module):
         log_std_init: float,
         generator: torch.Generator | None = None,
         bounds: tuple[np.ndarray, np.ndarray] | None = None,
+        masked: bool = False,
     ) -> None:
         super().__init__()
         self.net = net
+        self.masked = masked  # logits of each row's illegal actions are MASKED_VALUE (agents/masks.py)
         build_from_table(self, net, obs_shape, generator)
         for name, width in net.free:  # set by shape_initial_policy below
             self.register_parameter(name, nn.Parameter(torch.zeros(width)))
@@ -89,7 +92,8 @@ class APPOPolicyNet(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.recurrent:
             raise TypeError("a recurrent policy steps from a state: use zmqrl.agents.appo_rnn")
-        return self.outputs(self.features(obs))
+        out, log_std = self.outputs(self.features(obs))
+        return (mask_torch(out, obs) if self.masked else out), log_std
 
     def outputs(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The heads on ``features`` (the torso's, or the core's ``h``): ``(logits, None)`` or
@@ -103,7 +107,9 @@ class APPOPolicyNet(nn.Module):
 
     def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities ``(B,)`` of ``actions`` (int64 ``(B,)`` or float32 ``(B, act_dim)``)
-        and the policy's entropies ``(B,)`` at ``obs``."""
+        and the policy's entropies ``(B,)`` at ``obs`` (a masked policy's over its legal actions)."""
+        if self.masked:
+            return categorical_logp_entropy(self(obs)[0], actions)
         return self.head_log_prob_entropy(self.features(obs), actions)
 
     def head_log_prob_entropy(

@@ -31,6 +31,7 @@ import numpy as np
 
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, ActingNet, appo_policy_net, lstm_step
+from zmqrl.agents.masks import MASKED_VALUE, mask_numpy
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
 from zmqrl.agents.torsos import cnn_problem
 from zmqrl.spec import SampleSpec
@@ -59,6 +60,8 @@ def appo_net(config: APPOConfig, spec: SampleSpec) -> ActingNet:
     if config.torso != MLP and (problem := cnn_problem(config.torso, tuple(spec.obs_shape))):
         raise ValueError(problem)
     core = config.core_size if config.core == "lstm" else 0
+    if core and spec.action_mask:  # the unroll's heads read the core's h, not the masked rows
+        raise ValueError("APPO with agent.core lstm does not take action masks yet: use agent.core none")
     if spec.num_actions is not None:
         return appo_policy_net(config.torso, config.hidden_sizes, spec.num_actions, 0, config.log_std, core)
     if len(spec.action_shape) != 1 or spec.action_shape[0] < 1:
@@ -136,11 +139,16 @@ class CoreActing:
 
 
 def policy_heads(
-    net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray, core: CoreState | None = None
+    net: ActingNet,
+    arrays: Mapping[str, np.ndarray],
+    obs: np.ndarray,
+    core: CoreState | None = None,
+    masked: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The policy's outputs for observations ``(B, *obs_shape)``: ``(logits, None)`` for Discrete
-    actions, ``(mean, log_std)`` (``log_std`` clamped, broadcast to ``(B, act_dim)``) for a Box.
-    A recurrent ``net`` steps its LSTM from ``core``'s state, and leaves the new one there."""
+    actions (``masked``: illegal ones MASKED_VALUE, see zmqrl.agents.masks), ``(mean, log_std)``
+    (``log_std`` clamped, broadcast to ``(B, act_dim)``) for a Box. A recurrent ``net`` steps its
+    LSTM from ``core``'s state, and leaves the new one there."""
     if core is None:
         heads = net.forward(arrays, obs)
     else:
@@ -149,7 +157,7 @@ def policy_heads(
         state[:, 0], state[:, 1] = h, c
         heads = net.heads_of(arrays, h)
     if LOGITS in heads:
-        return heads[LOGITS], None
+        return (mask_numpy(heads[LOGITS], obs) if masked else heads[LOGITS]), None
     mean = heads[MEAN]
     log_std = heads[LOG_STD] if LOG_STD in heads else np.broadcast_to(arrays[LOG_STD], mean.shape)
     return mean, np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
@@ -205,6 +213,7 @@ class APPOActions:
 
     def __init__(self, spec: SampleSpec) -> None:
         self.discrete = spec.num_actions is not None
+        self.masked = spec.action_mask  # the logits given are masked already (see policy_heads)
         bounds = (np.zeros(0, np.float32), np.zeros(0, np.float32)) if self.discrete else action_bounds(spec)
         self.low: np.ndarray = bounds[0]
         self.high: np.ndarray = bounds[1]
@@ -220,8 +229,12 @@ class APPOActions:
             log_probs = log_softmax(out)
             cdf = np.cumsum(np.exp(log_probs, dtype=np.float64), axis=1)
             draws = rng.random((len(out), 1))
-            # The last action takes whatever rounding left of the cdf beyond its final entry.
-            actions = np.minimum((draws >= cdf).sum(axis=1), out.shape[1] - 1).astype(np.int64)
+            # The last action (a masked row's last legal one: MASKED_VALUE logits have zero
+            # probability) takes whatever rounding left of the cdf beyond its final entry.
+            last = out.shape[1] - 1
+            if self.masked:
+                last = last - (out > MASKED_VALUE / 2)[:, ::-1].argmax(axis=1)
+            actions = np.minimum((draws >= cdf).sum(axis=1), last).astype(np.int64)
             return actions, log_probs[np.arange(out.shape[0]), actions].astype(np.float32, copy=False)
         noise = rng.standard_normal(out.shape, dtype=np.float32)
         actions = np.clip(out + np.exp(log_std) * noise, self.low, self.high).astype(np.float32, copy=False)
@@ -246,13 +259,14 @@ class NumpyAPPOPolicy(CoreActing, LoadedArrays):
         self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
         shape_initial_policy(self._params.arrays, self.net, config.log_std_init)
         self._actions = APPOActions(spec)
+        self._masked = spec.action_mask
         self.rng = np.random.default_rng(seed)  # acting draws, in APPOAgent's order
         self._core = CoreState(self.net.core) if self.net.core else None
 
     def policy_outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``(logits, None)`` or ``(mean, log_std)`` for obs ``(B, *obs_shape)`` (see policy_heads);
         a recurrent policy's state advances one step."""
-        return policy_heads(self.net, self._params.arrays, obs, self._core)
+        return policy_heads(self.net, self._params.arrays, obs, self._core, self._masked)
 
     def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Sampled actions for obs ``(B, *obs_shape)`` and their log-probabilities ``(B,)`` float32."""

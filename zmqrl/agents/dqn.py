@@ -61,7 +61,9 @@ class DQNAgent:
             config.dueling,
             generator=init_generator,
             torso=config.torso,
+            masked=spec.action_mask,
         ).to(self._device)
+        self._masked = spec.action_mask
         self._net = dqn_net(config.torso, config.hidden_sizes, n_actions, config.dueling)  # the table
         self._target = copy.deepcopy(self.online).requires_grad_(False)
         # True after an import until the target is first used: see the ``target`` property.
@@ -126,7 +128,7 @@ class DQNAgent:
 
     def _numpy_q_values(self, arrays: dict[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
         """The Q-network's values in numpy, as ``NumpyDQNPolicy.q_values`` computes them."""
-        return dqn_q_values(self._net, arrays, obs)
+        return dqn_q_values(self._net, arrays, obs, self._masked)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy

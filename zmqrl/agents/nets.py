@@ -14,6 +14,7 @@ from torch import nn
 
 from zmqrl.agents.configs import DEVICE_NAMES, TORSOS
 from zmqrl.agents.layers import MLP, ActingNet, dqn_net
+from zmqrl.agents.masks import mask_torch
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,6 +130,9 @@ class QNetwork(nn.Module):
 
     With ``dueling`` the torso feeds a value head V(s) and an advantage head A(s, a), combined as
     ``Q = V + A - mean_a A``: subtracting the mean makes the split identifiable (Wang et al., 2016).
+
+    With ``masked`` (a masked run: each row ends with its legal actions) the values of illegal
+    actions are ``MASKED_VALUE`` (``zmqrl.agents.masks``), so every max and argmax is over legal ones.
     """
 
     torso: nn.Module
@@ -145,8 +149,10 @@ class QNetwork(nn.Module):
         activation: type[nn.Module] = nn.ReLU,
         generator: torch.Generator | None = None,
         torso: str = "mlp",
+        masked: bool = False,
     ) -> None:
         super().__init__()
+        self.masked = masked
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
         if torso not in TORSOS:
@@ -181,10 +187,12 @@ class QNetwork(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         features = torso_features(self.torso, self.torso_kind, obs)
         if not self.dueling:
-            return self.head(features)
-        value = self.value(features)
-        advantage = self.advantage(features)
-        return value + advantage - advantage.mean(dim=1, keepdim=True)
+            q = self.head(features)
+        else:
+            value = self.value(features)
+            advantage = self.advantage(features)
+            q = value + advantage - advantage.mean(dim=1, keepdim=True)
+        return mask_torch(q, obs) if self.masked else q
 
 
 def build_acting(

@@ -34,6 +34,7 @@ import numpy as np
 from zmqrl.agents.colored_noise import ColoredNoise
 from zmqrl.agents.configs import DQNConfig, SACConfig
 from zmqrl.agents.layers import ActingNet, dqn_net, dueling_q, sac_policy_net
+from zmqrl.agents.masks import mask_numpy
 from zmqrl.agents.torsos import CONV_TORSOS, fan_in
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
@@ -89,15 +90,18 @@ def imported_array(arrays: Mapping[str, np.ndarray], name: str, shape: tuple[int
 NUMPY_DQN_TORSOS = ("mlp", *(name for name, torso in CONV_TORSOS.items() if torso.numpy_acting))
 
 
-def dqn_q_values(net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
+def dqn_q_values(
+    net: ActingNet, arrays: Mapping[str, np.ndarray], obs: np.ndarray, masked: bool = False
+) -> np.ndarray:
     """``QNetwork``'s action values ``(B, n_actions)`` in numpy, from its table (``dqn_net``) and
-    weights named as it names them.
+    weights named as it names them (``masked``: illegal actions' values are MASKED_VALUE).
 
     Shared by NumpyDQNPolicy and DQNAgent's CPU acting (on views of its tensors), so both run one
     copy of the forward code.
     """
     heads = net.forward(arrays, obs)
-    return heads["head"] if "head" in heads else dueling_q(heads["value"], heads["advantage"])
+    q = heads["head"] if "head" in heads else dueling_q(heads["value"], heads["advantage"])
+    return mask_numpy(q, obs) if masked else q
 
 
 def sac_policy_outputs(
@@ -172,12 +176,13 @@ class NumpyDQNPolicy(LoadedArrays):
         self.obs_shape = tuple(spec.obs_shape)
         self.n_actions = spec.num_actions
         self.dueling = config.dueling
+        self.masked = spec.action_mask  # greedy over each row's legal actions only
         self.net = dqn_net(config.torso, config.hidden_sizes, self.n_actions, config.dueling)
         self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Action values ``(B, n_actions)`` float32 for obs ``(B, *obs_shape)``."""
-        return dqn_q_values(self.net, self._params.arrays, obs)
+        return dqn_q_values(self.net, self._params.arrays, obs, self.masked)
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Greedy int64 actions ``(B,)``, whatever ``explore`` says: DQN explores only by the

@@ -8,6 +8,7 @@ into (:func:`make_eval_agent`) and the loading itself (:func:`load_checkpoint_we
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Policy, is_recurrent
+from zmqrl.envs.action_masks import as_masked_rows
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -62,7 +64,13 @@ class DeployedPolicy:
 
     def act(self, obs: Any) -> Any:
         """The greedy action for one observation, or actions ``(B, ...)`` for a batch of them
-        (a recurrent policy: the next step of the episode since the last :meth:`reset`)."""
+        (a recurrent policy: the next step of the episode since the last :meth:`reset`).
+
+        A masked env's policy takes its rows (as ``make_env`` gives them) or the raw Dict
+        observation ``{"action_mask": .., <entry>: ..}`` (one, or batched as a vector env gives
+        it), and only ever picks an action its mask allows."""
+        if isinstance(obs, Mapping):
+            obs = as_masked_rows(obs, np.dtype(self.observation_space.dtype))
         arr = np.asarray(obs, dtype=self.observation_space.dtype)
         single = arr.ndim == self._obs_ndim
         actions = self._agent.act(arr[None] if single else arr, explore=False)

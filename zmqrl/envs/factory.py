@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.config import AtariConfig, EnvConfig
+from zmqrl.envs.action_masks import ActionMaskObservation, declares_action_mask, is_masked_space
 from zmqrl.envs.ids import is_factory_path, make_from_factory, unknown_id_message
 from zmqrl.envs.masked import OWN_NAMESPACE, register_own_ids
 from zmqrl.envs.minatar import (
@@ -147,6 +148,12 @@ def _supported_observations(env: gym.Env[Any, Any], env_id: str) -> gym.Env[Any,
         return env
     if isinstance(space, gym.spaces.Discrete):
         return OneHotObservation(env)
+    if is_masked_space(space):  # {"action_mask", one Box}: one flat row ending with the mask
+        try:
+            return ActionMaskObservation(env)
+        except EnvError:
+            env.close()
+            raise
     env.close()
     raise EnvError(
         f"env.id '{env_id}': observation space {type(space).__name__} ({space}) is not supported; "
@@ -220,7 +227,10 @@ def sample_spec(
     if isinstance(act_space, gym.spaces.Discrete):
         if int(act_space.start) != 0:
             raise EnvError(f"Discrete action space must start at 0, got start={act_space.start}")
-        return SampleSpec(action_shape=(), action_dtype="int64", num_actions=int(act_space.n), **common)
+        masked = declares_action_mask(env)  # the row ends with its legal actions (envs/action_masks.py)
+        return SampleSpec(
+            action_shape=(), action_dtype="int64", num_actions=int(act_space.n), action_mask=masked, **common
+        )
     if isinstance(act_space, gym.spaces.Box):
         return SampleSpec(
             action_shape=tuple(act_space.shape),

@@ -18,6 +18,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from zmqrl.envs.pick_largest import register_pick_largest
+
 # The namespace of the ids this package registers itself.
 OWN_NAMESPACE = "zmqrl/"
 CARTPOLE_NO_VELOCITY = "zmqrl/CartPoleNoVelocity-v1"
@@ -52,6 +54,7 @@ def make_cartpole_no_velocity(**kwargs: Any) -> gym.Env[np.ndarray, Any]:
 def register_own_ids() -> None:
     """Register this package's ids with gymnasium (idempotent). The entry point is this module's
     own function, fixed here: ``env.id`` only picks among the ids, it never names code."""
+    register_pick_largest()  # the masked-actions game (zmqrl.envs.pick_largest)
     if CARTPOLE_NO_VELOCITY not in gym.registry:
         gym.register(
             CARTPOLE_NO_VELOCITY,

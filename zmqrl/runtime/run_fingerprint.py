@@ -66,6 +66,8 @@ def run_fingerprint(cfg: Config, spec: SampleSpec) -> Fingerprint:
     out["action.dtype"] = spec.action_dtype
     if spec.num_actions is not None:
         out["action.n"] = int(spec.num_actions)
+    if spec.action_mask:  # only then: unmasked runs keep the fingerprint they always had
+        out["action.mask"] = True
     if spec.action_low is not None and spec.action_high is not None:
         out["action.low"] = [_bound(x) for x in _as_tuple(spec.action_low)]
         out["action.high"] = [_bound(x) for x in _as_tuple(spec.action_high)]

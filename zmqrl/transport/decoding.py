@@ -42,6 +42,7 @@ from zmqrl.transport.fields import (
     short,
 )
 from zmqrl.transport.layouts import ArrayDesc
+from zmqrl.transport.mask_checks import check_masked_rollouts, check_masked_transitions
 from zmqrl.transport.messages import KIND_ROLLOUTS, KIND_SAMPLES, PROTO_VERSION, SamplesMsg, WireError
 from zmqrl.types import Batch, EpisodeStat, RolloutBatch, TransitionBatch
 
@@ -367,6 +368,8 @@ def _check_content(batch: TransitionBatch, priorities: np.ndarray | None, spec: 
     _check_obs(obs, "obs", spec)
     _check_obs(next_obs, "next_obs", spec)
     _check_actions(action, "action", spec)
+    if spec.action_mask:  # the rows' legal actions, and the actions taken among them
+        check_masked_transitions(batch, spec)
 
 
 def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
@@ -396,6 +399,8 @@ def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
     if final_obs.shape[0]:
         _check_obs(final_obs, "final_obs", spec)
     _check_actions(action, "action", spec)
+    if spec.action_mask:  # the rows' legal actions, and the actions taken among them
+        check_masked_rollouts(batch, spec)
 
 
 def _check_core_state(state: np.ndarray, spec: SampleSpec) -> None:

@@ -1,0 +1,58 @@
+"""The content checks of a masked run's rows: their legal-action components, and the actions taken.
+
+A masked run's observation rows end with ``num_actions`` components that flag the state's legal
+actions (``SampleSpec.action_mask``, ``zmqrl.envs.action_masks``). The observation bounds already
+keep them within [0, 1]; what this run can mean is narrower: each is exactly 0 or 1, every state
+acted in has at least one legal action and the action taken is one of them, and every state a
+target bootstraps from (a transition's next observation with a discount above 0, every rollout
+observation) has one too. A terminal next observation may have none: its discount is 0, so no
+target reads it. Anything else is refused with one WireError, counted and dropped by the receiver
+like every bad message, and never reaches replay.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zmqrl.spec import SampleSpec
+from zmqrl.transport.fields import fail
+from zmqrl.types import RolloutBatch, TransitionBatch
+
+
+def _legal(obs: np.ndarray, what: str, spec: SampleSpec) -> np.ndarray:
+    """The legal-action flags ``(N, A)`` bool of observation rows ``(N, D + A)``, after checking
+    every flag is exactly 0 or 1."""
+    n = int(spec.num_actions or 0)
+    flags = obs.reshape(-1, obs.shape[-1])[:, -n:]
+    legal = flags == 1
+    if not (legal | (flags == 0)).all():
+        fail(f"{what}: an action-mask component is neither 0 nor 1")
+    return legal
+
+
+def _taken_legal(legal: np.ndarray, action: np.ndarray, what: str) -> None:
+    """Every row has a legal action, and its action is one."""
+    if not legal.any(axis=1).all():
+        fail(f"{what}: a state acted in has no legal action (an empty action mask)")
+    if not legal[np.arange(legal.shape[0]), action.reshape(-1)].all():
+        fail(f"{what}: an action taken is illegal under its own action mask")
+
+
+def check_masked_transitions(batch: TransitionBatch, spec: SampleSpec) -> None:
+    """A masked run's transitions (actions already within [0, num_actions)); WireError if bad."""
+    _taken_legal(_legal(batch.obs, "obs", spec), batch.action, "samples")
+    next_legal = _legal(batch.next_obs, "next_obs", spec)
+    bootstrapped = np.asarray(batch.discount) > 0
+    if not np.asarray(next_legal.any(axis=1))[bootstrapped].all():
+        fail("next_obs: a state bootstrapped from (discount > 0) has no legal action")
+
+
+def check_masked_rollouts(batch: RolloutBatch, spec: SampleSpec) -> None:
+    """A masked run's rollouts (actions already within [0, num_actions)); WireError if bad."""
+    rows, steps = batch.reward.shape
+    legal = _legal(batch.obs, "obs", spec).reshape(rows, steps + 1, -1)
+    if not legal[:, steps].any(axis=1).all():
+        fail("rollouts: a row's bootstrap observation has no legal action")
+    _taken_legal(legal[:, :steps].reshape(rows * steps, -1), batch.action, "rollouts")
+    if batch.final_obs.shape[0]:
+        _legal(batch.final_obs, "final_obs", spec)
