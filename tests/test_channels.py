@@ -706,7 +706,10 @@ def test_a_sender_waits_out_a_connected_learner_that_is_not_reading_and_gives_up
     pull.close(linger=0)  # the learner is gone: nothing connected from now on
     started = time.monotonic()
     with pytest.raises(LearnerUnreachable, match="no learner to deliver samples to"):
-        send_with_housekeeping(sender, msg, lambda: time.monotonic() - started > 20)
+        # A first send may still fit the pipe the learner's end drained before it closed (a busy
+        # machine's I/O threads lag): that message is lost with the learner, the next is held back.
+        while time.monotonic() - started < 5:
+            send_with_housekeeping(sender, msg, lambda: time.monotonic() - started > 20)
     assert time.monotonic() - started < 5
     sender.close()
 
