@@ -85,14 +85,14 @@ ROWS = {
         "configs/pick_largest_dqn.yaml",
         3,
         5.7,
-        "masked DQN on zmqrl/PickLargest-v0 (6 slots; illegal moves raise), 2 actors, replay ratio 8",
+        "masked DQN on PickLargest (6 slots; illegal moves raise), 2 actors, replay ratio 8",
     ),
     "pick-largest-appo": Row(
         "pick-largest-appo",
         "configs/pick_largest_appo.yaml",
         3,
         5.7,
-        "masked APPO on zmqrl/PickLargest-v0 (logits of illegal slots masked), 1 actor × 8 envs",
+        "masked APPO on PickLargest (logits of illegal slots masked), 1 actor × 8 envs",
     ),
     "pendulum-appo": Row(
         "pendulum-appo",
