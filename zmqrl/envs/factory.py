@@ -28,7 +28,6 @@ from zmqrl.envs.minatar import (
     ChannelsFirstGrid,
     is_minatar_id,
     register_minatar,
-    register_minatar_variants,
 )
 from zmqrl.envs.minatar import missing_message as missing_minatar_message
 from zmqrl.errors import EnvError
@@ -106,7 +105,6 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
         register_minatar(cfg.id)  # the package's ids are not registered by gymnasium 1.x itself
     if cfg.id.startswith(OWN_NAMESPACE):
         register_own_ids()  # zmqrl's own ids (zmqrl.envs.masked), registered in every process
-        register_minatar_variants()  # and its MinAtar variants (zmqrl.envs.minatar)
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps

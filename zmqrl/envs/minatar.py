@@ -33,7 +33,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.envs.masked import OWN_NAMESPACE
 from zmqrl.errors import EnvError
 
 # Ids of the MinAtar games start with this namespace.
@@ -115,7 +114,7 @@ class ChannelsFirstGrid(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
 
 # MinAtar Breakout with one frame per observation: the ball's previous cell (the "trail" channel)
 # removed, so which way the ball moves is no longer in any single observation (see DropChannels).
-BREAKOUT_NO_TRAIL = f"{OWN_NAMESPACE}MinAtarBreakoutNoTrail-v1"
+BREAKOUT_NO_TRAIL = "zmqrl/MinAtarBreakoutNoTrail-v1"  # in zmqrl.envs.masked's OWN_NAMESPACE
 # The channel dropped: the game's own name for it, looked up in the game's channel table.
 TRAIL_CHANNEL = "trail"
 
@@ -161,8 +160,9 @@ def make_breakout_no_trail(**kwargs: Any) -> gym.Env[np.ndarray, Any]:
 
 
 def register_minatar_variants() -> None:
-    """Register the MinAtar variants of this module with gymnasium (idempotent); the entry point
-    is this module's own function, so ``env.id`` only picks among ids, it never names code. The
-    MinAtar package itself is imported when such an env is made, not here."""
+    """Register the MinAtar variants of this module with gymnasium (idempotent; with zmqrl's other
+    own ids, by ``zmqrl.envs.masked.register_own_ids``); the entry point is this module's own
+    function, so ``env.id`` only picks among ids, it never names code. The MinAtar package itself
+    is imported when such an env is made, not here."""
     if BREAKOUT_NO_TRAIL not in gym.registry:
         gym.register(BREAKOUT_NO_TRAIL, entry_point=make_breakout_no_trail)
