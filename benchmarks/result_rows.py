@@ -109,6 +109,26 @@ ROWS = {
         "APPO, MinAtar CNN, 2 actors × 16 envs, 64-step rollouts",
         ("learner.max_seconds=300",),
     ),
+    # Issue 40: MinAtar Breakout with one frame per observation (the ball's trail channel removed,
+    # zmqrl/MinAtarBreakoutNoTrail-v1): recurrent APPO, and the feed-forward config on the same frames.
+    # 10 minutes each: a recurrent update costs ~2.5x a feed-forward one on a CPU, and the rows are
+    # read by env steps at the target (the recurrent one reaches 10 with fewer, not sooner).
+    "minatar-breakout-lstm-appo": Row(
+        "minatar-breakout-lstm-appo",
+        "configs/minatar_breakout_lstm_appo.yaml",
+        3,
+        10.0,
+        "APPO with an LSTM core (128) after the MinAtar CNN, Breakout without its trail channel",
+        ("learner.max_seconds=600",),
+    ),
+    "minatar-breakout-notrail-appo": Row(
+        "minatar-breakout-notrail-appo",
+        "configs/minatar_breakout_appo.yaml",
+        3,
+        10.0,
+        "feed-forward APPO (minatar-breakout-appo's config) on the same frames: no trail, no memory",
+        ("env.id=zmqrl/MinAtarBreakoutNoTrail-v1", "learner.max_seconds=600"),
+    ),
     "minatar-breakout": Row(
         "minatar-breakout",
         "configs/minatar_breakout_dqn.yaml",

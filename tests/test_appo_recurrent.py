@@ -156,8 +156,6 @@ def test_the_config_checks_the_core() -> None:
         config(core="gru").check()
     with pytest.raises(ValueError, match=r"agent\.core_size"):
         config(core_size=0).check()
-    with pytest.raises(ValueError, match="torso 'mlp' only"):
-        config(torso="minatar_cnn").check()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -100,9 +100,13 @@ class APPOAgent(CoreActing):
             self._net, self.obs_shape, config.log_std_init, init_generator, bounds, masked=self._masked
         )
         self.policy = policy.to(self._device)
-        # A recurrent policy's value is a unit on its core (zmqrl.agents.appo_rnn), not a network.
-        obs_size, core = int(np.prod(self.obs_shape)), self._net.core
-        value = RecurrentValue(obs_size, core, config.hidden_sizes, init_generator) if core else None
+        # A recurrent policy's value reads its core's h (zmqrl.agents.appo_rnn).
+        core = self._net.core
+        value = (
+            RecurrentValue(self.obs_shape, core, config.hidden_sizes, init_generator, config.torso)
+            if core
+            else None
+        )
         self.value = (value or ValueNet(self._net, self.obs_shape, init_generator)).to(self._device)
         self._core = CoreState(self._net.core) if self._net.core else None  # acting state
         self._params = [*self.policy.parameters(), *self.value.parameters()]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.appo_policy import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, shape_initial_policy
-from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, TANH, VALUE, ActingNet, appo_value_net
+from zmqrl.agents.layers import CORE, LOG_STD, LOGITS, MEAN, MLP, TANH, VALUE, ActingNet, appo_value_net
 from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import build_acting, init_linear_, torso_features
 from zmqrl.agents.numpy_policies import parameter_views
@@ -31,11 +31,12 @@ def build_from_table(
     """Give ``module`` the layers of ``net`` (``build_acting``), drawn from ``generator`` when one
     is given (the global RNG untouched): the MLP whole, with torch's default distribution; a CNN
     draws its own torso from it (``zmqrl.agents.conv``), then the heads are drawn, as
-    ``QNetwork`` does."""
+    ``QNetwork`` does, after the LSTM core if there is one (a recurrent policy's)."""
     with torch.random.fork_rng(devices=[], enabled=generator is not None):
         build_acting(module, net, obs_shape, _activation(net), generator)
     if generator is not None:
-        heads = nn.ModuleList([getattr(module, name) for name, _ in net.heads])
+        core = [getattr(module, CORE)] if net.core else []
+        heads = nn.ModuleList([*core, *(getattr(module, name) for name, _ in net.heads)])
         init_linear_(module if net.torso == MLP else heads, generator)
 
 

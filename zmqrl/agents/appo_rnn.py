@@ -8,23 +8,28 @@ observation, and zeroes the state after every terminated or truncated step, as t
 the next step is a new episode's first. A truncated step's bootstrap observation (``final_obs``)
 is stepped from the state *before* that reset (it continues the episode that was cut).
 
-The value network is a tanh MLP of its own on the observation and the policy core's ``h``, read
+The value network has a torso of its own on the observation and reads the policy core's ``h``
 without gradient: the rollout carries one state, the policy's (a value network with a memory of
 its own would need its own state on the wire), and the value loss does not reach the policy's
 layers, as the feed-forward agent's separate value network does not. (A value unit on the shared
-core learned far slower on CartPole: its loss dominated the clipped gradient.) Epochs over the
+core learned far slower on CartPole: its loss dominated the clipped gradient.) With the MLP torso
+that is a tanh MLP on the observation and ``h`` together; with a CNN torso (MinAtar's, the Nature
+one) it is the same CNN as the policy's (its own parameters: flattened frames are no MLP input,
+28,224 values for the Nature CNN's), whose features meet ``h`` at the value unit. Epochs over the
 same rollouts unroll again from the same start states.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 from torch import nn
 
-from zmqrl.agents.layers import VALUE
-from zmqrl.agents.nets import init_linear_
+from zmqrl.agents.layers import MLP, VALUE
+from zmqrl.agents.nets import init_linear_, torso_features
+from zmqrl.agents.torsos import CONV_TORSOS
 
 if TYPE_CHECKING:
     from zmqrl.agents.appo_nets import APPOPolicyNet
@@ -78,26 +83,45 @@ def unroll(
 
 
 class RecurrentValue(nn.Module):
-    """``(obs, h) -> V`` ``(B,)``: a tanh MLP of ``hidden`` on the flattened observation and the
-    policy core's ``h`` (detached), then one ``value`` unit (learner-only)."""
+    """``(obs, h) -> V`` ``(B,)`` (learner-only). Torso ``mlp``: a tanh MLP of ``hidden`` on the
+    flattened observation and the policy core's ``h`` (detached), then one ``value`` unit. A CNN
+    torso (``zmqrl.agents.torsos``): that CNN on the observation, then one ``value`` unit on its
+    features and ``h`` (``hidden`` unused, as the feed-forward CNN value network does not use it)."""
+
+    torso: nn.Module
 
     def __init__(
-        self, obs_size: int, size: int, hidden: list[int], generator: torch.Generator | None = None
+        self,
+        obs_shape: tuple[int, ...],
+        size: int,
+        hidden: list[int],
+        generator: torch.Generator | None = None,
+        torso: str = MLP,
     ) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_size + size
-        for out in hidden:
-            layers += [nn.Linear(width, out), nn.Tanh()]
-            width = out
-        self.torso = nn.Sequential(*layers)
+        self.kind = torso
+        if torso == MLP:
+            layers: list[nn.Module] = []
+            width = math.prod(obs_shape) + size
+            for out in hidden:
+                layers += [nn.Linear(width, out), nn.Tanh()]
+                width = out
+            self.torso = nn.Sequential(*layers)
+        else:
+            from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
+
+            self.torso = CONV_NETS[torso](obs_shape, generator=generator)  # drawn from generator
+            width = CONV_TORSOS[torso].hidden + size
         setattr(self, VALUE, nn.Linear(width, 1))
         if generator is not None:
-            init_linear_(self, generator)
+            init_linear_(self if torso == MLP else getattr(self, VALUE), generator)
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([obs.reshape(obs.shape[0], -1).to(torch.float32), h.detach()], dim=1)
-        return getattr(self, VALUE)(self.torso(x)).squeeze(-1)
+        if self.kind == MLP:
+            x = self.torso(torch.cat([obs.reshape(obs.shape[0], -1).to(torch.float32), h.detach()], dim=1))
+        else:
+            x = torch.cat([torso_features(self.torso, self.kind, obs), h.detach()], dim=1)
+        return getattr(self, VALUE)(x).squeeze(-1)
 
 
 class Outputs(NamedTuple):

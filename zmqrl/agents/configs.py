@@ -233,7 +233,7 @@ class APPOConfig(AgentConfigBase):
     log_std_init: float = 0.0  # continuous actions: initial log standard deviation
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
     capture: str = "auto"  # run each update as one CUDA graph: "auto" (CUDA only), "always", "never"
-    core: str = "none"  # "none", or "lstm": an LSTM cell after the MLP torso (policy and value share it)
+    core: str = "none"  # "none", or "lstm": an LSTM cell after the torso (the value net reads its h)
     core_size: int = 64  # units of the LSTM core (agent.core: lstm)
 
     def check(self) -> None:
@@ -243,11 +243,6 @@ class APPOConfig(AgentConfigBase):
             raise ValueError(f"agent.core: must be one of {', '.join(CORES)}, got {self.core!r}")
         if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size < 1:
             raise ValueError(f"agent.core_size: must be a positive int, got {self.core_size!r}")
-        if self.core == "lstm" and self.torso != "mlp":
-            raise ValueError(
-                f"agent.core 'lstm' works with agent.torso 'mlp' only, got torso {self.torso!r} "
-                "(a recurrent CNN policy is not supported)"
-            )
         if self.kind != "appo":
             raise ValueError(f"agent.kind: expected 'appo', got {self.kind!r}")
         sizes = self.hidden_sizes

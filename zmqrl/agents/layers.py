@@ -187,7 +187,6 @@ VALUE = "value"
 def appo_value_net(policy: ActingNet) -> ActingNet:
     """APPO's value network: the policy's torso (its own parameters, same shapes), one ``value``
     unit. Learner-only, so no numpy policy runs it; a table all the same, so the torch module is
-    built by the same code as the policy's. A recurrent policy's value is a ``value`` unit on the
-    policy's own core (``zmqrl.agents.appo_rnn``), not a network of its own: this table is not
-    used for it."""
+    built by the same code as the policy's. A recurrent policy's value network also reads the
+    policy core's output (``zmqrl.agents.appo_rnn.RecurrentValue``): this table is not used for it."""
     return ActingNet(policy.torso, policy.hidden, ((VALUE, 1),), activation=policy.activation)

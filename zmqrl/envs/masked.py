@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from zmqrl.envs.minatar import register_minatar_variants
 from zmqrl.envs.pick_largest import register_pick_largest
 
 # The namespace of the ids this package registers itself.
@@ -55,6 +56,7 @@ def register_own_ids() -> None:
     """Register this package's ids with gymnasium (idempotent). The entry point is this module's
     own function, fixed here: ``env.id`` only picks among the ids, it never names code."""
     register_pick_largest()  # the masked-actions game (zmqrl.envs.pick_largest)
+    register_minatar_variants()  # MinAtar Breakout without its trail (zmqrl.envs.minatar)
     if CARTPOLE_NO_VELOCITY not in gym.registry:
         gym.register(
             CARTPOLE_NO_VELOCITY,

@@ -18,6 +18,9 @@ Why an adapter of our own on top of the package's gymnasium wrapper (``minatar.g
 actions (probability 0.1) are the package's default, as in the paper; ``env.kwargs`` can change
 them (``sticky_action_prob``) or turn off ``difficulty_ramping``. The games set no time limit:
 configs give ``env.max_episode_steps``.
+
+``zmqrl/MinAtarBreakoutNoTrail-v1`` is Breakout without the channel that shows the ball's motion
+(:class:`DropChannels`): one frame per observation, for policies with memory.
 """
 
 from __future__ import annotations
@@ -107,3 +110,59 @@ class ChannelsFirstGrid(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.moveaxis(observation, -1, 0), dtype=np.uint8)
+
+
+# MinAtar Breakout with one frame per observation: the ball's previous cell (the "trail" channel)
+# removed, so which way the ball moves is no longer in any single observation (see DropChannels).
+BREAKOUT_NO_TRAIL = "zmqrl/MinAtarBreakoutNoTrail-v1"  # in zmqrl.envs.masked's OWN_NAMESPACE
+# The channel dropped: the game's own name for it, looked up in the game's channel table.
+TRAIL_CHANNEL = "trail"
+
+
+class DropChannels(gym.ObservationWrapper[np.ndarray, Any, np.ndarray]):
+    """``(C, H, W)`` grids (``ChannelsFirstGrid``'s) without the channels named ``names``, looked up
+    in the MinAtar game's own table (``{"paddle": 0, "ball": 1, "trail": 2, "brick": 3}`` for
+    Breakout), so a package that renumbers its channels cannot make it drop the wrong one.
+
+    Why: MinAtar's observation is one 10x10 frame, but some games paint motion into it. Breakout's
+    ``trail`` channel marks the cell the ball left, so one frame shows the ball's direction; without
+    it the frame shows where the ball is and not where it goes, which decides where the paddle
+    must be when the ball comes down. A policy must then remember the ball's last cells (a recurrent
+    one can, ``agent.core: lstm``), as a feed-forward policy on stacked frames would see them.
+    """
+
+    def __init__(self, env: gym.Env[np.ndarray, Any], names: tuple[str, ...]) -> None:
+        super().__init__(env)
+        game = getattr(getattr(env.unwrapped, "game", None), "env", None)  # the package's game object
+        table: dict[str, int] | None = getattr(game, "channels", None)
+        space = env.observation_space
+        if not isinstance(table, dict) or not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
+            raise EnvError(f"DropChannels wraps a MinAtar game's (C, 10, 10) grids, got {space} from {env}")
+        missing = [name for name in names if name not in table]
+        if missing:
+            raise EnvError(f"this MinAtar game has no channel {missing} (its channels: {sorted(table)})")
+        dropped = {table[name] for name in names}
+        self._keep = [c for c in range(space.shape[0]) if c not in dropped]
+        self.observation_space = gym.spaces.Box(
+            low=0, high=1, shape=(len(self._keep), *space.shape[1:]), dtype=np.uint8
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(observation[self._keep])
+
+
+def make_breakout_no_trail(**kwargs: Any) -> gym.Env[np.ndarray, Any]:
+    """MinAtar ``Breakout-v1`` (``kwargs``: the package's, e.g. ``sticky_action_prob``) observed as
+    ``(3, 10, 10)`` uint8 grids: paddle, ball, bricks (``DropChannels`` of ``trail``)."""
+    game = "MinAtar/Breakout-v1"
+    register_minatar(game)
+    return DropChannels(ChannelsFirstGrid(gym.make(game, **kwargs)), (TRAIL_CHANNEL,))
+
+
+def register_minatar_variants() -> None:
+    """Register the MinAtar variants of this module with gymnasium (idempotent; with zmqrl's other
+    own ids, by ``zmqrl.envs.masked.register_own_ids``); the entry point is this module's own
+    function, so ``env.id`` only picks among ids, it never names code. The MinAtar package itself
+    is imported when such an env is made, not here."""
+    if BREAKOUT_NO_TRAIL not in gym.registry:
+        gym.register(BREAKOUT_NO_TRAIL, entry_point=make_breakout_no_trail)
