@@ -82,9 +82,11 @@ def load_group(frames: Sequence[Any]) -> SampleGroup:
         for frame, (dtype, shape) in zip(frames[1:], header["columns"], strict=True)
     ]
     priorities = arrays.pop() if header["priorities"] else None
-    batch: Batch = RolloutBatch(*arrays) if header["rollouts"] else TransitionBatch(*arrays)
+    batch: Batch
     if header.get("sequences"):
         batch = SequenceBatch(*arrays)
+    else:
+        batch = RolloutBatch(*arrays) if header["rollouts"] else TransitionBatch(*arrays)
     infos = tuple(
         MessageInfo(a, s, v, start, stop, [EpisodeStat(float(r), int(n)) for r, n in eps])
         for a, s, v, start, stop, eps in header["infos"]
