@@ -29,8 +29,16 @@ CORE = 4
 
 def window_spec(length: int, burn_in: int, core: int = CORE, n_actions: int = 3) -> SampleSpec:
     return SampleSpec(
-        (OBS,), "float32", (), "int64", num_actions=n_actions, sequence_length=burn_in + length,
-        burn_in=burn_in, core_size=core, obs_low=-100.0, obs_high=100.0,
+        (OBS,),
+        "float32",
+        (),
+        "int64",
+        num_actions=n_actions,
+        sequence_length=burn_in + length,
+        burn_in=burn_in,
+        core_size=core,
+        obs_low=-100.0,
+        obs_high=100.0,
     )
 
 
@@ -40,8 +48,13 @@ def window_spec(length: int, burn_in: int, core: int = CORE, n_actions: int = 3)
 
 
 def reference_windows(
-    obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, states: np.ndarray, terminated: bool,
-    length: int, burn_in: int,
+    obs: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    states: np.ndarray,
+    terminated: bool,
+    length: int,
+    burn_in: int,
 ) -> list[tuple[np.ndarray, ...]]:
     """An episode of n steps (obs: n + 1 rows, the last the final one) as the issue describes its
     windows, position by position: window k covers steps k T - B .. k T + T - 1 while k T < n."""
@@ -200,8 +213,17 @@ def test_burn_in_and_targets_equal_the_loop_by_loop_reference() -> None:
     q = unroll(agent.online, x["obs"], x["core_state"], advance, 3)
     target_q = unroll(agent.target, x["obs"], x["core_state"], advance, 3)
     out = r2d2_loss(
-        q, target_q, q.detach(), x["action"][:, 3:], x["reward"][:, 3:], x["terminated"][:, 3:],
-        advance[:, 3:], cfg.gamma, cfg.n_step, cfg.priority_eta, cfg.huber_delta,
+        q,
+        target_q,
+        q.detach(),
+        x["action"][:, 3:],
+        x["reward"][:, 3:],
+        x["terminated"][:, 3:],
+        advance[:, 3:],
+        cfg.gamma,
+        cfg.n_step,
+        cfg.priority_eta,
+        cfg.huber_delta,
     )
     assert out.loss.item() == pytest.approx(want_loss, rel=1e-5)
     np.testing.assert_allclose(out.priorities.numpy(), want_priorities, rtol=1e-5)
@@ -342,7 +364,9 @@ def test_an_adder_sends_the_windows_as_sequences_messages() -> None:
     adder = Adder(0, log)
     log.start(0, np.zeros(OBS, np.float32))
     for t in range(7):
-        log.add(0, 1, 1.0, t == 6, np.full(OBS, t + 1, np.float32), np.zeros((2, CORE), np.float32), 0, t == 6)
+        log.add(
+            0, 1, 1.0, t == 6, np.full(OBS, t + 1, np.float32), np.zeros((2, CORE), np.float32), 0, t == 6
+        )
     msg = adder.pop()
     assert msg is not None and isinstance(msg.batch, SequenceBatch)
     back = wire.load_samples(wire.dump(msg), spec)

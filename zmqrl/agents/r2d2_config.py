@@ -13,8 +13,8 @@ R2D2_PRIORITY_ETA = 0.9
 
 @dataclass
 class R2D2Config(AgentConfigBase):
-    """Hyperparameters of recurrent DQN on sequences (R2D2); the defaults learn CartPole without
-    velocities (``zmqrl/CartPoleNoVelocity-v1``).
+    """Hyperparameters of recurrent DQN on sequences (R2D2); the defaults are sized for small
+    partially observed tasks such as CartPole without velocities (configs/cartpole_novel_r2d2.yaml).
 
     Actors cut each episode into windows of ``burn_in + sequence_length`` steps, one starting every
     ``sequence_length`` steps (the first at step ``-burn_in``, padded), so consecutive windows

@@ -13,8 +13,8 @@ Channels (both ipc, both bound by the learner):
 * **groups** (intake PUSH -> learner PULL): ``[header, column frames...]``, header a msgpack map
   ``{"infos": [[actor_id, seq, weights_version, start, stop, [[return, length], ...]], ...],
   "rollouts": bool, "sequences": bool, "columns": [[dtype, shape], ...], "priorities": bool}``, one
-  frame per column (the priorities' last, when there are). Flow control by credits: the intake sends a group only
-  for a credit, and the learner gives one back for every group it takes (``{"credit": 1}`` on
+  frame per column (the priorities' last, when there are). Flow control by credits: the intake sends
+  a group only for a credit, and the learner gives one back for every group it takes (``{"credit": 1}`` on
   control), so no group waits in a socket buffer. Merging, the intake starts with one: while the
   learner trains (it takes every few milliseconds) or its replay ratio holds it back, what arrives
   is merged into the next group, up to a limit, and then nothing more is read from the network:

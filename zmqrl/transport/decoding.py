@@ -165,11 +165,8 @@ _MAX_LAYOUTS = 512
 _CACHED: set[int] = set()
 _CHECKED_LAYOUTS: dict[str, set[int]] = {kind: set() for kind in EXPERIENCE_KINDS}
 _ROW_BATCHES: dict[str, Any] = {KIND_ROLLOUTS: RolloutBatch, KIND_SEQUENCES: SequenceBatch}
-_COLUMN_CHECKS = {
-    KIND_SAMPLES: layouts.check_sample_columns,
-    KIND_ROLLOUTS: layouts.check_rollout_columns,
-    KIND_SEQUENCES: sequence_checks.check_sequence_columns,
-}
+_COLUMN_CHECKS = {KIND_SAMPLES: layouts.check_sample_columns, KIND_ROLLOUTS: layouts.check_rollout_columns}
+_COLUMN_CHECKS[KIND_SEQUENCES] = sequence_checks.check_sequence_columns
 
 
 def _layout_key(arrays: list[Any]) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
