@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import zmqrl
+from tests.test_metrics_tags import assert_documented
 from zmqrl.actor.adders import Adder
 from zmqrl.actor.sequences import SequenceLog
 from zmqrl.agents.losses import r2d2_loss
@@ -300,6 +301,7 @@ def r2d2_config(run_root: Path, *extra: str) -> zmqrl.Config:
             "learner.eval_episodes=2",
             "learner.checkpoint_interval=30",
             "learner.republish_seconds=0.2",
+            "learner.log_interval=10",
             "actor.max_steps_per_s=3000",
             *extra,
         ],
@@ -316,6 +318,7 @@ def test_a_serial_r2d2_run_trains_resumes_and_its_policy_keeps_state(run_root: P
     assert result.actors[0]["weights_version"] >= 2
     stats = json.loads((result.run_dir / "stats.json").read_text())
     assert stats["learner"]["bad_messages"] == 0
+    assert "losses/td_abs_mean" in assert_documented(result.run_dir)  # every tag it wrote is documented
     # The checkpoint holds the replay's windows, and a resumed run restores them.
     resumed = zmqrl.train(r2d2_config(run_root, "learner.max_updates=40"), mode="serial", resume=True)
     assert resumed.state == "finished" and resumed.learner["updates"] == 40

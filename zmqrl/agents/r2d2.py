@@ -42,7 +42,7 @@ from zmqrl.spec import SampleSpec
 from zmqrl.types import SEQUENCE_PADDING, SequenceBatch
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
-_METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_mean", "priority_mean")
+_METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean")
 # Device dtypes of a batch's columns (observations keep theirs).
 _INPUT_DTYPES = {
     "action": torch.int64,
@@ -205,7 +205,7 @@ class R2D2Agent(CoreActing):
             q_mean = (out.old_val * learned).sum() / count
             td_mean = out.td_error.abs().sum() / count
             target_mean = (out.td_target * learned).sum() / count
-            values = [loss, q_mean, td_mean, grad_norm, target_mean, out.priorities.mean()]
+            values = [loss, q_mean, td_mean, grad_norm, target_mean]
             return values, out.priorities
 
         return [found], metrics
