@@ -85,8 +85,9 @@ def unroll(
 ) -> torch.Tensor:
     """Q-values ``(R, L + 1 - burn_in, A)`` at the positions after burn-in, of windows ``obs``
     ``(R, L + 1, *obs_shape)`` unrolled from ``state`` ``(R, 2, H)``. The first ``burn_in``
-    positions run without gradient and give only their state; the state moves on at the positions
-    where ``advance`` ``(R, L)`` (real steps) and stays where it was on padding."""
+    positions run without gradient and give only their state, which moves on at the positions
+    where ``advance`` ``(R, L)`` (real steps) and stays where it was on padding (before an
+    episode's first step)."""
     rows, length = obs.shape[:2]
     h, c = state[:, 0], state[:, 1]
     keep = advance.unsqueeze(-1)
@@ -97,15 +98,16 @@ def unroll(
                 h_new, c_new = net.core(x[:, t], (h, c))
                 h, c = torch.where(keep[:, t], h_new, h), torch.where(keep[:, t], c_new, c)
     x = net.features(obs[:, burn_in:].flatten(0, 1)).reshape(rows, length - burn_in, -1)
-    outs = []
-    for j in range(length - burn_in):
-        h_new, c_new = net.core(x[:, j], (h, c))
-        outs.append(h_new)
-        t = burn_in + j
-        if t < length - 1:
-            h, c = torch.where(keep[:, t], h_new, h), torch.where(keep[:, t], c_new, c)
+    # After the burn-in the state needs no holding: padding there only follows an episode's last
+    # step, and the one output read past it (the bootstrap at the observation right after that
+    # step) is computed from the state the step left. So the learned part runs as one fused LSTM
+    # call over the cell's own weights (what an update's backward pass spends its time in), not
+    # one cell call per position.
+    core = net.core
+    weights = [core.weight_ih, core.weight_hh, core.bias_ih, core.bias_hh]
+    outs, _, _ = torch.lstm(x, (h[None], c[None]), weights, True, 1, 0.0, net.training, False, True)
     head: nn.Linear = getattr(net, Q_HEAD)
-    q: torch.Tensor = head(torch.stack(outs, 1))
+    q: torch.Tensor = head(outs)
     return q
 
 
