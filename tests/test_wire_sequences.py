@@ -162,7 +162,7 @@ def test_refused_messages_are_counted_and_never_reach_replay() -> None:
     group = SampleGroup.of(good)
     replay.add(group.batch, group.priorities)
     assert bad.count == len(BAD)
-    assert len(replay) == 3 and replay.total_added == windows().size
+    assert replay.windows == 3 and len(replay) == replay.total_added == windows().size
     # A group split again (by policy lag, in the learner) gives each message its own windows.
     assert [m.batch.rows for m in group.messages] == [3]
 
@@ -178,7 +178,9 @@ def test_the_replay_adds_samples_reprioritises_and_snapshots_windows() -> None:
     first, second = windows(seed=1), windows(seed=2)
     replay.add(first)
     replay.add(second)  # 6 windows into 5: the oldest is overwritten
-    assert len(replay) == 5 and replay.total_added == first.size + second.size
+    assert replay.windows == 5 and replay.total_added == first.size + second.size
+    overwritten = int((first.mask[0] == 2).sum())  # the oldest window's learned steps
+    assert len(replay) == replay.total_added - overwritten
     drawn = replay.sample(64, updates=0)
     assert isinstance(drawn.batch, SequenceBatch) and drawn.batch.rows == 64
     assert drawn.ids is not None and drawn.importance is not None
@@ -196,7 +198,8 @@ def test_the_replay_adds_samples_reprioritises_and_snapshots_windows() -> None:
     snap = replay.snapshot()
     restored = SequenceReplay(5, run, seed=0, prioritized=False)
     restored.restore(snap, replay.total_added)
-    assert len(restored) == 5 and restored.total_added == replay.total_added
+    assert restored.windows == 5 and len(restored) == len(replay)
+    assert restored.total_added == replay.total_added
     for got, want in zip(restored.snapshot(), snap, strict=True):
         np.testing.assert_array_equal(got, want)
 

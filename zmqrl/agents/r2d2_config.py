@@ -19,8 +19,8 @@ class R2D2Config(AgentConfigBase):
     Actors cut each episode into windows of ``burn_in + sequence_length`` steps, one starting every
     ``sequence_length`` steps (the first at step ``-burn_in``, padded), so consecutive windows
     overlap by ``burn_in`` steps and each step is learned in one window (``zmqrl.types.SequenceBatch``).
-    ``batch_size`` counts sequences; so does replay (``replay.capacity``, ``learner.min_replay_size``
-    and ``learner.samples_per_insert``: sequences drawn per env step received).
+    ``batch_size`` and ``replay.capacity`` count windows; ``learner.min_replay_size`` counts env
+    steps, as for every agent, and ``learner.samples_per_insert`` is windows drawn per env step.
     """
 
     kind: str = "r2d2"  # agent family, used to pick the agent class from a config file

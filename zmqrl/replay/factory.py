@@ -58,6 +58,8 @@ def replay_footprint(
     plus, during an add of ``max_add_rows`` rows (default: ``capacity``, the most one add keeps),
     the new rows' planes while the rows they overwrite still hold theirs (``FramePool.replace``).
     ``typical``: the estimate for the log line instead (SHARED_PLANES_PER_ROW planes a row)."""
+    if spec.sequence_length is not None:  # R2D2's windows: capacity counts windows
+        return capacity * sequence_row_bytes(spec, prioritized)
     obs = spec.obs_bytes
     action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
     row = action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
@@ -141,7 +143,7 @@ def _sequence_replay(cfg: ReplayConfig, spec: SampleSpec, seed: int, log: loggin
     """A ``SequenceReplay`` of ``replay.capacity`` windows, its footprint checked as above."""
     if cfg.share_frames:
         raise EnvError("replay.share_frames stores transitions' image planes; R2D2's windows: set it false")
-    need = cfg.capacity * sequence_row_bytes(spec, cfg.prioritized)
+    need = replay_footprint(cfg.capacity, spec, cfg.prioritized)
     budget = available_memory()
     log.info(
         "replay: %s, %d windows of %d steps with their core state: %s when full",

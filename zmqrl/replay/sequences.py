@@ -1,14 +1,18 @@
 """Replay of fixed-length windows with their core state (R2D2): ``SequenceReplay``, one kind that
 implements ``zmqrl.core.Replay`` over ``zmqrl.types.SequenceBatch`` rows, uniform or prioritized.
 
-A row is one window (``burn_in + sequence_length`` positions): capacity, ``len``, sampling and
-priorities count windows, while ``total_added`` counts the env steps learned from, as every
-replay counts its transitions (``SequenceBatch.size``), so the learner's counters mean the same
-for every agent. Prioritized, a window is drawn in proportion to ``(p + eps) ** alpha`` with the
-bounds of ``zmqrl.replay.priorities`` (the transitions' rules, the same settings), ``p`` the
-learner's mix of max and mean |TD error| over the window (``zmqrl.agents.losses.r2d2_loss``); a
-new window gets the largest priority the learner has measured. Ids are insertion ordinals, so a
-priority for a window overwritten since it was drawn is skipped, as ``PrioritizedReplay`` does.
+A row is one window (``burn_in + sequence_length`` positions): ``replay.capacity``, sampling,
+priorities and snapshots count windows, while ``len``, ``capacity`` and ``total_added`` count the
+env steps learned from (``SequenceBatch.size``), as every replay counts its transitions: the
+learner compares ``len`` with ``learner.min_replay_size`` and its replay-ratio limiter counts what
+was inserted in the same unit, so both mean env steps for every agent (in windows, a limiter that
+counts steps inserted would hold the actors back while the trainer still waits for windows).
+
+Prioritized, a window is drawn in proportion to ``(p + eps) ** alpha`` with the bounds of
+``zmqrl.replay.priorities`` (the transitions' rules, the same settings), ``p`` the learner's mix of
+max and mean |TD error| over the window (``zmqrl.agents.losses.r2d2_loss``); a new window gets the
+largest priority the learner has measured. Ids are insertion ordinals, so a priority for a window
+overwritten since it was drawn is skipped, as ``PrioritizedReplay`` does.
 
 Every mutation is all-or-nothing: a batch is checked against the spec's shapes and dtypes, and its
 weights computed and checked, before the first write; what follows cannot raise.
@@ -70,6 +74,7 @@ class SequenceReplay:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._columns = sequence_columns(spec)
+        self._length = int(spec.sequence_length or 1) - spec.burn_in  # learned steps of a full window
         self._capacity = capacity
         self._data = {
             name: np.zeros((capacity, *shape), dtype) for name, (shape, dtype) in self._columns.items()
@@ -80,7 +85,9 @@ class SequenceReplay:
         self._tree = make_sum_tree(capacity) if prioritized else None
         self._ordinal = np.full(capacity, _NO_ORDINAL, np.int64)
         self._next = 0  # ordinal of the next window written (slot: ordinal % capacity)
-        self._size = 0
+        self._size = 0  # windows stored
+        self._learned = np.zeros(capacity, np.int64)  # each slot's learned steps
+        self._steps = 0  # learned steps stored (len)
         self._total_added = 0
         self._stale_updates = 0
         self._clipped = 0
@@ -89,16 +96,23 @@ class SequenceReplay:
 
     # ------------------------------------------------------------------ the Replay contract
     def __len__(self) -> int:
+        """Learned env steps stored (see the module docstring)."""
+        return self._steps
+
+    @property
+    def windows(self) -> int:
+        """Windows stored."""
         return self._size
 
     @property
     def capacity(self) -> int:
-        return self._capacity
+        """The most learned steps it can hold: every window full."""
+        return self._capacity * self._length
 
     @property
     def nbytes(self) -> int:
         tree = self._tree.nbytes if self._tree is not None else 0
-        return sum(a.nbytes for a in self._data.values()) + self._ordinal.nbytes + tree
+        return sum(a.nbytes for a in self._data.values()) + self._ordinal.nbytes + self._learned.nbytes + tree
 
     @property
     def total_added(self) -> int:
@@ -227,7 +241,11 @@ class SequenceReplay:
                 values, clipped = self._bounds.for_actor(raw[skip:], total, size)
             if not all_finite_nonnegative(values):
                 raise ValueError("priority weights must be finite and >= 0")
+        learned = np.count_nonzero(batch.mask[skip:] == SEQUENCE_LEARNED, axis=1)
         # Nothing below raises: shapes and dtypes were checked, the weights too.
+        live = self._ordinal[slots] != _NO_ORDINAL
+        self._steps += int(learned.sum()) - int(self._learned[slots][live].sum())
+        self._learned[slots] = learned
         for name, column in zip(SEQUENCE_FIELDS, batch, strict=True):
             self._data[name][slots] = column[skip:]
         if self._tree is not None and values is not None:
