@@ -71,6 +71,13 @@ ROWS = {
         475.0,
         "APPO with an LSTM core on CartPole without velocities (position and angle only)",
     ),
+    "cartpole-novel-r2d2": Row(
+        "cartpole-novel-r2d2",
+        "configs/cartpole_novel_r2d2.yaml",
+        3,
+        475.0,
+        "R2D2: recurrent DQN on replayed windows (10 burn-in + 20 steps) on the same observations",
+    ),
     "cartpole-novel-appo": Row(
         "cartpole-novel-appo",
         "configs/cartpole_novel_appo.yaml",

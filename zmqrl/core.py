@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from zmqrl.types import Batch, TransitionBatch
+from zmqrl.types import Batch, SequenceBatch, TransitionBatch
 
 
 @runtime_checkable
@@ -209,12 +209,12 @@ class Replay(Protocol):
         overwritten since they were sampled are skipped)."""
         ...
 
-    def snapshot(self, max_rows: int | None = None) -> TransitionBatch:
-        """The newest ``max_rows`` transitions, oldest first (for checkpoints)."""
+    def snapshot(self, max_rows: int | None = None) -> TransitionBatch | SequenceBatch:
+        """The newest ``max_rows`` rows (transitions; R2D2's windows), oldest first (for checkpoints)."""
         ...
 
     def restore(self, batch: TransitionBatch, total_added: int | None = None) -> None:
-        """Refill from a ``snapshot`` (into an empty buffer)."""
+        """Refill from a ``snapshot`` (into an empty buffer; a sequence replay takes its windows)."""
         ...
 
     def rng_state(self) -> dict[str, object]: ...

@@ -84,6 +84,10 @@ class SampleSpec:
     # actions (1 legal, 0 not). The rows carry them, so the wire, replay and snapshots need no column
     # of their own; the decoder checks them (transport/mask_checks.py) and the agents obey them.
     action_mask: bool = False
+    # Recurrent replay runs (R2D2): every message is a SequenceBatch of windows of exactly this many
+    # positions (burn-in included), each with a core state of core_size units; None: no sequences.
+    sequence_length: int | None = None
+    burn_in: int = 0  # the positions of a window that only warm the core (SequenceBatch.mask 1)
     # Derived from the fields above on construction (see obs_limits); not part of equality.
     _obs_limits: tuple[np.ndarray, np.ndarray] | None = field(
         init=False, repr=False, compare=False, default=None
@@ -104,8 +108,16 @@ class SampleSpec:
             raise ValueError(f"SampleSpec.num_actions must be >= 1, got {self.num_actions}")
         if int(self.max_batch) < 1:
             raise ValueError(f"SampleSpec.max_batch must be >= 1, got {self.max_batch}")
-        if int(self.core_size) < 0 or (self.core_size and self.rollout_length is None):
+        carried = self.rollout_length is not None or self.sequence_length is not None
+        if int(self.core_size) < 0 or (self.core_size and not carried):
             raise ValueError(f"SampleSpec.core_size must be >= 0 (0 without rollouts), got {self.core_size}")
+        if self.sequence_length is not None and not (
+            self.rollout_length is None and self.core_size and 0 <= self.burn_in < self.sequence_length
+        ):
+            raise ValueError(
+                f"SampleSpec.sequence_length {self.sequence_length} needs no rollout_length, a core_size "
+                f"and 0 <= burn_in {self.burn_in} < it"
+            )
         for name in ("max_abs_obs", "max_abs_reward", "max_abs_core_cell"):
             limit = float(getattr(self, name))
             if not (math.isfinite(limit) and limit > 0):

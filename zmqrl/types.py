@@ -91,8 +91,49 @@ def rollout_columns(batch: RolloutBatch) -> list[np.ndarray]:
         columns.append(batch.core_state)
     return columns
 
-# What an actor sends and a learner trains on: n-step transitions (replay) or rollouts (on-policy).
-Batch = TransitionBatch | RolloutBatch
+
+class SequenceBatch(NamedTuple):
+    """R fixed-length windows of one episode each, with the recurrent core's state at each window's
+    start: what a recurrent replay actor (R2D2, ``agent.kind: r2d2``) sends and its replay holds.
+
+    A window has L = burn_in + T positions. Windows of an episode start every T steps, the first at
+    step ``-burn_in``, so consecutive windows overlap by ``burn_in`` steps and every step of the
+    episode is learned from in exactly one window (at its positions ``>= burn_in``). Positions that
+    lie outside the episode are padding: a window never crosses an episode boundary, so the learner
+    unrolls it from ``core_state`` without resets. ``mask`` says what each position is: 0 padding
+    (its obs a copy of the nearest real one, so every obs is one the env can produce), 1 a step
+    that only warms the state (burn-in), 2 a step learned from. ``obs`` has one more position: the
+    observation after the window's last step (the next window's, or the episode's final one,
+    which a truncated episode bootstraps from).
+    """
+
+    obs: np.ndarray  # (R, L + 1, *obs_shape): obs[:, t] acted on at position t; obs[:, L] follows the last
+    action: np.ndarray  # (R, L) int64: the action taken at each position (0 on padding)
+    reward: np.ndarray  # (R, L) float32: the env's reward of each step (0 on padding)
+    terminated: np.ndarray  # (R, L) bool: the episode terminated at this step (its last real one)
+    mask: np.ndarray  # (R, L) uint8: 0 padding, 1 burn-in, 2 learned (see the class docstring)
+    core_state: np.ndarray  # (R, 2, H) float32: the core's (h, c) before the window's first real step
+
+    @property
+    def rows(self) -> int:
+        """Windows in the batch (R)."""
+        return int(self.reward.shape[0])
+
+    @property
+    def size(self) -> int:
+        """Env steps learned from (mask 2): each step of an episode is learned in one window only,
+        so this counts env transitions as a ``TransitionBatch``'s size does (counters, env-step axes)."""
+        return int(np.count_nonzero(self.mask == SEQUENCE_LEARNED))
+
+
+# Column names in wire order of a sequences message (replay snapshots store them so too).
+SEQUENCE_FIELDS: tuple[str, ...] = SequenceBatch._fields
+# SequenceBatch.mask's values.
+SEQUENCE_PADDING, SEQUENCE_BURN_IN, SEQUENCE_LEARNED = 0, 1, 2
+
+# What an actor sends and a learner trains on: n-step transitions (replay), rollouts (on-policy) or
+# sequences (recurrent replay).
+Batch = TransitionBatch | RolloutBatch | SequenceBatch
 
 
 class Weights(NamedTuple):

@@ -2,7 +2,8 @@
 
 An actor's collector (``Sampler``, ``RolloutCollector``) writes each step into the adder's step
 log and each ended episode into ``Adder.finished``. The log is what differs between agent
-families (``NStepLog``: n-step transitions; ``RolloutLog``: fixed-length rollouts); the rest is
+families (``NStepLog``: n-step transitions; ``RolloutLog``: fixed-length rollouts;
+``SequenceLog``: R2D2's overlapping windows with their core state); the rest is
 the adder's: a samples message per batch (sequence number, oldest weights version, episodes),
 Ape-X initial priorities, and the batches held until the learner is heard from. The role sends
 what the adder hands it; the adder never calls back into it. The actor's loop, in short::
@@ -25,7 +26,7 @@ import numpy as np
 
 from zmqrl.agents import PriorityFn
 from zmqrl.transport.wire import SamplesMsg
-from zmqrl.types import EpisodeStat, RolloutBatch, TransitionBatch
+from zmqrl.types import Batch, EpisodeStat, TransitionBatch
 
 # The heartbeat's "recent_return" is the mean return of this many last episodes.
 RECENT_EPISODES = 20
@@ -39,7 +40,7 @@ class StepLog(Protocol):
     @property
     def ready(self) -> bool: ...
 
-    def take(self) -> tuple[TransitionBatch | RolloutBatch, int]: ...
+    def take(self) -> tuple[Batch, int]: ...
 
 
 L = TypeVar("L", bound=StepLog)

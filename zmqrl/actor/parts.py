@@ -3,12 +3,14 @@
 An actor is env(s), the agent's acting side, a weights client (which snapshot is newer), a loop
 that steps the env(s) and an adder that makes the steps what the learner trains on: n-step
 transitions for a replay agent (``Sampler``, Ape-X exploration and priorities), rollouts for an
-on-policy one (``RolloutCollector``). Which is the agent plugin's (``AgentPlugin.on_policy``), and
+on-policy one (``RolloutCollector``), overlapping windows with their core state for a recurrent
+replay one (``SequenceCollector``, R2D2). Which is the agent plugin's (``AgentPlugin.on_policy``), and
 so is how many batches the adder may hold; the callers drive either the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -16,7 +18,8 @@ from zmqrl.actor.adders import Adder
 from zmqrl.actor.nstep_log import NStepLog
 from zmqrl.actor.rollouts import RolloutCollector, RolloutLog
 from zmqrl.actor.sampler import Sampler, actor_seed
-from zmqrl.agents import is_on_policy, make_policy, make_priorities
+from zmqrl.actor.sequences import SequenceCollector, SequenceLog, message_rows
+from zmqrl.agents import is_on_policy, make_policy, make_priorities, uses_sequences
 from zmqrl.config import Config
 from zmqrl.core import Policy, SamplingPolicy
 from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
@@ -32,8 +35,12 @@ class ActingParts(NamedTuple):
     policy: Policy
     spec: SampleSpec  # the actor's own view of the spaces (its run fingerprint is built from it)
     weights: WeightsClient
-    sampler: Sampler | RolloutCollector  # either has collect / counters / close / steps / describe
-    adder: Adder[NStepLog] | Adder[RolloutLog]  # the steps as messages, held until the learner is heard
+    sampler: (
+        Sampler | RolloutCollector | SequenceCollector
+    )  # each has collect / counters / close / steps / describe
+    adder: (
+        Adder[NStepLog] | Adder[RolloutLog] | Adder[SequenceLog]
+    )  # the steps as messages, held until the learner is heard
 
 
 def early_batches(cfg: Config) -> int:
@@ -51,6 +58,8 @@ def build_acting(
     joins a run under way (a replay agent's explorer starts at its rung at once).
     ``bad_weights``: where snapshots the policy refuses are counted (None: a tally of its own)."""
     seed = actor_seed(cfg, actor_id)
+    if uses_sequences(cfg.agent):
+        return _sequence_parts(cfg, actor_id, seed, replacement, bad_weights)
     if is_on_policy(cfg.agent):
         envs = [make_env(cfg.env) for _ in range(cfg.actor.envs_per_actor)]  # each reset by the collector
         spec = sample_spec(envs[0])
@@ -81,3 +90,33 @@ def build_acting(
         cfg, actor_id, policy, env, spec, weights=client, adder=transitions, replacement=replacement
     )
     return ActingParts(policy, spec, client, sampler, transitions)
+
+
+def _sequence_parts(
+    cfg: Config, actor_id: int, seed: int, replacement: bool, bad_weights: BadMessages | None
+) -> ActingParts:
+    """A recurrent replay actor (``AgentPlugin.sequences``): plain envs reset by the collector,
+    the policy's state per env, windows of ``agent.burn_in + agent.sequence_length`` steps."""
+    envs = [make_env(cfg.env) for _ in range(cfg.actor.envs_per_actor)]
+    spec = sample_spec(envs[0])
+    agent: Any = cfg.agent
+    spec = sequence_spec(spec, agent)
+    policy = make_policy(cfg.agent, spec, seed=seed)
+    client = WeightsClient(policy, bad_weights)
+    rows = message_rows(cfg.actor.send_batch, agent.sequence_length)
+    log = SequenceLog(spec, len(envs), agent.sequence_length, agent.burn_in, rows)
+    adder = Adder(actor_id, log, hold_limit=early_batches(cfg))
+    collector = SequenceCollector(
+        cfg, actor_id, policy, envs, spec, weights=client, adder=adder, seed=seed, replacement=replacement
+    )
+    return ActingParts(policy, spec, client, collector, adder)
+
+
+def sequence_spec(spec: SampleSpec, agent: Any) -> SampleSpec:
+    """``spec`` with a sequence agent's window: its length, burn-in and core size."""
+    return dataclasses.replace(
+        spec,
+        sequence_length=agent.burn_in + agent.sequence_length,
+        burn_in=agent.burn_in,
+        core_size=agent.core_size,
+    )

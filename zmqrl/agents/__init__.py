@@ -43,12 +43,18 @@ __all__ = [
     "register_agent",
     "store_label",
     "unregister_agent",
+    "uses_sequences",
 ]
 
 
 def is_on_policy(config: AgentConfigBase) -> bool:
     """Whether ``config.kind`` learns from rollouts (a queue, no replay): see AgentPlugin.on_policy."""
     return bool(get_agent(config.kind).on_policy)
+
+
+def uses_sequences(config: AgentConfigBase) -> bool:
+    """Whether ``config.kind`` learns from replayed sequences (R2D2): see AgentPlugin.sequences."""
+    return bool(get_agent(config.kind).sequences)
 
 
 def store_label(config: AgentConfigBase) -> str:

@@ -1,4 +1,4 @@
-"""The built-in agents, dqn, sac and appo, as registry plugins: their settings checks and factories.
+"""The built-in agents, dqn, sac, appo and r2d2, as registry plugins: their settings checks and factories.
 
 Registered through the same :mod:`zmqrl.agents.registry` as any plugin. Nothing here imports
 torch until a learner (or a torch-backed policy) is built: actors with an MLP or the MinAtar CNN
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from zmqrl.agents.configs import APPOConfig, DQNConfig, SACConfig
 from zmqrl.agents.plugin import AgentPlugin, PriorityFn
+from zmqrl.agents.r2d2_config import R2D2Config
 
 if TYPE_CHECKING:
     from zmqrl.core import LearningAgent, Policy
@@ -202,4 +203,46 @@ APPO_PLUGIN = AgentPlugin(
     ),
     on_policy=True,
 )
-BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN, APPO_PLUGIN)
+
+
+# -------------------------------------------------------------------------------------- r2d2
+
+
+def check_r2d2(config: R2D2Config, spec: SampleSpec, device: str | None) -> str | None:
+    """Recurrent DQN needs Discrete actions (its torso is the MLP, which takes any shape)."""
+    if spec.num_actions is None:
+        return (
+            f"agent.kind 'r2d2' needs a Discrete action space; this env's actions are continuous "
+            f"(Box of shape {spec.action_shape})"
+        )
+    return device_problem(device if device is not None else config.device)
+
+
+def make_r2d2_learner(
+    config: R2D2Config, spec: SampleSpec, *, seed: int | None, device: str | None
+) -> LearningAgent:
+    from zmqrl.agents.r2d2 import R2D2Agent
+
+    # Its update takes sequences only, which is all a sequence agent's learner gives it.
+    return cast("LearningAgent", R2D2Agent(config, spec, device=device, seed=seed))
+
+
+def make_r2d2_policy(config: R2D2Config, spec: SampleSpec, *, seed: int | None) -> Policy:
+    """The numpy recurrent Q-network (no torch in the actor), a state per env."""
+    from zmqrl.agents.r2d2_policy import NumpyR2D2Policy
+
+    return NumpyR2D2Policy(config, spec, seed=seed)
+
+
+R2D2_PLUGIN = AgentPlugin(
+    name="r2d2",
+    config_class=R2D2Config,
+    make_learner=make_r2d2_learner,
+    make_policy=make_r2d2_policy,
+    check=check_r2d2,
+    # The acting network, and what a window on the wire is (its lengths, its targets' discount).
+    fingerprint_fields=("kind", "hidden_sizes", "core_size", "sequence_length", "burn_in", "n_step", "gamma"),
+    description="recurrent DQN (R2D2): an LSTM core, replayed sequences with burn-in (Discrete actions)",
+    sequences=True,
+)
+BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN, APPO_PLUGIN, R2D2_PLUGIN)

@@ -1,4 +1,4 @@
-"""The losses of DQN, SAC and APPO as plain functions of tensors, each in its paper's order with one
+"""The losses of DQN, SAC, APPO and R2D2 as plain functions of tensors, each in its paper's order with one
 named intermediate per term.
 
 They take the networks' outputs and the batch's columns and return the loss with what the agent
@@ -154,3 +154,73 @@ def appo_loss(
             clip_fraction = ((ratio - 1.0).abs() > clip).to(torch.float32).mean()
         ratio_mean = ratio.mean()
     return APPOLoss(loss, policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction, ratio_mean)
+
+
+class R2D2Loss(NamedTuple):
+    loss: torch.Tensor  # the (importance-weighted) mean Huber loss over learned steps, with gradient
+    old_val: torch.Tensor  # (R, T) Q(s, a) of the actions taken, detached
+    td_target: torch.Tensor  # (R, T) n-step return plus the discounted bootstrap value
+    td_error: torch.Tensor  # (R, T) td_target - old_val, zero where no step is learned
+    priorities: torch.Tensor  # (R,) eta * max|td| + (1 - eta) * mean|td| over each row's learned steps
+
+
+def r2d2_loss(
+    q: torch.Tensor,
+    target_q: torch.Tensor,
+    next_online_q: torch.Tensor | None,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    learned: torch.Tensor,
+    gamma: float,
+    n_step: int,
+    eta: float,
+    huber_delta: float = 1.0,
+    importance: torch.Tensor | None = None,
+) -> R2D2Loss:
+    """R2D2's loss (Kapturowski et al., 2019) on the learned part of a batch of windows, after
+    burn-in: n-step double-Q targets inside each window, without crossing its end.
+
+    ``q`` ``(R, T + 1, A)``: the online net's values at the T learned positions and the observation
+    after them; ``target_q`` the target net's, ``next_online_q`` the online net's detached (double
+    Q; None: the target net's max). ``learned`` ``(R, T)``: the positions that are real steps (the
+    rest padding after an episode's end). The target of step t sums the rewards of the k <= n real
+    steps from t (fewer at a window's or episode's end) and bootstraps from the value at t + k with
+    ``gamma ** k``, or not at all when step t + k - 1 terminated the episode.
+    """
+    rows, steps = rewards.shape
+    with torch.no_grad():
+        real = learned.to(rewards.dtype)
+        ends = terminated.to(rewards.dtype)
+        pad = (0, n_step)  # past the window: no step, so every sum stops there
+        reward_ahead, real_ahead, end_ahead = (F.pad(x, pad) for x in (rewards, real, ends))
+        positions = torch.arange(steps, device=rewards.device).expand(rows, steps)
+        n_step_return = torch.zeros_like(rewards)
+        discount = torch.ones_like(rewards)
+        bootstrap_at = positions.clone()
+        going = real.clone()  # 1 while the return from t still runs through real, unfinished steps
+        for k in range(n_step):
+            taken = going * real_ahead[:, k : k + steps]
+            n_step_return += (gamma**k) * taken * reward_ahead[:, k : k + steps]
+            ended = end_ahead[:, k : k + steps]
+            discount = torch.where(taken > 0, (gamma ** (k + 1)) * (1.0 - ended), discount)
+            bootstrap_at = torch.where(taken > 0, positions + k + 1, bootstrap_at)
+            going = taken * (1.0 - ended)
+        if next_online_q is None:
+            bootstrap_values = target_q.max(dim=2).values
+        else:
+            best = next_online_q.argmax(dim=2, keepdim=True)
+            bootstrap_values = target_q.gather(2, best).squeeze(2)
+        bootstrap = bootstrap_values.gather(1, bootstrap_at)
+        td_target = n_step_return + discount * bootstrap
+    old_val = q[:, :steps].gather(2, actions.unsqueeze(2)).squeeze(2)
+    step_loss = F.huber_loss(old_val, td_target, delta=huber_delta, reduction="none") * real
+    if importance is not None:
+        step_loss = step_loss * importance.unsqueeze(1)
+    loss = step_loss.sum() / real.sum().clamp(min=1.0)
+    old_val = old_val.detach()
+    td_error = (td_target - old_val) * real
+    td_abs = td_error.abs()
+    counts = real.sum(dim=1).clamp(min=1.0)
+    priorities = eta * td_abs.max(dim=1).values + (1.0 - eta) * td_abs.sum(dim=1) / counts
+    return R2D2Loss(loss, old_val, td_target, td_error, priorities)

@@ -92,6 +92,10 @@ class AgentPlugin:
     # log-probabilities; the learner keeps a bounded queue, not replay); its make_policy then builds
     # a zmqrl.core.SamplingPolicy. False: n-step transitions into replay.
     on_policy: bool = False
+    # Learns from replayed fixed-length windows with their recurrent core's start state (R2D2:
+    # actors send SequenceBatch, replay holds windows); its make_policy then builds a
+    # zmqrl.core.RecurrentPolicy, and its config has burn_in, sequence_length and core_size.
+    sequences: bool = False
 
     def __post_init__(self) -> None:
         if problem := plugin_problem(self):

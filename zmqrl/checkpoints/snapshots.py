@@ -45,11 +45,15 @@ from zmqrl.checkpoints.files import (
     save_periodic,
 )
 from zmqrl.replay.memory import format_bytes
+from zmqrl.replay.sequences import sequence_columns
 from zmqrl.runtime.guard import start_guarded
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.decoding import validate_content
 from zmqrl.transport.messages import WireError
-from zmqrl.types import TransitionBatch
+from zmqrl.types import SEQUENCE_FIELDS, SequenceBatch, TransitionBatch
+
+# What a snapshot holds: transitions, or R2D2's windows (a run whose spec has a sequence_length).
+SnapshotRows = TransitionBatch | SequenceBatch
 
 # How often a caller waiting for a write (write_now with tick) reports progress.
 TICK_SECONDS = 0.5
@@ -88,7 +92,7 @@ def detached(payload: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(payload)
 
 
-def write_replay_snapshot(path: Path, snap: TransitionBatch, updates: int, total_added: int) -> None:
+def write_replay_snapshot(path: Path, snap: SnapshotRows, updates: int, total_added: int) -> None:
     """Atomic (temp file, fsync, rename); stamped inside with the checkpoint's ``updates``."""
     atomic_write(
         path,
@@ -105,7 +109,7 @@ class SnapshotUnfit(ValueError):
 
 def read_replay_snapshot(
     path: Path, updates: int, spec: SampleSpec, record: Mapping[str, Any] | None = None
-) -> tuple[TransitionBatch, int]:
+) -> tuple[SnapshotRows, int]:
     """The snapshot of the checkpoint at ``updates`` and its ``total_added``, read whole and
     checked: against ``spec`` (shapes, dtypes, lengths, values) and the checkpoint's ``record``
     of it (its rows and total_added; None for the one snapshot of earlier versions). Raises
@@ -114,13 +118,16 @@ def read_replay_snapshot(
         with np.load(path, allow_pickle=False) as data:
             stamp = int(data["updates"])
             total_added = int(data["total_added"])
-            columns = [np.asarray(data[name]) for name in TransitionBatch._fields]  # read, CRC checked
+            names = TransitionBatch._fields if spec.sequence_length is None else SEQUENCE_FIELDS
+            columns = [np.asarray(data[name]) for name in names]  # read, CRC checked
     except UNREADABLE as exc:
         said = " ".join(str(exc).split())[:160]
         raise SnapshotUnfit(f"is unreadable ({type(exc).__name__}: {said})") from exc
     if stamp != updates:
         raise SnapshotUnfit(f"belongs to the checkpoint at {stamp} updates, not {updates}")
-    batch = TransitionBatch(*columns)
+    batch: SnapshotRows = (
+        TransitionBatch(*columns) if spec.sequence_length is None else SequenceBatch(*columns)
+    )
     problem = snapshot_problem(batch, spec)
     if problem is None and record is not None:
         rows, total = record.get("rows"), record.get("total_added")
@@ -139,7 +146,7 @@ class PairReplay:
     whole: bool
     said: str  # the resume line's replay part: "342 rows from replay-...npz", "empty (why)"
     name: str | None = None  # the snapshot's file name, when the checkpoint has one
-    batch: TransitionBatch | None = None
+    batch: SnapshotRows | None = None
     total_added: int = 0
 
 
@@ -175,10 +182,12 @@ def pair_replay(
     return PairReplay(True, f"{batch.size} rows from {name}", name, batch, total_added)
 
 
-def snapshot_problem(batch: TransitionBatch, spec: SampleSpec) -> str | None:
+def snapshot_problem(batch: SnapshotRows, spec: SampleSpec) -> str | None:
     """What makes a snapshot's columns unfit for this run's replay, or None: each column's shape
     and dtype as the spec (and replay) have them, one length for all, and values the run can mean
     (the checks received samples pass: a file is as untrusted as a peer)."""
+    if isinstance(batch, SequenceBatch):
+        return _windows_problem(batch, spec)
     if batch.reward.ndim != 1:
         return f"reward has shape {batch.reward.shape}, not (rows,)"
     n = batch.size
@@ -194,6 +203,21 @@ def snapshot_problem(batch: TransitionBatch, spec: SampleSpec) -> str | None:
         if column.shape != shape or column.dtype != np.dtype(dtype):
             return f"{name} is {column.dtype} {column.shape}, this run's replay holds {dtype} {shape}"
     if n == 0:
+        return None
+    try:
+        validate_content(batch, None, spec)
+    except WireError as exc:
+        return str(exc)
+    return None
+
+
+def _windows_problem(batch: SequenceBatch, spec: SampleSpec) -> str | None:
+    """``snapshot_problem`` for R2D2's windows: the replay's row shapes, then the wire's checks."""
+    rows = batch.reward.shape[0] if batch.reward.ndim == 2 else -1
+    for (name, (shape, dtype)), column in zip(sequence_columns(spec).items(), batch, strict=True):
+        if column.shape != (rows, *shape) or column.dtype != np.dtype(dtype):
+            return f"{name} is {column.dtype} {column.shape}, this run's replay holds {dtype} (rows, {shape})"
+    if rows == 0:
         return None
     try:
         validate_content(batch, None, spec)
@@ -242,7 +266,7 @@ class CheckpointWriter:
         return self._thread is not None and self._thread.is_alive()
 
     def submit(
-        self, updates: int, payload: dict[str, Any], snap: TransitionBatch | None, total_added: int
+        self, updates: int, payload: dict[str, Any], snap: SnapshotRows | None, total_added: int
     ) -> bool:
         """Start writing copies already taken by the caller; False (skipped) while one is in flight."""
         if self.busy:
@@ -263,7 +287,7 @@ class CheckpointWriter:
         self,
         updates: int,
         payload: dict[str, Any],
-        snap: TransitionBatch | None,
+        snap: SnapshotRows | None,
         total_added: int,
         tick: Callable[[], None] | None = None,
     ) -> None:
@@ -302,7 +326,7 @@ class CheckpointWriter:
             self.wait(TICK_SECONDS)
 
     def _write(
-        self, updates: int, payload: dict[str, Any], snap: TransitionBatch | None, total_added: int
+        self, updates: int, payload: dict[str, Any], snap: SnapshotRows | None, total_added: int
     ) -> None:
         """The pair, snapshot first, each file's write retried on a transient error; any other
         OSError becomes a CheckpointWriteError naming the file."""

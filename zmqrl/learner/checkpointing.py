@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from zmqrl.checkpoints.files import (
     BEST,
@@ -37,7 +37,7 @@ from zmqrl.spec import SampleSpec
 from zmqrl.transport.fingerprint import FingerprintMismatch, fingerprint_mismatch
 from zmqrl.transport.weights_channel import WeightsNumbering
 from zmqrl.transport.wire import Fingerprint
-from zmqrl.types import TransitionBatch
+from zmqrl.types import SequenceBatch, TransitionBatch
 
 # Fingerprint keys that are config settings (the others, obs.* and action.*, follow from env.*):
 # the ones a resume compares with the checkpoint's stored config.
@@ -209,7 +209,7 @@ class Checkpoints:
         is on disk before this returns."""
         t = self.trainer
         self._owed = False
-        snap: TransitionBatch | None = None
+        snap: TransitionBatch | SequenceBatch | None = None
         started = time.perf_counter()
         with t.counters.lock:  # counters and replay snapshot from the same instant
             payload = detached(self.payload())
@@ -252,7 +252,8 @@ class Checkpoints:
         if payload.get("replay_rng"):
             t.replay.set_rng_state(payload["replay_rng"])
         if replay.batch is not None:
-            t.replay.restore(replay.batch, replay.total_added)
+            # A sequence replay takes its windows (what its snapshot held); the others transitions.
+            t.replay.restore(cast(TransitionBatch, replay.batch), replay.total_added)
             self._replay_file = replay.name
         self.resumed_from = {
             "path": str(path),

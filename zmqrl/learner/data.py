@@ -14,7 +14,7 @@ import dataclasses
 import logging
 from typing import Any, NamedTuple
 
-from zmqrl.agents import is_on_policy
+from zmqrl.agents import is_on_policy, uses_sequences
 from zmqrl.config import Config
 from zmqrl.core import Replay
 from zmqrl.envs.factory import sample_spec
@@ -41,6 +41,8 @@ def learner_spec(cfg: Config, env: Any) -> SampleSpec:
     transition's reward is an n-step sum (n_step times the per-step limit) and its discount
     ``gamma ** k`` (k >= 1) or 0; a rollout's reward is one step's, its rows exactly
     ``actor.rollout_length`` steps, and a message at most the rows the queue always has room for."""
+    if uses_sequences(cfg.agent):
+        return _sequence_spec(cfg, env)
     if not is_on_policy(cfg.agent):
         return sample_spec(
             env,
@@ -66,6 +68,23 @@ def learner_spec(cfg: Config, env: Any) -> SampleSpec:
         spec,
         rollout_length=length,
         core_size=int(getattr(cfg.agent, "core_size")),  # noqa: B009 (a recurrent agent has it)
+        max_abs_core_cell=float(limit) if limit else DEFAULT_MAX_ABS_CORE_CELL,
+    )
+
+
+def _sequence_spec(cfg: Config, env: Any) -> SampleSpec:
+    """A recurrent replay run's (R2D2): windows of the agent's length and burn-in, one step's
+    reward each, a core state whose cell the env's time limit bounds (as recurrent APPO's)."""
+    spec = sample_spec(
+        env, max_abs_obs=cfg.transport.max_abs_obs, max_abs_reward=cfg.transport.max_abs_reward
+    )
+    agent: Any = cfg.agent
+    limit = cfg.env.max_episode_steps or getattr(getattr(env, "spec", None), "max_episode_steps", None)
+    return dataclasses.replace(
+        spec,
+        sequence_length=agent.burn_in + agent.sequence_length,
+        burn_in=agent.burn_in,
+        core_size=agent.core_size,
         max_abs_core_cell=float(limit) if limit else DEFAULT_MAX_ABS_CORE_CELL,
     )
 

@@ -12,9 +12,9 @@ Channels (both ipc, both bound by the learner):
 
 * **groups** (intake PUSH -> learner PULL): ``[header, column frames...]``, header a msgpack map
   ``{"infos": [[actor_id, seq, weights_version, start, stop, [[return, length], ...]], ...],
-  "rollouts": bool, "columns": [[dtype, shape], ...], "priorities": bool}``, one frame per column
-  (the priorities' last, when there are). Flow control by credits: the intake sends a group only
-  for a credit, and the learner gives one back for every group it takes (``{"credit": 1}`` on
+  "rollouts": bool, "sequences": bool, "columns": [[dtype, shape], ...], "priorities": bool}``, one
+  frame per column (the priorities' last, when there are). Flow control by credits: the intake sends
+  a group only for a credit, and the learner gives one back for every group it takes (``{"credit": 1}`` on
   control), so no group waits in a socket buffer. Merging, the intake starts with one: while the
   learner trains (it takes every few milliseconds) or its replay ratio holds it back, what arrives
   is merged into the next group, up to a limit, and then nothing more is read from the network:
@@ -41,7 +41,7 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.messages import MessageInfo, SampleGroup
-from zmqrl.types import EpisodeStat, RolloutBatch, TransitionBatch, rollout_columns
+from zmqrl.types import Batch, EpisodeStat, RolloutBatch, SequenceBatch, TransitionBatch, rollout_columns
 
 # Seconds between the intake's reports (counts change with every bad message; the learner reads
 # the newest in its housekeeping, and a test waits on them).
@@ -67,6 +67,7 @@ def dump_group(group: SampleGroup) -> list[Any]:
             for i in group.infos
         ],
         "rollouts": isinstance(group.batch, RolloutBatch),
+        "sequences": isinstance(group.batch, SequenceBatch),
         "columns": [[col.dtype.str, list(col.shape)] for col in columns],
         "priorities": group.priorities is not None,
     }
@@ -81,7 +82,11 @@ def load_group(frames: Sequence[Any]) -> SampleGroup:
         for frame, (dtype, shape) in zip(frames[1:], header["columns"], strict=True)
     ]
     priorities = arrays.pop() if header["priorities"] else None
-    batch = RolloutBatch(*arrays) if header["rollouts"] else TransitionBatch(*arrays)
+    batch: Batch
+    if header.get("sequences"):
+        batch = SequenceBatch(*arrays)
+    else:
+        batch = RolloutBatch(*arrays) if header["rollouts"] else TransitionBatch(*arrays)
     infos = tuple(
         MessageInfo(a, s, v, start, stop, [EpisodeStat(float(r), int(n)) for r, n in eps])
         for a, s, v, start, stop, eps in header["infos"]

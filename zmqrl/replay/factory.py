@@ -20,8 +20,9 @@ from zmqrl.core import Replay
 from zmqrl.errors import EnvError
 from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
 from zmqrl.replay.memory import ReplayMemoryError, available_memory, format_bytes
-from zmqrl.replay.priorities import BetaSchedule
+from zmqrl.replay.priorities import BetaSchedule, PriorityBounds
 from zmqrl.replay.prioritized import PrioritizedReplay
+from zmqrl.replay.sequences import SequenceReplay, sequence_row_bytes
 from zmqrl.replay.storage import UniformReplay
 from zmqrl.spec import SampleSpec
 
@@ -57,6 +58,8 @@ def replay_footprint(
     plus, during an add of ``max_add_rows`` rows (default: ``capacity``, the most one add keeps),
     the new rows' planes while the rows they overwrite still hold theirs (``FramePool.replace``).
     ``typical``: the estimate for the log line instead (SHARED_PLANES_PER_ROW planes a row)."""
+    if spec.sequence_length is not None:  # R2D2's windows: capacity counts windows
+        return capacity * sequence_row_bytes(spec, prioritized)
     obs = spec.obs_bytes
     action = int(np.prod(spec.action_shape, dtype=np.int64)) * np.dtype(spec.action_dtype).itemsize
     row = action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
@@ -90,6 +93,8 @@ def make_replay(
     the most rows the caller adds at once (the worst case of shared frames depends on it).
     """
     log = log or _log
+    if spec.sequence_length is not None:  # recurrent replay (R2D2): windows, not transitions
+        return _sequence_replay(cfg, spec, seed, log)
     if cfg.share_frames and len(spec.obs_shape) < 2:
         raise EnvError(
             f"replay.share_frames needs image observations (planes, height, width); the env's are "
@@ -132,3 +137,28 @@ def make_replay(
             beta=BetaSchedule(cfg.beta, cfg.beta_updates),
         )
     return (SharedFramesReplay if cfg.share_frames else UniformReplay)(*args, seed=seed)
+
+
+def _sequence_replay(cfg: ReplayConfig, spec: SampleSpec, seed: int, log: logging.Logger) -> Replay:
+    """A ``SequenceReplay`` of ``replay.capacity`` windows, its footprint checked as above."""
+    if cfg.share_frames:
+        raise EnvError("replay.share_frames stores transitions' image planes; R2D2's windows: set it false")
+    need = replay_footprint(cfg.capacity, spec, cfg.prioritized)
+    budget = available_memory()
+    log.info(
+        "replay: %s, %d windows of %d steps with their core state: %s when full",
+        "prioritized" if cfg.prioritized else "uniform",
+        cfg.capacity,
+        spec.sequence_length,
+        format_bytes(need),
+    )
+    if budget is not None and need > budget.available:
+        raise ReplayMemoryError(
+            f"replay.capacity {cfg.capacity} windows need {format_bytes(need)} but only "
+            f"{format_bytes(budget.available)} is available ({budget.source}); lower replay.capacity"
+        )
+    bounds = PriorityBounds(
+        cfg.alpha, cfg.priority_eps, cfg.max_initial_priority_ratio, cfg.max_priority, cfg.max_draw_ratio
+    )
+    beta = BetaSchedule(cfg.beta, cfg.beta_updates)
+    return SequenceReplay(cfg.capacity, spec, seed, prioritized=cfg.prioritized, bounds=bounds, beta=beta)

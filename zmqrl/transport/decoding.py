@@ -27,7 +27,7 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import header as other_kinds
-from zmqrl.transport import layouts
+from zmqrl.transport import layouts, sequence_checks
 from zmqrl.transport.array_checks import check_bool_bytes
 from zmqrl.transport.fields import (
     INT64_MAX,
@@ -43,13 +43,20 @@ from zmqrl.transport.fields import (
 )
 from zmqrl.transport.layouts import ArrayDesc
 from zmqrl.transport.mask_checks import check_masked_rollouts, check_masked_transitions
-from zmqrl.transport.messages import KIND_ROLLOUTS, KIND_SAMPLES, PROTO_VERSION, SamplesMsg, WireError
-from zmqrl.types import Batch, EpisodeStat, RolloutBatch, TransitionBatch
+from zmqrl.transport.messages import (
+    KIND_ROLLOUTS,
+    KIND_SAMPLES,
+    KIND_SEQUENCES,
+    PROTO_VERSION,
+    SamplesMsg,
+    WireError,
+)
+from zmqrl.types import Batch, EpisodeStat, RolloutBatch, SequenceBatch, TransitionBatch
 
 # The exact key set of a samples or rollouts header (the same fields: only the arrays differ).
 # Unknown keys are refused rather than ignored: additions go with a PROTO_VERSION bump.
 SAMPLES_KEYS = frozenset(("proto", "kind", "arrays", "actor_id", "seq", "weights_version", "episodes"))
-EXPERIENCE_KINDS = (KIND_SAMPLES, KIND_ROLLOUTS)
+EXPERIENCE_KINDS = (KIND_SAMPLES, KIND_ROLLOUTS, KIND_SEQUENCES)
 # Bounds of a rollout step's behaviour log-probability ``logp``. A categorical log-probability is
 # <= 0; float32 rounding of ``logit - logsumexp(logits)`` may leave it a few ulps above (an ulp of
 # a logsumexp of magnitude 1e3 is 6e-5), never more than this.
@@ -143,7 +150,7 @@ def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
             fail(f"{what} out of range: {value}")
     checked = _CHECKED_LAYOUTS[kind]
     if id(descs) not in checked:
-        (layouts.check_sample_columns if kind == KIND_SAMPLES else layouts.check_rollout_columns)(descs)
+        _COLUMN_CHECKS[kind](descs)
         if id(descs) in _CACHED:
             checked.add(id(descs))
     return kind, descs
@@ -157,7 +164,10 @@ _MAX_LAYOUTS = 512
 # ids of the cached lists (never freed, so an id is never reused), and per kind those that passed
 # its column check. Cached lists are shared: callers only read them.
 _CACHED: set[int] = set()
-_CHECKED_LAYOUTS: dict[str, set[int]] = {KIND_SAMPLES: set(), KIND_ROLLOUTS: set()}
+_CHECKED_LAYOUTS: dict[str, set[int]] = {kind: set() for kind in EXPERIENCE_KINDS}
+_ROW_BATCHES: dict[str, Any] = {KIND_ROLLOUTS: RolloutBatch, KIND_SEQUENCES: SequenceBatch}
+_COLUMN_CHECKS = {KIND_SAMPLES: layouts.check_sample_columns, KIND_ROLLOUTS: layouts.check_rollout_columns}
+_COLUMN_CHECKS[KIND_SEQUENCES] = sequence_checks.check_sequence_columns
 
 
 def _layout_key(arrays: list[Any]) -> tuple[tuple[str, str, tuple[int, ...]], ...] | None:
@@ -249,7 +259,7 @@ def load_samples(frames: Sequence[Any], spec: SampleSpec, contents: bool = True)
         actor_id=header["actor_id"],
         seq=header["seq"],
         weights_version=header["weights_version"],
-        batch=TransitionBatch(*arrays[:5]) if transitions else RolloutBatch(*arrays),
+        batch=TransitionBatch(*arrays[:5]) if transitions else _ROW_BATCHES[kind](*arrays),
         episodes=parse_episodes(header["episodes"]),
         priorities=arrays[5] if transitions and len(arrays) > 5 else None,
     )
@@ -292,6 +302,8 @@ def validate_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
     dtypes against the spec, batch size, episode records, and :func:`validate_per_message`'s
     checks; no scan of array contents. Raises WireError if bad."""
     try:
+        if spec.sequence_length is not None or isinstance(msg.batch, SequenceBatch):
+            sequence_checks.check_sequence_structure(msg, spec)  # then only the header's fields
         layouts.check_structure(msg, spec)
         _check_per_message(msg, spec)
     except WireError:
@@ -306,6 +318,8 @@ def validate_content(batch: Batch, priorities: np.ndarray | None, spec: SampleSp
     try:
         if isinstance(batch, RolloutBatch):
             _check_rollout_content(batch, spec)
+        elif isinstance(batch, SequenceBatch):
+            _check_sequence_content(batch, spec)
         else:
             _check_content(batch, priorities, spec)
     except WireError:
@@ -401,6 +415,17 @@ def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
     _check_actions(action, "action", spec)
     if spec.action_mask:  # the rows' legal actions, and the actions taken among them
         check_masked_rollouts(batch, spec)
+
+
+def _check_sequence_content(batch: SequenceBatch, spec: SampleSpec) -> None:
+    """A window batch's values: its flags (``sequence_checks``), then the rollouts' rules."""
+    sequence_checks.check_sequence_flags(batch, spec)
+    _check_core_state(batch.core_state, spec)
+    limit = spec.max_abs_reward
+    if not (batch.reward.min() >= -limit and batch.reward.max() <= limit):
+        fail(f"reward outside [-{limit:g}, {limit:g}] (transport.max_abs_reward, per step) or NaN")
+    _check_obs(batch.obs.reshape(-1, *spec.obs_shape), "obs", spec)
+    _check_actions(batch.action, "action", spec)
 
 
 def _check_core_state(state: np.ndarray, spec: SampleSpec) -> None:

@@ -14,7 +14,16 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
-from zmqrl.types import Batch, EpisodeStat, RolloutBatch, TransitionBatch, Weights, rollout_columns
+from zmqrl.types import (
+    SEQUENCE_LEARNED,
+    Batch,
+    EpisodeStat,
+    RolloutBatch,
+    SequenceBatch,
+    TransitionBatch,
+    Weights,
+    rollout_columns,
+)
 
 # --------------------------------------------------------------------------------------------
 # Protocol constants
@@ -30,6 +39,8 @@ KIND_SAMPLES = "samples"  # actor -> learner: a batch of n-step transitions plus
 # framing and every other kind are unchanged, and a receiver that predates it refuses the new kind
 # by name ("unknown message kind"), counted and dropped like any bad message (docs/protocol.md).
 KIND_ROLLOUTS = "rollouts"
+# actor -> learner: R2D2's windows with their core state plus finished episodes (no bump: as rollouts).
+KIND_SEQUENCES = "sequences"
 KIND_WEIGHTS = "weights"  # learner -> actors: a versioned snapshot of the acting network
 KIND_HEARTBEAT = "heartbeat"  # any role -> supervisor: liveness, counters, bound endpoints
 KIND_STOP = "stop"  # supervisor -> everyone: shut down cleanly
@@ -69,7 +80,7 @@ class SamplesMsg:
     actor_id: int
     seq: int
     weights_version: int
-    batch: TransitionBatch | RolloutBatch
+    batch: Batch  # a SequenceBatch (recurrent replay runs) travels as the kind "sequences"
     episodes: list[EpisodeStat]
     # Optional initial replay priorities (B,) float32 >= 0, computed by the actor (Ape-X); sent as a
     # sixth array frame named "priority". None: the learner gives new rows its maximum priority.
@@ -121,6 +132,8 @@ class SampleGroup:
         if self.originals is not None:
             return self.originals
         batch, priorities = self.batch, self.priorities
+        if isinstance(batch, SequenceBatch):
+            return self._sequence_messages(batch)
         return tuple(
             SamplesMsg(
                 info.actor_id,
@@ -132,6 +145,17 @@ class SampleGroup:
             )
             for info in self.infos
         )
+
+    def _sequence_messages(self, batch: SequenceBatch) -> tuple[SamplesMsg, ...]:
+        """Each message's windows: its span counts learned steps (``size``), and every window has
+        at least one, so the running count finds each message's first and last window."""
+        ends = np.concatenate([[0], np.cumsum(np.count_nonzero(batch.mask == SEQUENCE_LEARNED, axis=1))])
+        out = []
+        for info in self.infos:
+            lo, hi = int(np.searchsorted(ends, info.start)), int(np.searchsorted(ends, info.stop))
+            rows = SequenceBatch(*(col[lo:hi] for col in batch))
+            out.append(SamplesMsg(info.actor_id, info.seq, info.weights_version, rows, info.episodes))
+        return tuple(out)
 
     def only(self, keep: Sequence[int]) -> SampleGroup | None:
         """The group of the messages at indices ``keep`` (in order); None when there are none."""
@@ -175,7 +199,7 @@ class SampleGroup:
         else:
             columns = zip(*(m.batch for m in messages), strict=True)
         merged = [np.concatenate(col) for col in columns]
-        batch: Batch = RolloutBatch(*merged) if kind is RolloutBatch else TransitionBatch(*merged)
+        batch: Batch = kind(*merged)
         priorities = (
             np.concatenate([m.priorities for m in messages if m.priorities is not None])
             if with_priorities == {True}

@@ -1,4 +1,4 @@
-"""The zmqrl wire format: pure encode/decode of the five message kinds, no sockets.
+"""The zmqrl wire format: pure encode/decode of the six message kinds, no sockets.
 
 Every message is one ZeroMQ multipart message. Frame 0 is a msgpack map (the *header*) that says
 what the message is and describes its arrays; frames 1..k are the arrays' raw bytes
@@ -22,10 +22,11 @@ Two levels of checking, split so the hot path pays only for what it needs:
   action range, shapes against the run's spec or the receiver's network). Receivers of data
   should always use these; plain :func:`load` is for heartbeats and control.
 
-Experience travels as one of two kinds, both decoded to a :class:`SamplesMsg`: ``"samples"``
-(n-step transitions, a ``TransitionBatch``) and ``"rollouts"`` (fixed-length on-policy rollouts, a
-``RolloutBatch``); :func:`dump` picks the kind from the batch's type, and :func:`load_samples`
-refuses the one the run's spec does not train on.
+Experience travels as one of three kinds, each decoded to a :class:`SamplesMsg`: ``"samples"``
+(n-step transitions, a ``TransitionBatch``), ``"rollouts"`` (fixed-length on-policy rollouts, a
+``RolloutBatch``) and ``"sequences"`` (R2D2's windows with their core state, a ``SequenceBatch``);
+:func:`dump` picks the kind from the batch's type, and :func:`load_samples` refuses those the run's
+spec does not train on.
 
 Where the pieces live: the message dataclasses, version and kinds in :mod:`zmqrl.transport.messages`,
 limits and field checks in :mod:`zmqrl.transport.fields`; the decoder (frames, headers, and samples
@@ -74,6 +75,7 @@ from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
     KIND_ROLLOUTS,
     KIND_SAMPLES,
+    KIND_SEQUENCES,
     KIND_STOP,
     KIND_WEIGHTS,
     PRIORITY_FIELD,
@@ -88,7 +90,17 @@ from zmqrl.transport.messages import (
     WeightsMsg,
     WireError,
 )
-from zmqrl.types import BATCH_FIELDS, CORE_STATE_FIELD, ROLLOUT_FIELDS, RolloutBatch, TransitionBatch, Weights
+from zmqrl.types import (
+    BATCH_FIELDS,
+    CORE_STATE_FIELD,
+    ROLLOUT_FIELDS,
+    SEQUENCE_FIELDS,
+    Batch,
+    RolloutBatch,
+    SequenceBatch,
+    TransitionBatch,
+    Weights,
+)
 
 # The public names of the wire format, wherever they are defined.
 __all__ = [
@@ -96,6 +108,7 @@ __all__ = [
     "KIND_HEARTBEAT",
     "KIND_ROLLOUTS",
     "KIND_SAMPLES",
+    "KIND_SEQUENCES",
     "KIND_STOP",
     "KIND_WEIGHTS",
     "MAX_ARRAYS",
@@ -196,7 +209,8 @@ def dump(msg: Message) -> list[bytes | memoryview]:
     header: dict[str, Any] = {"proto": PROTO_VERSION}
     if isinstance(msg, SamplesMsg):
         rollouts = isinstance(msg.batch, RolloutBatch)
-        header["kind"] = KIND_ROLLOUTS if rollouts else KIND_SAMPLES
+        sequences = isinstance(msg.batch, SequenceBatch)
+        header["kind"] = KIND_SEQUENCES if sequences else KIND_ROLLOUTS if rollouts else KIND_SAMPLES
         header["actor_id"] = py_int(msg.actor_id, "actor_id")
         header["seq"] = py_int(msg.seq, "seq")
         header["weights_version"] = py_int(msg.weights_version, "weights_version")
@@ -205,13 +219,14 @@ def dump(msg: Message) -> list[bytes | memoryview]:
             ret, length = ep
             episodes.append([float(py_number(ret, "episode return")), py_int(length, "episode length")])
         header["episodes"] = episodes
-        arrays = [(name, getattr(msg.batch, name)) for name in (ROLLOUT_FIELDS if rollouts else BATCH_FIELDS)]
+        fields = SEQUENCE_FIELDS if sequences else ROLLOUT_FIELDS if rollouts else BATCH_FIELDS
+        arrays = [(name, getattr(msg.batch, name)) for name in fields]
         state = msg.batch.core_state if isinstance(msg.batch, RolloutBatch) else None
         if state is not None:  # a recurrent run's: after the columns
             arrays.append((CORE_STATE_FIELD, state))
         if msg.priorities is not None:
-            if rollouts:
-                fail("rollouts carry no priorities")
+            if rollouts or sequences:
+                fail(f"{header['kind']} carry no priorities")
             arrays.append((PRIORITY_FIELD, msg.priorities))
     elif isinstance(msg, WeightsMsg):
         header["kind"] = KIND_WEIGHTS
@@ -257,13 +272,18 @@ def dump(msg: Message) -> list[bytes | memoryview]:
 
 def _load(frames: Sequence[Any]) -> Message:
     header, kind, descs, arrays = unframe(frames)
-    if kind in (KIND_SAMPLES, KIND_ROLLOUTS):
-        transitions = kind == KIND_SAMPLES  # parse_header checked the column names of either
+    if kind in (KIND_SAMPLES, KIND_ROLLOUTS, KIND_SEQUENCES):
+        transitions = kind == KIND_SAMPLES  # parse_header checked the column names of each
+        batch: Batch = (
+            TransitionBatch(*arrays[:5])
+            if transitions
+            else SequenceBatch(*arrays) if kind == KIND_SEQUENCES else RolloutBatch(*arrays)
+        )
         return SamplesMsg(
             actor_id=header["actor_id"],
             seq=header["seq"],
             weights_version=header["weights_version"],
-            batch=TransitionBatch(*arrays[:5]) if transitions else RolloutBatch(*arrays),
+            batch=batch,
             episodes=parse_episodes(header["episodes"]),
             priorities=arrays[5] if transitions and len(arrays) > 5 else None,
         )
@@ -307,6 +327,8 @@ def load(frames: Sequence[Any]) -> Message:
 
 def _kind_of(msg: Message) -> str:
     if isinstance(msg, SamplesMsg):
+        if isinstance(msg.batch, SequenceBatch):
+            return KIND_SEQUENCES
         return KIND_ROLLOUTS if isinstance(msg.batch, RolloutBatch) else KIND_SAMPLES
     return {WeightsMsg: KIND_WEIGHTS, HeartbeatMsg: KIND_HEARTBEAT}.get(type(msg), KIND_STOP)
 

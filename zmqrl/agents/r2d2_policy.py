@@ -1,0 +1,61 @@
+"""R2D2's acting side in numpy: greedy Q-values of an MLP torso, an LSTM core and a linear head, with
+one core state per env carried across calls (actors and the evaluator; no torch in their processes).
+
+The table is :func:`r2d2_net`, from which the learner's torch network is built too, so the weights
+it publishes load here name for name; the LSTM step is ``zmqrl.agents.layers.lstm_step`` (torch's
+``nn.LSTMCell`` layout), the one recurrent APPO's numpy policy runs. Exploration is the actor's
+(epsilon-random rows around ``act``): the state advances on every call, random rows included, so
+it always follows the episode the env played.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zmqrl.agents.appo_policy import CoreActing, CoreState
+from zmqrl.agents.layers import MLP, ActingNet, lstm_step
+from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
+from zmqrl.agents.r2d2_config import R2D2Config
+from zmqrl.spec import SampleSpec
+
+# The Q head's name in the table (and in the published weights).
+Q_HEAD = "head"
+
+
+def r2d2_net(config: R2D2Config, n_actions: int) -> ActingNet:
+    """The recurrent Q-network's table: ReLU MLP of ``hidden_sizes``, LSTM of ``core_size``, Q head."""
+    return ActingNet(MLP, tuple(config.hidden_sizes), ((Q_HEAD, n_actions),), core=config.core_size)
+
+
+def q_step(net: ActingNet, arrays: dict[str, np.ndarray], obs: np.ndarray, core: CoreState) -> np.ndarray:
+    """Q-values ``(B, A)`` of observations ``(B, *obs_shape)``, one LSTM step from ``core``'s
+    state, which it leaves advanced."""
+    state = core.rows(len(obs))
+    h, c = lstm_step(arrays, net.features(arrays, obs), state[:, 0], state[:, 1])
+    state[:, 0], state[:, 1] = h, c
+    return net.heads_of(arrays, h)[Q_HEAD]
+
+
+class NumpyR2D2Policy(CoreActing, LoadedArrays):
+    """Greedy acting on the recurrent Q-network (``act``; ``explore`` changes nothing: the actor
+    replaces rows with random actions), with ``zmqrl.core.RecurrentPolicy``'s state methods."""
+
+    def __init__(self, config: R2D2Config, spec: SampleSpec, *, seed: int | None = None) -> None:
+        config.check()
+        if spec.num_actions is None:
+            raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
+        if spec.action_mask:  # its Q-values come from the core's state, not from the masked rows
+            raise ValueError("R2D2 does not take action masks yet: use agent.kind dqn for a masked env")
+        self.config = config
+        self.net = r2d2_net(config, spec.num_actions)
+        self._params = NamedArrays(self.net.layout(tuple(spec.obs_shape)), seed)
+        self._core = CoreState(config.core_size)
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values ``(B, A)`` float32; the state advances one step."""
+        assert self._core is not None
+        return q_step(self.net, self._params.arrays, obs, self._core)
+
+    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
+        """Greedy int64 actions ``(B,)``; the state advances one step."""
+        return self.q_values(obs).argmax(axis=1).astype(np.int64, copy=False)
