@@ -78,6 +78,13 @@ ROWS = {
         475.0,
         "R2D2: recurrent DQN on replayed windows (10 burn-in + 20 steps) on the same observations",
     ),
+    "cartpole-novel-dqn": Row(
+        "cartpole-novel-dqn",
+        "configs/cartpole_novel_dqn.yaml",
+        3,
+        475.0,
+        "feed-forward DQN (cartpole_dqn.yaml) on the same observations: no memory, no velocities",
+    ),
     "cartpole-novel-appo": Row(
         "cartpole-novel-appo",
         "configs/cartpole_novel_appo.yaml",
