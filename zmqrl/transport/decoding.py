@@ -1,4 +1,4 @@
-"""The wire's decoder: a message's frames to a checked message, samples and rollouts against the run.
+"""The wire's decoder: a message's frames to a checked message, experience of every kind against the run.
 
 One module on purpose: every message a learner takes from the network is decoded here, from its
 frames to rows it may train on, without leaving it (the receiver calls :func:`load_samples` for
