@@ -202,13 +202,7 @@ def snapshot_problem(batch: SnapshotRows, spec: SampleSpec) -> str | None:
         shape, dtype = want[name]
         if column.shape != shape or column.dtype != np.dtype(dtype):
             return f"{name} is {column.dtype} {column.shape}, this run's replay holds {dtype} {shape}"
-    if n == 0:
-        return None
-    try:
-        validate_content(batch, None, spec)
-    except WireError as exc:
-        return str(exc)
-    return None
+    return _content_problem(batch, spec) if n else None
 
 
 def _windows_problem(batch: SequenceBatch, spec: SampleSpec) -> str | None:
@@ -217,8 +211,11 @@ def _windows_problem(batch: SequenceBatch, spec: SampleSpec) -> str | None:
     for (name, (shape, dtype)), column in zip(sequence_columns(spec).items(), batch, strict=True):
         if column.shape != (rows, *shape) or column.dtype != np.dtype(dtype):
             return f"{name} is {column.dtype} {column.shape}, this run's replay holds {dtype} (rows, {shape})"
-    if rows == 0:
-        return None
+    return _content_problem(batch, spec) if rows else None
+
+
+def _content_problem(batch: TransitionBatch | SequenceBatch, spec: SampleSpec) -> str | None:
+    """What the wire's value checks say about a snapshot's rows (as about a message's), or None."""
     try:
         validate_content(batch, None, spec)
     except WireError as exc:
