@@ -29,6 +29,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from zmqrl.replay.sumtree import all_finite_nonnegative
+
 FloatArray = npt.NDArray[np.float64]
 
 # Prioritized replay defaults: Ape-X (Horgan et al. 2018) uses alpha = 0.6; the epsilon only has to
@@ -141,3 +143,14 @@ class PriorityBounds:
 
     def _weight(self, raw: float) -> float:
         return float((raw + self.eps) ** self.alpha)
+
+
+def checked_priorities(priorities: npt.ArrayLike, n: int) -> npt.NDArray[np.float64]:
+    """Priorities as float64 ``(n,)``; ValueError unless all finite and >= 0 (every prioritized
+    replay kind checks them so, before writing anything)."""
+    raw = np.asarray(priorities, dtype=np.float64)
+    if raw.shape != (n,):
+        raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
+    if not all_finite_nonnegative(raw):
+        raise ValueError("priorities must be finite and >= 0")
+    return raw

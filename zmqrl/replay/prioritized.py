@@ -26,6 +26,7 @@ from zmqrl.replay.priorities import (
     INITIAL_MAX_PRIORITY,
     BetaSchedule,
     PriorityBounds,
+    checked_priorities,
 )
 from zmqrl.replay.storage import FloatArray, Ring
 from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
@@ -170,7 +171,7 @@ class PrioritizedReplay(Ring):
         priorities of the wrong shape, negative, or not finite.
         """
         rows, b = self._checked(batch)
-        raw = None if priorities is None else self._check_priorities(priorities, b)
+        raw = None if priorities is None else checked_priorities(priorities, b)
         if b == 0:
             return
         with self._lock:
@@ -293,7 +294,7 @@ class PrioritizedReplay(Ring):
                 raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
             ids = ids.astype(np.int64)
         ids = ids.ravel()
-        raw = self._check_priorities(td_errors, ids.size)
+        raw = checked_priorities(td_errors, ids.size)
         if ids.size == 0:
             return
         with self._lock:
@@ -314,13 +315,3 @@ class PrioritizedReplay(Ring):
             out = self._tree.get(slots)
             out[self._ordinal[slots] != ids] = np.nan
         return out
-
-    @staticmethod
-    def _check_priorities(priorities: npt.ArrayLike, n: int) -> npt.NDArray[np.float64]:
-        """Priorities as float64 ``(n,)``; ValueError unless all finite and >= 0."""
-        raw = np.asarray(priorities, dtype=np.float64)
-        if raw.shape != (n,):
-            raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
-        if not all_finite_nonnegative(raw):
-            raise ValueError("priorities must be finite and >= 0")
-        return raw

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.core import Sampled
-from zmqrl.replay.priorities import BetaSchedule, PriorityBounds
+from zmqrl.replay.priorities import BetaSchedule, PriorityBounds, checked_priorities
 from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
 from zmqrl.spec import SampleSpec
 from zmqrl.types import SEQUENCE_FIELDS, SEQUENCE_LEARNED, Batch, SequenceBatch
@@ -123,7 +123,7 @@ class SequenceReplay:
         ``(R,)``, else each gets the learner's largest. TypeError or ValueError, with nothing
         changed, for a batch that is not windows of this run's shape."""
         rows = self._checked(batch)
-        raw = None if priorities is None else self._checked_priorities(priorities, rows.rows)
+        raw = None if priorities is None else checked_priorities(priorities, rows.rows)
         with self._lock:
             self._place_locked(rows, raw, self._next)
 
@@ -159,7 +159,7 @@ class SequenceReplay:
         if ids.dtype.kind not in "iu" and ids.size:
             raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
         ids = ids.astype(np.int64).ravel()
-        raw = self._checked_priorities(td_errors, ids.size)
+        raw = checked_priorities(td_errors, ids.size)
         if ids.size == 0:
             return
         with self._lock:
@@ -212,15 +212,6 @@ class SequenceReplay:
                 got = f"{getattr(column, 'dtype', type(column).__name__)} {getattr(column, 'shape', '')}"
                 raise ValueError(f"sequence column {name!r} is {got}, this replay holds {dtype} (R, {shape})")
         return batch
-
-    @staticmethod
-    def _checked_priorities(priorities: Any, n: int) -> np.ndarray:
-        raw = np.asarray(priorities, dtype=np.float64)
-        if raw.shape != (n,):
-            raise ValueError(f"priorities must have shape ({n},), got {raw.shape}")
-        if not all_finite_nonnegative(raw):
-            raise ValueError("priorities must be finite and >= 0")
-        return raw
 
     def _place_locked(self, batch: SequenceBatch, raw: np.ndarray | None, first: int) -> None:
         """Write the windows as ordinals ``first ..`` (the newest ``capacity`` if more)."""
