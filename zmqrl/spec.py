@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from zmqrl.errors import ConfigError
+from zmqrl.records import MAX_KEYS, RECORD, ObsEntry, check_key, record_dtype
 
 # numpy dtype names an array frame may carry. Deliberately small: each is fixed-size, has one
 # unambiguous byte layout in every language, and covers observations, actions and parameters.
@@ -53,8 +55,8 @@ class SampleSpec:
     ``np.float32`` and ``"float32"`` are interchangeable.
     """
 
-    obs_shape: tuple[int, ...]
-    obs_dtype: str  # e.g. "float32", "uint8"
+    obs_shape: tuple[int, ...]  # () for records
+    obs_dtype: str  # e.g. "float32", "uint8"; "record" for a Dict observation (obs_entries)
     action_shape: tuple[int, ...]  # () for discrete
     action_dtype: str  # "int64" discrete, "float32" continuous
     num_actions: int | None = None  # discrete: valid actions are 0..num_actions-1
@@ -88,13 +90,24 @@ class SampleSpec:
     # positions (burn-in included), each with a core state of core_size units; None: no sequences.
     sequence_length: int | None = None
     burn_in: int = 0  # the positions of a window that only warm the core (SequenceBatch.mask 1)
+    # Dict observation runs (zmqrl.records): one entry per key, in order; each observation is a
+    # record of them (obs_shape (), obs_dtype "record"), each key's values checked against the
+    # entry's bounds. (): plain observations of obs_shape and obs_dtype.
+    obs_entries: tuple[ObsEntry, ...] = ()
     # Derived from the fields above on construction (see obs_limits); not part of equality.
     _obs_limits: tuple[np.ndarray, np.ndarray] | None = field(
         init=False, repr=False, compare=False, default=None
     )
+    _entry_limits: dict[str, tuple[np.ndarray, np.ndarray] | None] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    _obs_np_dtype: np.dtype[Any] = field(init=False, repr=False, compare=False, default=np.dtype("uint8"))
 
     def __post_init__(self) -> None:
+        self._check_entries()
         for name in ("obs_dtype", "action_dtype"):
+            if name == "obs_dtype" and self.obs_entries:
+                continue  # "record", checked with the entries
             dtype = np.dtype(getattr(self, name)).name
             if dtype not in ALLOWED_DTYPES:
                 raise ValueError(f"SampleSpec.{name} {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
@@ -134,14 +147,69 @@ class SampleSpec:
                     "SampleSpec.action_mask needs Discrete actions and flat observations that end with their "
                     f"mask, got obs_shape {self.obs_shape}, num_actions {self.num_actions}"
                 )
+            if self.obs_entries:
+                raise ValueError(
+                    "SampleSpec.action_mask is not supported with Dict observations (obs_entries)"
+                )
             object.__setattr__(self, "action_mask", True)
         self._normalise_bounds()
-        self._normalise_obs_bounds()
+        dtype = record_dtype(self.obs_entries) if self.obs_entries else np.dtype(self.obs_dtype)
+        object.__setattr__(self, "_obs_np_dtype", dtype)
+        if self.obs_entries:
+            self._normalise_entry_bounds()
+        else:
+            self._normalise_obs_bounds()
+
+    def _check_entries(self) -> None:
+        """A Dict observation's entries: named keys (unique, at most MAX_KEYS) of allowed dtypes
+        and valid shapes, the spec's own obs_shape () and obs_dtype "record" (and back: "record"
+        only with entries)."""
+        entries = tuple(self.obs_entries)
+        if not entries:
+            if self.obs_dtype == RECORD:
+                raise ValueError("SampleSpec.obs_dtype 'record' needs obs_entries")
+            return
+        if len(entries) > MAX_KEYS or len({e.key for e in entries}) != len(entries):
+            raise ValueError(f"SampleSpec.obs_entries must be 1 to {MAX_KEYS} entries with distinct keys")
+        if tuple(self.obs_shape) != () or self.obs_dtype != RECORD or self.obs_low is not None:
+            raise ValueError(
+                "SampleSpec with obs_entries takes obs_shape (), obs_dtype 'record' and no obs_low/obs_high"
+            )
+        checked = []
+        for e in entries:
+            check_key(e.key)
+            dtype = np.dtype(e.dtype).name
+            shape = tuple(int(d) for d in e.shape)
+            if dtype not in ALLOWED_DTYPES or any(d < 1 for d in shape) or len(shape) + 3 > MAX_NDIM:
+                raise ValueError(
+                    f"SampleSpec.obs_entries key {e.key!r}: {dtype} {list(shape)} is not a valid entry"
+                )
+            checked.append(ObsEntry(e.key, shape, dtype, e.low, e.high))
+        object.__setattr__(self, "obs_entries", tuple(checked))
+
+    @property
+    def obs_np_dtype(self) -> np.dtype[Any]:
+        """The numpy dtype observation arrays have: the record's for a Dict observation."""
+        return self._obs_np_dtype
 
     @property
     def obs_bytes(self) -> int:
         """Bytes of one observation row (what decides zero-copy receives, group sizes, memory)."""
-        return int(np.prod(self.obs_shape, dtype=np.int64)) * np.dtype(self.obs_dtype).itemsize
+        return int(np.prod(self.obs_shape, dtype=np.int64)) * self.obs_np_dtype.itemsize
+
+    def entry_limits(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """What :meth:`obs_limits` is for a plain observation, for one key of a Dict observation."""
+        return self._entry_limits[key]
+
+    def _normalise_entry_bounds(self) -> None:
+        entries = []
+        for e in self.obs_entries:
+            low, high, limits = _bounds(
+                e.shape, e.dtype, e.low, e.high, self.max_abs_obs, f"obs_entries[{e.key!r}]"
+            )
+            entries.append(ObsEntry(e.key, e.shape, e.dtype, low, high))
+            self._entry_limits[e.key] = limits
+        object.__setattr__(self, "obs_entries", tuple(entries))
 
     def obs_limits(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The bounds every observation component is checked against: ``(low, high)`` in the
@@ -156,58 +224,12 @@ class SampleSpec:
 
     def _normalise_obs_bounds(self) -> None:
         """Store declared observation bounds flat (or as one float), and derive ``obs_limits``."""
-        if (self.obs_low is None) != (self.obs_high is None):
-            raise ValueError("SampleSpec.obs_low and obs_high must be given together")
-        cap = self.max_abs_obs
-        if self.obs_low is None:
-            low, high = np.array([-cap]), np.array([cap])
-        else:
-            flat = []
-            for name in ("obs_low", "obs_high"):
-                given = np.asarray(getattr(self, name), dtype=np.float64)
-                if given.size == math.prod(self.obs_shape) and given.ndim <= 1:
-                    given = given.reshape(self.obs_shape)  # stored flat, as the spec keeps it
-                try:
-                    arr = np.broadcast_to(given, self.obs_shape)
-                except ValueError:
-                    raise ValueError(f"SampleSpec.{name} does not fit obs_shape {self.obs_shape}") from None
-                if np.isnan(arr).any():
-                    raise ValueError(f"SampleSpec.{name} contains NaN")
-                arr = arr.reshape(-1)
-                uniform = arr.size > 0 and bool((arr == arr[0]).all())
-                object.__setattr__(self, name, float(arr[0]) if uniform else tuple(float(x) for x in arr))
-                flat.append(arr[:1] if uniform else arr)
-            if flat[0].size != flat[1].size:  # one side uniform, the other not
-                flat = [np.broadcast_to(a, (int(np.prod(self.obs_shape)),)) for a in flat]
-            if not (flat[0] <= flat[1]).all():
-                raise ValueError("SampleSpec.obs_low must be <= obs_high in every component")
-            if (flat[0] > cap).any() or (flat[1] < -cap).any():
-                raise ConfigError(
-                    f"the env declares observations beyond +-{cap:g} (transport.max_abs_obs), which "
-                    f"would refuse every one of them: raise transport.max_abs_obs above "
-                    f"{float(max(flat[0].max(), -flat[1].min())):g}"
-                )
-            low, high = np.maximum(flat[0], -cap), np.minimum(flat[1], cap)  # a bound beyond: the cap
-        dtype = np.dtype(self.obs_dtype)
-        if dtype.kind == "b":
-            return  # bool bytes are checked as such
-        # In the observations' own dtype (a float32 bound is a float32 value): comparing float32
-        # rows with float64 bounds costs a cast of every element, per received batch. Rounded
-        # outwards, so the cast never refuses a value the declared bound allows.
-        if dtype.kind in "iu":
-            info = np.iinfo(dtype)
-            if (low <= info.min).all() and (high >= info.max).all():
-                return  # the dtype is the bound
-            low = np.clip(np.ceil(low), info.min, info.max).astype(dtype)
-            high = np.clip(np.floor(high), info.min, info.max).astype(dtype)
-        else:
-            # A simulator's own rounding may put a value a few ulps past the bound it clips to.
-            low = low - OBS_BOUND_TOLERANCE * np.maximum(1.0, np.abs(low))
-            high = high + OBS_BOUND_TOLERANCE * np.maximum(1.0, np.abs(high))
-            low_cast, high_cast = low.astype(dtype), high.astype(dtype)
-            low = np.where(low_cast > low, np.nextafter(low_cast, dtype.type(-np.inf)), low_cast)
-            high = np.where(high_cast < high, np.nextafter(high_cast, dtype.type(np.inf)), high_cast)
-        object.__setattr__(self, "_obs_limits", (low, high))
+        low, high, limits = _bounds(
+            self.obs_shape, self.obs_dtype, self.obs_low, self.obs_high, self.max_abs_obs, "obs"
+        )
+        object.__setattr__(self, "obs_low", low)
+        object.__setattr__(self, "obs_high", high)
+        object.__setattr__(self, "_obs_limits", limits)
 
     def _normalise_bounds(self) -> None:
         """Broadcast the bounds to ``action_shape`` and store them as flat float tuples, so the spec
@@ -277,3 +299,67 @@ def rollout_message_problem(spec: SampleSpec, rows: int, length: int, max_messag
         f"{max_message_mb}: every one would be dropped; lower actor.rollout_length or "
         f"actor.envs_per_actor, or raise transport.max_message_mb"
     )
+
+
+Bound = float | tuple[float, ...] | None
+
+
+def _bounds(
+    shape: tuple[int, ...], dtype_name: str, low_given: Bound, high_given: Bound, cap: float, what: str
+) -> tuple[Bound, Bound, tuple[np.ndarray, np.ndarray] | None]:
+    """Declared bounds of observations of ``shape`` and ``dtype_name`` as the spec stores them
+    (flat, or one float when every component shares it; None when none are declared), and the
+    limits every component is checked against (see ``SampleSpec.obs_limits``). ``what`` names the
+    field in errors ("obs" -> ``SampleSpec.obs_low``)."""
+    if (low_given is None) != (high_given is None):
+        raise ValueError(f"SampleSpec.{what}_low and {what}_high must be given together")
+    stored: list[Bound] = [None, None]
+    if low_given is None:
+        low, high = np.array([-cap]), np.array([cap])
+    else:
+        flat = []
+        for i, (side, given_value) in enumerate((("low", low_given), ("high", high_given))):
+            given = np.asarray(given_value, dtype=np.float64)
+            if given.size == math.prod(shape) and given.ndim <= 1:
+                given = given.reshape(shape)  # stored flat, as the spec keeps it
+            try:
+                arr = np.broadcast_to(given, shape)
+            except ValueError:
+                raise ValueError(f"SampleSpec.{what}_{side} does not fit shape {shape}") from None
+            if np.isnan(arr).any():
+                raise ValueError(f"SampleSpec.{what}_{side} contains NaN")
+            arr = arr.reshape(-1)
+            uniform = arr.size > 0 and bool((arr == arr[0]).all())
+            stored[i] = float(arr[0]) if uniform else tuple(float(x) for x in arr)
+            flat.append(arr[:1] if uniform else arr)
+        if flat[0].size != flat[1].size:  # one side uniform, the other not
+            flat = [np.broadcast_to(a, (int(np.prod(shape)),)) for a in flat]
+        if not (flat[0] <= flat[1]).all():
+            raise ValueError(f"SampleSpec.{what}_low must be <= {what}_high in every component")
+        if (flat[0] > cap).any() or (flat[1] < -cap).any():
+            raise ConfigError(
+                f"the env declares observations beyond +-{cap:g} (transport.max_abs_obs), which "
+                f"would refuse every one of them: raise transport.max_abs_obs above "
+                f"{float(max(flat[0].max(), -flat[1].min())):g}"
+            )
+        low, high = np.maximum(flat[0], -cap), np.minimum(flat[1], cap)  # a bound beyond: the cap
+    dtype = np.dtype(dtype_name)
+    if dtype.kind == "b":
+        return stored[0], stored[1], None  # bool bytes are checked as such
+    # In the observations' own dtype (a float32 bound is a float32 value): comparing float32
+    # rows with float64 bounds costs a cast of every element, per received batch. Rounded
+    # outwards, so the cast never refuses a value the declared bound allows.
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if (low <= info.min).all() and (high >= info.max).all():
+            return stored[0], stored[1], None  # the dtype is the bound
+        low = np.clip(np.ceil(low), info.min, info.max).astype(dtype)
+        high = np.clip(np.floor(high), info.min, info.max).astype(dtype)
+    else:
+        # A simulator's own rounding may put a value a few ulps past the bound it clips to.
+        low = low - OBS_BOUND_TOLERANCE * np.maximum(1.0, np.abs(low))
+        high = high + OBS_BOUND_TOLERANCE * np.maximum(1.0, np.abs(high))
+        low_cast, high_cast = low.astype(dtype), high.astype(dtype)
+        low = np.where(low_cast > low, np.nextafter(low_cast, dtype.type(-np.inf)), low_cast)
+        high = np.where(high_cast < high, np.nextafter(high_cast, dtype.type(np.inf)), high_cast)
+    return stored[0], stored[1], (low, high)

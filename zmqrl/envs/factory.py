@@ -30,6 +30,7 @@ from zmqrl.envs.minatar import (
     register_minatar,
 )
 from zmqrl.envs.minatar import missing_message as missing_minatar_message
+from zmqrl.envs.records import RecordObservation, RecordVectorObservation, is_record_space, obs_entries
 from zmqrl.errors import EnvError
 from zmqrl.spec import DEFAULT_MAX_ABS_OBS, DEFAULT_MAX_ABS_REWARD, SampleSpec
 
@@ -154,6 +155,12 @@ def _supported_observations(env: gym.Env[Any, Any], env_id: str) -> gym.Env[Any,
         except EnvError:
             env.close()
             raise
+    if is_record_space(space):  # {key: Box, ...}: one record per observation (zmqrl.records)
+        try:
+            return RecordObservation(env)
+        except EnvError:
+            env.close()
+            raise
     env.close()
     raise EnvError(
         f"env.id '{env_id}': observation space {type(space).__name__} ({space}) is not supported; "
@@ -162,7 +169,9 @@ def _supported_observations(env: gym.Env[Any, Any], env_id: str) -> gym.Env[Any,
     )
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, *, training: bool = True) -> gym.vector.SyncVectorEnv:
+def make_vector_env(
+    cfg: EnvConfig, num_envs: int, *, training: bool = True
+) -> gym.vector.SyncVectorEnv | RecordVectorObservation:
     """``num_envs`` copies of :func:`make_env` stepped in lockstep in this process.
 
     The autoreset mode is pinned to NEXT_STEP (rather than left to the installed gymnasium's
@@ -183,7 +192,10 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, *, training: bool = True) -> 
     ):
         kwargs["autoreset_mode"] = autoreset_mode.NEXT_STEP
     # Without the argument (gymnasium 1.0), next-step autoreset is the only behaviour there is.
-    return gym.vector.SyncVectorEnv(thunks, **kwargs)
+    env = gym.vector.SyncVectorEnv(thunks, **kwargs)
+    if is_record_space(env.single_observation_space):  # Dict of Boxes: (N,) records, not {key: (N, ...)}
+        return RecordVectorObservation(env)
+    return env
 
 
 def sample_spec(
@@ -207,19 +219,24 @@ def sample_spec(
     act_space = getattr(env, "single_action_space", None)
     if act_space is None:
         act_space = env.action_space
-    if not isinstance(obs_space, gym.spaces.Box):
+    common: dict[str, Any]
+    if is_record_space(obs_space):  # a Dict of Boxes, each key its own entry (zmqrl.records)
+        common = {"obs_shape": (), "obs_dtype": "record", "obs_entries": obs_entries(obs_space)}
+    elif not isinstance(obs_space, gym.spaces.Box):
         # make_env has already encoded Discrete observations; this is an env made some other way.
         raise EnvError(
             f"observation space {obs_space} is not supported (need a Box; make envs with make_env)"
         )
-    obs_dtype = np.dtype(obs_space.dtype).name
-    common: dict[str, Any] = {
-        "obs_shape": tuple(obs_space.shape),
-        "obs_dtype": obs_dtype,
+    else:
+        common = {
+            "obs_shape": tuple(obs_space.shape),
+            "obs_dtype": np.dtype(obs_space.dtype).name,
+            # The bounds the env declares, as the float32 (or integer) values its observations hold.
+            "obs_low": tuple(np.asarray(obs_space.low, dtype=np.float64).reshape(-1).tolist()),
+            "obs_high": tuple(np.asarray(obs_space.high, dtype=np.float64).reshape(-1).tolist()),
+        }
+    common |= {
         "max_batch": max_batch,
-        # The bounds the env declares, as the float32 (or integer) values its observations hold.
-        "obs_low": tuple(np.asarray(obs_space.low, dtype=np.float64).reshape(-1).tolist()),
-        "obs_high": tuple(np.asarray(obs_space.high, dtype=np.float64).reshape(-1).tolist()),
         "max_abs_obs": max_abs_obs,
         "max_abs_reward": max_abs_reward,
         "max_discount": max_discount,

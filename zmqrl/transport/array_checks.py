@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from typing import Any
+
 import numpy as np
 
 from zmqrl.transport.fields import fail
@@ -22,8 +24,13 @@ from zmqrl.transport.messages import WeightsMsg, WireError
 _KINDS: dict[str, tuple[str, int]] = {}
 
 
-def is_dtype(arr: np.ndarray, name: str) -> bool:
-    """Whether ``arr`` holds the numpy dtype ``name`` (in either byte order)."""
+def is_dtype(arr: np.ndarray, name: str | np.dtype[Any]) -> bool:
+    """Whether ``arr`` holds the numpy dtype ``name`` (in either byte order); a records dtype
+    (``SampleSpec.obs_np_dtype`` of a Dict observation run) must be exactly equal."""
+    if not isinstance(name, str):
+        if name.names is not None:
+            return arr.dtype == name
+        name = name.name
     want = _KINDS.get(name)
     if want is None:
         dtype = np.dtype(name)

@@ -27,7 +27,7 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import header as other_kinds
-from zmqrl.transport import layouts, sequence_checks
+from zmqrl.transport import layouts, record_columns, sequence_checks
 from zmqrl.transport.array_checks import check_bool_bytes
 from zmqrl.transport.fields import (
     INT64_MAX,
@@ -111,6 +111,8 @@ def unframe(frames: Sequence[Any]) -> Unframed:
         if view.nbytes != d.nbytes:
             fail(f"array {d.name!r}: frame is {view.nbytes} bytes, descriptor says {d.nbytes}")
         arrays.append(np.frombuffer(view, dtype=LE_DTYPES[d.dtype]).reshape(d.shape))
+    if kind in EXPERIENCE_KINDS and (keyed := _keyed_plan(kind, descs)) is not None:
+        return Unframed(header, kind, keyed.descs, record_columns.fold(keyed, arrays))  # Dict observations
     return Unframed(header, kind, descs, arrays)
 
 
@@ -150,10 +152,23 @@ def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
             fail(f"{what} out of range: {value}")
     checked = _CHECKED_LAYOUTS[kind]
     if id(descs) not in checked:
-        _COLUMN_CHECKS[kind](descs)
+        keyed = _keyed_plan(kind, descs)
+        _COLUMN_CHECKS[kind](descs if keyed is None else keyed.descs)
         if id(descs) in _CACHED:
             checked.add(id(descs))
     return kind, descs
+
+
+def _keyed_plan(kind: str, descs: list[ArrayDesc]) -> record_columns.Fold | None:
+    """How a message with Dict observations (arrays named ``obs.<key>``) folds into columns;
+    None for plain columns. Planned once per cached layout, like the column check."""
+    cached = _FOLDS.get(id(descs), False)
+    if cached is not False:
+        return cached
+    keyed = record_columns.plan(kind, descs) if record_columns.is_keyed(descs) else None
+    if id(descs) in _CACHED:
+        _FOLDS[id(descs)] = keyed
+    return keyed
 
 
 # Validated descriptor lists by their (name, dtype, shape) contents. A peer sends the same few
@@ -165,6 +180,7 @@ _MAX_LAYOUTS = 512
 # its column check. Cached lists are shared: callers only read them.
 _CACHED: set[int] = set()
 _CHECKED_LAYOUTS: dict[str, set[int]] = {kind: set() for kind in EXPERIENCE_KINDS}
+_FOLDS: dict[int, record_columns.Fold | None] = {}  # by id of a cached layout (see _keyed_plan)
 _ROW_BATCHES: dict[str, Any] = {KIND_ROLLOUTS: RolloutBatch, KIND_SEQUENCES: SequenceBatch}
 _COLUMN_CHECKS = {KIND_SAMPLES: layouts.check_sample_columns, KIND_ROLLOUTS: layouts.check_rollout_columns}
 _COLUMN_CHECKS[KIND_SEQUENCES] = sequence_checks.check_sequence_columns
@@ -464,7 +480,14 @@ def _check_obs(arr: np.ndarray, what: str, spec: SampleSpec) -> None:
     laid over that many rows at a time: broadcast row by row, numpy's inner loop is only as long
     as a row (4 values on CartPole).
     """
-    limits = spec.obs_limits()
+    if spec.obs_entries:  # records: each key against its own bounds
+        for entry in spec.obs_entries:
+            _check_values(arr[entry.key], f"{what}.{entry.key}", spec.entry_limits(entry.key))
+        return
+    _check_values(arr, what, spec.obs_limits())
+
+
+def _check_values(arr: np.ndarray, what: str, limits: tuple[np.ndarray, np.ndarray] | None) -> None:
     if limits is None:
         if arr.dtype.kind == "b":
             check_bool_bytes(arr, what)

@@ -180,7 +180,7 @@ def _columns(batch: Any, names: tuple[str, ...], kind: str) -> list[np.ndarray]:
     return cols
 
 
-def _check_layout(want: tuple[tuple[str, np.ndarray, tuple[int, ...], str], ...]) -> None:
+def _check_layout(want: tuple[tuple[str, np.ndarray, tuple[int, ...], str | np.dtype[Any]], ...]) -> None:
     for name, col, shape, dtype in want:
         if col.shape != shape or not is_dtype(col, dtype):
             fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
@@ -195,10 +195,10 @@ def _check_transition_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
         fail(f"batch size {n} outside [1, {spec.max_batch}]")
     _check_layout(
         (
-            ("obs", obs, (n, *spec.obs_shape), spec.obs_dtype),
+            ("obs", obs, (n, *spec.obs_shape), spec.obs_np_dtype),
             ("action", action, (n, *spec.action_shape), spec.action_dtype),
             ("reward", reward, (n,), "float32"),
-            ("next_obs", next_obs, (n, *spec.obs_shape), spec.obs_dtype),
+            ("next_obs", next_obs, (n, *spec.obs_shape), spec.obs_np_dtype),
             ("discount", discount, (n,), "float32"),
         )
     )
@@ -223,13 +223,13 @@ def _check_rollout_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
     k = final_obs.shape[0] if final_obs.ndim else 0
     _check_layout(
         (
-            ("obs", obs, (rows, steps + 1, *spec.obs_shape), spec.obs_dtype),
+            ("obs", obs, (rows, steps + 1, *spec.obs_shape), spec.obs_np_dtype),
             ("action", action, (rows, steps, *spec.action_shape), spec.action_dtype),
             ("reward", reward, (rows, steps), "float32"),
             ("terminated", terminated, (rows, steps), "bool"),
             ("truncated", truncated, (rows, steps), "bool"),
             ("logp", logp, (rows, steps), "float32"),
-            ("final_obs", final_obs, (k, *spec.obs_shape), spec.obs_dtype),
+            ("final_obs", final_obs, (k, *spec.obs_shape), spec.obs_np_dtype),
         )
     )
     if getattr(msg, "priorities", None) is not None:

@@ -78,8 +78,8 @@ def check_sequence_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
         )
     if not 1 <= rows <= spec.max_batch:
         fail(f"{rows} windows outside [1, {spec.max_batch}]")
-    want: list[tuple[str, tuple[int, ...], str]] = [
-        ("obs", (rows, length + 1, *spec.obs_shape), spec.obs_dtype)
+    want: list[tuple[str, tuple[int, ...], str | np.dtype[Any]]] = [
+        ("obs", (rows, length + 1, *spec.obs_shape), spec.obs_np_dtype)
     ]
     want += [(name, (rows, length), dtype) for name, dtype in _STEP_DTYPES]
     want.append(("core_state", (rows, 2, spec.core_size), "float32"))

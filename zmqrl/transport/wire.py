@@ -71,6 +71,7 @@ from zmqrl.transport.fields import (
     py_number,
 )
 from zmqrl.transport.header import MAX_FINGERPRINT_ENTRIES, MAX_FINGERPRINT_LIST
+from zmqrl.transport.record_columns import split
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
     KIND_ROLLOUTS,
@@ -220,7 +221,7 @@ def dump(msg: Message) -> list[bytes | memoryview]:
             episodes.append([float(py_number(ret, "episode return")), py_int(length, "episode length")])
         header["episodes"] = episodes
         fields = SEQUENCE_FIELDS if sequences else ROLLOUT_FIELDS if rollouts else BATCH_FIELDS
-        arrays = [(name, getattr(msg.batch, name)) for name in fields]
+        arrays = [part for name in fields for part in split(name, getattr(msg.batch, name))]
         state = msg.batch.core_state if isinstance(msg.batch, RolloutBatch) else None
         if state is not None:  # a recurrent run's: after the columns
             arrays.append((CORE_STATE_FIELD, state))
