@@ -122,3 +122,14 @@ def field_layout(dtype: np.dtype[Any]) -> tuple[tuple[str, str, tuple[int, ...],
         sub, offset = dtype.fields[name][:2]  # type: ignore[index]
         out.append((name, sub.base.name, tuple(sub.shape), int(offset)))
     return tuple(out)
+
+
+def describe(dtype: np.dtype[Any]) -> str:
+    """A dtype as errors name it: ``float32``, or ``record {image: uint8 [1, 7, 7], goal: float32 [2]}``."""
+    if dtype.names is None:
+        return dtype.name
+    return (
+        "record {"
+        + ", ".join(f"{key}: {kind} {list(shape)}" for key, kind, shape, _ in field_layout(dtype))
+        + "}"
+    )

@@ -82,7 +82,7 @@ def build_acting(
     n, gamma = cfg.agent.n_step, cfg.agent.gamma
     transitions = Adder(
         actor_id,
-        NStepLog(num_envs, n, gamma, cfg.actor.send_batch, spec.obs_dtype, spec.action_dtype),
+        NStepLog(num_envs, n, gamma, cfg.actor.send_batch, spec.obs_np_dtype, spec.action_dtype),
         hold_limit=early_batches(cfg),
         priorities=make_priorities(cfg.agent, policy) if cfg.replay.prioritized else None,
     )

@@ -49,7 +49,7 @@ class RolloutLog:
         self.rollouts = 0  # rows completed so far
         self.t = 0  # steps in the rollout being filled
         # The rollout being filled, one row per env; obs has one more step, the bootstrap.
-        self._obs = np.zeros((num_envs, length + 1, *spec.obs_shape), spec.obs_dtype)
+        self._obs = np.zeros((num_envs, length + 1, *spec.obs_shape), spec.obs_np_dtype)
         self._action = np.zeros((num_envs, length, *spec.action_shape), spec.action_dtype)
         self._reward = np.zeros((num_envs, length), np.float32)
         self._terminated = np.zeros((num_envs, length), bool)
@@ -89,7 +89,7 @@ class RolloutLog:
         self._reward[:, t] = rewards
         self._terminated[:, t] = terminated
         self._truncated[:, t] = truncated
-        self._final.extend((row, t, np.asarray(final, self.spec.obs_dtype)) for row, final in finals)
+        self._final.extend((row, t, np.asarray(final, self.spec.obs_np_dtype)) for row, final in finals)
         self.t = t = t + 1
         if t < self.length:
             return False
@@ -101,7 +101,7 @@ class RolloutLog:
         """The filled rows as rollouts (copies: the buffers are refilled by the next rollout)."""
         # Row-major order of the truncated flags, as RolloutBatch.final_obs is defined.
         final = [obs for _, _, obs in sorted(self._final, key=lambda item: item[:2])]
-        final_obs = np.array(final, self.spec.obs_dtype).reshape(len(final), *self.spec.obs_shape)
+        final_obs = np.array(final, self.spec.obs_np_dtype).reshape(len(final), *self.spec.obs_shape)
         batch = RolloutBatch(
             self._obs.copy(),
             self._action.copy(),

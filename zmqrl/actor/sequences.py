@@ -73,7 +73,7 @@ class SequenceLog:
 
     def start(self, env: int, obs: np.ndarray) -> None:
         """Env ``env``'s episode begins at ``obs`` (its core state is zero)."""
-        self._episodes[env] = _Episode(np.array(obs, self.spec.obs_dtype))
+        self._episodes[env] = _Episode(np.array(obs, self.spec.obs_np_dtype))
 
     def add(
         self,
@@ -95,7 +95,7 @@ class SequenceLog:
         episode.rewards.append(float(reward))
         episode.states.append(np.array(state, np.float32))
         episode.versions.append(int(version))
-        episode.obs.append(np.array(next_obs, self.spec.obs_dtype))
+        episode.obs.append(np.array(next_obs, self.spec.obs_np_dtype))
         episode.steps += 1
         if ended:
             while episode.next_window * self.length < episode.steps:
@@ -117,7 +117,7 @@ class SequenceLog:
         start = episode.next_window * self.length - self.burn_in  # episode step of position 0
         episode.next_window += 1
         first, last = max(start, 0), min(start + window, episode.steps)  # real steps [first, last)
-        obs = np.empty((window + 1, *spec.obs_shape), spec.obs_dtype)
+        obs = np.empty((window + 1, *spec.obs_shape), spec.obs_np_dtype)
         action = np.zeros(window, np.int64)
         reward = np.zeros(window, np.float32)
         ended = np.zeros(window, bool)

@@ -62,9 +62,7 @@ class Unrolled(NamedTuple):
     before_reset: tuple[torch.Tensor, torch.Tensor]  # h, c (R, T, H) after each step, not reset
 
 
-def unroll(
-    policy: APPOPolicyNet, obs: torch.Tensor, state: torch.Tensor, done: torch.Tensor
-) -> Unrolled:
+def unroll(policy: APPOPolicyNet, obs: torch.Tensor, state: torch.Tensor, done: torch.Tensor) -> Unrolled:
     """The policy's core over observations ``(R, T + 1, *obs_shape)`` from ``state`` ``(R, 2, H)``,
     the state zeroed after each step where ``done`` ``(R, T)`` (terminated or truncated)."""
     rows, length = obs.shape[:2]

@@ -127,6 +127,14 @@ RECURRENT_REFUSAL = (
 )
 
 
+# Why a Dict observation's policy is not exported (yet): the graph's one input is an array of
+# the observation's dtype; a Dict needs one input per key, which the exporter does not write.
+DICT_REFUSAL = (
+    "Dict observations: zmqrl export writes graphs of one observation array (obs -> action), and a "
+    "Dict observation needs one input per key: play it with zmqrl.load_policy"
+)
+
+
 def not_exportable(kind: str) -> str:
     return f"agent.kind {kind!r}: zmqrl export knows the greedy rule of {', '.join(EXPORTABLE)} only"
 
@@ -164,6 +172,8 @@ def export_onnx(
         agent = make_eval_agent(cfg, env)
     finally:
         env.close()
+    if spec.obs_entries:
+        raise OnnxExportError(DICT_REFUSAL)
     load_checkpoint_weights(agent, payload, path)
     metadata = OnnxMetadata(
         agent=cfg.agent.kind,

@@ -17,6 +17,8 @@ import numpy as np
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Policy, is_recurrent
 from zmqrl.envs.action_masks import as_masked_rows
+from zmqrl.envs.records import is_record_space, obs_entries
+from zmqrl.records import record_dtype, to_records
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -47,7 +49,10 @@ class DeployedPolicy:
         self.path = path  # the checkpoint file it was read from
         self.observation_space = observation_space
         self.action_space = action_space
-        self._obs_ndim = len(observation_space.shape)
+        # A Dict observation (not a masked one) is played as records (zmqrl.records), one field per key.
+        keyed = is_record_space(observation_space)
+        self._records = record_dtype(obs_entries(observation_space)) if keyed else None
+        self._obs_ndim = 0 if self._records is not None else len(observation_space.shape)
 
     @property
     def recurrent(self) -> bool:
@@ -68,7 +73,14 @@ class DeployedPolicy:
 
         A masked env's policy takes its rows (as ``make_env`` gives them) or the raw Dict
         observation ``{"action_mask": .., <entry>: ..}`` (one, or batched as a vector env gives
-        it), and only ever picks an action its mask allows."""
+        it), and only ever picks an action its mask allows. A Dict observation's policy takes the
+        Dict as the env gives it (``{key: array}``, one or batched) or records as ``make_env`` gives them."""
+        if self._records is not None:
+            given = isinstance(obs, Mapping)
+            arr = to_records(obs, self._records) if given else np.asarray(obs, self._records)
+            single = arr.ndim == 0
+            actions = self._agent.act(arr[None] if single else arr, explore=False)
+            return actions[0] if single else actions
         if isinstance(obs, Mapping):
             obs = as_masked_rows(obs, np.dtype(self.observation_space.dtype))
         arr = np.asarray(obs, dtype=self.observation_space.dtype)

@@ -44,12 +44,14 @@ from zmqrl.checkpoints.files import (
     replay_name,
     save_periodic,
 )
+from zmqrl.records import to_records
 from zmqrl.replay.memory import format_bytes
 from zmqrl.replay.sequences import sequence_columns
 from zmqrl.runtime.guard import start_guarded
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.decoding import validate_content
 from zmqrl.transport.messages import WireError
+from zmqrl.transport.record_columns import SEPARATOR, split
 from zmqrl.types import SEQUENCE_FIELDS, SequenceBatch, TransitionBatch
 
 # What a snapshot holds: transitions, or R2D2's windows (a run whose spec has a sequence_length).
@@ -97,7 +99,11 @@ def write_replay_snapshot(path: Path, snap: SnapshotRows, updates: int, total_ad
     atomic_write(
         path,
         lambda f: np.savez_compressed(
-            f, updates=np.int64(updates), total_added=np.int64(total_added), **snap._asdict()
+            f,
+            updates=np.int64(updates),
+            total_added=np.int64(total_added),
+            # Dict observations as one array per key (obs.image, ...), as the wire carries them.
+            **{key: arr for name, col in snap._asdict().items() for key, arr in split(name, col)},
         ),
     )
 
@@ -119,7 +125,7 @@ def read_replay_snapshot(
             stamp = int(data["updates"])
             total_added = int(data["total_added"])
             names = TransitionBatch._fields if spec.sequence_length is None else SEQUENCE_FIELDS
-            columns = [np.asarray(data[name]) for name in names]  # read, CRC checked
+            columns = [_column(data, name, spec) for name in names]  # read, CRC checked
     except UNREADABLE as exc:
         said = " ".join(str(exc).split())[:160]
         raise SnapshotUnfit(f"is unreadable ({type(exc).__name__}: {said})") from exc
@@ -136,6 +142,19 @@ def read_replay_snapshot(
     if problem is not None:
         raise SnapshotUnfit(f"does not fit this run: {problem}")
     return batch, total_added
+
+
+def _column(data: Any, name: str, spec: SampleSpec) -> np.ndarray:
+    """Column ``name`` of a snapshot: as stored, or, for this run's Dict observations, its keys'
+    arrays (``obs.<key>``) as records (a key the file lacks is a KeyError: unreadable)."""
+    if not spec.obs_entries or name not in RECORD_COLUMNS:
+        return np.asarray(data[name])
+    parts = {e.key: np.asarray(data[f"{name}{SEPARATOR}{e.key}"]) for e in spec.obs_entries}
+    return to_records(parts, spec.obs_np_dtype)
+
+
+# The snapshot columns that hold observations (records in a Dict observation run).
+RECORD_COLUMNS = ("obs", "next_obs")
 
 
 @dataclass
@@ -191,11 +210,11 @@ def snapshot_problem(batch: SnapshotRows, spec: SampleSpec) -> str | None:
     if batch.reward.ndim != 1:
         return f"reward has shape {batch.reward.shape}, not (rows,)"
     n = batch.size
-    want = {
-        "obs": ((n, *spec.obs_shape), spec.obs_dtype),
+    want: dict[str, tuple[tuple[int, ...], Any]] = {
+        "obs": ((n, *spec.obs_shape), spec.obs_np_dtype),
         "action": ((n, *spec.action_shape), spec.action_dtype),
         "reward": ((n,), "float32"),
-        "next_obs": ((n, *spec.obs_shape), spec.obs_dtype),
+        "next_obs": ((n, *spec.obs_shape), spec.obs_np_dtype),
         "discount": ((n,), "float32"),
     }
     for name, column in zip(TransitionBatch._fields, batch, strict=True):

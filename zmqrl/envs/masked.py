@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from zmqrl.envs.grid_goal import register_grid_goal
 from zmqrl.envs.minatar import register_minatar_variants
 from zmqrl.envs.pick_largest import register_pick_largest
 
@@ -57,6 +58,7 @@ def register_own_ids() -> None:
     own function, fixed here: ``env.id`` only picks among the ids, it never names code."""
     register_pick_largest()  # the masked-actions game (zmqrl.envs.pick_largest)
     register_minatar_variants()  # MinAtar Breakout without its trail (zmqrl.envs.minatar)
+    register_grid_goal()  # an image beside a vector: a Dict observation (zmqrl.envs.grid_goal)
     if CARTPOLE_NO_VELOCITY not in gym.registry:
         gym.register(
             CARTPOLE_NO_VELOCITY,

@@ -12,7 +12,7 @@ the spec is made of; only the values' container changes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ from zmqrl.records import MAX_KEYS, ObsEntry, check_key, record_dtype, to_record
 from zmqrl.spec import ALLOWED_DTYPES
 
 
-def is_record_space(space: Any) -> bool:
+def is_record_space(space: Any) -> TypeGuard[gym.spaces.Dict]:
     """Whether ``space`` is a Dict observation that travels as records."""
     return isinstance(space, gym.spaces.Dict)
 
@@ -76,7 +76,7 @@ class RecordObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
         return to_records(observation, self.record_dtype, ())
 
 
-class RecordVectorObservation(gym.vector.VectorObservationWrapper):  # type: ignore[type-arg]
+class RecordVectorObservation(gym.vector.VectorObservationWrapper):
     """A vector env's batched Dict observations (``{key: (N, ...)}``) as ``(N,)`` records."""
 
     def __init__(self, env: gym.vector.VectorEnv[Any, Any, Any]) -> None:

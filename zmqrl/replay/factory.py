@@ -95,6 +95,11 @@ def make_replay(
     log = log or _log
     if spec.sequence_length is not None:  # recurrent replay (R2D2): windows, not transitions
         return _sequence_replay(cfg, spec, seed, log)
+    if cfg.share_frames and spec.obs_entries:
+        raise EnvError(
+            "replay.share_frames stores stacks of image planes once each, which Dict observations "
+            f"(keys {[e.key for e in spec.obs_entries]}) are not: set replay.share_frames: false"
+        )
     if cfg.share_frames and len(spec.obs_shape) < 2:
         raise EnvError(
             f"replay.share_frames needs image observations (planes, height, width); the env's are "
@@ -109,7 +114,7 @@ def make_replay(
         ", each image plane stored once" if cfg.share_frames else "",
         cfg.capacity,
         spec.obs_dtype,
-        list(spec.obs_shape),
+        [f"{e.key}: {e.dtype} {list(e.shape)}" for e in spec.obs_entries] or list(spec.obs_shape),
         f"about {format_bytes(typical)}, at most {format_bytes(need)} if frames never repeat"
         if cfg.share_frames
         else format_bytes(need),
@@ -123,7 +128,7 @@ def make_replay(
             f"{format_bytes(budget.available)} is available ({budget.source}); lower replay.capacity "
             f"(e.g. --set replay.capacity={fits})"
         )
-    args = (cfg.capacity, spec.obs_shape, spec.obs_dtype, spec.action_shape, spec.action_dtype)
+    args = (cfg.capacity, spec.obs_shape, spec.obs_np_dtype, spec.action_shape, spec.action_dtype)
     if cfg.prioritized:
         per = SharedFramesPrioritizedReplay if cfg.share_frames else PrioritizedReplay
         return per(

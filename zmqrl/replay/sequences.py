@@ -35,13 +35,13 @@ from zmqrl.types import SEQUENCE_FIELDS, SEQUENCE_LEARNED, Batch, SequenceBatch
 _NO_ORDINAL = -1
 
 
-def sequence_columns(spec: SampleSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+def sequence_columns(spec: SampleSpec) -> dict[str, tuple[tuple[int, ...], str | np.dtype[Any]]]:
     """Each column's row shape and dtype for the spec's windows."""
     length, core = spec.sequence_length, spec.core_size
     if length is None:
         raise ValueError("a sequence replay needs the spec's sequence_length")
     return {
-        "obs": ((length + 1, *spec.obs_shape), spec.obs_dtype),
+        "obs": ((length + 1, *spec.obs_shape), spec.obs_np_dtype),
         "action": ((length,), "int64"),
         "reward": ((length,), "float32"),
         "terminated": ((length,), "bool"),

@@ -62,6 +62,8 @@ def run_fingerprint(cfg: Config, spec: SampleSpec) -> Fingerprint:
             out[f"env.atari.{name}"] = _value(getattr(cfg.env.atari, name))
     out["obs.shape"] = list(spec.obs_shape)
     out["obs.dtype"] = spec.obs_dtype
+    if spec.obs_entries:  # Dict observations: each key's dtype and shape (plain runs keep their fingerprint)
+        out["obs.keys"] = [f"{e.key} {e.dtype} {list(e.shape)}" for e in spec.obs_entries]
     out["action.shape"] = list(spec.action_shape)
     out["action.dtype"] = spec.action_dtype
     if spec.num_actions is not None:

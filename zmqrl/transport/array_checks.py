@@ -10,7 +10,6 @@ raises :class:`~zmqrl.transport.messages.WireError` through ``fail``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-
 from typing import Any
 
 import numpy as np

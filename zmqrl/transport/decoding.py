@@ -162,9 +162,8 @@ def parse_header(header: Any) -> tuple[str, list[ArrayDesc]]:
 def _keyed_plan(kind: str, descs: list[ArrayDesc]) -> record_columns.Fold | None:
     """How a message with Dict observations (arrays named ``obs.<key>``) folds into columns;
     None for plain columns. Planned once per cached layout, like the column check."""
-    cached = _FOLDS.get(id(descs), False)
-    if cached is not False:
-        return cached
+    if id(descs) in _FOLDS:
+        return _FOLDS[id(descs)]
     keyed = record_columns.plan(kind, descs) if record_columns.is_keyed(descs) else None
     if id(descs) in _CACHED:
         _FOLDS[id(descs)] = keyed

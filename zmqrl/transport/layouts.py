@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zmqrl.records import describe
 from zmqrl.spec import ALLOWED_DTYPES, MAX_NDIM, SampleSpec
 from zmqrl.transport.array_checks import is_dtype
 from zmqrl.transport.fields import (
@@ -183,7 +184,8 @@ def _columns(batch: Any, names: tuple[str, ...], kind: str) -> list[np.ndarray]:
 def _check_layout(want: tuple[tuple[str, np.ndarray, tuple[int, ...], str | np.dtype[Any]], ...]) -> None:
     for name, col, shape, dtype in want:
         if col.shape != shape or not is_dtype(col, dtype):
-            fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
+            expected = dtype if isinstance(dtype, str) else describe(dtype)
+            fail(f"{name} is {describe(col.dtype)} {col.shape}, expected {expected} {shape}")
 
 
 def _check_transition_structure(msg: SamplesMsg, spec: SampleSpec) -> None:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zmqrl.records import MAX_KEYS, KEY_PATTERN
+from zmqrl.records import KEY_PATTERN, MAX_KEYS
 from zmqrl.transport.fields import LE_DTYPES, fail, short
 from zmqrl.transport.layouts import ArrayDesc
 
@@ -69,18 +69,21 @@ def plan(kind: str, descs: list[ArrayDesc]) -> Fold:
         if column in seen:
             fail(f"{kind} column {column!r} is split in two places")
         seen.add(column)
-        fields, indices, lead = [], [], None
-        while i < len(descs) and descs[i].name.split(SEPARATOR, 1)[0] == column and SEPARATOR in descs[i].name:
+        fields: list[tuple[str, np.dtype[Any], tuple[int, ...]]] = []
+        indices: list[int] = []
+        lead: tuple[int, ...] | None = None
+        while i < len(descs) and descs[i].name.startswith(column + SEPARATOR):
             d = descs[i]
-            key = d.name.split(SEPARATOR, 1)[1]
+            key = d.name[len(column) + 1 :]
             if not KEY_PATTERN.fullmatch(key) or any(key == f[0] for f in fields):
                 fail(f"{kind} array {short(d.name)}: a bad or repeated key")
             if len(d.shape) <= lead_ndim:
-                fail(f"{kind} array {d.name!r} needs {lead_ndim} leading dimensions and its own, got {list(d.shape)}")
+                fail(f"{kind} array {d.name!r} needs more than {lead_ndim} dimensions, got {list(d.shape)}")
             if lead is None:
                 lead = d.shape[:lead_ndim]
             elif d.shape[:lead_ndim] != lead:
-                fail(f"{kind} array {d.name!r} has leading dimensions {list(d.shape[:lead_ndim])}, expected {list(lead)}")
+                got = list(d.shape[:lead_ndim])
+                fail(f"{kind} array {d.name!r} has leading dimensions {got}, expected {list(lead)}")
             fields.append((key, LE_DTYPES[d.dtype], d.shape[lead_ndim:]))
             indices.append(i)
             i += 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from zmqrl.records import describe
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.array_checks import is_dtype
 from zmqrl.transport.fields import fail, short
@@ -85,7 +86,8 @@ def check_sequence_structure(msg: SamplesMsg, spec: SampleSpec) -> None:
     want.append(("core_state", (rows, 2, spec.core_size), "float32"))
     for (name, shape, dtype), col in zip(want, columns, strict=True):
         if col.shape != shape or not is_dtype(col, dtype):
-            fail(f"{name} is {col.dtype.name} {col.shape}, expected {dtype} {shape}")
+            expected = dtype if isinstance(dtype, str) else describe(dtype)
+            fail(f"{name} is {describe(col.dtype)} {col.shape}, expected {expected} {shape}")
     if msg.priorities is not None:
         fail("sequences carry no priority array")
 

@@ -71,7 +71,6 @@ from zmqrl.transport.fields import (
     py_number,
 )
 from zmqrl.transport.header import MAX_FINGERPRINT_ENTRIES, MAX_FINGERPRINT_LIST
-from zmqrl.transport.record_columns import split
 from zmqrl.transport.messages import (
     KIND_HEARTBEAT,
     KIND_ROLLOUTS,
@@ -91,6 +90,7 @@ from zmqrl.transport.messages import (
     WeightsMsg,
     WireError,
 )
+from zmqrl.transport.record_columns import split
 from zmqrl.types import (
     BATCH_FIELDS,
     CORE_STATE_FIELD,
@@ -278,7 +278,9 @@ def _load(frames: Sequence[Any]) -> Message:
         batch: Batch = (
             TransitionBatch(*arrays[:5])
             if transitions
-            else SequenceBatch(*arrays) if kind == KIND_SEQUENCES else RolloutBatch(*arrays)
+            else SequenceBatch(*arrays)
+            if kind == KIND_SEQUENCES
+            else RolloutBatch(*arrays)
         )
         return SamplesMsg(
             actor_id=header["actor_id"],
