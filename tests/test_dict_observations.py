@@ -1,5 +1,5 @@
 """Dict observations of Box entries: records at the env's edge, one wire array per key with each
-key's bounds checked, replay and its snapshots keyed likewise (zmqrl.records)."""
+key's bounds checked, replay and its snapshots keyed likewise (zmqrl.types)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,21 @@ from zmqrl.config_sections import ReplayConfig
 from zmqrl.envs.factory import make_env, make_vector_env, sample_spec
 from zmqrl.envs.grid_goal import GRID_GOAL, GridGoal
 from zmqrl.errors import EnvError
-from zmqrl.records import ObsEntry, as_bytes, from_bytes, record_dtype, to_records
 from zmqrl.replay.factory import make_replay
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.decoding import load_samples
 from zmqrl.transport.messages import SamplesMsg, WireError
-from zmqrl.types import RolloutBatch, TransitionBatch
+from zmqrl.types import (
+    ObsEntry,
+    RolloutBatch,
+    TransitionBatch,
+    as_bytes,
+    from_bytes,
+    record_dtype,
+    to_records,
+)
 
 ENTRIES = (
     ObsEntry("image", (2, 5, 5), "uint8", 0.0, 1.0),

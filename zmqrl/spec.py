@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.errors import ConfigError
-from zmqrl.records import MAX_KEYS, RECORD, ObsEntry, check_key, record_dtype
+from zmqrl.types import MAX_KEYS, RECORD, ObsEntry, check_key, record_dtype
 
 # numpy dtype names an array frame may carry. Deliberately small: each is fixed-size, has one
 # unambiguous byte layout in every language, and covers observations, actions and parameters.
@@ -90,7 +90,7 @@ class SampleSpec:
     # positions (burn-in included), each with a core state of core_size units; None: no sequences.
     sequence_length: int | None = None
     burn_in: int = 0  # the positions of a window that only warm the core (SequenceBatch.mask 1)
-    # Dict observation runs (zmqrl.records): one entry per key, in order; each observation is a
+    # Dict observation runs (zmqrl.types): one entry per key, in order; each observation is a
     # record of them (obs_shape (), obs_dtype "record"), each key's values checked against the
     # entry's bounds. (): plain observations of obs_shape and obs_dtype.
     obs_entries: tuple[ObsEntry, ...] = ()

@@ -18,7 +18,7 @@ from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Policy, is_recurrent
 from zmqrl.envs.action_masks import as_masked_rows
 from zmqrl.envs.records import is_record_space, obs_entries
-from zmqrl.records import record_dtype, to_records
+from zmqrl.types import record_dtype, to_records
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -49,7 +49,7 @@ class DeployedPolicy:
         self.path = path  # the checkpoint file it was read from
         self.observation_space = observation_space
         self.action_space = action_space
-        # A Dict observation (not a masked one) is played as records (zmqrl.records), one field per key.
+        # A Dict observation (not a masked one) is played as records (zmqrl.types), one field per key.
         keyed = is_record_space(observation_space)
         self._records = record_dtype(obs_entries(observation_space)) if keyed else None
         self._obs_ndim = 0 if self._records is not None else len(observation_space.shape)

@@ -44,7 +44,6 @@ from zmqrl.checkpoints.files import (
     replay_name,
     save_periodic,
 )
-from zmqrl.records import to_records
 from zmqrl.replay.memory import format_bytes
 from zmqrl.replay.sequences import sequence_columns
 from zmqrl.runtime.guard import start_guarded
@@ -52,7 +51,7 @@ from zmqrl.spec import SampleSpec
 from zmqrl.transport.decoding import validate_content
 from zmqrl.transport.messages import WireError
 from zmqrl.transport.record_columns import SEPARATOR, split
-from zmqrl.types import SEQUENCE_FIELDS, SequenceBatch, TransitionBatch
+from zmqrl.types import SEQUENCE_FIELDS, SequenceBatch, TransitionBatch, to_records
 
 # What a snapshot holds: transitions, or R2D2's windows (a run whose spec has a sequence_length).
 SnapshotRows = TransitionBatch | SequenceBatch

@@ -14,14 +14,21 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, SupportsFloat
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.config import AtariConfig, EnvConfig
+from zmqrl.config import EnvConfig
 from zmqrl.envs.action_masks import ActionMaskObservation, declares_action_mask, is_masked_space
-from zmqrl.envs.ids import is_factory_path, make_from_factory, unknown_id_message
+from zmqrl.envs.atari import ALE_NAMESPACE, make_atari_env, register_ale
+from zmqrl.envs.ids import (
+    ATARI_INSTALL_HINT,
+    MUJOCO_INSTALL_HINT,
+    gym_make,
+    is_factory_path,
+    make_from_factory,
+)
 from zmqrl.envs.masked import OWN_NAMESPACE, register_own_ids
 from zmqrl.envs.minatar import (
     MINATAR_INSTALL_HINT,
@@ -29,7 +36,6 @@ from zmqrl.envs.minatar import (
     is_minatar_id,
     register_minatar,
 )
-from zmqrl.envs.minatar import missing_message as missing_minatar_message
 from zmqrl.envs.records import RecordObservation, RecordVectorObservation, is_record_space, obs_entries
 from zmqrl.errors import EnvError
 from zmqrl.spec import DEFAULT_MAX_ABS_OBS, DEFAULT_MAX_ABS_REWARD, SampleSpec
@@ -45,33 +51,6 @@ __all__ = [
     "make_vector_env",
     "sample_spec",
 ]
-
-# What to run when an optional dependency is missing. Atari: zmqrl's `atari` extra (ale-py, which ships
-# the ROMs, and OpenCV for the resize); MuJoCo: the `mujoco` extra is exactly gymnasium's; MinAtar:
-# zmqrl's `minatar` extra (MINATAR_INSTALL_HINT, from zmqrl.envs.minatar); Box2D is no extra of ours, so
-# its own packages are named.
-ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'
-ATARI_PACKAGES = "pip install ale-py opencv-python-headless"
-MUJOCO_INSTALL_HINT = 'pip install "gymnasium[mujoco]"'
-BOX2D_INSTALL_HINT = 'pip install swig "gymnasium[box2d]"'
-
-# Ids in this namespace come from ale_py, which must register them before gymnasium.make can find them.
-ALE_NAMESPACE = "ALE/"
-
-# Words in a DependencyNotInstalled message that point at one of the extras. Gymnasium's messages
-# name the missing package, so matching the text covers every id without a hardcoded list.
-_MUJOCO_WORDS = ("mujoco",)
-_ATARI_WORDS = ("ale_py", "ale-py", "atari", "opencv", "cv2")
-_BOX2D_WORDS = ("box2d", "swig")
-# Ids of the MinAtar games mention it (MinAtar/Breakout-v1, minatar:...): offered its install line.
-_MINATAR_WORD = "minatar"
-
-# The frame-skip the raw ALE env must use under the preprocessing: AtariPreprocessing repeats each
-# action itself (and max-pools the last two frames), so any skip in the env would multiply with it.
-_RAW_FRAMESKIP = 1
-
-# Channel count of an RGB frame, for moving colour channels in front (see _channels_first).
-_RGB_CHANNELS = 3
 
 
 def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
@@ -91,7 +70,7 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
                 f"env.preprocess 'atari' needs a registered ALE id such as ALE/Pong-v5, not the "
                 f"factory '{cfg.id}': apply the preprocessing inside the factory instead"
             )
-        return _make_atari_env(cfg, training=training)
+        return make_atari_env(cfg, training=training)
     if cfg.preprocess != "none":
         raise EnvError(f"env.preprocess must be 'none' or 'atari', got {cfg.preprocess!r}")
     if is_factory_path(cfg.id):
@@ -100,7 +79,7 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
             env = gym.wrappers.TimeLimit(env, max_episode_steps=cfg.max_episode_steps)
         return _supported_observations(env, cfg.id)
     if cfg.id.startswith(ALE_NAMESPACE):
-        _register_ale(cfg.id)  # a raw (unpreprocessed) ALE env is allowed too; it still needs registering
+        register_ale(cfg.id)  # a raw (unpreprocessed) ALE env is allowed too; it still needs registering
     minatar = is_minatar_id(cfg.id)
     if minatar:
         register_minatar(cfg.id)  # the package's ids are not registered by gymnasium 1.x itself
@@ -109,7 +88,7 @@ def make_env(cfg: EnvConfig, *, training: bool = True) -> gym.Env[Any, Any]:
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
-    env = _gym_make(cfg.id, kwargs)
+    env = gym_make(cfg.id, kwargs)
     if minatar:
         env = ChannelsFirstGrid(env)  # the conv torsos' (C, H, W), uint8 0/1
     return _supported_observations(env, cfg.id)
@@ -155,7 +134,7 @@ def _supported_observations(env: gym.Env[Any, Any], env_id: str) -> gym.Env[Any,
         except EnvError:
             env.close()
             raise
-    if is_record_space(space):  # {key: Box, ...}: one record per observation (zmqrl.records)
+    if is_record_space(space):  # {key: Box, ...}: one record per observation (zmqrl.types)
         try:
             return RecordObservation(env)
         except EnvError:
@@ -220,7 +199,7 @@ def sample_spec(
     if act_space is None:
         act_space = env.action_space
     common: dict[str, Any]
-    if is_record_space(obs_space):  # a Dict of Boxes, each key its own entry (zmqrl.records)
+    if is_record_space(obs_space):  # a Dict of Boxes, each key its own entry (zmqrl.types)
         common = {"obs_shape": (), "obs_dtype": "record", "obs_entries": obs_entries(obs_space)}
     elif not isinstance(obs_space, gym.spaces.Box):
         # make_env has already encoded Discrete observations; this is an env made some other way.
@@ -276,142 +255,3 @@ def action_bounds(env: gym.Env[Any, Any] | gym.vector.VectorEnv[Any, Any, Any]) 
         "action_low": np.asarray(space.low, dtype=np.float32).copy(),
         "action_high": np.asarray(space.high, dtype=np.float32).copy(),
     }
-
-
-def _gym_make(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
-    """``gymnasium.make`` with its many failure types turned into one EnvError that says what to do."""
-    try:
-        return gym.make(env_id, **kwargs)
-    except gym.error.DependencyNotInstalled as exc:
-        raise EnvError(_missing_dependency_message(env_id, exc)) from None
-    except gym.error.UnregisteredEnv as exc:
-        raise EnvError(_minatar_message(env_id, exc) or unknown_id_message(env_id, exc)) from None
-    except ImportError as exc:  # gymnasium's "module:Env-v0" form, whose module is missing
-        message = _minatar_message(env_id, exc) or f"env.id '{env_id}' could not be made: {exc}"
-        raise EnvError(message) from None
-    except (gym.error.Error, TypeError) as exc:
-        raise EnvError(f"env.id '{env_id}' could not be made: {exc}") from None
-
-
-def _missing_dependency_message(env_id: str, exc: Exception) -> str:
-    """Point at the project's extra for a missing package, read off gymnasium's own message."""
-    text = str(exc).lower()
-    if any(word in text for word in _MUJOCO_WORDS):
-        return f"env.id '{env_id}' needs MuJoCo: run `{MUJOCO_INSTALL_HINT}` ({exc})"
-    if any(word in text for word in _ATARI_WORDS):
-        return (
-            f"env.id '{env_id}' needs the Atari dependencies: run `{ATARI_INSTALL_HINT}` in the zmqrl "
-            f"checkout (or `{ATARI_PACKAGES}`) ({exc})"
-        )
-    if any(word in text for word in _BOX2D_WORDS):
-        return f"env.id '{env_id}' needs Box2D, which is not installed: run `{BOX2D_INSTALL_HINT}`"
-    return f"env.id '{env_id}' needs a package that is not installed: {exc}"
-
-
-def _minatar_message(env_id: str, exc: Exception) -> str | None:
-    """For a MinAtar id that failed because MinAtar is not installed: what to install (else None)."""
-    if _MINATAR_WORD not in env_id.lower():
-        return None
-    try:
-        import minatar  # noqa: F401
-    except ImportError:
-        return missing_minatar_message(env_id)
-    return None
-
-
-def _register_ale(env_id: str) -> None:
-    """Make ale_py's ids known to gymnasium (gymnasium 1.x no longer does this on its own)."""
-    try:
-        import ale_py
-    except ImportError:
-        raise EnvError(
-            f"env.id '{env_id}' needs the Atari emulator (ale-py, which ships the ROMs): "
-            f"run `{ATARI_INSTALL_HINT}` in the zmqrl checkout (or `{ATARI_PACKAGES}`)"
-        ) from None
-    gym.register_envs(ale_py)
-
-
-def _make_atari_env(cfg: EnvConfig, *, training: bool) -> gym.Env[Any, Any]:
-    """The DeepMind pipeline: no-op starts, frame skip + max-pool, 84x84 grey, 4-frame stack, uint8.
-
-    Observations are channel-first ``(frame_stack, screen, screen)`` uint8, what NatureCNN takes.
-    With ``grayscale: false`` each frame's RGB channels are moved in front and folded into the stack
-    axis, giving ``(3 * frame_stack, screen, screen)``: still channel-first, so the same network
-    works with more input channels.
-
-    ``env.max_episode_steps`` counts agent steps (after frame skipping), so its TimeLimit goes
-    outside the preprocessing; inside, it would count raw emulator frames.
-    """
-    _register_ale(cfg.id)
-    atari = cfg.atari
-    kwargs = dict(cfg.kwargs)
-    frameskip = kwargs.pop("frameskip", _RAW_FRAMESKIP)
-    if frameskip != _RAW_FRAMESKIP:
-        raise EnvError(
-            f"env.kwargs.frameskip={frameskip!r} cannot be used with env.preprocess 'atari': the "
-            f"preprocessing skips env.atari.frame_skip={atari.frame_skip} frames itself (leave frameskip out)"
-        )
-    # ALE v5 defaults to frameskip=4, which would stack with the wrapper's skip. Everything else the
-    # user gave (e.g. repeat_action_probability) passes through; what they did not keeps the env default.
-    kwargs["frameskip"] = _RAW_FRAMESKIP
-    env = _gym_make(cfg.id, kwargs)
-    env = _atari_preprocessing(env, cfg.id, atari, training=training)
-    env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
-    if not atari.grayscale:
-        env = _channels_first(env)
-    if cfg.max_episode_steps is not None:
-        env = gym.wrappers.TimeLimit(env, max_episode_steps=cfg.max_episode_steps)
-    if training and atari.clip_rewards:
-        env = gym.wrappers.TransformReward(env, _sign_reward)
-    return env
-
-
-def _atari_preprocessing(
-    env: gym.Env[Any, Any], env_id: str, atari: AtariConfig, *, training: bool
-) -> gym.Env[Any, Any]:
-    """Gymnasium's AtariPreprocessing as configured; life-loss terminals only ever when training.
-
-    Note gymnasium's life-loss terminal is followed by a *full* game reset (unlike the DeepMind
-    EpisodicLife wrapper, which plays on): with it, training episodes are single lives. Machado et
-    al. (2018) advise against it anyway, which is why it is off by default.
-    """
-    try:
-        return gym.wrappers.AtariPreprocessing(
-            env,
-            noop_max=atari.noop_max,
-            frame_skip=atari.frame_skip,
-            screen_size=atari.screen_size,
-            terminal_on_life_loss=atari.terminal_on_life_loss and training,
-            grayscale_obs=atari.grayscale,
-            grayscale_newaxis=False,
-            scale_obs=False,  # keep uint8: 4x less replay memory; the network scales by 1/255 itself
-        )
-    except gym.error.DependencyNotInstalled as exc:  # the resize needs OpenCV
-        env.close()
-        raise EnvError(_missing_dependency_message(env_id, exc)) from None
-    except (ValueError, TypeError) as exc:  # e.g. noop_max > 0 for a game whose action 0 is not NOOP
-        env.close()
-        raise EnvError(f"env.id '{env_id}' cannot take the Atari preprocessing: {exc}") from None
-
-
-def _channels_first(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
-    """``(stack, H, W, 3)`` RGB stacks -> ``(stack * 3, H, W)``, channel-first like the grey stacks."""
-    space = env.observation_space
-    if not isinstance(space, gym.spaces.Box) or space.shape is None or space.shape[-1] != _RGB_CHANNELS:
-        raise EnvError(f"expected stacked RGB frames (stack, H, W, 3), got {space}")
-    stack, height, width, channels = space.shape
-    shape = (stack * channels, height, width)
-    new_space = gym.spaces.Box(low=0, high=255, shape=shape, dtype=np.uint8)
-
-    def to_channels_first(obs: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(obs.transpose(0, 3, 1, 2).reshape(shape))
-
-    return gym.wrappers.TransformObservation(env, to_channels_first, new_space)
-
-
-def _sign_reward(reward: SupportsFloat) -> float:
-    """DQN's reward clipping: -1, 0 or +1, so one learning rate suits every game's score scale.
-
-    A module-level function (not a lambda) so the wrapped env stays picklable for subprocess vector envs.
-    """
-    return float(np.sign(float(reward)))

@@ -15,6 +15,9 @@ Every failure is an :class:`EnvError` naming ``env.id`` and what to change.
 Both colon forms import code, so neither may come from data: the config parser refuses them in a
 config stored in a checkpoint unless the operator gave ``env.id`` or trusts that file
 (:mod:`zmqrl.code_trust`); a registered id (no colon) is made from anywhere.
+
+A registered id is made by :func:`gym_make`, whose failures (an unknown id, a missing optional
+package) become one EnvError naming the extra to install.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import gymnasium as gym
 
 from zmqrl.code_trust import MODULE_SEPARATOR
+from zmqrl.envs.minatar import missing_message as missing_minatar_message
 from zmqrl.errors import EnvError
 
 # Separates the module from the factory's name in an import path, as in entry points; the same
@@ -122,3 +126,62 @@ def unknown_id_message(env_id: str, exc: Exception) -> str:
         f"for an environment of your own give an import path to its factory, e.g. "
         f"'{FACTORY_EXAMPLE}' (called with env.kwargs)"
     )
+
+
+# What to run when an optional dependency is missing. Atari: zmqrl's `atari` extra (ale-py, which ships
+# the ROMs, and OpenCV for the resize); MuJoCo: the `mujoco` extra is exactly gymnasium's; MinAtar:
+# zmqrl's `minatar` extra (MINATAR_INSTALL_HINT, from zmqrl.envs.minatar); Box2D is no extra of ours, so
+# its own packages are named.
+ATARI_INSTALL_HINT = 'pip install -e ".[atari]"'
+ATARI_PACKAGES = "pip install ale-py opencv-python-headless"
+MUJOCO_INSTALL_HINT = 'pip install "gymnasium[mujoco]"'
+BOX2D_INSTALL_HINT = 'pip install swig "gymnasium[box2d]"'
+
+# Words in a DependencyNotInstalled message that point at one of the extras. Gymnasium's messages
+# name the missing package, so matching the text covers every id without a hardcoded list.
+_MUJOCO_WORDS = ("mujoco",)
+_ATARI_WORDS = ("ale_py", "ale-py", "atari", "opencv", "cv2")
+_BOX2D_WORDS = ("box2d", "swig")
+# Ids of the MinAtar games mention it (MinAtar/Breakout-v1, minatar:...): offered its install line.
+_MINATAR_WORD = "minatar"
+
+
+def gym_make(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    """``gymnasium.make`` with its many failure types turned into one EnvError that says what to do."""
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        raise EnvError(missing_dependency_message(env_id, exc)) from None
+    except gym.error.UnregisteredEnv as exc:
+        raise EnvError(_minatar_message(env_id, exc) or unknown_id_message(env_id, exc)) from None
+    except ImportError as exc:  # gymnasium's "module:Env-v0" form, whose module is missing
+        message = _minatar_message(env_id, exc) or f"env.id '{env_id}' could not be made: {exc}"
+        raise EnvError(message) from None
+    except (gym.error.Error, TypeError) as exc:
+        raise EnvError(f"env.id '{env_id}' could not be made: {exc}") from None
+
+
+def missing_dependency_message(env_id: str, exc: Exception) -> str:
+    """Point at the project's extra for a missing package, read off gymnasium's own message."""
+    text = str(exc).lower()
+    if any(word in text for word in _MUJOCO_WORDS):
+        return f"env.id '{env_id}' needs MuJoCo: run `{MUJOCO_INSTALL_HINT}` ({exc})"
+    if any(word in text for word in _ATARI_WORDS):
+        return (
+            f"env.id '{env_id}' needs the Atari dependencies: run `{ATARI_INSTALL_HINT}` in the zmqrl "
+            f"checkout (or `{ATARI_PACKAGES}`) ({exc})"
+        )
+    if any(word in text for word in _BOX2D_WORDS):
+        return f"env.id '{env_id}' needs Box2D, which is not installed: run `{BOX2D_INSTALL_HINT}`"
+    return f"env.id '{env_id}' needs a package that is not installed: {exc}"
+
+
+def _minatar_message(env_id: str, exc: Exception) -> str | None:
+    """For a MinAtar id that failed because MinAtar is not installed: what to install (else None)."""
+    if _MINATAR_WORD not in env_id.lower():
+        return None
+    try:
+        import minatar  # noqa: F401
+    except ImportError:
+        return missing_minatar_message(env_id)
+    return None

@@ -1,4 +1,4 @@
-"""Dict observations of Box entries as records (``zmqrl.records``): the env's edge.
+"""Dict observations of Box entries as records (``zmqrl.types``): the env's edge.
 
 ``make_env`` wraps an env whose observation space is a ``gymnasium.spaces.Dict`` of Box entries
 (without an ``action_mask``, which ``zmqrl.envs.action_masks`` handles) in
@@ -18,8 +18,8 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.errors import EnvError
-from zmqrl.records import MAX_KEYS, ObsEntry, check_key, record_dtype, to_records
 from zmqrl.spec import ALLOWED_DTYPES
+from zmqrl.types import MAX_KEYS, ObsEntry, check_key, record_dtype, to_records
 
 
 def is_record_space(space: Any) -> TypeGuard[gym.spaces.Dict]:

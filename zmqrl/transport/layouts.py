@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zmqrl.records import describe
 from zmqrl.spec import ALLOWED_DTYPES, MAX_NDIM, SampleSpec
 from zmqrl.transport.array_checks import is_dtype
 from zmqrl.transport.fields import (
@@ -28,7 +27,7 @@ from zmqrl.transport.fields import (
 )
 from zmqrl.transport.header import DESCRIPTOR_KEYS, check_keys
 from zmqrl.transport.messages import PRIORITY_FIELD, SamplesMsg
-from zmqrl.types import BATCH_FIELDS, CORE_STATE_FIELD, ROLLOUT_FIELDS, RolloutBatch, SequenceBatch
+from zmqrl.types import BATCH_FIELDS, CORE_STATE_FIELD, ROLLOUT_FIELDS, RolloutBatch, SequenceBatch, describe
 
 
 class ArrayDesc(NamedTuple):

@@ -1,6 +1,6 @@
 """Dict observations on the wire: one array per key (``obs.<key>``), folded into records on receipt.
 
-A run whose observations are records (``zmqrl.records``) sends each observation column as one
+A run whose observations are records (``zmqrl.types``) sends each observation column as one
 array per key, in the record's key order, named ``<column>.<key>``: a samples message's arrays are
 ``obs.image, obs.state, action, reward, next_obs.image, next_obs.state, discount``. Each array is
 in its key's own dtype, so a peer in another language reads and writes plain arrays, and the
@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from zmqrl.records import KEY_PATTERN, MAX_KEYS
 from zmqrl.transport.fields import LE_DTYPES, fail, short
 from zmqrl.transport.layouts import ArrayDesc
+from zmqrl.types import KEY_PATTERN, MAX_KEYS
 
 # Per message kind: the observation columns that may travel one array per key, and how many
 # leading (batch) dimensions each has before the key's own shape.

@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from zmqrl.records import describe
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.array_checks import is_dtype
 from zmqrl.transport.fields import fail, short
 from zmqrl.transport.layouts import ArrayDesc
 from zmqrl.transport.messages import SamplesMsg
-from zmqrl.types import SEQUENCE_BURN_IN, SEQUENCE_FIELDS, SEQUENCE_LEARNED, SequenceBatch
+from zmqrl.types import SEQUENCE_BURN_IN, SEQUENCE_FIELDS, SEQUENCE_LEARNED, SequenceBatch, describe
 
 # The step columns after obs, with their dtypes: each (R, L).
 _STEP_DTYPES = (("action", "int64"), ("reward", "float32"), ("terminated", "bool"), ("mask", "uint8"))
