@@ -212,7 +212,7 @@ class APPOAgent(CoreActing):
         # Steps 1-3, with gradient only when the first step reuses the forward pass.
         first = first_pass(self.policy, self.value, cfg, data, grad=slices == 1)
         targets = first.targets
-        bad_data = nonfinite(data, targets, captured)
+        bad_data = nonfinite(data, targets, captured, self._net.inputs)
 
         # 4. The steps, each on a slice of the rows (all of them when slices == 1).
         flags: list[Flag] = []
@@ -231,10 +231,24 @@ class APPOAgent(CoreActing):
                     values = self.value(mb_obs)
                 behaviour, vs = data.behaviour[picked].reshape(-1), targets.vs[picked].reshape(-1)
                 advantages = targets.pg_advantages[picked].reshape(-1)
-                out = appo_loss(logp, entropy, values.reshape(-1), behaviour, vs, advantages,
-                                cfg.clip, cfg.vf_coef, cfg.ent_coef, cfg.normalize_advantages)
+                out = appo_loss(
+                    logp,
+                    entropy,
+                    values.reshape(-1),
+                    behaviour,
+                    vs,
+                    advantages,
+                    cfg.clip,
+                    cfg.vf_coef,
+                    cfg.ent_coef,
+                    cfg.normalize_advantages,
+                )
                 found, grad_norm = backward_step(
-                    self.optimizer, out.loss, self._params, cfg.max_grad_norm, after=bad_data,
+                    self.optimizer,
+                    out.loss,
+                    self._params,
+                    cfg.max_grad_norm,
+                    after=bad_data,
                     captured=captured,
                 )
                 flags.append(found)
