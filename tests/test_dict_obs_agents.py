@@ -363,3 +363,38 @@ def test_a_cnn_torso_needs_an_image_key_big_enough_for_it() -> None:
 def test_action_masks_cannot_come_with_dict_observations() -> None:
     with pytest.raises(ValueError, match=r"SampleSpec\.action_mask"):
         SampleSpec((), "record", (), "int64", num_actions=4, obs_entries=ENTRIES, action_mask=True)
+
+
+def test_the_nature_cnn_acts_on_records_through_torch() -> None:
+    """Its convolutions stay with torch (not numpy-cheap): the actor's policy is the torch agent,
+    which sends the records as their bytes."""
+    entries = (ObsEntry("frames", (4, 36, 36), "uint8"), ObsEntry("state", (3,), "float32"))
+    spec = SampleSpec((), "record", (), "int64", num_actions=3, obs_entries=entries)
+    policy = make_dqn_policy(dqn("nature_cnn"), spec, seed=0)
+    assert isinstance(policy, DQNAgent) and not policy._net.numpy_acting
+    rng = np.random.default_rng(0)
+    obs = to_records(
+        {"frames": rng.integers(0, 255, (5, 4, 36, 36), dtype=np.uint8), "state": rng.normal(size=(5, 3))},
+        spec.obs_np_dtype,
+    )
+    assert policy.act(obs, explore=False).shape == (5,)
+    batch = TransitionBatch(obs, rng.integers(0, 3, 5), np.ones(5, np.float32), obs, np.ones(5, np.float32))
+    assert np.isfinite(policy.initial_priorities(batch)).all()
+
+
+def test_an_image_key_may_spell_a_module_attribute() -> None:
+    """Encoders are children named by their key, whatever the key (``type`` is a method of every
+    torch module): the state dict is still the layout, and numpy and torch agree."""
+    entries = (ObsEntry("type", (2, 10, 10), "uint8"), ObsEntry("training", (3,), "float32"))
+    spec = SampleSpec((), "record", (), "int64", num_actions=4, obs_entries=entries)
+    agent = DQNAgent(dqn("minatar_cnn"), spec, seed=0)
+    assert torch_layout(agent.online) == list(agent._net.layout(()).items())
+    assert "torso.type.convs.0.weight" in agent._net.layout(())
+    rng = np.random.default_rng(0)
+    obs = to_records(
+        {"type": rng.integers(0, 2, (6, 2, 10, 10), dtype=np.uint8), "training": rng.normal(size=(6, 3))},
+        spec.obs_np_dtype,
+    )
+    numpy_q = NumpyDQNPolicy(dqn("minatar_cnn"), spec)
+    numpy_q.load_weights(agent.export_weights())
+    np.testing.assert_allclose(numpy_q.q_values(obs), agent.q_values(obs), rtol=RTOL, atol=ATOL)
