@@ -212,7 +212,7 @@ class APPOAgent(CoreActing):
         # Steps 1-3, with gradient only when the first step reuses the forward pass.
         first = first_pass(self.policy, self.value, cfg, data, grad=slices == 1)
         targets = first.targets
-        bad_data = nonfinite(data, targets, captured)
+        bad_data = nonfinite(data, targets, captured, self._net.inputs)
 
         # 4. The steps, each on a slice of the rows (all of them when slices == 1).
         flags: list[Flag] = []

@@ -23,6 +23,8 @@ import torch
 from zmqrl.agents.appo_nets import APPOPolicyNet, ValueNet
 from zmqrl.agents.appo_rnn import RecurrentValue, recurrent_outputs
 from zmqrl.agents.configs import APPOConfig
+from zmqrl.agents.keyed import Field
+from zmqrl.agents.keyed_nets import field_tensor
 from zmqrl.agents.updates import Flag
 from zmqrl.agents.vtrace import VTraceReturns, vtrace
 from zmqrl.types import Batch, RolloutBatch
@@ -180,7 +182,9 @@ def first_pass(
 
 
 @torch.no_grad()
-def nonfinite(data: Rollouts, targets: VTraceReturns, captured: bool = False) -> Flag:
+def nonfinite(
+    data: Rollouts, targets: VTraceReturns, captured: bool = False, inputs: tuple[Field, ...] = ()
+) -> Flag:
     """Whether the batch's float columns or its targets hold a NaN or infinity (or sum past
     float32's range), as a :data:`zmqrl.agents.updates.Flag` (a device tensor when ``captured``
     or on an accelerator): then no step is taken.
@@ -189,9 +193,15 @@ def nonfinite(data: Rollouts, targets: VTraceReturns, captured: bool = False) ->
     its row (an infinite observation saturates tanh, finite forward, NaN gradient), so the
     steps on the other rows would otherwise change the weights of an update that says
     ``skipped``.
+
+    Records (``inputs``: a Dict observation's keys) arrive as their bytes, so their float keys are
+    read out of them (views) to be checked as a plain observation is.
     """
     columns = [targets.vs, targets.pg_advantages, data.behaviour, data.obs, data.final_obs, data.actions]
     columns.append(data.core_state)
+    for field in inputs:
+        if field.dtype.startswith("float"):
+            columns += [field_tensor(data.obs, field), field_tensor(data.final_obs, field)]
     sums = [t.sum().to(torch.float32) for t in columns if t.is_floating_point() and t.numel()]
     total = torch.stack(sums).sum()
     if total.device.type == "cpu" and not captured:

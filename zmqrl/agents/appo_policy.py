@@ -30,10 +30,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from zmqrl.agents.configs import APPOConfig
-from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, MLP, ActingNet, appo_policy_net, lstm_step
+from zmqrl.agents.keyed import obs_fields, records_problem, torso_problem
+from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, ActingNet, appo_policy_net, lstm_step
 from zmqrl.agents.masks import MASKED_VALUE, mask_numpy
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
-from zmqrl.agents.torsos import cnn_problem
 from zmqrl.spec import SampleSpec
 
 # Bounds of the Gaussian's log standard deviation (those of APPOConfig.log_std_init): below -20 the
@@ -56,18 +56,24 @@ HEAD_INIT_SCALE = 0.01
 def appo_net(config: APPOConfig, spec: SampleSpec) -> ActingNet:
     """The policy's table for this config and spec, after checking what ``check_appo`` checks
     (frames a CNN torso can take; Discrete actions or a 1-D Box); ValueError otherwise. The MLP
-    takes observations of any shape, flattened (as DQN's)."""
-    if config.torso != MLP and (problem := cnn_problem(config.torso, tuple(spec.obs_shape))):
+    takes observations of any shape, flattened (as DQN's); a Dict observation's keys each through
+    their encoder (``zmqrl.agents.keyed``), feed-forward only."""
+    if problem := torso_problem(config.torso, spec):
         raise ValueError(problem)
     core = config.core_size if config.core == "lstm" else 0
     if core and spec.action_mask:  # the unroll's heads read the core's h, not the masked rows
         raise ValueError("APPO with agent.core lstm does not take action masks yet: use agent.core none")
+    if core and (problem := records_problem(spec, "APPO with agent.core 'lstm'")):
+        raise ValueError(problem)
+    inputs = obs_fields(spec)
     if spec.num_actions is not None:
-        return appo_policy_net(config.torso, config.hidden_sizes, spec.num_actions, 0, config.log_std, core)
+        return appo_policy_net(
+            config.torso, config.hidden_sizes, spec.num_actions, 0, config.log_std, core, inputs
+        )
     if len(spec.action_shape) != 1 or spec.action_shape[0] < 1:
         raise ValueError(f"APPO needs Discrete actions or a 1-D Box, got action_shape {spec.action_shape}")
     act_dim = spec.action_shape[0]
-    return appo_policy_net(config.torso, config.hidden_sizes, None, act_dim, config.log_std, core)
+    return appo_policy_net(config.torso, config.hidden_sizes, None, act_dim, config.log_std, core, inputs)
 
 
 def action_bounds(spec: SampleSpec) -> tuple[np.ndarray, np.ndarray]:

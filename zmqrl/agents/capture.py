@@ -49,6 +49,7 @@ import torch
 
 from zmqrl.agents.nets import check_importance, on_device
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, UpdateStep, any_found
+from zmqrl.records import as_bytes
 from zmqrl.types import TransitionBatch
 
 # Eager runs of a new signature, on a side stream, before its capture (torch's advice: lazy
@@ -229,6 +230,8 @@ class CapturedUpdate:
         buffers, runs or replays the step (``step``: another variant of the agent's update, as a
         bound method, each with its own graph), and returns its packed output on the host."""
         step = step or self._step
+        # Records (a Dict observation's) as their bytes: one static uint8 buffer each, as any column.
+        arrays = {name: as_bytes(array) for name, array in arrays.items()}
         key = (step, tuple((name, a.shape, a.dtype.str) for name, a in arrays.items()))
         entry = self._signatures.get(key)
         if entry is None:

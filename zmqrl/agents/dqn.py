@@ -17,11 +17,13 @@ import torch
 
 from zmqrl.agents.capture import captured_update, run_update, transition_dtypes, transition_inputs
 from zmqrl.agents.configs import DQNConfig
+from zmqrl.agents.keyed import obs_fields
 from zmqrl.agents.layers import dqn_net
 from zmqrl.agents.losses import dqn_loss
 from zmqrl.agents.nets import QNetwork, annealed_lr, fused_adam, on_device, polyak_update, resolve_device
-from zmqrl.agents.numpy_policies import NUMPY_DQN_TORSOS, PublishedModule, dqn_q_values, parameter_views
+from zmqrl.agents.numpy_policies import PublishedModule, dqn_q_values, parameter_views
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, backward_step
+from zmqrl.records import as_bytes
 from zmqrl.spec import SampleSpec
 from zmqrl.types import TransitionBatch
 
@@ -53,6 +55,7 @@ class DQNAgent:
         self._device = resolve_device(device if device is not None else config.device)
         # Private generator: seeding must not depend on, or disturb, the process-global RNGs.
         init_generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        inputs = obs_fields(spec)  # a Dict observation's keys (zmqrl.agents.keyed), or ()
 
         self.online = QNetwork(
             self.obs_shape,
@@ -62,9 +65,10 @@ class DQNAgent:
             generator=init_generator,
             torso=config.torso,
             masked=spec.action_mask,
+            inputs=inputs,
         ).to(self._device)
         self._masked = spec.action_mask
-        self._net = dqn_net(config.torso, config.hidden_sizes, n_actions, config.dueling)  # the table
+        self._net = dqn_net(config.torso, config.hidden_sizes, n_actions, config.dueling, inputs)  # the table
         self._target = copy.deepcopy(self.online).requires_grad_(False)
         # True after an import until the target is first used: see the ``target`` property.
         self._target_behind = False
@@ -81,7 +85,7 @@ class DQNAgent:
         # CPU acting runs NumpyDQNPolicy's forward code on views of the network's weights (see
         # parameter_views), for the MLP and the small MinAtar CNN. The Nature CNN's convolutions stay
         # with torch: fast there, and the dispatch overhead negligible next to them.
-        mirror = self._on_cpu and config.torso in NUMPY_DQN_TORSOS
+        mirror = self._on_cpu and self._net.numpy_acting
         self._online_arrays = parameter_views(self.online) if mirror else None
         self._target_arrays = parameter_views(self.target) if mirror else None
         # The update as one CUDA graph (agent.capture; zmqrl.agents.capture), or None: eager.
@@ -131,6 +135,7 @@ class DQNAgent:
         return dqn_q_values(self._net, arrays, obs, self._masked)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
+        obs = as_bytes(obs)  # records cross as their bytes (the keyed torso reads them)
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy
             obs = obs.copy()
         tensor = torch.from_numpy(obs)

@@ -8,6 +8,9 @@ The torch modules build their layers from it (``zmqrl.agents.nets.build_acting``
 policies take their parameter layout and forward pass from it (:meth:`ActingNet.layout`,
 :meth:`ActingNet.forward`); what each algorithm does with its heads (DQN's dueling combination,
 SAC's clamped log-std) is a few lines on either side, checked for parity by the tests. No torch here.
+
+A table with ``inputs`` reads a Dict observation's records: its torso is keyed, one encoder per key
+and then the MLP (``zmqrl.agents.keyed``, where the rule and the parameter names are written down).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zmqrl.agents.keyed import Field, encode, encoded_width, encoder_layout, numpy_cheap
 from zmqrl.agents.torsos import CONV_TORSOS, conv_features
 
 # The torso value of an MLP (any other is a CONV_TORSOS name).
@@ -36,7 +40,9 @@ class ActingNet:
     observations) or the name of a convolutional torso (``hidden`` unused). ``heads``: (name,
     width) pairs, each a Linear on the torso's features with no activation. ``free``: (name,
     width) vectors that belong to no layer (APPO's state-independent log-std), the module's own
-    parameters, which its state dict lists before any layer's.
+    parameters, which its state dict lists before any layer's. ``inputs``: the keys of a Dict
+    observation's records (``zmqrl.agents.keyed``); then the torso is keyed, its encoders chosen
+    by ``torso`` key by key, and the MLP of ``hidden`` reads their features.
     """
 
     torso: str
@@ -45,15 +51,20 @@ class ActingNet:
     activation: str = RELU  # of the MLP torso: RELU or TANH
     free: tuple[tuple[str, int], ...] = ()
     core: int = 0
+    inputs: tuple[Field, ...] = ()
 
     @property
     def numpy_acting(self) -> bool:
         """Whether acting runs this table in numpy (the MLP, and the CNNs whose tables say it is
         cheap) rather than through the torch modules (the Nature CNN: see ``zmqrl.agents.torsos``)."""
+        if self.inputs:
+            return numpy_cheap(self.inputs, self.torso)
         return self.torso == MLP or CONV_TORSOS[self.torso].numpy_acting
 
     def torso_width(self, obs_shape: tuple[int, ...]) -> int:
-        """Features the torso gives the heads."""
+        """Features the torso gives the heads (``obs_shape`` is unused by a keyed table)."""
+        if self.inputs:
+            return self.hidden[-1] if self.hidden else encoded_width(self.inputs, self.torso)
         if self.torso != MLP:
             return CONV_TORSOS[self.torso].hidden
         return self.hidden[-1] if self.hidden else math.prod(obs_shape)
@@ -66,8 +77,12 @@ class ActingNet:
         """Parameter names and shapes, in order, as the torch module's state dict lists them: the
         names and shapes of the weights the learner exports and an actor loads."""
         layout: dict[str, tuple[int, ...]] = {name: (width,) for name, width in self.free}
-        if self.torso == MLP:
-            width = math.prod(obs_shape)
+        if self.inputs or self.torso == MLP:
+            if self.inputs:  # the encoders' parameters (a CNN's per image key), then the MLP's
+                layout.update(encoder_layout(TORSO, self.inputs, self.torso))
+                width = encoded_width(self.inputs, self.torso)
+            else:
+                width = math.prod(obs_shape)
             for i, size in enumerate(self.hidden):
                 # Each Linear is followed by its activation in the Sequential, hence index 2 * i.
                 layout[f"{TORSO}.{2 * i}.weight"] = (size, width)
@@ -97,9 +112,13 @@ class ActingNet:
         return {name: x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"] for name, _ in self.heads}
 
     def features(self, arrays: Mapping[str, np.ndarray], obs: np.ndarray) -> np.ndarray:
-        """The torso's features ``(B, torso_width)`` float32 of observations ``(B, *obs_shape)``."""
-        if self.torso == MLP:
-            x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
+        """The torso's features ``(B, torso_width)`` float32 of observations ``(B, *obs_shape)``
+        (records ``(B,)`` for a keyed table)."""
+        if self.inputs or self.torso == MLP:
+            if self.inputs:
+                x = encode(arrays, obs, TORSO, self.inputs, self.torso)
+            else:
+                x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
             tanh = self.activation == TANH
             for i in range(len(self.hidden)):
                 x = x @ arrays[f"{TORSO}.{2 * i}.weight"].T + arrays[f"{TORSO}.{2 * i}.bias"]
@@ -137,10 +156,13 @@ def lstm_step(
     return h_new.astype(np.float32, copy=False), c_new.astype(np.float32, copy=False)
 
 
-def dqn_net(torso: str, hidden: Sequence[int], n_actions: int, dueling: bool) -> ActingNet:
-    """DQN's Q-network: a plain ``head``, or dueling ``value`` and ``advantage`` heads."""
+def dqn_net(
+    torso: str, hidden: Sequence[int], n_actions: int, dueling: bool, inputs: tuple[Field, ...] = ()
+) -> ActingNet:
+    """DQN's Q-network: a plain ``head``, or dueling ``value`` and ``advantage`` heads
+    (``inputs``: a Dict observation's keys, see ``zmqrl.agents.keyed``)."""
     heads = (("value", 1), ("advantage", n_actions)) if dueling else (("head", n_actions),)
-    return ActingNet(torso, tuple(hidden), heads)
+    return ActingNet(torso, tuple(hidden), heads, inputs=inputs)
 
 
 def dueling_q(value: np.ndarray, advantage: np.ndarray) -> np.ndarray:
@@ -148,9 +170,10 @@ def dueling_q(value: np.ndarray, advantage: np.ndarray) -> np.ndarray:
     return value + advantage - advantage.mean(axis=1, keepdims=True)
 
 
-def sac_policy_net(hidden: Sequence[int], act_dim: int) -> ActingNet:
-    """SAC's policy: an MLP torso, then the Gaussian's ``mean`` and ``log_std`` heads."""
-    return ActingNet(MLP, tuple(hidden), (("mean", act_dim), ("log_std", act_dim)))
+def sac_policy_net(hidden: Sequence[int], act_dim: int, inputs: tuple[Field, ...] = ()) -> ActingNet:
+    """SAC's policy: an MLP torso (on every key flattened, for a Dict observation's ``inputs``),
+    then the Gaussian's ``mean`` and ``log_std`` heads."""
+    return ActingNet(MLP, tuple(hidden), (("mean", act_dim), ("log_std", act_dim)), inputs=inputs)
 
 
 # APPO's policy heads: a categorical's ``logits``, or a Gaussian's ``mean`` (and a ``log_std`` head
@@ -159,7 +182,13 @@ LOGITS, MEAN, LOG_STD = "logits", "mean", "log_std"
 
 
 def appo_policy_net(
-    torso: str, hidden: Sequence[int], n_actions: int | None, act_dim: int, log_std: str, core: int = 0
+    torso: str,
+    hidden: Sequence[int],
+    n_actions: int | None,
+    act_dim: int,
+    log_std: str,
+    core: int = 0,
+    inputs: tuple[Field, ...] = (),
 ) -> ActingNet:
     """APPO's policy: the ``torso`` (a tanh MLP of ``hidden``, or a CNN of ``zmqrl.agents.torsos``),
     then ``logits`` (Discrete: ``n_actions``) or a Gaussian's ``mean`` with its log-std as a
@@ -177,7 +206,7 @@ def appo_policy_net(
         heads = ((MEAN, act_dim), (LOG_STD, act_dim))
     else:
         heads, free = ((MEAN, act_dim),), ((LOG_STD, act_dim),)
-    return ActingNet(torso, tuple(hidden), heads, activation=TANH, free=free, core=core)
+    return ActingNet(torso, tuple(hidden), heads, activation=TANH, free=free, core=core, inputs=inputs)
 
 
 # The value network's one head (V(obs)).
@@ -189,4 +218,6 @@ def appo_value_net(policy: ActingNet) -> ActingNet:
     unit. Learner-only, so no numpy policy runs it; a table all the same, so the torch module is
     built by the same code as the policy's. A recurrent policy's value network also reads the
     policy core's output (``zmqrl.agents.appo_rnn.RecurrentValue``): this table is not used for it."""
-    return ActingNet(policy.torso, policy.hidden, ((VALUE, 1),), activation=policy.activation)
+    return ActingNet(
+        policy.torso, policy.hidden, ((VALUE, 1),), activation=policy.activation, inputs=policy.inputs
+    )

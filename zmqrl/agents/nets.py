@@ -13,8 +13,11 @@ import torch
 from torch import nn
 
 from zmqrl.agents.configs import DEVICE_NAMES, TORSOS
+from zmqrl.agents.keyed import Field
+from zmqrl.agents.keyed_nets import KeyedTorso
 from zmqrl.agents.layers import MLP, ActingNet, dqn_net
 from zmqrl.agents.masks import mask_torch
+from zmqrl.records import as_bytes
 
 
 def resolve_device(name: str) -> torch.device:
@@ -57,7 +60,9 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
     """Numpy -> tensor without a copy where possible (read-only arrays, e.g. wire buffers, are copied).
 
     Without ``dtype`` the array keeps its own (uint8 frames travel to the device as bytes, 4x
-    less than float32, and are widened there)."""
+    less than float32, and are widened there). Records (a Dict observation's) travel as their
+    bytes (``zmqrl.records.as_bytes``), which the keyed networks read (``zmqrl.agents.keyed_nets``)."""
+    array = as_bytes(array)
     if not array.flags.writeable:
         array = array.copy()
     tensor = torch.from_numpy(array)
@@ -150,9 +155,11 @@ class QNetwork(nn.Module):
         generator: torch.Generator | None = None,
         torso: str = "mlp",
         masked: bool = False,
+        inputs: tuple[Field, ...] = (),
     ) -> None:
         super().__init__()
         self.masked = masked
+        self.inputs = inputs  # a Dict observation's keys (zmqrl.agents.keyed): records' bytes in
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
         if torso not in TORSOS:
@@ -178,7 +185,7 @@ class QNetwork(nn.Module):
         activation: type[nn.Module],
         generator: torch.Generator | None,
     ) -> None:
-        net = dqn_net(self.torso_kind, hidden, n_actions, self.dueling)
+        net = dqn_net(self.torso_kind, hidden, n_actions, self.dueling, self.inputs)
         build_acting(self, net, self.obs_shape, activation, generator)
 
     def _heads(self) -> nn.ModuleList:
@@ -205,8 +212,14 @@ def build_acting(
     """Give ``module`` the layers of the table ``net`` (``zmqrl.agents.layers``): ``module.torso``,
     ``module.core`` (an ``nn.LSTMCell``) when the table has one, then one ``nn.Linear`` per head,
     named as the table names it, so its state dict is exactly ``net.layout(obs_shape)``, the
-    layout the numpy policies load."""
-    if net.torso != MLP:
+    layout the numpy policies load. A keyed table's torso is a ``KeyedTorso`` (its CNNs drawn from
+    ``generator`` by themselves, its MLP here)."""
+    if net.inputs:
+        keyed = KeyedTorso(net.inputs, net.torso, net.hidden, activation, generator)
+        if generator is not None:
+            init_linear_(keyed.dense(), generator)
+        module.torso = keyed
+    elif net.torso != MLP:
         from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
 
         module.torso = CONV_NETS[net.torso](obs_shape, generator=generator)
@@ -224,7 +237,9 @@ def torso_features(torso: nn.Module, kind: str, obs: torch.Tensor) -> torch.Tens
     """The features of ``build_acting``'s ``torso`` (of table torso ``kind``) for observations
     ``(B, *obs_shape)`` in the env's own dtype: the MLP's of the flattened observations as
     float32; a CNN takes ``(B, C, H, W)`` as they are and widens (and scales) them itself, so uint8
-    frames cross to the device as bytes."""
+    frames cross to the device as bytes. A ``KeyedTorso`` takes records' bytes ``(B, itemsize)``."""
+    if isinstance(torso, KeyedTorso):
+        return torso(obs)
     if kind == MLP:
         return torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
     return torso(obs)

@@ -33,6 +33,7 @@ import numpy as np
 
 from zmqrl.agents.colored_noise import ColoredNoise
 from zmqrl.agents.configs import DQNConfig, SACConfig
+from zmqrl.agents.keyed import obs_fields
 from zmqrl.agents.layers import ActingNet, dqn_net, dueling_q, sac_policy_net
 from zmqrl.agents.masks import mask_numpy
 from zmqrl.agents.torsos import CONV_TORSOS, fan_in
@@ -177,7 +178,9 @@ class NumpyDQNPolicy(LoadedArrays):
         self.n_actions = spec.num_actions
         self.dueling = config.dueling
         self.masked = spec.action_mask  # greedy over each row's legal actions only
-        self.net = dqn_net(config.torso, config.hidden_sizes, self.n_actions, config.dueling)
+        self.net = dqn_net(
+            config.torso, config.hidden_sizes, self.n_actions, config.dueling, obs_fields(spec)
+        )
         self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
@@ -242,7 +245,7 @@ class NumpySACPolicy(LoadedArrays):
         self.act_dim = sac_act_dim(spec)
         self.action_low, self.action_high = squashed_action_bounds(spec)
         self._actions = SquashedActions(self.action_low, self.action_high, config)
-        self.net = sac_policy_net(config.hidden_sizes, self.act_dim)
+        self.net = sac_policy_net(config.hidden_sizes, self.act_dim, obs_fields(spec))
         self._params = NamedArrays(self.net.layout(self.obs_shape), seed)
         self.rng = np.random.default_rng(seed)  # acting draws, in SACAgent's order
 

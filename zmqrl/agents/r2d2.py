@@ -24,6 +24,7 @@ from torch import nn
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.agents.capture import run_update
+from zmqrl.agents.keyed import records_problem
 from zmqrl.agents.losses import r2d2_loss
 from zmqrl.agents.nets import (
     annealed_lr,
@@ -122,6 +123,8 @@ class R2D2Agent(CoreActing):
             raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
         if spec.action_mask:  # its Q-values come from the core's state, not from the masked rows
             raise ValueError("R2D2 does not take action masks yet: use agent.kind dqn for a masked env")
+        if problem := records_problem(spec, "agent.kind 'r2d2'"):
+            raise ValueError(problem)
         self.config = config
         self.obs_shape = tuple(spec.obs_shape)
         self._device = resolve_device(device if device is not None else config.device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
+from zmqrl.agents.keyed import records_problem
 from zmqrl.agents.layers import MLP, ActingNet, lstm_step
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
 from zmqrl.agents.r2d2_config import R2D2Config
@@ -46,6 +47,8 @@ class NumpyR2D2Policy(CoreActing, LoadedArrays):
             raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
         if spec.action_mask:  # its Q-values come from the core's state, not from the masked rows
             raise ValueError("R2D2 does not take action masks yet: use agent.kind dqn for a masked env")
+        if problem := records_problem(spec, "agent.kind 'r2d2'"):
+            raise ValueError(problem)
         self.config = config
         self.net = r2d2_net(config, spec.num_actions)
         self._params = NamedArrays(self.net.layout(tuple(spec.obs_shape)), seed)

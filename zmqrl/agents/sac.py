@@ -21,6 +21,8 @@ import torch
 
 from zmqrl.agents.capture import captured_update, run_update, transition_dtypes, transition_inputs
 from zmqrl.agents.configs import SACConfig
+from zmqrl.agents.keyed import obs_fields
+from zmqrl.agents.keyed_nets import flat_width
 from zmqrl.agents.layers import sac_policy_net
 from zmqrl.agents.losses import sac_actor_loss, sac_alpha_loss, sac_critic_loss
 from zmqrl.agents.nets import fused_adam, polyak_update, resolve_device
@@ -36,6 +38,7 @@ from zmqrl.agents.numpy_policies import (
 )
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, guarded_step, step_unless
+from zmqrl.records import as_bytes
 from zmqrl.spec import SampleSpec
 from zmqrl.types import BATCH_FIELDS, TransitionBatch
 
@@ -72,11 +75,13 @@ class SACAgent:
         else:
             self._noise.seed()
 
-        obs_dim = math.prod(self.obs_shape)
-        self.policy = SquashedGaussianPolicy(obs_dim, act_dim, config.hidden_sizes, init_generator).to(
+        inputs = obs_fields(spec)  # a Dict observation's keys (zmqrl.agents.keyed), or ()
+        obs_dim = flat_width(inputs) if inputs else math.prod(self.obs_shape)
+        hidden = config.hidden_sizes
+        self.policy = SquashedGaussianPolicy(obs_dim, act_dim, hidden, init_generator, inputs).to(
             self._device
         )
-        self.critic = TwinQNetwork(obs_dim, act_dim, config.hidden_sizes, init_generator).to(self._device)
+        self.critic = TwinQNetwork(obs_dim, act_dim, hidden, init_generator, inputs).to(self._device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self._critic_params = list(self.critic.parameters())
         self._policy_params = list(self.policy.parameters())
@@ -101,7 +106,7 @@ class SACAgent:
         self._policy_stats = torch.full((3,), float("nan"), device=self._device)
         # CPU acting runs NumpySACPolicy's forward code on views of the policy (see parameter_views).
         self._policy_arrays = parameter_views(self.policy) if self._device.type == "cpu" else None
-        self._net = sac_policy_net(config.hidden_sizes, act_dim)  # the policy's table, for numpy
+        self._net = sac_policy_net(config.hidden_sizes, act_dim, inputs)  # the policy's table, for numpy
         # The update as CUDA graphs (agent.capture; zmqrl.agents.capture), or None: eager.
         optimizers = [self.critic_optimizer, self.policy_optimizer]
         optimizers += [self.alpha_optimizer] if self.alpha_optimizer is not None else []
@@ -143,6 +148,7 @@ class SACAgent:
         return sac_policy_outputs(self._net, arrays, obs)
 
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
+        obs = as_bytes(obs)  # records cross as their bytes (the keyed torso reads them)
         if not obs.flags.writeable:  # torch warns on read-only arrays; obs is tiny, so copy
             obs = obs.copy()
         return torch.from_numpy(obs).to(self._device, non_blocking=True)

@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zmqrl.agents.layers import sac_policy_net
-from zmqrl.agents.nets import build_acting, init_linear_, mlp
+from zmqrl.agents.keyed import Field
+from zmqrl.agents.keyed_nets import flat_obs
+from zmqrl.agents.layers import MLP, sac_policy_net
+from zmqrl.agents.nets import build_acting, init_linear_, mlp, torso_features
 from zmqrl.agents.numpy_policies import LOG_STD_MAX, LOG_STD_MIN
 
 # Bounds of the policy's log standard deviation (LOG_STD_MIN, LOG_STD_MAX, shared with the
@@ -39,23 +41,30 @@ def squashed_gaussian_log_prob(
 class SquashedGaussianPolicy(nn.Module):
     """``obs -> (mean, log_std)`` of a diagonal Gaussian whose samples are squashed by tanh into [-1, 1].
 
-    Its layers are the table ``zmqrl.agents.layers.sac_policy_net``, which actors run in numpy."""
+    Its layers are the table ``zmqrl.agents.layers.sac_policy_net``, which actors run in numpy.
+    ``inputs``: a Dict observation's keys (records' bytes in, every key flattened; ``obs_dim`` is
+    then unused)."""
 
     torso: nn.Module
     mean: nn.Linear
     log_std: nn.Linear
 
     def __init__(
-        self, obs_dim: int, act_dim: int, hidden: list[int], generator: torch.Generator | None = None
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: list[int],
+        generator: torch.Generator | None = None,
+        inputs: tuple[Field, ...] = (),
     ) -> None:
         super().__init__()
         with torch.random.fork_rng(devices=[], enabled=generator is not None):
-            build_acting(self, sac_policy_net(hidden, act_dim), (obs_dim,))
+            build_acting(self, sac_policy_net(hidden, act_dim, inputs), (obs_dim,))
         if generator is not None:
             init_linear_(self, generator)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.torso(obs.reshape(obs.shape[0], -1).to(torch.float32))
+        features = torso_features(self.torso, MLP, obs)
         return self.mean(features), self.log_std(features).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,12 +80,19 @@ class TwinQNetwork(nn.Module):
     overestimation a single critic's maximisation by the policy would feed on (Fujimoto et al., 2018).
 
     (Stacking the pair into batched matmuls was measured: no faster on CPU at 256x256, so two plain
-    MLPs it is.)"""
+    MLPs it is.) ``inputs``: a Dict observation's keys; the critics read every key flattened
+    (``keyed_nets.flat_obs``), ``obs_dim`` wide."""
 
     def __init__(
-        self, obs_dim: int, act_dim: int, hidden: list[int], generator: torch.Generator | None = None
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: list[int],
+        generator: torch.Generator | None = None,
+        inputs: tuple[Field, ...] = (),
     ) -> None:
         super().__init__()
+        self.inputs = inputs
         with torch.random.fork_rng(devices=[], enabled=generator is not None):
             self.q1 = mlp(obs_dim + act_dim, hidden, 1)
             self.q2 = mlp(obs_dim + act_dim, hidden, 1)
@@ -84,5 +100,5 @@ class TwinQNetwork(nn.Module):
             init_linear_(self, generator)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs.reshape(obs.shape[0], -1).to(torch.float32), action], dim=1)
+        x = torch.cat([flat_obs(obs, self.inputs), action], dim=1)
         return self.q1(x).squeeze(1), self.q2(x).squeeze(1)
