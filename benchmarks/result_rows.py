@@ -108,6 +108,20 @@ ROWS = {
         5.7,
         "masked APPO on PickLargest (logits of illegal slots masked), 1 actor × 8 envs",
     ),
+    "grid-goal-dqn": Row(
+        "grid-goal-dqn",
+        "configs/grid_goal_dqn.yaml",
+        3,
+        0.95,
+        "DQN on GridGoal's Dict observation (image: MinAtar CNN; goal vector), 2 actors, replay ratio 4",
+    ),
+    "grid-goal-appo": Row(
+        "grid-goal-appo",
+        "configs/grid_goal_appo.yaml",
+        3,
+        0.95,
+        "APPO on GridGoal's Dict observation (image: MinAtar CNN; goal vector), 2 actors × 8 envs",
+    ),
     "pendulum-appo": Row(
         "pendulum-appo",
         "configs/pendulum_appo.yaml",

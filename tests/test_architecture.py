@@ -42,7 +42,6 @@ LAYERS: dict[str, int] = {
     "metrics": 0,
     "moved": 0,
     "spec": 0,
-    "records": 0,
     "core": 0,
     "code_trust": 0,
     # 1 the algorithms: registry, DQN, SAC, nets; the config sections of each agent.

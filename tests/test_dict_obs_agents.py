@@ -1,6 +1,6 @@
 """The agents on Dict observations (records): one encoder per key, concatenated, then the MLP.
 
-A run whose env observes a Dict hands the agents records (``zmqrl.records``); towards torch they
+A run whose env observes a Dict hands the agents records (``zmqrl.types``); towards torch they
 cross as their bytes and the keyed torso reads each key back out (``zmqrl.agents.keyed_nets``),
 while actors read ``obs[key]`` in numpy (``zmqrl.agents.keyed``). These tests hold the two sides
 to one table: the same parameter names in the same order, the same numbers on the same weights,
@@ -35,9 +35,8 @@ from zmqrl.agents.r2d2 import R2D2Agent
 from zmqrl.agents.r2d2_config import R2D2Config
 from zmqrl.agents.r2d2_policy import NumpyR2D2Policy
 from zmqrl.agents.sac import SACAgent
-from zmqrl.records import ObsEntry, as_bytes, to_records
 from zmqrl.spec import SampleSpec
-from zmqrl.types import RolloutBatch, TransitionBatch
+from zmqrl.types import ObsEntry, RolloutBatch, TransitionBatch, as_bytes, to_records
 
 torch.set_num_threads(1)
 

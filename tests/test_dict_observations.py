@@ -3,6 +3,7 @@ key's bounds checked, replay and its snapshots keyed likewise (zmqrl.types)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from tests.conftest import REPO, launch_to_the_end
 from zmqrl.actor.nstep_log import NStepLog
 from zmqrl.checkpoints.snapshots import SnapshotUnfit, read_replay_snapshot, write_replay_snapshot
 from zmqrl.config import EnvConfig
@@ -349,3 +351,55 @@ def test_a_replay_snapshot_stores_one_array_per_key_and_reads_back_checked(tmp_p
     write_replay_snapshot(path, batch, updates=7, total_added=6)
     with pytest.raises(SnapshotUnfit, match="unreadable"):
         read_replay_snapshot(path, 7, keyed_spec(obs_entries=other))
+
+
+# ------------------------------------------------------------------------------ whole runs
+
+
+def grid_goal(config: str, run_dir: Path, **values: object) -> list[str]:
+    """Overrides that shrink a shipped GridGoal config to a few seconds' run in ``run_dir``."""
+    settings: dict[str, object] = {
+        "run.dir": str(run_dir),
+        "run.name": "t",
+        "learner.eval_episodes": 4,
+        "learner.progress_seconds": 1.0,
+        "learner.checkpoint_interval": 1000,
+        **values,
+    }
+    return [f"{key}={value}" for key, value in settings.items()]
+
+
+@pytest.mark.parametrize(
+    ("config", "values"),
+    [
+        (
+            "grid_goal_dqn.yaml",
+            {"learner.max_updates": 120, "learner.min_replay_size": 200, "replay.prioritized": "true"},
+        ),
+        ("grid_goal_appo.yaml", {"learner.max_updates": 6, "learner.eval_interval": 3}),
+    ],
+    ids=["dqn-prioritized", "appo"],
+)
+def test_a_serial_run_trains_on_dict_observations_with_no_bad_message(
+    tmp_path: Path, config: str, values: dict[str, object]
+) -> None:
+    from zmqrl.config import load_config
+    from zmqrl.serial import run_serial
+
+    cfg = load_config(REPO / "configs" / config, grid_goal(config, tmp_path, **values))
+    stats = run_serial(cfg)["learner"]
+    assert stats["state"] == "finished" and stats["updates"] == values["learner.max_updates"]
+    assert stats["bad_messages"] == 0 and stats["nonfinite_updates"] == 0 and stats["evaluations"] >= 1
+
+
+@pytest.mark.slow
+def test_a_launched_appo_run_on_dict_observations_takes_every_message(run_root: Path) -> None:
+    """Real processes: the intake process gets the spec's entries, forwards records, and the rollouts
+    messages (nine arrays: obs and final_obs split by key) fit the samples channel."""
+    overrides = grid_goal(
+        "grid_goal_appo.yaml", run_root, **{"learner.max_updates": 6, "learner.eval_interval": 3}
+    )
+    result = launch_to_the_end(REPO / "configs" / "grid_goal_appo.yaml", overrides)
+    assert result.returncode == 0, result.stdout + result.stderr
+    learner = json.loads((run_root / "t" / "learner-stats.json").read_text())
+    assert learner["updates"] == 6 and learner["bad_messages"] == 0

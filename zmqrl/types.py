@@ -168,7 +168,7 @@ class EpisodeStat(NamedTuple):
 # array per key (``obs.<key>``, each checked against its own bounds), replay snapshots store one
 # array per key, and the networks read each key through their own encoder. Towards torch a batch of
 # records crosses as its bytes (:func:`as_bytes`, a ``(..., itemsize)`` uint8 view, zero-copy) and
-# the network takes the fields back out (``zmqrl.agents.keyed``), so staging, CUDA-graph buffers and
+# the network takes the fields back out (``zmqrl.agents.keyed_nets``), so staging, CUDA-graph buffers and
 # device copies move one tensor, as they do for any other observation.
 #
 # The record is aligned (``align=True``): each field starts at a multiple of its own size, so a

@@ -49,8 +49,7 @@ import torch
 
 from zmqrl.agents.nets import check_importance, on_device
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, UpdateStep, any_found
-from zmqrl.records import as_bytes
-from zmqrl.types import TransitionBatch
+from zmqrl.types import TransitionBatch, as_bytes
 
 # Eager runs of a new signature, on a side stream, before its capture (torch's advice: lazy
 # initialisations such as cuBLAS workspaces and the optimiser's state must not happen in a graph).

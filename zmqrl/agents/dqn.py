@@ -23,9 +23,8 @@ from zmqrl.agents.losses import dqn_loss
 from zmqrl.agents.nets import QNetwork, annealed_lr, fused_adam, on_device, polyak_update, resolve_device
 from zmqrl.agents.numpy_policies import PublishedModule, dqn_q_values, parameter_views
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, backward_step
-from zmqrl.records import as_bytes
 from zmqrl.spec import SampleSpec
-from zmqrl.types import TransitionBatch
+from zmqrl.types import TransitionBatch, as_bytes
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean")

@@ -1,7 +1,7 @@
 """Dict observations in the acting networks: one encoder per key, in numpy. No torch here.
 
 A run whose env observes a ``gymnasium.spaces.Dict`` hands the agents records
-(``zmqrl.records``): one structured row per observation, a field per key. The acting table
+(``zmqrl.types``): one structured row per observation, a field per key. The acting table
 (``zmqrl.agents.layers.ActingNet``) then has :class:`Field` inputs and its torso becomes keyed:
 
 - each key in order goes through its encoder: a 3-D key ``(C, H, W)`` through the conv torso that
@@ -31,14 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from zmqrl.agents.torsos import CONV_TORSOS, ConvTorso, cnn_problem, conv_features
-from zmqrl.records import field_layout
 from zmqrl.spec import SampleSpec
+from zmqrl.types import field_layout
 
 
 @dataclass(frozen=True)
 class Field:
     """One key of the records a keyed net reads: its dtype and shape, and where its bytes start in
-    a record (``zmqrl.records.field_layout``), which is how the torch side finds it."""
+    a record (``zmqrl.types.field_layout``), which is how the torch side finds it."""
 
     key: str
     dtype: str

@@ -1,6 +1,6 @@
 """Dict observations in torch: the keyed torso, reading each key out of the records' bytes.
 
-Towards torch a batch of records crosses as its bytes (``zmqrl.records.as_bytes``: one uint8
+Towards torch a batch of records crosses as its bytes (``zmqrl.types.as_bytes``: one uint8
 tensor ``(..., itemsize)``), so staging, CUDA-graph buffers and device copies handle it as any
 other observation tensor. The networks take the fields back out here: a field is the byte range
 at its offset, viewed as its dtype (the record is aligned, so the view needs no copy, on the CPU as
@@ -48,7 +48,7 @@ def check_bytes(raw: torch.Tensor, fields: tuple[Field, ...]) -> None:
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] < end:
         raise ValueError(
             f"a keyed network takes records as their bytes (B, itemsize >= {end}) uint8 "
-            f"(zmqrl.records.as_bytes), got {raw.dtype} {tuple(raw.shape)}"
+            f"(zmqrl.types.as_bytes), got {raw.dtype} {tuple(raw.shape)}"
         )
 
 

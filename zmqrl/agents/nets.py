@@ -17,7 +17,7 @@ from zmqrl.agents.keyed import Field
 from zmqrl.agents.keyed_nets import KeyedTorso
 from zmqrl.agents.layers import MLP, ActingNet, dqn_net
 from zmqrl.agents.masks import mask_torch
-from zmqrl.records import as_bytes
+from zmqrl.types import as_bytes
 
 
 def resolve_device(name: str) -> torch.device:
@@ -61,7 +61,7 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
 
     Without ``dtype`` the array keeps its own (uint8 frames travel to the device as bytes, 4x
     less than float32, and are widened there). Records (a Dict observation's) travel as their
-    bytes (``zmqrl.records.as_bytes``), which the keyed networks read (``zmqrl.agents.keyed_nets``)."""
+    bytes (``zmqrl.types.as_bytes``), which the keyed networks read (``zmqrl.agents.keyed_nets``)."""
     array = as_bytes(array)
     if not array.flags.writeable:
         array = array.copy()

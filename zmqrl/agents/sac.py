@@ -38,9 +38,8 @@ from zmqrl.agents.numpy_policies import (
 )
 from zmqrl.agents.sac_nets import SquashedGaussianPolicy, TwinQNetwork
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, guarded_step, step_unless
-from zmqrl.records import as_bytes
 from zmqrl.spec import SampleSpec
-from zmqrl.types import BATCH_FIELDS, TransitionBatch
+from zmqrl.types import BATCH_FIELDS, TransitionBatch, as_bytes
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("critic_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "entropy", "td_abs_mean")

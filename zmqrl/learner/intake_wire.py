@@ -41,7 +41,16 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.messages import MessageInfo, SampleGroup
-from zmqrl.types import Batch, EpisodeStat, RolloutBatch, SequenceBatch, TransitionBatch, rollout_columns
+from zmqrl.types import (
+    Batch,
+    EpisodeStat,
+    ObsEntry,
+    RolloutBatch,
+    SequenceBatch,
+    TransitionBatch,
+    field_layout,
+    rollout_columns,
+)
 
 # Seconds between the intake's reports (counts change with every bad message; the learner reads
 # the newest in its housekeeping, and a test waits on them).
@@ -68,7 +77,7 @@ def dump_group(group: SampleGroup) -> list[Any]:
         ],
         "rollouts": isinstance(group.batch, RolloutBatch),
         "sequences": isinstance(group.batch, SequenceBatch),
-        "columns": [[col.dtype.str, list(col.shape)] for col in columns],
+        "columns": [[_dtype_out(col.dtype), list(col.shape)] for col in columns],
         "priorities": group.priorities is not None,
     }
     return [msgpack.packb(header), *columns]
@@ -78,7 +87,7 @@ def load_group(frames: Sequence[Any]) -> SampleGroup:
     """The group ``dump_group`` made, its columns read-only views of ``frames``."""
     header = msgpack.unpackb(frames[0])
     arrays = [
-        np.frombuffer(frame, np.dtype(dtype)).reshape(shape)
+        np.frombuffer(frame, _dtype_in(dtype)).reshape(shape)
         for frame, (dtype, shape) in zip(frames[1:], header["columns"], strict=True)
     ]
     priorities = arrays.pop() if header["priorities"] else None
@@ -94,6 +103,20 @@ def load_group(frames: Sequence[Any]) -> SampleGroup:
     return SampleGroup(infos, batch, priorities)
 
 
+def _dtype_out(dtype: np.dtype[Any]) -> Any:
+    """A column's dtype for the header: its string, or a Dict observation's records as their fields
+    (``[[key, dtype, shape], ...]``, remade aligned: ``dtype.str`` of records says only "void")."""
+    if dtype.names is None:
+        return dtype.str
+    return [[key, kind, list(shape)] for key, kind, shape, _ in field_layout(dtype)]
+
+
+def _dtype_in(wire: Any) -> np.dtype[Any]:
+    if isinstance(wire, str):
+        return np.dtype(wire)
+    return np.dtype([(key, kind, tuple(shape)) for key, kind, shape in wire], align=True)
+
+
 def dump(message: dict[str, Any]) -> bytes:
     return msgpack.packb(message)
 
@@ -104,12 +127,17 @@ def load(frame: Any) -> dict[str, Any]:
 
 
 def spec_to_dict(spec: SampleSpec) -> dict[str, Any]:
-    """The spec's fields as msgpack can carry them (its derived limits are remade on the far side)."""
-    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init}
+    """The spec's fields as msgpack can carry them (its derived limits are remade on the far side;
+    a Dict observation's entries as lists of their fields)."""
+    out = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init}
+    out["obs_entries"] = [dataclasses.astuple(e) for e in spec.obs_entries]
+    return out
 
 
 def spec_from_dict(fields: dict[str, Any]) -> SampleSpec:
     def tupled(value: Any) -> Any:
         return tuple(value) if isinstance(value, list) else value
 
-    return SampleSpec(**{name: tupled(value) for name, value in fields.items()})
+    given = {name: tupled(value) for name, value in fields.items()}
+    given["obs_entries"] = tuple(ObsEntry(*(tupled(v) for v in e)) for e in fields.get("obs_entries", ()))
+    return SampleSpec(**given)

@@ -32,7 +32,7 @@ from zmqrl.transport.peers import PeerWatch
 from zmqrl.transport.receiving import FrameLimit, recv_bounded
 from zmqrl.transport.sequence import SequenceTracker
 from zmqrl.transport.wire import SamplesMsg, WireError
-from zmqrl.types import BATCH_FIELDS, ROLLOUT_FIELDS
+from zmqrl.types import BATCH_FIELDS, MAX_KEYS, ROLLOUT_FIELDS
 
 # How long a blocked sender sleeps in poll() between checks of its stop condition.
 SEND_POLL_MS = 100
@@ -41,8 +41,10 @@ SEND_POLL_MS = 100
 # (R * (T + 1) rows) is the largest frame of either kind, where not copying saves the most.
 ZERO_COPY_MIN_OBS_BYTES = 1024
 # Most frames of a message on this channel: the header, then a samples message's five columns and
-# optional priorities, or a rollouts message's seven columns and a recurrent run's core state.
-SAMPLES_MAX_FRAMES = 1 + max(len(BATCH_FIELDS) + 1, len(ROLLOUT_FIELDS) + 1)
+# optional priorities, or a rollouts message's seven columns and a recurrent run's core state; a
+# Dict observation run splits two of them (obs and next_obs, or obs and final_obs) into one array
+# per key, at most MAX_KEYS each.
+SAMPLES_MAX_FRAMES = 1 + max(len(BATCH_FIELDS) + 1, len(ROLLOUT_FIELDS) + 1) + 2 * (MAX_KEYS - 1)
 # The setting a samples (or weights) message's size limit comes from, named when one is refused.
 MESSAGE_SIZE_SETTING = "transport.max_message_mb"
 
