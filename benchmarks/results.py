@@ -173,6 +173,11 @@ def _num(value: float) -> str:
     return f"{value:.1f}".replace("-", "−")
 
 
+def _target(value: float) -> str:
+    """A target return as a config states it (475, −200, 0.95), not rounded to one decimal."""
+    return f"{value:g}".replace("-", "−")
+
+
 def _spread(values: list[float]) -> str:
     """'median (min to max)', with true minus signs: a dash between negatives reads as one."""
     if not values:
@@ -225,10 +230,10 @@ def readme_table(stored: dict[str, dict[str, Any]]) -> str:
             reached = "no target"
             final = _spread(s["final_evals"])
         else:
-            reached = f"≥ {_num(row.target).removesuffix('.0')} on **{s['reached']}/{s['runs']}**"
+            reached = f"≥ {_target(row.target)} on **{s['reached']}/{s['runs']}**"
             ended = f"**{s['ended_at_target']}/{s['runs']}**"
             final = (
-                f"{_spread(s['final_evals'])}; ≥ {_num(row.target).removesuffix('.0')} at the end on {ended}"
+                f"{_spread(s['final_evals'])}; ≥ {_target(row.target)} at the end on {ended}"
             )
         steps = (
             "—" if math.isnan(s["median_steps_at_target"]) else f"{s['median_steps_at_target'] / 1000:.1f}k"
