@@ -20,7 +20,6 @@ from zmqrl.agents.appo_policy import APPOActions, appo_net
 from zmqrl.agents.configs import APPOConfig, DQNConfig
 from zmqrl.agents.losses import dqn_loss
 from zmqrl.agents.masks import MASKED_VALUE, legal_actions, mask_torch
-from zmqrl.agents.r2d2_config import R2D2Config
 from zmqrl.checkpoints.snapshots import read_replay_snapshot, write_replay_snapshot
 from zmqrl.config import EnvConfig
 from zmqrl.envs.action_masks import as_masked_rows
@@ -399,15 +398,3 @@ def test_the_onnx_export_of_a_masked_policy_takes_the_mask_in_its_input_rows(
     export_onnx(masked_run[1], tmp_path / "p.onnx")
     obs = masked_rows(np.random.default_rng(2), 500)
     assert is_legal(obs, OnnxPolicy(tmp_path / "p.onnx").act(obs))
-
-
-@pytest.mark.parametrize("kind", ["appo_lstm", "r2d2"])
-def test_recurrent_agents_refuse_a_masked_env_by_name_on_both_sides(kind: str) -> None:
-    config = (
-        APPOConfig(hidden_sizes=[16], core="lstm", core_size=8, device="cpu")
-        if kind == "appo_lstm"
-        else R2D2Config(device="cpu")
-    )
-    for build in (make_policy, make_learner):
-        with pytest.raises(ValueError, match="action masks"):
-            build(config, SPEC, seed=0)

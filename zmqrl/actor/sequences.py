@@ -247,7 +247,8 @@ class SequenceCollector:
         actions = np.array(policy.act(obs, explore=True), np.int64)  # advances every env's state
         random_rows = self._rng.random(self.num_envs) < self.epsilon
         if random_rows.any():
-            actions[random_rows] = self._random(self._rng, int(random_rows.sum()))
+            # A masked run's random rows draw among their own legal actions.
+            actions[random_rows] = self._random(self._rng, int(random_rows.sum()), obs[random_rows])
         version = self.weights.version
         done = np.zeros(self.num_envs, bool)
         next_obs = np.empty_like(obs)

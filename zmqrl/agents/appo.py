@@ -145,7 +145,7 @@ class APPOAgent(CoreActing):
                 state = torch.as_tensor(self._core.rows(len(obs)), device=self._device)
                 h, c = self.policy.cell(self.policy.features(x), (state[:, 0], state[:, 1]))
                 self._core.state[:] = torch.stack([h, c], 1).cpu().numpy()
-                out, log_std = self.policy.outputs(h)
+                out, log_std = self.policy.masked_outputs(h, x)  # h's heads, the row's legal actions
         return out.cpu().numpy(), None if log_std is None else log_std.cpu().numpy()
 
     def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -93,8 +93,7 @@ class APPOPolicyNet(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.recurrent:
             raise TypeError("a recurrent policy steps from a state: use zmqrl.agents.appo_rnn")
-        out, log_std = self.outputs(self.features(obs))
-        return (mask_torch(out, obs) if self.masked else out), log_std
+        return self.masked_outputs(self.features(obs), obs)
 
     def outputs(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The heads on ``features`` (the torso's, or the core's ``h``): ``(logits, None)`` or
@@ -109,15 +108,27 @@ class APPOPolicyNet(nn.Module):
     def log_prob_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities ``(B,)`` of ``actions`` (int64 ``(B,)`` or float32 ``(B, act_dim)``)
         and the policy's entropies ``(B,)`` at ``obs`` (a masked policy's over its legal actions)."""
-        if self.masked:
-            return categorical_logp_entropy(self(obs)[0], actions)
-        return self.head_log_prob_entropy(self.features(obs), actions)
+        return self.head_log_prob_entropy(self.features(obs), actions, obs)
+
+    def masked_outputs(
+        self, features: torch.Tensor, obs: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``outputs`` on ``features`` (the torso's, or a recurrent core's ``h``) of the rows
+        ``obs``, whose legal actions a masked policy's logits obey: the heads of a recurrent
+        policy read ``h``, but the legal actions are those of the row it acts on."""
+        out, log_std = self.outputs(features)
+        if not self.masked:
+            return out, log_std
+        if obs is None:
+            raise ValueError("a masked policy's logits need the rows their legal actions come from")
+        return mask_torch(out, obs), log_std
 
     def head_log_prob_entropy(
-        self, features: torch.Tensor, actions: torch.Tensor
+        self, features: torch.Tensor, actions: torch.Tensor, obs: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``log_prob_entropy``, from the features the heads read (a recurrent core's ``h``)."""
-        out, log_std = self.outputs(features)
+        """As ``log_prob_entropy``, from the features the heads read (a recurrent core's ``h``) of
+        the rows ``obs`` (needed by a masked policy: see ``masked_outputs``)."""
+        out, log_std = self.masked_outputs(features, obs)
         if log_std is None:
             return categorical_logp_entropy(out, actions)
         logp = clipped_gaussian_logp(out, log_std, actions, self.action_low, self.action_high)

@@ -61,8 +61,6 @@ def appo_net(config: APPOConfig, spec: SampleSpec) -> ActingNet:
     if problem := torso_problem(config.torso, spec):
         raise ValueError(problem)
     core = config.core_size if config.core == "lstm" else 0
-    if core and spec.action_mask:  # the unroll's heads read the core's h, not the masked rows
-        raise ValueError("APPO with agent.core lstm does not take action masks yet: use agent.core none")
     if core and (problem := records_problem(spec, "APPO with agent.core 'lstm'")):
         raise ValueError(problem)
     inputs = obs_fields(spec)

@@ -146,7 +146,10 @@ def recurrent_outputs(
     done = data.terminated[picked] | data.truncated[picked]
     run = unroll(policy, obs, data.core_state[picked], done)
     row_values = value(obs.flatten(0, 1), run.h.flatten(0, 1)).reshape(rows, steps + 1)
-    logp, entropy = policy.head_log_prob_entropy(run.h[:, :steps].flatten(0, 1), actions.flatten(0, 1))
+    # A masked policy's logits at each step obey that step's own row (the heads read h).
+    logp, entropy = policy.head_log_prob_entropy(
+        run.h[:, :steps].flatten(0, 1), actions.flatten(0, 1), obs[:, :steps].flatten(0, 1)
+    )
     final_values = row_values.new_zeros(0)
     if finals and data.final_obs.shape[0]:
         # Each final_obs row continues its episode: one step from the state its truncated step left.

@@ -196,7 +196,7 @@ def r2d2_loss(
         reward_ahead, real_ahead, end_ahead = (F.pad(x, pad) for x in (rewards, real, ends))
         positions = torch.arange(steps, device=rewards.device).expand(rows, steps)
         n_step_return = torch.zeros_like(rewards)
-        discount = torch.ones_like(rewards)
+        discount = real.clone()  # padding reads nothing (a masked terminal row's values are -1e9)
         bootstrap_at = positions.clone()
         going = real.clone()  # 1 while the return from t still runs through real, unfinished steps
         for k in range(n_step):

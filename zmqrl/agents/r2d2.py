@@ -6,7 +6,10 @@ positions without gradient (they only bring the state up to date with the networ
 and takes the loss of ``zmqrl.agents.losses.r2d2_loss`` on the rest: n-step double-Q targets inside
 the window. Windows never cross an episode's end, so no state is reset inside the unroll; padding
 positions (before an episode's first step, after its last) leave the state as it was. Each
-window's new priority is the paper's mix of its max and mean |TD error|.
+window's new priority is the paper's mix of its max and mean |TD error|. A masked run's networks
+set the Q-values of each position's illegal actions (those of its own observation row) to
+``zmqrl.agents.masks.MASKED_VALUE``, so greedy acting and the target's argmax and max see legal
+actions only; a terminal observation with none is read only times a zero discount.
 
 Actors act with ``zmqrl.agents.r2d2_policy.NumpyR2D2Policy``; this agent acts the same way in
 torch (the reference the tests hold the numpy policy to, and what ``load_policy`` may use).
@@ -26,6 +29,7 @@ from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.agents.capture import run_update
 from zmqrl.agents.keyed import records_problem
 from zmqrl.agents.losses import r2d2_loss
+from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import (
     annealed_lr,
     build_acting,
@@ -63,9 +67,15 @@ class R2D2Net(nn.Module):
     head: nn.Linear
 
     def __init__(
-        self, config: R2D2Config, obs_shape: tuple[int, ...], n_actions: int, generator: torch.Generator
+        self,
+        config: R2D2Config,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        generator: torch.Generator,
+        masked: bool = False,
     ) -> None:
         super().__init__()
+        self.masked = masked  # Q-values of each row's illegal actions are MASKED_VALUE (agents/masks.py)
         with torch.random.fork_rng(devices=[]):  # layers re-drawn from `generator` below
             build_acting(self, r2d2_net(config, n_actions), obs_shape, nn.ReLU)
         init_linear_(self, generator)
@@ -78,7 +88,15 @@ class R2D2Net(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Q-values ``(B, A)`` of one step from ``state``, and the new state."""
         h, c = self.core(self.features(obs), state)
-        return getattr(self, Q_HEAD)(h), (h, c)
+        return self.masked_q(getattr(self, Q_HEAD)(h), obs), (h, c)
+
+    def masked_q(self, q: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values ``(..., A)`` of the rows ``obs`` ``(..., *obs_shape)``, a masked net's with each
+        row's illegal actions at MASKED_VALUE (the head reads ``h``; the legal actions are the row's)."""
+        if not self.masked:
+            return q
+        flat = mask_torch(q.reshape(-1, q.shape[-1]), obs.reshape(-1, *obs.shape[q.dim() - 1 :]))
+        return flat.reshape(q.shape)
 
 
 def unroll(
@@ -108,8 +126,7 @@ def unroll(
     weights = [core.weight_ih, core.weight_hh, core.bias_ih, core.bias_hh]
     outs, _, _ = torch.lstm(x, (h[None], c[None]), weights, True, 1, 0.0, net.training, False, True)
     head: nn.Linear = getattr(net, Q_HEAD)
-    q: torch.Tensor = head(outs)
-    return q
+    return net.masked_q(head(outs), obs[:, burn_in:])
 
 
 class R2D2Agent(CoreActing):
@@ -121,15 +138,14 @@ class R2D2Agent(CoreActing):
         config.check()
         if spec.num_actions is None:
             raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
-        if spec.action_mask:  # its Q-values come from the core's state, not from the masked rows
-            raise ValueError("R2D2 does not take action masks yet: use agent.kind dqn for a masked env")
         if problem := records_problem(spec, "agent.kind 'r2d2'"):
             raise ValueError(problem)
         self.config = config
         self.obs_shape = tuple(spec.obs_shape)
         self._device = resolve_device(device if device is not None else config.device)
         generator = torch.Generator().manual_seed(0 if seed is None else seed)
-        self.online = R2D2Net(config, self.obs_shape, spec.num_actions, generator).to(self._device)
+        net = R2D2Net(config, self.obs_shape, spec.num_actions, generator, spec.action_mask)
+        self.online = net.to(self._device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
         self.updates = 0

@@ -5,7 +5,9 @@ The table is :func:`r2d2_net`, from which the learner's torch network is built t
 it publishes load here name for name; the LSTM step is ``zmqrl.agents.layers.lstm_step`` (torch's
 ``nn.LSTMCell`` layout), the one recurrent APPO's numpy policy runs. Exploration is the actor's
 (epsilon-random rows around ``act``): the state advances on every call, random rows included, so
-it always follows the episode the env played.
+it always follows the episode the env played. A masked run's Q-values obey the legal actions of
+the row each step acts on (``zmqrl.agents.masks``; the head reads the core's ``h``, the legal
+actions are the row's).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.agents.keyed import records_problem
 from zmqrl.agents.layers import MLP, ActingNet, lstm_step
+from zmqrl.agents.masks import mask_numpy
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
 from zmqrl.agents.r2d2_config import R2D2Config
 from zmqrl.spec import SampleSpec
@@ -28,13 +31,16 @@ def r2d2_net(config: R2D2Config, n_actions: int) -> ActingNet:
     return ActingNet(MLP, tuple(config.hidden_sizes), ((Q_HEAD, n_actions),), core=config.core_size)
 
 
-def q_step(net: ActingNet, arrays: dict[str, np.ndarray], obs: np.ndarray, core: CoreState) -> np.ndarray:
+def q_step(
+    net: ActingNet, arrays: dict[str, np.ndarray], obs: np.ndarray, core: CoreState, masked: bool = False
+) -> np.ndarray:
     """Q-values ``(B, A)`` of observations ``(B, *obs_shape)``, one LSTM step from ``core``'s
-    state, which it leaves advanced."""
+    state, which it leaves advanced (``masked``: each row's illegal actions MASKED_VALUE)."""
     state = core.rows(len(obs))
     h, c = lstm_step(arrays, net.features(arrays, obs), state[:, 0], state[:, 1])
     state[:, 0], state[:, 1] = h, c
-    return net.heads_of(arrays, h)[Q_HEAD]
+    q = net.heads_of(arrays, h)[Q_HEAD]
+    return mask_numpy(q, obs) if masked else q
 
 
 class NumpyR2D2Policy(CoreActing, LoadedArrays):
@@ -45,11 +51,10 @@ class NumpyR2D2Policy(CoreActing, LoadedArrays):
         config.check()
         if spec.num_actions is None:
             raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
-        if spec.action_mask:  # its Q-values come from the core's state, not from the masked rows
-            raise ValueError("R2D2 does not take action masks yet: use agent.kind dqn for a masked env")
         if problem := records_problem(spec, "agent.kind 'r2d2'"):
             raise ValueError(problem)
         self.config = config
+        self.masked = spec.action_mask  # greedy over each row's legal actions only
         self.net = r2d2_net(config, spec.num_actions)
         self._params = NamedArrays(self.net.layout(tuple(spec.obs_shape)), seed)
         self._core = CoreState(config.core_size)
@@ -57,7 +62,7 @@ class NumpyR2D2Policy(CoreActing, LoadedArrays):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values ``(B, A)`` float32; the state advances one step."""
         assert self._core is not None
-        return q_step(self.net, self._params.arrays, obs, self._core)
+        return q_step(self.net, self._params.arrays, obs, self._core, self.masked)
 
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Greedy int64 actions ``(B,)``; the state advances one step."""

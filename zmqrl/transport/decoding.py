@@ -27,7 +27,7 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import header as other_kinds
-from zmqrl.transport import layouts, record_columns, sequence_checks
+from zmqrl.transport import layouts, mask_checks, record_columns, sequence_checks
 from zmqrl.transport.array_checks import check_bool_bytes
 from zmqrl.transport.fields import (
     INT64_MAX,
@@ -42,7 +42,6 @@ from zmqrl.transport.fields import (
     short,
 )
 from zmqrl.transport.layouts import ArrayDesc
-from zmqrl.transport.mask_checks import check_masked_rollouts, check_masked_transitions
 from zmqrl.transport.messages import (
     KIND_ROLLOUTS,
     KIND_SAMPLES,
@@ -398,7 +397,7 @@ def _check_content(batch: TransitionBatch, priorities: np.ndarray | None, spec: 
     _check_obs(next_obs, "next_obs", spec)
     _check_actions(action, "action", spec)
     if spec.action_mask:  # the rows' legal actions, and the actions taken among them
-        check_masked_transitions(batch, spec)
+        mask_checks.check_masked_transitions(batch, spec)
 
 
 def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
@@ -429,7 +428,7 @@ def _check_rollout_content(batch: RolloutBatch, spec: SampleSpec) -> None:
         _check_obs(final_obs, "final_obs", spec)
     _check_actions(action, "action", spec)
     if spec.action_mask:  # the rows' legal actions, and the actions taken among them
-        check_masked_rollouts(batch, spec)
+        mask_checks.check_masked_rollouts(batch, spec)
 
 
 def _check_sequence_content(batch: SequenceBatch, spec: SampleSpec) -> None:
@@ -441,6 +440,8 @@ def _check_sequence_content(batch: SequenceBatch, spec: SampleSpec) -> None:
         fail(f"reward outside [-{limit:g}, {limit:g}] (transport.max_abs_reward, per step) or NaN")
     _check_obs(batch.obs.reshape(-1, *spec.obs_shape), "obs", spec)
     _check_actions(batch.action, "action", spec)
+    if spec.action_mask:  # the rows' legal actions, and the actions taken at real positions
+        mask_checks.check_masked_sequences(batch, spec)
 
 
 def _check_core_state(state: np.ndarray, spec: SampleSpec) -> None:

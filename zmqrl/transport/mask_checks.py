@@ -5,9 +5,12 @@ actions (``SampleSpec.action_mask``, ``zmqrl.envs.action_masks``). The observati
 keep them within [0, 1]; what this run can mean is narrower: each is exactly 0 or 1, every state
 acted in has at least one legal action and the action taken is one of them, and every state a
 target bootstraps from (a transition's next observation with a discount above 0, every rollout
-observation) has one too. A terminal next observation may have none: its discount is 0, so no
-target reads it. Anything else is refused with one WireError, counted and dropped by the receiver
-like every bad message, and never reaches replay.
+observation, a window's observation after its last real step unless that step terminated) has one
+too. A terminal next observation may have none: its discount is 0, so no target reads it. A
+window's padding positions are neither acted in nor learned from (their actions are 0 whatever
+the mask) and copy a real observation, so only their flags are checked. Anything else is refused
+with one WireError, counted and dropped by the receiver like every bad message, and never reaches
+replay.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.fields import fail
-from zmqrl.types import RolloutBatch, TransitionBatch
+from zmqrl.types import SEQUENCE_PADDING, RolloutBatch, SequenceBatch, TransitionBatch
 
 
 def _legal(obs: np.ndarray, what: str, spec: SampleSpec) -> np.ndarray:
@@ -56,3 +59,18 @@ def check_masked_rollouts(batch: RolloutBatch, spec: SampleSpec) -> None:
     _taken_legal(legal[:, :steps].reshape(rows * steps, -1), batch.action, "rollouts")
     if batch.final_obs.shape[0]:
         _legal(batch.final_obs, "final_obs", spec)
+
+
+def check_masked_sequences(batch: SequenceBatch, spec: SampleSpec) -> None:
+    """A masked run's windows (flags and actions already checked); WireError if bad. A window's
+    real positions are one run ending at ``last``: its bootstrap observation is ``obs[last + 1]``
+    (``obs[L]`` for a full window, else the copy of the episode's final observation)."""
+    rows, length = batch.reward.shape
+    legal = _legal(batch.obs, "obs", spec).reshape(rows, length + 1, -1)
+    real = batch.mask != SEQUENCE_PADDING
+    _taken_legal(legal[:, :length][real], batch.action[real], "sequences")
+    last = length - 1 - real[:, ::-1].argmax(axis=1)  # every window has a real step (flags)
+    every = np.arange(rows)
+    bootstrapped = ~batch.terminated[every, last]
+    if not legal[every, last + 1].any(axis=1)[bootstrapped].all():
+        fail("sequences: a window's bootstrap observation (episode not terminated) has no legal action")
