@@ -18,7 +18,8 @@ import numpy as np
 
 from zmqrl.core import Replay
 from zmqrl.errors import EnvError
-from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
+from zmqrl.replay.frame_pool import DIGEST_BYTES, slots_for
+from zmqrl.replay.frames import SharedFramesPrioritizedReplay, SharedFramesReplay
 from zmqrl.replay.memory import ReplayMemoryError, available_memory, format_bytes
 from zmqrl.replay.priorities import BetaSchedule, PriorityBounds
 from zmqrl.replay.prioritized import PrioritizedReplay
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # only the annotation: importing zmqrl.config would pull in t
 PRIORITY_BYTES_PER_ROW = 8 + 16 + 8
 # Distinct image planes a row adds with replay.share_frames, typically: about one (the newest
 # frame) plus the stacks at episode starts; measured on Pong: see docs/architecture.md. Only what
-# the log line reports: the memory check assumes the worst case (frames.py, `slots_for`), every
+# the log line reports: the memory check assumes the worst case (frame_pool.py, `slots_for`), every
 # plane of every row distinct (noise frames, or a peer sending them), which a run can produce.
 SHARED_PLANES_PER_ROW = 1.25
 # A refused capacity suggests this fraction of what would just fit (room for everything else).
