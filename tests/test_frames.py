@@ -160,6 +160,23 @@ def test_a_failing_intern_or_release_changes_nothing(monkeypatch: pytest.MonkeyP
     assert pool_state(pool) == before
 
 
+def test_replace_all_changes_every_pool_or_none() -> None:
+    """One pool per image key of a Dict observation: a failure in the last pool (no room, a refused
+    release) leaves the earlier pools, whose planes were already stored, exactly as they were."""
+    first, second = FramePool(4, (2,)), FramePool(2, (2,))
+    kept = first.intern(np.array([[1, 1], [2, 2]], np.uint8)), second.intern(np.array([[7, 7]], np.uint8))
+    before = pool_state(first), pool_state(second)
+    new = np.array([[3, 3], [4, 4]], np.uint8)
+    with pytest.raises(frame_pool.FramePoolFull):  # two new planes for the one slot left
+        frame_pool.replace_all([(first, [new], kept[0]), (second, [new], kept[1])])
+    assert (pool_state(first), pool_state(second)) == before
+    with pytest.raises(ValueError, match="more often"):
+        frame_pool.replace_all([(first, [new], kept[0]), (second, [new[:1]], kept[1][[0, 0]])])
+    assert (pool_state(first), pool_state(second)) == before
+    ids = frame_pool.replace_all([(first, [new], kept[0]), (second, [new[:1]], kept[1])])
+    assert [len(i[0]) for i in ids] == [2, 1] and (first.live, second.live) == (2, 1)
+
+
 def test_slots_for_covers_a_full_buffer_plus_a_full_batch() -> None:
     assert frame_pool.slots_for(100, 4) == 2 * 4 * (100 + 100)
     assert frame_pool.slots_for(100, 4, max_rows=10) == 2 * 4 * 110

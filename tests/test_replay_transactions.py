@@ -150,7 +150,7 @@ def fault(buf: Buffer, where: str, rows: int) -> Iterator[None]:
         elif where == "mid_next_obs":  # every obs plane and 3 next_obs planes stored, then a failure
             hashes_fail_after(mp, rows * STACK + 3)
         elif where == "release":  # every new plane stored; releasing the overwritten ones refuses
-            mp.setattr(buf.pool, "release", refuse)  # type: ignore[union-attr]
+            mp.setattr(buf.pool, "check_release", refuse)  # type: ignore[union-attr]
         else:
             raise AssertionError(where)
         yield

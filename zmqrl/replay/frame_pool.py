@@ -116,6 +116,11 @@ class FramePool:
         All or nothing: if anything raises (FramePoolFull when the new distinct planes do not fit,
         a release the pool refuses), the pool is left exactly as it was.
         """
+        return replace_all([(self, stacks, old)])[0]
+
+    def _intern(self, stacks: Sequence[np.ndarray]) -> tuple[list[IntArray], list[Taken]]:
+        """The ids of ``stacks``' planes, each with one more reference, and the slots this took
+        (for ``_unintern``); if a plane cannot be stored, the pool is left as it was."""
         out = [np.empty(stack.shape[0], dtype=np.int64) for stack in stacks]
         taken: list[Taken] = []
         try:
@@ -128,14 +133,13 @@ class FramePool:
             raise
         for ids in out:
             np.add.at(self._refs, ids, 1)
-        try:
-            self.release(old)
-        except BaseException:
-            for ids in out:
-                np.subtract.at(self._refs, ids, 1)
-            self._untake(taken)
-            raise
-        return out
+        return out, taken
+
+    def _unintern(self, out: list[IntArray], taken: list[Taken]) -> None:
+        """Undo an ``_intern`` (nothing else changed the pool since): its references, its slots."""
+        for ids in out:
+            np.subtract.at(self._refs, ids, 1)
+        self._untake(taken)
 
     def _store(self, plane: np.ndarray, taken: list[Taken]) -> int:
         """The slot holding ``plane``, written into a new one (recorded in ``taken``) if none does."""
@@ -152,13 +156,20 @@ class FramePool:
     def release(self, ids: np.ndarray) -> None:
         """Drop one reference per id; slots that reach zero become free. Checked before anything
         changes, so an id without a reference (a caller's bug) raises with the pool intact."""
+        self._apply_release(*self.check_release(ids))
+
+    def check_release(self, ids: np.ndarray) -> tuple[IntArray, IntArray]:
+        """The distinct slots of ``ids`` and their reference counts once ``ids`` are released, for
+        ``_apply_release``; ValueError, changing nothing, if an id would lose a reference it lacks."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            return
         slots, counts = np.unique(ids, return_counts=True)
         after = self._refs[slots] - counts
-        if int(after.min()) < 0:
+        if after.size and int(after.min()) < 0:
             raise ValueError("released a plane id more often than it was referenced")
+        return slots, after
+
+    def _apply_release(self, slots: IntArray, after: IntArray) -> None:
+        """A checked release: cannot fail."""
         self._refs[slots] = after
         for slot in slots[after == 0].tolist():
             self._forget(slot)
@@ -194,6 +205,31 @@ class FramePool:
         digest = self._digests[slot].tobytes()
         if self._slot_of.get(digest) == slot:  # else an unindexed collision slot
             del self._slot_of[digest]
+
+
+def replace_all(jobs: Sequence[tuple[FramePool, Sequence[np.ndarray], np.ndarray]]) -> list[list[IntArray]]:
+    """``FramePool.replace(stacks, old)`` for each ``(pool, stacks, old)`` of ``jobs`` (distinct
+    pools: one per image key of a Dict observation), all of them or none.
+
+    Every pool interns its new planes first (each undoable, ``_unintern``), then every release is
+    checked against the counts that includes (``check_release``, which changes nothing); only once
+    all of that passed do the releases happen, and a checked release cannot fail. So whichever step
+    raises, in whichever pool, every pool is left exactly as it was.
+    """
+    if len({id(pool) for pool, _, _ in jobs}) != len(jobs):
+        raise ValueError("replace_all takes each pool once")
+    interned: list[tuple[list[IntArray], list[Taken]]] = []
+    try:
+        for pool, stacks, _ in jobs:
+            interned.append(pool._intern(stacks))
+        releases = [pool.check_release(old) for pool, _, old in jobs]
+    except BaseException:
+        for (pool, _, _), (out, taken) in reversed(list(zip(jobs, interned, strict=False))):
+            pool._unintern(out, taken)
+        raise
+    for (pool, _, _), (slots, after) in zip(jobs, releases, strict=True):
+        pool._apply_release(slots, after)
+    return [out for out, _ in interned]
 
 
 def _reserve(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> np.ndarray:
