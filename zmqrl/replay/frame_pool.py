@@ -31,6 +31,9 @@ anonymous mappings made with MAP_NORESERVE, whose pages become resident when fir
 freed slots are reused before untouched ones, so resident memory follows the largest number of
 distinct planes ever live at once, not the reservation.
 
+A Dict observation with several image keys keeps a pool per key (frames.py), each sized as above
+for its own stacks; ``replace_all`` makes one add's replace in all of them a single transaction.
+
 The pool is not thread-safe on its own: the replay buffer that owns it serialises access.
 """
 
