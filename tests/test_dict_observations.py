@@ -327,9 +327,16 @@ def test_replay_stores_and_samples_records(prioritized: bool) -> None:
     assert rows(drawn.obs) <= rows(batch.obs)  # whole records, never a mix of rows
 
 
-def test_shared_frames_are_refused_for_dict_observations_with_what_to_do() -> None:
-    with pytest.raises(EnvError, match="share_frames: false"):
-        make_replay(ReplayConfig(capacity=16, share_frames=True), keyed_spec(), seed=0)
+def test_shared_frames_keep_the_image_key_in_a_pool_and_give_back_whole_records() -> None:
+    """tests/test_frames_keyed.py has the rest: sharing, priorities, transactions, the footprint."""
+    replay = make_replay(ReplayConfig(capacity=16, share_frames=True), keyed_spec(), seed=0)
+    batch = transitions(6)
+    replay.add(batch)
+    stored = replay.snapshot()
+    for key in ("image", "state"):
+        np.testing.assert_array_equal(stored.obs[key], batch.obs[key])
+        np.testing.assert_array_equal(stored.next_obs[key], batch.next_obs[key])
+    assert replay.stats()["live_planes"] <= 2 * 6 * 2  # the image key's planes, at most each once
 
 
 def test_a_replay_snapshot_stores_one_array_per_key_and_reads_back_checked(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from zmqrl.replay import (
     SharedFramesPrioritizedReplay,
     SharedFramesReplay,
     UniformReplay,
-    frames,
+    frame_pool,
 )
-from zmqrl.replay.frames import FramePool
+from zmqrl.replay.frame_pool import FramePool
 from zmqrl.types import TransitionBatch
 
 STACK, SIDE, N_STEP = 4, 6, 3
@@ -69,7 +69,7 @@ def test_pool_tells_planes_apart_even_if_their_digests_collide(monkeypatch: pyte
         def digest(self) -> bytes:
             return b"x" * 16
 
-    monkeypatch.setattr(frames.hashlib, "blake2b", Same)
+    monkeypatch.setattr(frame_pool.hashlib, "blake2b", Same)
     pool = FramePool(4, (2,))
     ids = pool.intern(np.array([[1, 2], [3, 4]], np.uint8))
     assert ids[0] != ids[1]
@@ -141,7 +141,7 @@ def test_a_failed_replace_restores_the_pool_exactly() -> None:
     with pytest.raises(ValueError, match="more often"):  # the release refuses: kept[3] has one reference
         pool.replace([first, second], kept[[3, 3]])
     assert pool_state(pool) == before
-    with pytest.raises(frames.FramePoolFull):  # 7 new planes, 6 slots left
+    with pytest.raises(frame_pool.FramePoolFull):  # 7 new planes, 6 slots left
         pool.replace([first, second, np.array([[9, 9], [10, 10], [11, 11]], np.uint8)], kept[:1])
     assert pool_state(pool) == before
     ids = pool.replace([first, second], kept[:1])  # the plane [1, 1] keeps its slot throughout
@@ -152,7 +152,7 @@ def test_a_failing_intern_or_release_changes_nothing(monkeypatch: pytest.MonkeyP
     pool = FramePool(3, (2,))
     ids = pool.intern(np.array([[1, 1], [2, 2]], np.uint8))
     before = pool_state(pool)
-    with pytest.raises(frames.FramePoolFull):  # two new planes, one free slot
+    with pytest.raises(frame_pool.FramePoolFull):  # two new planes, one free slot
         pool.intern(np.array([[3, 3], [1, 1], [4, 4]], np.uint8))
     assert pool_state(pool) == before
     with pytest.raises(ValueError, match="more often"):
@@ -160,7 +160,24 @@ def test_a_failing_intern_or_release_changes_nothing(monkeypatch: pytest.MonkeyP
     assert pool_state(pool) == before
 
 
+def test_replace_all_changes_every_pool_or_none() -> None:
+    """One pool per image key of a Dict observation: a failure in the last pool (no room, a refused
+    release) leaves the earlier pools, whose planes were already stored, exactly as they were."""
+    first, second = FramePool(4, (2,)), FramePool(2, (2,))
+    kept = first.intern(np.array([[1, 1], [2, 2]], np.uint8)), second.intern(np.array([[7, 7]], np.uint8))
+    before = pool_state(first), pool_state(second)
+    new = np.array([[3, 3], [4, 4]], np.uint8)
+    with pytest.raises(frame_pool.FramePoolFull):  # two new planes for the one slot left
+        frame_pool.replace_all([(first, [new], kept[0]), (second, [new], kept[1])])
+    assert (pool_state(first), pool_state(second)) == before
+    with pytest.raises(ValueError, match="more often"):
+        frame_pool.replace_all([(first, [new], kept[0]), (second, [new[:1]], kept[1][[0, 0]])])
+    assert (pool_state(first), pool_state(second)) == before
+    ids = frame_pool.replace_all([(first, [new], kept[0]), (second, [new[:1]], kept[1])])
+    assert [len(i[0]) for i in ids] == [2, 1] and (first.live, second.live) == (2, 1)
+
+
 def test_slots_for_covers_a_full_buffer_plus_a_full_batch() -> None:
-    assert frames.slots_for(100, 4) == 2 * 4 * (100 + 100)
-    assert frames.slots_for(100, 4, max_rows=10) == 2 * 4 * 110
-    assert frames.slots_for(100, 4, max_rows=10**6) == frames.slots_for(100, 4)
+    assert frame_pool.slots_for(100, 4) == 2 * 4 * (100 + 100)
+    assert frame_pool.slots_for(100, 4, max_rows=10) == 2 * 4 * 110
+    assert frame_pool.slots_for(100, 4, max_rows=10**6) == frame_pool.slots_for(100, 4)

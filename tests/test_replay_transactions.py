@@ -25,7 +25,7 @@ from zmqrl.replay import (
     SharedFramesPrioritizedReplay,
     SharedFramesReplay,
     UniformReplay,
-    frames,
+    frame_pool,
 )
 from zmqrl.types import RolloutBatch, TransitionBatch
 
@@ -124,7 +124,7 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
 # ------------------------------------------------------------------------------ injected faults
 def hashes_fail_after(mp: pytest.MonkeyPatch, planes: int) -> None:
     """From now on, the digest of the ``planes + 1``-th plane raises (inside the pool's staging)."""
-    real, calls = frames.hashlib.blake2b, [0]
+    real, calls = frame_pool.hashlib.blake2b, [0]
 
     def blake2b(data: Any, digest_size: int) -> Any:
         calls[0] += 1
@@ -132,7 +132,7 @@ def hashes_fail_after(mp: pytest.MonkeyPatch, planes: int) -> None:
             raise InjectedFault("blake2b")
         return real(data, digest_size=digest_size)
 
-    mp.setattr(frames.hashlib, "blake2b", blake2b)
+    mp.setattr(frame_pool.hashlib, "blake2b", blake2b)
 
 
 def refuse(*_: Any) -> None:
@@ -150,7 +150,7 @@ def fault(buf: Buffer, where: str, rows: int) -> Iterator[None]:
         elif where == "mid_next_obs":  # every obs plane and 3 next_obs planes stored, then a failure
             hashes_fail_after(mp, rows * STACK + 3)
         elif where == "release":  # every new plane stored; releasing the overwritten ones refuses
-            mp.setattr(buf.pool, "release", refuse)  # type: ignore[union-attr]
+            mp.setattr(buf.pool, "check_release", refuse)  # type: ignore[union-attr]
         else:
             raise AssertionError(where)
         yield

@@ -10,8 +10,8 @@ all-or-nothing by checking everything that can fail before its first write (stor
 * ``sumtree``, ``priorities`` and ``prioritized``: ``PrioritizedReplay`` (proportional, Ape-X) on
   that ring, with the bounds that keep any one row or peer from dominating its draws and the
   importance exponent's ``BetaSchedule``;
-* ``frames``: ``FramePool`` and the kinds that store each image plane once
-  (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``);
+* ``frame_pool`` and ``frames``: ``FramePool`` (image planes stored once each, by content) and
+  the kinds that keep stacked frames in it (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``);
 * ``factory``: ``make_replay`` and ``replay_footprint`` (sizing, the log line, refusals);
 * ``ratelimit``: the replay-ratio limiter between the learner's ingest and training threads;
 * ``rollout_queue``: what an on-policy learner has instead of replay, a bounded first-in,
@@ -24,7 +24,8 @@ from zmqrl.replay.factory import (
     make_replay,
     replay_footprint,
 )
-from zmqrl.replay.frames import FramePool, FramePoolFull, SharedFramesPrioritizedReplay, SharedFramesReplay
+from zmqrl.replay.frame_pool import FramePool, FramePoolFull
+from zmqrl.replay.frames import SharedFramesPrioritizedReplay, SharedFramesReplay
 from zmqrl.replay.priorities import (
     DEFAULT_ALPHA,
     DEFAULT_MAX_DRAW_RATIO,

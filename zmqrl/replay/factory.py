@@ -18,7 +18,8 @@ import numpy as np
 
 from zmqrl.core import Replay
 from zmqrl.errors import EnvError
-from zmqrl.replay.frames import DIGEST_BYTES, SharedFramesPrioritizedReplay, SharedFramesReplay, slots_for
+from zmqrl.replay.frame_pool import DIGEST_BYTES, slots_for
+from zmqrl.replay.frames import SharedFramesPrioritizedReplay, SharedFramesReplay, frame_layout
 from zmqrl.replay.memory import ReplayMemoryError, available_memory, format_bytes
 from zmqrl.replay.priorities import BetaSchedule, PriorityBounds
 from zmqrl.replay.prioritized import PrioritizedReplay
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # only the annotation: importing zmqrl.config would pull in t
 PRIORITY_BYTES_PER_ROW = 8 + 16 + 8
 # Distinct image planes a row adds with replay.share_frames, typically: about one (the newest
 # frame) plus the stacks at episode starts; measured on Pong: see docs/architecture.md. Only what
-# the log line reports: the memory check assumes the worst case (frames.py, `slots_for`), every
+# the log line reports: the memory check assumes the worst case (frame_pool.py, `slots_for`), every
 # plane of every row distinct (noise frames, or a peer sending them), which a run can produce.
 SHARED_PLANES_PER_ROW = 1.25
 # A refused capacity suggests this fraction of what would just fit (room for everything else).
@@ -65,15 +66,17 @@ def replay_footprint(
     row = action + 4 + 4 + (PRIORITY_BYTES_PER_ROW if prioritized else 0)
     if not share_frames:
         return capacity * (row + 2 * obs)
-    planes = spec.obs_shape[0]
-    plane_bytes = obs / planes
-    ids = 2 * planes * 8
+    layout = frame_layout(spec.obs_shape, spec.obs_np_dtype)  # a Dict observation: per image key
+    stored = 2 * layout.row_bytes  # obs and next_obs as a row keeps them: plane ids, other keys as they are
     if typical:
-        return int(capacity * (row + ids + SHARED_PLANES_PER_ROW * plane_bytes))
+        planes = SHARED_PLANES_PER_ROW * sum(s.plane_bytes for s in layout.stacks)
+        return int(capacity * (row + stored + planes))
     adding = capacity if max_add_rows is None else min(max_add_rows, capacity)
-    live_planes = slots_for(capacity, planes, adding)
-    # Per live plane the pool also keeps a reference count and a digest (FramePool).
-    return int(capacity * (row + ids) + live_planes * (plane_bytes + 8 + DIGEST_BYTES))
+    # Each stack's pool: its worst case of live planes, each with a reference count and a digest.
+    pooled = sum(
+        slots_for(capacity, s.planes, adding) * (s.plane_bytes + 8 + DIGEST_BYTES) for s in layout.stacks
+    )
+    return int(capacity * (row + stored) + pooled)
 
 
 def make_replay(
@@ -87,7 +90,8 @@ def make_replay(
     """The buffer ``cfg`` describes, with columns for ``spec``'s samples and its RNG seeded by ``seed``.
 
     Logs its kind and full-size footprint on ``log`` (default ``zmqrl.replay``) first. Raises
-    EnvError when ``replay.share_frames`` is asked for observations that are not image stacks, and
+    EnvError when ``replay.share_frames`` is asked for observations with no stack of image planes
+    (a Dict observation may have several, one per image key, its other keys stored densely), and
     ReplayMemoryError (naming ``replay.capacity`` and a capacity that would fit) when the
     footprint exceeds the memory available, both before anything is allocated. ``max_add_rows``:
     the most rows the caller adds at once (the worst case of shared frames depends on it).
@@ -95,23 +99,14 @@ def make_replay(
     log = log or _log
     if spec.sequence_length is not None:  # recurrent replay (R2D2): windows, not transitions
         return _sequence_replay(cfg, spec, seed, log)
-    if cfg.share_frames and spec.obs_entries:
-        raise EnvError(
-            "replay.share_frames stores stacks of image planes once each, which Dict observations "
-            f"(keys {[e.key for e in spec.obs_entries]}) are not: set replay.share_frames: false"
-        )
-    if cfg.share_frames and len(spec.obs_shape) < 2:
-        raise EnvError(
-            f"replay.share_frames needs image observations (planes, height, width); the env's are "
-            f"{list(spec.obs_shape)}: set replay.share_frames: false"
-        )
+    sharing = _sharing(spec) if cfg.share_frames else ""  # first: it refuses what cannot be shared
     need = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames, max_add_rows=max_add_rows)
     budget = available_memory()
     typical = replay_footprint(cfg.capacity, spec, cfg.prioritized, cfg.share_frames, typical=True)
     log.info(
         "replay: %s%s, %d transitions of obs %s %s: %s when full (%s)",
         "prioritized" if cfg.prioritized else "uniform",
-        ", each image plane stored once" if cfg.share_frames else "",
+        sharing,
         cfg.capacity,
         spec.obs_dtype,
         [f"{e.key}: {e.dtype} {list(e.shape)}" for e in spec.obs_entries] or list(spec.obs_shape),
@@ -142,6 +137,17 @@ def make_replay(
             beta=BetaSchedule(cfg.beta, cfg.beta_updates),
         )
     return (SharedFramesReplay if cfg.share_frames else UniformReplay)(*args, seed=seed)
+
+
+def _sharing(spec: SampleSpec) -> str:
+    """What the log line says ``replay.share_frames`` shares: every plane, or those of a Dict
+    observation's image keys; EnvError saying what to do when the observations have no image."""
+    try:
+        layout = frame_layout(spec.obs_shape, spec.obs_np_dtype)
+    except ValueError as exc:
+        raise EnvError(f"{exc}: set replay.share_frames: false") from None
+    keys = [s.key for s in layout.stacks if s.key is not None]
+    return f", each image plane of {keys} stored once" if keys else ", each image plane stored once"
 
 
 def _sequence_replay(cfg: ReplayConfig, spec: SampleSpec, seed: int, log: logging.Logger) -> Replay:

@@ -1,262 +1,159 @@
-"""Shared-frame replay: a pool of image planes stored once each (``FramePool``), and the replay
-buffers that keep stacked Atari frames in it (``SharedFramesReplay``, ``SharedFramesPrioritizedReplay``).
+"""Shared-frame replay: the replay buffers that keep stacked image frames in frame pools
+(frame_pool.py), ``SharedFramesReplay`` and ``SharedFramesPrioritizedReplay``, and their rows.
 
-A preprocessed Atari observation is a stack of the last 4 frames, and an n-step transition holds
-two of them (``obs`` and ``next_obs``): 8 planes of 84x84 bytes, of which consecutive transitions
-of the same game share all but about one. Storing planes once, and rows as plane ids, cuts replay
-memory nearly 8-fold.
-
-Planes are found again by content: a 16-byte BLAKE2b digest of each plane's bytes, confirmed by
-comparing the bytes on a hit, so the wire format and the actors need not know about the sharing.
-Each plane is reference-counted by the replay rows that use it and its slot is reused when the
-count drops to zero.
-
-How many slots (``slots_for``): an add stages its planes before writing any row (storage.py):
-``FramePool.replace`` interns the new planes and only then releases the ones of the rows they
-overwrite, all or nothing, so a failed add leaves the pool exactly as it was, and a plane shared
-by an overwritten row and a new one is never freed and copied back. The price is the peak:
-
-    Claim: with ``2 * planes * (capacity + max_rows)`` slots, ``intern`` never runs out while a
-    buffer of ``capacity`` rows adds ``m <= max_rows`` rows.
-    Proof: a slot is in use only while a row references it, or while the ``intern`` call storing
-    a plane of a new row has just taken it. Every row, stored or being added, names ``2 * planes``
-    plane ids, so the slots in use never exceed ``2 * planes`` times the rows involved: the
-    ``s <= capacity`` rows stored before the add (all still holding their planes) plus the ``m``
-    new ones. A replay add keeps at most ``capacity`` rows of a batch, so ``max_rows = capacity``
-    covers every batch size, and the bound is tight: a full buffer of distinct (noise) frames
-    receiving a ``capacity``-row batch of new distinct frames uses every slot.
-
-That size is only *reserved*: on Linux the planes (and the per-slot counts and digests) live in
-anonymous mappings made with MAP_NORESERVE, whose pages become resident when first written, and
-freed slots are reused before untouched ones, so resident memory follows the largest number of
-distinct planes ever live at once, not the reservation.
-
-The pool is not thread-safe on its own: the replay buffer that owns it serialises access.
+What goes to a pool (``frame_layout``): a plain observation ``(planes, *plane_shape)`` is one
+stack of planes; a Dict observation (records, zmqrl.types) has one stack per image key
+``(planes, H, W)``, each in a pool of its own (keys differ in plane shape and dtype and never
+share planes), while its other keys (a small vector, say) stay in the row as they are: pooling
+them would cost a digest and a reference count per value to save nothing. A row therefore stores
+one observation as ``FrameLayout.stored``: plane ids for each stack, and for a Dict observation
+a record of those ids beside the other keys' values. ``gather`` puts the planes back, so samples
+and snapshots are exactly the observations that were added, whole records included.
 """
 
 from __future__ import annotations
 
-import hashlib
-import mmap
-import sys
-from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from zmqrl.replay.frame_pool import FramePool, replace_all, slots_for
 from zmqrl.replay.prioritized import PrioritizedReplay
 from zmqrl.replay.storage import DenseRows, Dtypes, Ring, Shapes, UniformReplay
-from zmqrl.types import TransitionBatch
+from zmqrl.types import TransitionBatch, describe
 
-# Digest size in bytes: 128 bits makes an accidental collision practically impossible, and a
-# collision would still be caught by the byte comparison on every hit.
-DIGEST_BYTES = 16
-
-IntArray = npt.NDArray[np.int64]
-
-# Plane id of a row that holds no observation yet (shared-frames storage).
+# Plane id of a row that holds no observation yet.
 _NO_PLANE = -1
 
-# mmap flag (Linux, every architecture zmqrl runs on): reserve address space without committing.
-_LINUX_MAP_NORESERVE = 0x4000
 
-# A slot one ``replace`` took: (slot, came from the never-written range rather than the free list).
-Taken = tuple[int, bool]
+@dataclass(frozen=True)
+class Stack:
+    """One stack of image planes in an observation: the whole observation (``key`` None) or the
+    field ``key`` of a record."""
 
-
-def slots_for(capacity: int, planes: int, max_rows: int | None = None) -> int:
-    """Slots a pool needs so that a buffer of ``capacity`` rows of ``planes``-plane observations
-    (obs and next_obs) can add ``max_rows`` rows at once (default: any batch), all or nothing;
-    see the module docstring for the proof."""
-    rows = capacity if max_rows is None else min(max_rows, capacity)
-    return 2 * planes * (capacity + rows)
-
-
-class FramePoolFull(RuntimeError):
-    """More distinct planes are live than the pool was sized for (a sizing bug: see ``slots_for``)."""
-
-
-class FramePool:
-    """Fixed number of plane slots, each holding one distinct plane and its reference count."""
-
-    def __init__(self, slots: int, plane_shape: tuple[int, ...], dtype: npt.DTypeLike = np.uint8) -> None:
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
-        self.planes = _reserve((slots, *plane_shape), np.dtype(dtype))
-        self._refs: IntArray = _reserve((slots,), np.dtype(np.int64))
-        # Digest of the plane each in-use slot holds: a slot leaves the index under this key.
-        self._digests = _reserve((slots, DIGEST_BYTES), np.dtype(np.uint8))
-        self._slot_of: dict[bytes, int] = {}
-        self._free: list[int] = []  # released slots, reused first (they are already resident)
-        self._unused = 0  # slots >= this were never written: their pages are not yet resident
+    key: str | None
+    planes: int
+    plane_shape: tuple[int, ...]
+    dtype: np.dtype[Any]
 
     @property
-    def slots(self) -> int:
-        return int(self.planes.shape[0])
+    def plane_bytes(self) -> int:
+        return int(np.prod(self.plane_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def of(self, obs: np.ndarray) -> np.ndarray:
+        """This stack's part of ``obs`` (observations, or what rows store of them): a view."""
+        return obs if self.key is None else obs[self.key]
+
+
+@dataclass(frozen=True)
+class FrameLayout:
+    """How a row keeps one observation of ``obs_dtype``: the ``stacks`` whose planes go to pools,
+    and what the row itself holds, ``stored`` of shape ``stored_shape`` (plane ids for each
+    stack; for a record, a record of them beside the keys in ``dense_keys``)."""
+
+    obs_dtype: np.dtype[Any]
+    stacks: tuple[Stack, ...]
+    stored: np.dtype[Any]
+    stored_shape: tuple[int, ...]
+    dense_keys: tuple[str, ...]
 
     @property
-    def live(self) -> int:
-        """Slots holding a referenced plane (distinct planes, barring a digest collision)."""
-        return self._unused - len(self._free)
+    def row_bytes(self) -> int:
+        """Bytes a row stores for one observation (of obs or next_obs)."""
+        return int(np.prod(self.stored_shape, dtype=np.int64)) * self.stored.itemsize
 
-    @property
-    def high_water(self) -> int:
-        """Most slots ever in use at once (a failed add's included): freed slots are reused
-        first, so the slots ever written, whose pages are resident, are exactly these."""
-        return self._unused
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes reserved (address space; resident memory follows ``high_water``)."""
-        return int(self.planes.nbytes + self._refs.nbytes + self._digests.nbytes)
-
-    def intern(self, planes: np.ndarray) -> IntArray:
-        """Slot ids for ``planes`` ``(k, *plane_shape)``, storing the ones not yet in the pool; each
-        returned id gains one reference. All or nothing, as ``replace``."""
-        return self.replace([planes], np.zeros(0, dtype=np.int64))[0]
-
-    def replace(self, stacks: Sequence[np.ndarray], old: np.ndarray) -> list[IntArray]:
-        """``intern`` each of ``stacks``, then ``release`` the ids ``old``: what a replay add does
-        for the planes of its new rows and of the rows they overwrite, in that order, so a plane
-        both use keeps a reference throughout and is never freed and stored again.
-
-        All or nothing: if anything raises (FramePoolFull when the new distinct planes do not fit,
-        a release the pool refuses), the pool is left exactly as it was.
-        """
-        out = [np.empty(stack.shape[0], dtype=np.int64) for stack in stacks]
-        taken: list[Taken] = []
-        try:
-            for stack, ids in zip(stacks, out, strict=True):
-                stack = np.ascontiguousarray(stack)
-                for i in range(stack.shape[0]):
-                    ids[i] = self._store(stack[i], taken)
-        except BaseException:
-            self._untake(taken)  # the rows that would have used them are not written
-            raise
-        for ids in out:
-            np.add.at(self._refs, ids, 1)
-        try:
-            self.release(old)
-        except BaseException:
-            for ids in out:
-                np.subtract.at(self._refs, ids, 1)
-            self._untake(taken)
-            raise
+    def empty(self, rows: int) -> np.ndarray:
+        """What ``rows`` rows store when they hold no observation: every plane id ``_NO_PLANE``."""
+        out = np.zeros((rows, *self.stored_shape), self.stored)
+        for stack in self.stacks:
+            stack.of(out)[...] = _NO_PLANE
         return out
 
-    def _store(self, plane: np.ndarray, taken: list[Taken]) -> int:
-        """The slot holding ``plane``, written into a new one (recorded in ``taken``) if none does."""
-        digest = hashlib.blake2b(plane.data, digest_size=DIGEST_BYTES).digest()
-        slot = self._slot_of.get(digest)
-        if slot is None or not np.array_equal(self.planes[slot], plane):
-            slot = self._take_slot(taken)
-            self.planes[slot] = plane
-            self._digests[slot] = np.frombuffer(digest, dtype=np.uint8)
-            # An existing key means a (never yet seen) collision: that slot stays unindexed.
-            self._slot_of.setdefault(digest, slot)
-        return slot
 
-    def release(self, ids: np.ndarray) -> None:
-        """Drop one reference per id; slots that reach zero become free. Checked before anything
-        changes, so an id without a reference (a caller's bug) raises with the pool intact."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            return
-        slots, counts = np.unique(ids, return_counts=True)
-        after = self._refs[slots] - counts
-        if int(after.min()) < 0:
-            raise ValueError("released a plane id more often than it was referenced")
-        self._refs[slots] = after
-        for slot in slots[after == 0].tolist():
-            self._forget(slot)
-
-    def _take_slot(self, taken: list[Taken]) -> int:
-        if self._free:
-            slot = self._free.pop()
-            taken.append((slot, False))
-            return slot
-        if self._unused < self.slots:
-            self._unused += 1
-            taken.append((self._unused - 1, True))
-            return self._unused - 1
-        raise FramePoolFull(f"all {self.slots} plane slots hold live planes")
-
-    def _untake(self, taken: list[Taken]) -> None:
-        """Return taken slots, newest first, to exactly where they came from."""
-        for slot, was_unused in reversed(taken):
-            self._unindex(slot)
-            self._refs[slot] = 0
-            if was_unused:
-                self._unused -= 1
-            else:
-                self._free.append(slot)
-        taken.clear()
-
-    def _forget(self, slot: int) -> None:
-        self._unindex(slot)
-        self._refs[slot] = 0
-        self._free.append(slot)
-
-    def _unindex(self, slot: int) -> None:
-        digest = self._digests[slot].tobytes()
-        if self._slot_of.get(digest) == slot:  # else an unindexed collision slot
-            del self._slot_of[digest]
-
-
-def _reserve(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> np.ndarray:
-    """A zeroed array whose pages are committed only when written. ``np.zeros`` is lazy too, but
-    the kernel's default overcommit heuristic refuses one allocation larger than RAM + swap, which a
-    worst-case-sized pool for a 1M-row buffer is; MAP_NORESERVE asks for address space only."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    flags = getattr(mmap, "MAP_NORESERVE", _LINUX_MAP_NORESERVE)  # Python's mmap does not name it
-    if sys.platform != "linux" or nbytes == 0:
-        return np.zeros(shape, dtype=dtype)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+def frame_layout(obs_shape: tuple[int, ...], obs_dtype: np.dtype[Any]) -> FrameLayout:
+    """The layout of shared-frame rows for observations of ``obs_shape`` and ``obs_dtype``;
+    ValueError (what make_replay turns into the config's refusal) when no part of them is a stack
+    of image planes: a plain observation of fewer than 2 dimensions, a record without an image key."""
+    dtype = np.dtype(obs_dtype)
+    if dtype.names is None:
+        if len(obs_shape) < 2:
+            raise ValueError(
+                f"replay.share_frames needs image observations (planes, height, width), got {list(obs_shape)}"
+            )
+        stack = Stack(None, obs_shape[0], tuple(obs_shape[1:]), dtype)
+        return FrameLayout(dtype, (stack,), np.dtype(np.int64), (obs_shape[0],), ())
+    if obs_shape != ():
+        raise ValueError(
+            f"replay.share_frames stores one record per observation, got records of shape {obs_shape}"
+        )
+    stacks: list[Stack] = []
+    fields: list[tuple[str, Any, tuple[int, ...]]] = []  # the stored record's: ids, or the key as it is
+    dense: list[str] = []
+    for name in dtype.names:
+        sub = dtype.fields[name][0]  # type: ignore[index]
+        if len(sub.shape) == 3:  # an image key (planes, H, W), as the agents' CNN torsos read them
+            stacks.append(Stack(name, sub.shape[0], tuple(sub.shape[1:]), sub.base))
+            fields.append((name, np.dtype(np.int64), (sub.shape[0],)))
+        else:
+            dense.append(name)
+            fields.append((name, sub.base, sub.shape))
+    if not stacks:
+        raise ValueError(
+            f"replay.share_frames stores the image keys (planes, height, width) of a Dict observation, "
+            f"and {describe(dtype)} has none"
+        )
+    return FrameLayout(dtype, tuple(stacks), np.dtype(fields, align=True), (), tuple(dense))
 
 
 class FrameRows(DenseRows):
-    """Rows whose ``obs`` and ``next_obs`` are ``planes`` ids each into a ``FramePool``.
+    """Rows whose ``obs`` and ``next_obs`` keep their image planes in ``FramePool``s, one per stack
+    (``frame_layout``), and store plane ids (and a Dict observation's other keys) themselves.
 
-    Observations of shape ``(planes, *plane_shape)`` (e.g. 4 stacked 84x84 frames): consecutive
-    transitions of one game share all but about one of their 8 planes, so a row costs ~1 plane
-    instead of 8 (module docstring). ``gather`` puts the planes back into dense arrays, so nothing
-    downstream changes. The pool is reserved for the worst case and becomes resident as distinct
-    planes arrive.
+    A stack of ``planes`` frames (e.g. 4 stacked 84x84 frames): consecutive transitions of one
+    game share all but about one of their 8 planes, so a row costs ~1 plane instead of 8 (see
+    frame_pool.py). ``gather`` puts the planes back into whole observations, so nothing downstream
+    changes. Each pool is reserved for the worst case and becomes resident as distinct planes arrive.
     """
 
     def __init__(self, capacity: int, row_shapes: Shapes, dtypes: Dtypes) -> None:
-        obs_shape = row_shapes[0]
-        if len(obs_shape) < 2:
-            raise ValueError(
-                f"replay.share_frames needs image observations (planes, height, width), got {obs_shape}"
-            )
-        self.capacity, self.planes = capacity, obs_shape[0]
-        # Sized for the worst case (proof above, `slots_for`): a full buffer keeps its planes
+        self.layout = frame_layout(row_shapes[0], dtypes[0])
+        self.capacity = capacity
+        # Sized for the worst case (frame_pool.py, `slots_for`): a full buffer keeps its planes
         # while a batch of up to `capacity` new rows is interned.
-        self.pool = FramePool(slots_for(capacity, self.planes), obs_shape[1:], dtypes[0])
+        self.pools = {
+            s.key: FramePool(slots_for(capacity, s.planes), s.plane_shape, s.dtype)
+            for s in self.layout.stacks
+        }
         super().__init__(capacity, (*row_shapes[1:3], ()), (dtypes[1], dtypes[2], dtypes[4]))
         action, reward, discount = self.columns
-        obs_ids, next_ids = (np.full((capacity, self.planes), _NO_PLANE, dtype=np.int64) for _ in "on")
-        self.columns = (obs_ids, action, reward, next_ids, discount)
+        self.columns = (self.layout.empty(capacity), action, reward, self.layout.empty(capacity), discount)
 
     @property
     def nbytes(self) -> int:
-        """Bytes in use now: the id and scalar columns plus the distinct planes stored."""
-        return super().nbytes + self.pool.live * self.pool.planes[0].nbytes
+        """Bytes in use now: the stored and scalar columns plus the distinct planes stored."""
+        return super().nbytes + sum(pool.live * pool.planes[0].nbytes for pool in self.pools.values())
 
     def stage(self, batch: TransitionBatch, start: int, pos: int) -> tuple[np.ndarray, ...]:
-        """Intern the new rows' planes and release those of the rows they overwrite, all or
-        nothing (``FramePool.replace``): the slots and the new rows' plane ids, for ``write``."""
+        """Intern the new rows' planes and release those of the rows they overwrite, in every pool
+        or in none (``replace_all``): the slots and what the new rows store, for ``write``."""
         m = batch.size - start
         slots = (pos + np.arange(m)) % self.capacity
-        obs_ids, next_ids = self.columns[0], self.columns[3]
-        old = np.concatenate([obs_ids[slots].ravel(), next_ids[slots].ravel()])
-        flat = (m * self.planes, *self.pool.planes.shape[1:])
-        new = self.pool.replace(
-            [batch.obs[start:].reshape(flat), batch.next_obs[start:].reshape(flat)], old[old != _NO_PLANE]
-        )
-        return slots, new[0].reshape(m, self.planes), new[1].reshape(m, self.planes)
+        sources = (batch.obs[start:], batch.next_obs[start:])
+        stored = (self.layout.empty(m), self.layout.empty(m))  # allocated before any pool changes
+        for key in self.layout.dense_keys:
+            for out, source in zip(stored, sources, strict=True):
+                out[key] = source[key]
+        jobs = []
+        for stack in self.layout.stacks:
+            old = np.concatenate([stack.of(self.columns[c][slots]).ravel() for c in (0, 3)])
+            flat = (m * stack.planes, *stack.plane_shape)
+            new = [stack.of(source).reshape(flat) for source in sources]
+            jobs.append((self.pools[stack.key], new, old[old != _NO_PLANE]))
+        for stack, ids in zip(self.layout.stacks, replace_all(jobs), strict=True):
+            for out, new_ids in zip(stored, ids, strict=True):
+                stack.of(out)[...] = new_ids.reshape(m, stack.planes)
+        return slots, *stored
 
     def write(self, batch: TransitionBatch, start: int, pos: int, staged: tuple[np.ndarray, ...]) -> None:
         slots, obs, next_obs = staged
@@ -268,11 +165,26 @@ class FrameRows(DenseRows):
             store[slots] = col
 
     def gather(self, rows: np.ndarray) -> TransitionBatch:
-        obs_ids, action, reward, next_ids, discount = self.columns
-        planes = self.pool.planes
+        obs, action, reward, next_obs, discount = self.columns
         return TransitionBatch(
-            planes[obs_ids[rows]], action[rows], reward[rows], planes[next_ids[rows]], discount[rows]
+            self._observations(obs[rows]),
+            action[rows],
+            reward[rows],
+            self._observations(next_obs[rows]),
+            discount[rows],
         )
+
+    def _observations(self, stored: np.ndarray) -> np.ndarray:
+        """The observations rows hold, from what they store (``stored``, copies)."""
+        layout = self.layout
+        if layout.obs_dtype.names is None:  # a plain image stack: its planes are the observation
+            return self.pools[None].planes[stored]
+        out = np.zeros(stored.shape, layout.obs_dtype)  # zeros: the padding between keys too
+        for stack in layout.stacks:
+            out[stack.key] = self.pools[stack.key].planes[stored[stack.key]]
+        for key in layout.dense_keys:
+            out[key] = stored[key]
+        return out
 
 
 class _SharedFrames(Ring):
@@ -284,16 +196,27 @@ class _SharedFrames(Ring):
         return FrameRows(self._capacity, self._row_shapes, self._dtypes)
 
     @property
+    def pools(self) -> dict[str | None, FramePool]:
+        """The frame pool of each image stack: by key for a Dict observation, ``None`` for a
+        plain image observation."""
+        return dict(self._rows.pools)
+
+    @property
     def pool(self) -> FramePool:
-        return self._rows.pool
+        """The one frame pool (a plain image observation, or a Dict observation with one image key)."""
+        if len(self._rows.pools) != 1:
+            raise ValueError(
+                f"this buffer keeps one frame pool per image key: {list(self._rows.pools)}; see pools"
+            )
+        return next(iter(self._rows.pools.values()))
 
     @property
     def live_planes(self) -> int:
-        """Distinct planes stored now (each ``plane_bytes``)."""
-        return self._rows.pool.live
+        """Distinct planes stored now, in all pools."""
+        return sum(pool.live for pool in self._rows.pools.values())
 
     def _stats_locked(self) -> dict[str, float | int]:
-        return {**super()._stats_locked(), "live_planes": self._rows.pool.live}
+        return {**super()._stats_locked(), "live_planes": self.live_planes}
 
 
 class SharedFramesReplay(_SharedFrames, UniformReplay):

@@ -15,8 +15,8 @@ each distinct plane once instead, found by content, which needs no ordering eith
 Every mutation is all-or-nothing, by checking before writing rather than by saving an undo copy:
 an add first checks everything that can fail (the batch's type, every column's shape and dtype,
 priorities) and converts each column to the stored dtype, then stages what needs staging
-(``DenseRows.stage``: nothing; shared frames intern their planes, all or nothing within the frame
-pool), and only then writes. The write copies same-dtype arrays into preallocated ones, sets the
+(``DenseRows.stage``: nothing; shared frames intern their planes, all or nothing across their frame
+pools), and only then writes. The write copies same-dtype arrays into preallocated ones, sets the
 sum tree's leaves to values already checked, and moves counters: nothing in it can raise, so once
 it starts the add completes. A failed add therefore never reaches the first write.
 """
