@@ -383,9 +383,13 @@ def grid_goal(config: str, run_dir: Path, **values: object) -> list[str]:
             "grid_goal_dqn.yaml",
             {"learner.max_updates": 120, "learner.min_replay_size": 200, "replay.prioritized": "true"},
         ),
+        (
+            "grid_goal_dqn.yaml",
+            {"learner.max_updates": 120, "learner.min_replay_size": 200, "replay.share_frames": "true"},
+        ),
         ("grid_goal_appo.yaml", {"learner.max_updates": 6, "learner.eval_interval": 3}),
     ],
-    ids=["dqn-prioritized", "appo"],
+    ids=["dqn-prioritized", "dqn-shared-frames", "appo"],
 )
 def test_a_serial_run_trains_on_dict_observations_with_no_bad_message(
     tmp_path: Path, config: str, values: dict[str, object]
