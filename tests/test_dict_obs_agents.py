@@ -36,7 +36,16 @@ from zmqrl.agents.r2d2_config import R2D2Config
 from zmqrl.agents.r2d2_policy import NumpyR2D2Policy
 from zmqrl.agents.sac import SACAgent
 from zmqrl.spec import SampleSpec
-from zmqrl.types import ObsEntry, RolloutBatch, TransitionBatch, as_bytes, to_records
+from zmqrl.types import (
+    SEQUENCE_BURN_IN,
+    SEQUENCE_LEARNED,
+    ObsEntry,
+    RolloutBatch,
+    SequenceBatch,
+    TransitionBatch,
+    as_bytes,
+    to_records,
+)
 
 torch.set_num_threads(1)
 
@@ -245,7 +254,7 @@ def test_actors_act_in_numpy_for_the_mlp_and_the_minatar_cnn() -> None:
 
 
 def weights_of(agent: Any) -> dict[str, np.ndarray]:
-    modules = [agent.online] if isinstance(agent, DQNAgent) else [agent.policy]
+    modules = [agent.online] if isinstance(agent, (DQNAgent, R2D2Agent)) else [agent.policy]
     modules += [agent.critic] if isinstance(agent, SACAgent) else []
     modules += [agent.value] if isinstance(agent, APPOAgent) else []
     return {
@@ -329,17 +338,59 @@ def test_a_nan_in_a_float_key_skips_the_appo_update() -> None:
 # ---------------------------------------------------------------------------------- refusals
 
 
-def test_the_recurrent_cores_refuse_dict_observations_by_name() -> None:
-    problem = check_appo(appo("mlp", core="lstm"), DISCRETE, None)
-    assert problem is not None and "agent.core 'lstm'" in problem and "Dict observations" in problem
-    assert "agent.core 'none'" in problem  # what to do instead
-    with pytest.raises(ValueError, match=r"agent\.core 'lstm' does not take Dict observations"):
-        APPOAgent(appo("mlp", core="lstm"), DISCRETE)
-    problem = check_r2d2(R2D2Config(device="cpu"), DISCRETE, None)
-    assert problem is not None and "agent.kind 'r2d2'" in problem and "FlattenObservation" in problem
-    for make in (R2D2Agent, NumpyR2D2Policy):
-        with pytest.raises(ValueError, match="'r2d2' does not take Dict observations"):
-            make(R2D2Config(device="cpu"), DISCRETE)
+@pytest.mark.parametrize("torso", TORSOS)
+def test_recurrent_appo_acts_on_records_in_numpy_as_in_torch_step_after_step(torso: str) -> None:
+    """The LSTM reads the keyed torso's features; its state advances alike on both sides."""
+    config = appo(torso, core="lstm", core_size=16)
+    assert check_appo(config, DISCRETE, None) is None
+    agent = APPOAgent(config, DISCRETE, seed=1)
+    policy = NumpyAPPOPolicy(config, DISCRETE, seed=2)
+    policy.load_weights(agent.export_weights())
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        obs = records(rng, 6)
+        got, _ = policy.policy_outputs(obs)
+        want, _ = agent.policy_outputs(obs)
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(policy.core_state(), agent.core_state(), rtol=RTOL, atol=1e-6)
+
+
+def test_r2d2_acts_on_records_in_numpy_as_in_torch_step_after_step() -> None:
+    config = R2D2Config(device="cpu", hidden_sizes=[32], core_size=16)
+    assert check_r2d2(config, DISCRETE, None) is None
+    agent = R2D2Agent(config, DISCRETE, seed=3)
+    policy = NumpyR2D2Policy(config, DISCRETE, seed=9)
+    policy.load_weights(agent.export_weights())
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        obs = records(rng, 6)
+        np.testing.assert_allclose(policy.q_values(obs), agent.q_values(obs), rtol=RTOL, atol=1e-6)
+
+
+def test_the_recurrent_learners_update_on_record_rows() -> None:
+    rng = np.random.default_rng(0)
+    config = appo("minatar_cnn", core="lstm", core_size=16)
+    agent = APPOAgent(config, DISCRETE, seed=1)
+    batch = rollouts(rng, agent)._replace(core_state=np.zeros((4, 2, 16), np.float32))
+    before = weights_of(agent)
+    result = agent.update(batch)
+    assert not result.skipped and all(np.isfinite(v) for v in result.values())
+    assert changed(before, weights_of(agent))
+    r2d2 = R2D2Agent(R2D2Config(device="cpu", hidden_sizes=[32], core_size=16), DISCRETE, seed=3)
+    rows, length = 3, r2d2.config.burn_in + r2d2.config.sequence_length
+    mask = np.full((rows, length), SEQUENCE_LEARNED, np.uint8)
+    mask[:, : r2d2.config.burn_in] = SEQUENCE_BURN_IN
+    windows = SequenceBatch(
+        records(rng, rows, length + 1),
+        rng.integers(0, 4, (rows, length)),
+        rng.normal(size=(rows, length)).astype(np.float32),
+        np.zeros((rows, length), bool),
+        mask,
+        np.zeros((rows, 2, 16), np.float32),
+    )
+    before = weights_of(r2d2)
+    result = r2d2.update(windows)
+    assert not result.skipped and changed(before, weights_of(r2d2))
 
 
 def test_the_feed_forward_agents_take_dict_observations() -> None:

@@ -388,8 +388,22 @@ def grid_goal(config: str, run_dir: Path, **values: object) -> list[str]:
             {"learner.max_updates": 120, "learner.min_replay_size": 200, "replay.share_frames": "true"},
         ),
         ("grid_goal_appo.yaml", {"learner.max_updates": 6, "learner.eval_interval": 3}),
+        ("grid_goal_appo.yaml", {"learner.max_updates": 6, "learner.eval_interval": 3, "agent.core": "lstm"}),
+        (
+            "cartpole_novel_r2d2.yaml",
+            {
+                "env.id": "zmqrl/GridGoal-v0",
+                "agent.hidden_sizes": "[32]",
+                "agent.core_size": 16,
+                "agent.sequence_length": 4,
+                "agent.burn_in": 2,
+                "learner.max_updates": 20,
+                "learner.min_replay_size": 40,
+                "learner.eval_interval": 10,
+            },
+        ),
     ],
-    ids=["dqn-prioritized", "dqn-shared-frames", "appo"],
+    ids=["dqn-prioritized", "dqn-shared-frames", "appo", "appo-lstm", "r2d2"],
 )
 def test_a_serial_run_trains_on_dict_observations_with_no_bad_message(
     tmp_path: Path, config: str, values: dict[str, object]

@@ -103,7 +103,9 @@ class APPOAgent(CoreActing):
         # A recurrent policy's value reads its core's h (zmqrl.agents.appo_rnn).
         core = self._net.core
         value = (
-            RecurrentValue(self.obs_shape, core, config.hidden_sizes, init_generator, config.torso)
+            RecurrentValue(
+                self.obs_shape, core, config.hidden_sizes, init_generator, config.torso, self._net.inputs
+            )
             if core
             else None
         )

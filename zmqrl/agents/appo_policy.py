@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from zmqrl.agents.configs import APPOConfig
-from zmqrl.agents.keyed import obs_fields, records_problem, torso_problem
+from zmqrl.agents.keyed import obs_fields, torso_problem
 from zmqrl.agents.layers import LOG_STD, LOGITS, MEAN, ActingNet, appo_policy_net, lstm_step
 from zmqrl.agents.masks import MASKED_VALUE, mask_numpy
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
@@ -57,12 +57,10 @@ def appo_net(config: APPOConfig, spec: SampleSpec) -> ActingNet:
     """The policy's table for this config and spec, after checking what ``check_appo`` checks
     (frames a CNN torso can take; Discrete actions or a 1-D Box); ValueError otherwise. The MLP
     takes observations of any shape, flattened (as DQN's); a Dict observation's keys each through
-    their encoder (``zmqrl.agents.keyed``), feed-forward only."""
+    their encoder (``zmqrl.agents.keyed``)."""
     if problem := torso_problem(config.torso, spec):
         raise ValueError(problem)
     core = config.core_size if config.core == "lstm" else 0
-    if core and (problem := records_problem(spec, "APPO with agent.core 'lstm'")):
-        raise ValueError(problem)
     inputs = obs_fields(spec)
     if spec.num_actions is not None:
         return appo_policy_net(

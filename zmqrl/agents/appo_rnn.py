@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import torch
 from torch import nn
 
+from zmqrl.agents.keyed import Field, encoded_width
+from zmqrl.agents.keyed_nets import KeyedTorso
 from zmqrl.agents.layers import MLP, VALUE
 from zmqrl.agents.nets import init_linear_, torso_features
 from zmqrl.agents.torsos import CONV_TORSOS
@@ -95,16 +97,18 @@ class RecurrentValue(nn.Module):
         hidden: list[int],
         generator: torch.Generator | None = None,
         torso: str = MLP,
+        inputs: tuple[Field, ...] = (),
     ) -> None:
         super().__init__()
         self.kind = torso
-        if torso == MLP:
-            layers: list[nn.Module] = []
-            width = math.prod(obs_shape) + size
-            for out in hidden:
-                layers += [nn.Linear(width, out), nn.Tanh()]
-                width = out
-            self.torso = nn.Sequential(*layers)
+        self.encoder: KeyedTorso | None = None
+        if (
+            inputs
+        ):  # a Dict observation: each key's encoder (no MLP of its own), then the tanh MLP on [them, h]
+            self.encoder = KeyedTorso(inputs, torso, (), nn.Tanh, generator)
+            self.torso, width = _tanh_mlp(encoded_width(inputs, torso) + size, hidden)
+        elif torso == MLP:
+            self.torso, width = _tanh_mlp(math.prod(obs_shape) + size, hidden)
         else:
             from zmqrl.agents.conv import CONV_NETS  # only pixel runs pay for (and need) the conv module
 
@@ -112,10 +116,16 @@ class RecurrentValue(nn.Module):
             width = CONV_TORSOS[torso].hidden + size
         setattr(self, VALUE, nn.Linear(width, 1))
         if generator is not None:
-            init_linear_(self if torso == MLP else getattr(self, VALUE), generator)
+            if self.encoder is not None:  # the encoders drew their own; the MLP and the unit here
+                init_linear_(self.torso, generator)
+                init_linear_(getattr(self, VALUE), generator)
+            else:
+                init_linear_(self if torso == MLP else getattr(self, VALUE), generator)
 
     def forward(self, obs: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        if self.kind == MLP:
+        if self.encoder is not None:
+            x = self.torso(torch.cat([self.encoder(obs), h.detach()], dim=1))
+        elif self.kind == MLP:
             x = self.torso(torch.cat([obs.reshape(obs.shape[0], -1).to(torch.float32), h.detach()], dim=1))
         else:
             x = torch.cat([torso_features(self.torso, self.kind, obs), h.detach()], dim=1)
@@ -159,3 +169,12 @@ def recurrent_outputs(
         h_final, _ = policy.cell(policy.features(data.final_obs), (h, c))
         final_values = value(data.final_obs, h_final)
     return Outputs(row_values, final_values, logp, entropy)
+
+
+def _tanh_mlp(width: int, hidden: list[int]) -> tuple[nn.Sequential, int]:
+    """Linear -> tanh per width of ``hidden`` from ``width`` inputs, and its output width."""
+    layers: list[nn.Module] = []
+    for out in hidden:
+        layers += [nn.Linear(width, out), nn.Tanh()]
+        width = out
+    return nn.Sequential(*layers), width

@@ -42,15 +42,6 @@ def torso_problem(torso: str, spec: SampleSpec) -> str | None:
     return keyed_problem(torso, spec)
 
 
-def records_problem(spec: SampleSpec, what: str) -> str | None:
-    """Why ``what`` cannot take this env's Dict observation (it does not read them yet), or None."""
-    if not spec.obs_entries:
-        return None
-    from zmqrl.agents.keyed import records_problem as problem  # numpy: only for Dict observations
-
-    return problem(spec, what)
-
-
 # -------------------------------------------------------------------------------------- dqn
 
 
@@ -170,8 +161,6 @@ def check_appo(config: APPOConfig, spec: SampleSpec, device: str | None) -> str 
             f"agent.kind 'appo' needs Discrete actions or a 1-D Box; this env's actions have shape "
             f"{spec.action_shape}"
         )
-    if config.core == "lstm" and (problem := records_problem(spec, "APPO with agent.core 'lstm'")):
-        return problem
     return torso_problem(config.torso, spec) or device_problem(
         device if device is not None else config.device
     )
@@ -226,8 +215,6 @@ def check_r2d2(config: R2D2Config, spec: SampleSpec, device: str | None) -> str 
             f"agent.kind 'r2d2' needs a Discrete action space; this env's actions are continuous "
             f"(Box of shape {spec.action_shape})"
         )
-    if problem := records_problem(spec, "agent.kind 'r2d2'"):
-        return problem
     return device_problem(device if device is not None else config.device)
 
 

@@ -130,16 +130,3 @@ def torso_problem(torso: str, spec: SampleSpec) -> str | None:
         if problem := cnn_problem(torso, field.shape):
             return f"Dict observation key {field.key!r}: {problem}"
     return None
-
-
-def records_problem(spec: SampleSpec, what: str) -> str | None:
-    """Why ``what`` (a part that does not read Dict observations yet) cannot run on this spec, or
-    None; the message says what to do instead."""
-    if not spec.obs_entries:
-        return None
-    keys = ", ".join(e.key for e in spec.obs_entries)
-    return (
-        f"{what} does not take Dict observations yet (this env's keys: {keys}): use a feed-forward "
-        f"agent (agent.kind 'dqn', 'sac', or 'appo' with agent.core 'none'), or flatten the "
-        f"observation in the env (gymnasium.wrappers.FlattenObservation)"
-    )

@@ -27,7 +27,7 @@ from torch import nn
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.agents.capture import run_update
-from zmqrl.agents.keyed import records_problem
+from zmqrl.agents.keyed import Field, obs_fields
 from zmqrl.agents.losses import r2d2_loss
 from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import (
@@ -44,7 +44,7 @@ from zmqrl.agents.r2d2_config import R2D2Config
 from zmqrl.agents.r2d2_policy import Q_HEAD, r2d2_net
 from zmqrl.agents.updates import DeferredUpdate, Flag, Metrics, backward_step
 from zmqrl.spec import SampleSpec
-from zmqrl.types import SEQUENCE_PADDING, SequenceBatch
+from zmqrl.types import SEQUENCE_PADDING, SequenceBatch, as_bytes
 
 # Names of update()'s metrics, in the order they are stacked for the one device->host transfer.
 _METRICS = ("loss", "q_mean", "td_abs_mean", "grad_norm", "target_q_mean")
@@ -73,11 +73,12 @@ class R2D2Net(nn.Module):
         n_actions: int,
         generator: torch.Generator,
         masked: bool = False,
+        inputs: tuple[Field, ...] = (),
     ) -> None:
         super().__init__()
         self.masked = masked  # Q-values of each row's illegal actions are MASKED_VALUE (agents/masks.py)
         with torch.random.fork_rng(devices=[]):  # layers re-drawn from `generator` below
-            build_acting(self, r2d2_net(config, n_actions), obs_shape, nn.ReLU)
+            build_acting(self, r2d2_net(config, n_actions, inputs), obs_shape, nn.ReLU)
         init_linear_(self, generator)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
@@ -138,13 +139,11 @@ class R2D2Agent(CoreActing):
         config.check()
         if spec.num_actions is None:
             raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
-        if problem := records_problem(spec, "agent.kind 'r2d2'"):
-            raise ValueError(problem)
         self.config = config
         self.obs_shape = tuple(spec.obs_shape)
         self._device = resolve_device(device if device is not None else config.device)
         generator = torch.Generator().manual_seed(0 if seed is None else seed)
-        net = R2D2Net(config, self.obs_shape, spec.num_actions, generator, spec.action_mask)
+        net = R2D2Net(config, self.obs_shape, spec.num_actions, generator, spec.action_mask, obs_fields(spec))
         self.online = net.to(self._device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)
@@ -165,7 +164,7 @@ class R2D2Agent(CoreActing):
         assert self._core is not None
         state = self._core.rows(len(obs))
         with torch.inference_mode():
-            x = torch.as_tensor(np.array(obs), device=self._device)
+            x = torch.as_tensor(as_bytes(np.array(obs)), device=self._device)  # records: their bytes
             h0 = torch.as_tensor(state[:, 0], device=self._device)
             c0 = torch.as_tensor(state[:, 1], device=self._device)
             q, (h, c) = self.online.step(x, (h0, c0))

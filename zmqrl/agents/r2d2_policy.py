@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
-from zmqrl.agents.keyed import records_problem
+from zmqrl.agents.keyed import Field, obs_fields
 from zmqrl.agents.layers import MLP, ActingNet, lstm_step
 from zmqrl.agents.masks import mask_numpy
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
@@ -26,9 +26,12 @@ from zmqrl.spec import SampleSpec
 Q_HEAD = "head"
 
 
-def r2d2_net(config: R2D2Config, n_actions: int) -> ActingNet:
-    """The recurrent Q-network's table: ReLU MLP of ``hidden_sizes``, LSTM of ``core_size``, Q head."""
-    return ActingNet(MLP, tuple(config.hidden_sizes), ((Q_HEAD, n_actions),), core=config.core_size)
+def r2d2_net(config: R2D2Config, n_actions: int, inputs: tuple[Field, ...] = ()) -> ActingNet:
+    """The recurrent Q-network's table: ReLU MLP of ``hidden_sizes``, LSTM of ``core_size``, Q head
+    (``inputs``: a Dict observation's keys, each flattened into the MLP: ``zmqrl.agents.keyed``)."""
+    return ActingNet(
+        MLP, tuple(config.hidden_sizes), ((Q_HEAD, n_actions),), core=config.core_size, inputs=inputs
+    )
 
 
 def q_step(
@@ -51,11 +54,9 @@ class NumpyR2D2Policy(CoreActing, LoadedArrays):
         config.check()
         if spec.num_actions is None:
             raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
-        if problem := records_problem(spec, "agent.kind 'r2d2'"):
-            raise ValueError(problem)
         self.config = config
         self.masked = spec.action_mask  # greedy over each row's legal actions only
-        self.net = r2d2_net(config, spec.num_actions)
+        self.net = r2d2_net(config, spec.num_actions, obs_fields(spec))
         self._params = NamedArrays(self.net.layout(tuple(spec.obs_shape)), seed)
         self._core = CoreState(config.core_size)
 
