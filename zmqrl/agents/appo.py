@@ -233,24 +233,10 @@ class APPOAgent(CoreActing):
                     values = self.value(mb_obs)
                 behaviour, vs = data.behaviour[picked].reshape(-1), targets.vs[picked].reshape(-1)
                 advantages = targets.pg_advantages[picked].reshape(-1)
-                out = appo_loss(
-                    logp,
-                    entropy,
-                    values.reshape(-1),
-                    behaviour,
-                    vs,
-                    advantages,
-                    cfg.clip,
-                    cfg.vf_coef,
-                    cfg.ent_coef,
-                    cfg.normalize_advantages,
-                )
+                out = appo_loss(logp, entropy, values.reshape(-1), behaviour, vs, advantages,
+                                cfg.clip, cfg.vf_coef, cfg.ent_coef, cfg.normalize_advantages)  # fmt: skip
                 found, grad_norm = backward_step(
-                    self.optimizer,
-                    out.loss,
-                    self._params,
-                    cfg.max_grad_norm,
-                    after=bad_data,
+                    self.optimizer, out.loss, self._params, cfg.max_grad_norm, after=bad_data,
                     captured=captured,
                 )
                 flags.append(found)

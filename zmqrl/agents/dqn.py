@@ -171,16 +171,8 @@ class DQNAgent:
             next_target = self.target(x["next_obs"])
             if self.config.double and next_online is None:
                 next_online = self.online(x["next_obs"])
-        out = dqn_loss(
-            q,
-            x["action"],
-            x["reward"],
-            x["discount"],
-            next_target,
-            next_online,
-            self.config.huber_delta,
-            x.get("importance"),
-        )
+        out = dqn_loss(q, x["action"], x["reward"], x["discount"], next_target, next_online,
+                       self.config.huber_delta, x.get("importance"))  # fmt: skip
         found, grad_norm = backward_step(
             self.optimizer, out.loss, self._params, self.config.max_grad_norm, captured=captured
         )

@@ -201,14 +201,7 @@ class SACAgent:
             next_q1_target, next_q2_target = self.critic_target(next_obs, next_actions)
         q1, q2 = self.critic(obs, actions)
         critic = sac_critic_loss(
-            q1,
-            q2,
-            rewards,
-            discounts,
-            next_q1_target,
-            next_q2_target,
-            next_log_prob,
-            alpha,
+            q1, q2, rewards, discounts, next_q1_target, next_q2_target, next_log_prob, alpha,
             importance=x.get("importance"),
         )
         self.critic_optimizer.zero_grad(set_to_none=True)
@@ -256,13 +249,8 @@ class SACAgent:
         self.policy_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
         found, _ = guarded_step(
-            self.policy_optimizer,
-            actor_loss,
-            self._policy_params,
-            self.config.max_grad_norm,
-            also=alpha_loss,
-            after=flags[0],
-            captured=captured,
+            self.policy_optimizer, actor_loss, self._policy_params, self.config.max_grad_norm,
+            also=alpha_loss, after=flags[0], captured=captured,
         )
         flags.append(found)
         if self.alpha_optimizer is not None:
