@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zmqrl.errors import ConfigError
-from zmqrl.types import MAX_KEYS, RECORD, ObsEntry, check_key, record_dtype
+from zmqrl.types import ACTION_MASK_KEY, MAX_KEYS, RECORD, ObsEntry, check_key, record_dtype
 
 # numpy dtype names an array frame may carry. Deliberately small: each is fixed-size, has one
 # unambiguous byte layout in every language, and covers observations, actions and parameters.
@@ -83,8 +83,9 @@ class SampleSpec:
     max_abs_core_cell: float = DEFAULT_MAX_ABS_CORE_CELL
     # Masked runs (an env whose Dict observation has an ``action_mask``, see zmqrl.envs.action_masks):
     # each observation row is a flat vector whose last num_actions components are its state's legal
-    # actions (1 legal, 0 not). The rows carry them, so the wire, replay and snapshots need no column
-    # of their own; the decoder checks them (transport/mask_checks.py) and the agents obey them.
+    # actions (1 legal, 0 not), or, with obs_entries, a record whose field ``action_mask`` holds them.
+    # The rows carry them, so the wire, replay and snapshots need no column of their own; the
+    # decoder checks them (transport/mask_checks.py) and the agents obey them.
     action_mask: bool = False
     # Recurrent replay runs (R2D2): every message is a SequenceBatch of windows of exactly this many
     # positions (burn-in included), each with a core state of core_size units; None: no sequences.
@@ -142,14 +143,12 @@ class SampleSpec:
             raise ValueError(f"SampleSpec.max_discount must be in [0, 1], got {self.max_discount}")
         object.__setattr__(self, "max_discount", float(self.max_discount))
         if self.action_mask:
-            if self.num_actions is None or len(self.obs_shape) != 1 or self.obs_shape[0] < self.num_actions:
+            if self.obs_entries:
+                self._check_mask_entry()
+            elif self.num_actions is None or len(self.obs_shape) != 1 or self.obs_shape[0] < self.num_actions:
                 raise ValueError(
                     "SampleSpec.action_mask needs Discrete actions and flat observations that end with their "
                     f"mask, got obs_shape {self.obs_shape}, num_actions {self.num_actions}"
-                )
-            if self.obs_entries:
-                raise ValueError(
-                    "SampleSpec.action_mask is not supported with Dict observations (obs_entries)"
                 )
             object.__setattr__(self, "action_mask", True)
         self._normalise_bounds()
@@ -186,6 +185,25 @@ class SampleSpec:
                 )
             checked.append(ObsEntry(e.key, shape, dtype, e.low, e.high))
         object.__setattr__(self, "obs_entries", tuple(checked))
+
+    def _check_mask_entry(self) -> None:
+        """A masked run of records: its legal actions are the entry ``action_mask``, one flag per
+        Discrete action, declared within [0, 1] (what the decoder and the agents read by name)."""
+        entry = next((e for e in self.obs_entries if e.key == ACTION_MASK_KEY), None)
+        if (
+            self.num_actions is None
+            or entry is None
+            or entry.shape != (self.num_actions,)
+            or entry.low is None
+            or entry.high is None
+            or not (np.asarray(entry.low) == 0).all()
+            or not (np.asarray(entry.high) == 1).all()
+        ):
+            raise ValueError(
+                f"SampleSpec.action_mask with obs_entries needs Discrete actions and an entry "
+                f"{ACTION_MASK_KEY!r} of shape (num_actions,) with bounds [0, 1], got num_actions "
+                f"{self.num_actions} and {entry}"
+            )
 
     @property
     def obs_np_dtype(self) -> np.dtype[Any]:

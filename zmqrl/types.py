@@ -177,6 +177,10 @@ class EpisodeStat(NamedTuple):
 # What a Dict observation's keys may be called: they name wire columns (``obs.<key>``) and
 # parameters (``torso.<key>.*``), so they are plain identifiers of bounded length.
 KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# The key of a Dict observation's legal actions, as the convention names it (PettingZoo's classic
+# games, many board and text envs): beside several other keys it travels as a field of the records
+# (``SampleSpec.action_mask``), which the agents and the decoder read by this name.
+ACTION_MASK_KEY = "action_mask"
 # Most keys one Dict observation may have (each is a wire column of obs and of next_obs).
 MAX_KEYS = 16
 # ``SampleSpec.obs_dtype`` of a run whose observations are records.

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zmqrl.agents.appo_policy import HALF_LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, shape_initial_policy
+from zmqrl.agents.keyed import mask_field
 from zmqrl.agents.layers import CORE, LOG_STD, LOGITS, MEAN, MLP, TANH, VALUE, ActingNet, appo_value_net
 from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import build_acting, init_linear_, torso_features
@@ -60,6 +61,7 @@ class APPOPolicyNet(nn.Module):
         super().__init__()
         self.net = net
         self.masked = masked  # logits of each row's illegal actions are MASKED_VALUE (agents/masks.py)
+        self.mask_field = mask_field(net.inputs)  # where records hold them (None: rows end with them)
         build_from_table(self, net, obs_shape, generator)
         for name, width in net.free:  # set by shape_initial_policy below
             self.register_parameter(name, nn.Parameter(torch.zeros(width)))
@@ -121,7 +123,7 @@ class APPOPolicyNet(nn.Module):
             return out, log_std
         if obs is None:
             raise ValueError("a masked policy's logits need the rows their legal actions come from")
-        return mask_torch(out, obs), log_std
+        return mask_torch(out, obs, self.mask_field), log_std
 
     def head_log_prob_entropy(
         self, features: torch.Tensor, actions: torch.Tensor, obs: torch.Tensor | None = None

@@ -32,7 +32,7 @@ import numpy as np
 
 from zmqrl.agents.torsos import CONV_TORSOS, ConvTorso, cnn_problem, conv_features
 from zmqrl.spec import SampleSpec
-from zmqrl.types import field_layout
+from zmqrl.types import ACTION_MASK_KEY, field_layout
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,13 @@ def obs_fields(spec: SampleSpec) -> tuple[Field, ...]:
     if not spec.obs_entries:
         return ()
     return tuple(Field(*layout) for layout in field_layout(spec.obs_np_dtype))
+
+
+def mask_field(fields: tuple[Field, ...]) -> Field | None:
+    """The field of a masked run's records that holds the legal actions (``action_mask``), or None.
+    The networks keep it beside their inputs: the mask is one of them (the net reads which moves
+    are open), and it is also what their outputs obey (``zmqrl.agents.masks.mask_torch``)."""
+    return next((f for f in fields if f.key == ACTION_MASK_KEY), None)
 
 
 def encoder(field: Field, torso: str) -> ConvTorso | None:

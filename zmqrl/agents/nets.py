@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from zmqrl.agents.configs import DEVICE_NAMES, TORSOS
-from zmqrl.agents.keyed import Field
+from zmqrl.agents.keyed import Field, mask_field
 from zmqrl.agents.keyed_nets import KeyedTorso
 from zmqrl.agents.layers import MLP, ActingNet, dqn_net
 from zmqrl.agents.masks import mask_torch
@@ -160,6 +160,7 @@ class QNetwork(nn.Module):
         super().__init__()
         self.masked = masked
         self.inputs = inputs  # a Dict observation's keys (zmqrl.agents.keyed): records' bytes in
+        self.mask_field = mask_field(inputs)  # where records hold legal actions (None: rows end with them)
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
         if torso not in TORSOS:
@@ -199,7 +200,7 @@ class QNetwork(nn.Module):
             value = self.value(features)
             advantage = self.advantage(features)
             q = value + advantage - advantage.mean(dim=1, keepdim=True)
-        return mask_torch(q, obs) if self.masked else q
+        return mask_torch(q, obs, self.mask_field) if self.masked else q
 
 
 def build_acting(

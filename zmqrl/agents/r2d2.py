@@ -27,7 +27,7 @@ from torch import nn
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.agents.capture import run_update
-from zmqrl.agents.keyed import Field, obs_fields
+from zmqrl.agents.keyed import Field, mask_field, obs_fields
 from zmqrl.agents.losses import r2d2_loss
 from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import (
@@ -77,6 +77,7 @@ class R2D2Net(nn.Module):
     ) -> None:
         super().__init__()
         self.masked = masked  # Q-values of each row's illegal actions are MASKED_VALUE (agents/masks.py)
+        self.mask_field = mask_field(inputs)  # where records hold them (None: rows end with them)
         with torch.random.fork_rng(devices=[]):  # layers re-drawn from `generator` below
             build_acting(self, r2d2_net(config, n_actions, inputs), obs_shape, nn.ReLU)
         init_linear_(self, generator)
@@ -96,7 +97,8 @@ class R2D2Net(nn.Module):
         row's illegal actions at MASKED_VALUE (the head reads ``h``; the legal actions are the row's)."""
         if not self.masked:
             return q
-        flat = mask_torch(q.reshape(-1, q.shape[-1]), obs.reshape(-1, *obs.shape[q.dim() - 1 :]))
+        rows = obs.reshape(-1, *obs.shape[q.dim() - 1 :])
+        flat = mask_torch(q.reshape(-1, q.shape[-1]), rows, self.mask_field)
         return flat.reshape(q.shape)
 
 

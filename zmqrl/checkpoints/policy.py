@@ -16,7 +16,7 @@ import numpy as np
 
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Policy, is_recurrent
-from zmqrl.envs.action_masks import as_masked_rows
+from zmqrl.envs.action_masks import as_mask_flags, as_masked_rows, is_masked_space
 from zmqrl.envs.records import is_record_space, obs_entries
 from zmqrl.types import record_dtype, to_records
 
@@ -49,8 +49,10 @@ class DeployedPolicy:
         self.path = path  # the checkpoint file it was read from
         self.observation_space = observation_space
         self.action_space = action_space
-        # A Dict observation (not a masked one) is played as records (zmqrl.types), one field per key.
+        # A Dict observation is played as records (zmqrl.types), one field per key; a masked one
+        # with several keys beside its mask too (a masked one of one key is a Box of flat rows).
         keyed = is_record_space(observation_space)
+        self._masked_records = keyed and is_masked_space(observation_space)
         self._records = record_dtype(obs_entries(observation_space)) if keyed else None
         self._obs_ndim = 0 if self._records is not None else len(observation_space.shape)
 
@@ -74,10 +76,13 @@ class DeployedPolicy:
         A masked env's policy takes its rows (as ``make_env`` gives them) or the raw Dict
         observation ``{"action_mask": .., <entry>: ..}`` (one, or batched as a vector env gives
         it), and only ever picks an action its mask allows. A Dict observation's policy takes the
-        Dict as the env gives it (``{key: array}``, one or batched) or records as ``make_env`` gives them."""
+        Dict as the env gives it (``{key: array}``, one or batched) or records as ``make_env`` gives
+        them; a masked one of several keys too (its ``action_mask`` any 0/1 array, as the env's)."""
         if self._records is not None:
-            given = isinstance(obs, Mapping)
-            arr = to_records(obs, self._records) if given else np.asarray(obs, self._records)
+            if isinstance(obs, Mapping):
+                arr = to_records(as_mask_flags(obs) if self._masked_records else obs, self._records)
+            else:
+                arr = np.asarray(obs, self._records)
             single = arr.ndim == 0
             actions = self._agent.act(arr[None] if single else arr, explore=False)
             return actions[0] if single else actions

@@ -14,8 +14,13 @@ the agents' networks set the values of illegal actions to ``MASKED_VALUE`` (``zm
 so acting, targets, log-probabilities, evaluation, ``load_policy`` and ONNX exports all obey it.
 The network also sees the mask as input, which tells it which moves are available.
 
-Scope: the other entry must be a Box (any shape: it is flattened, so an MLP torso reads it); an
-image next to a mask (a CNN torso) waits for Dict observations with one array per key.
+Several entries beside the mask (an image and a vector, two vectors) travel as records instead
+(``zmqrl.types``, :class:`MaskedRecordObservation`): the mask is then the records' field
+``action_mask`` (uint8 0/1), every other key keeps its own dtype and encoder (an image key goes
+through ``agent.torso``'s CNN), and the agents and the decoder read the legal actions out of that
+field by name. Why the one-entry case stays a flat row: its runs, configs and checkpoints predate
+records and keep their layout. With one entry, that entry must be a Box (any shape: it is
+flattened, so an MLP torso reads it).
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from zmqrl.envs.records import RecordObservation
 from zmqrl.errors import EnvError
+from zmqrl.types import ACTION_MASK_KEY
 
-# The Dict observation's key that holds the legal actions, as the convention names it.
-ACTION_MASK_KEY = "action_mask"
 # The attribute by which ``sample_spec`` finds the adapter through any wrappers around it.
 MASKED_ATTR = "zmqrl_action_mask"
 
@@ -39,8 +44,8 @@ def is_masked_space(space: Any) -> bool:
     return isinstance(space, gym.spaces.Dict) and ACTION_MASK_KEY in space.spaces
 
 
-def masked_entry(space: gym.spaces.Dict, num_actions: int) -> str:
-    """The key of the entry the agent observes beside the mask; EnvError says what does not fit."""
+def other_entries(space: gym.spaces.Dict, num_actions: int) -> list[str]:
+    """The keys the agent observes beside the mask (at least one); EnvError says what does not fit."""
     mask = space.spaces[ACTION_MASK_KEY]
     if not isinstance(mask, (gym.spaces.Box, gym.spaces.MultiBinary)) or mask.shape != (num_actions,):
         raise EnvError(
@@ -48,12 +53,38 @@ def masked_entry(space: gym.spaces.Dict, num_actions: int) -> str:
             f"(one flag per action), got {mask}"
         )
     others = [key for key in space.spaces if key != ACTION_MASK_KEY]
+    if not others:
+        raise EnvError(f"a masked Dict observation needs an entry beside {ACTION_MASK_KEY!r}, got {space}")
+    return others
+
+
+def masked_entry(space: gym.spaces.Dict, num_actions: int) -> str:
+    """The key of the one entry beside the mask (a flat row's); EnvError says what does not fit."""
+    others = other_entries(space, num_actions)
     if len(others) != 1 or not isinstance(space.spaces[others[0]], gym.spaces.Box):
         raise EnvError(
-            f"a masked Dict observation needs exactly one Box entry beside {ACTION_MASK_KEY!r}, got "
-            f"{space}; several entries wait for Dict observations with one array per key"
+            f"a masked Dict observation of flat rows needs exactly one Box entry beside "
+            f"{ACTION_MASK_KEY!r}, got {space}"
         )
     return others[0]
+
+
+def discrete_actions(env: gym.Env[Any, Any]) -> int:
+    """How many actions ``env`` has; EnvError unless they are Discrete (what a mask flags)."""
+    actions = env.action_space
+    if not isinstance(actions, gym.spaces.Discrete):
+        raise EnvError(f"an action mask needs a Discrete action space, got {actions}")
+    return int(actions.n)
+
+
+def masked_observations(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
+    """``env`` (a masked Dict observation) as the agents take it: one entry beside the mask as flat
+    rows (:class:`ActionMaskObservation`), several as records (:class:`MaskedRecordObservation`)."""
+    space = env.observation_space
+    assert isinstance(space, gym.spaces.Dict)  # the factory chose this for a masked Dict
+    if len(other_entries(space, discrete_actions(env))) == 1:
+        return ActionMaskObservation(env)
+    return MaskedRecordObservation(env)
 
 
 def flat_row(entry: np.ndarray, mask: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
@@ -73,15 +104,12 @@ class ActionMaskObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
 
     def __init__(self, env: gym.Env[Any, Any]) -> None:
         super().__init__(env)
-        space, actions = env.observation_space, env.action_space
-        if not isinstance(actions, gym.spaces.Discrete):
-            raise EnvError(f"an action mask needs a Discrete action space, got {actions}")
+        space, n = env.observation_space, discrete_actions(env)
         assert isinstance(space, gym.spaces.Dict)  # the factory chose this adapter for a Dict
-        self._entry = masked_entry(space, int(actions.n))
+        self._entry = masked_entry(space, n)
         box = space.spaces[self._entry]
         assert isinstance(box, gym.spaces.Box)
         self._dtype = np.dtype(box.dtype)
-        n = int(actions.n)
         low = np.concatenate([np.asarray(box.low, np.float64).reshape(-1), np.zeros(n)])
         high = np.concatenate([np.asarray(box.high, np.float64).reshape(-1), np.ones(n)])
         self.observation_space = gym.spaces.Box(
@@ -93,8 +121,44 @@ class ActionMaskObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
         return flat_row(np.asarray(observation[self._entry]), observation[ACTION_MASK_KEY], self._dtype)
 
 
+def mask_space(num_actions: int) -> gym.spaces.Box:
+    """The ``action_mask`` entry of a masked run's records: one uint8 flag per action, 1 legal."""
+    return gym.spaces.Box(0, 1, (num_actions,), np.uint8)
+
+
+class MaskedRecordObservation(RecordObservation):
+    """A masked Dict observation of several entries as records whose field ``action_mask`` holds
+    the legal actions (the module docstring says why records). The observation space stays the
+    Dict, its ``action_mask`` entry now :func:`mask_space` (whatever Box or MultiBinary the env
+    declared), so ``sample_spec`` describes the field the records really have. Every other entry
+    must be a Box (``zmqrl.envs.records.obs_entries`` names the one that is not)."""
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        space, n = env.observation_space, discrete_actions(env)
+        assert isinstance(space, gym.spaces.Dict)  # the factory chose this adapter for a Dict
+        other_entries(space, n)
+        entries = {key: mask_space(n) if key == ACTION_MASK_KEY else sub for key, sub in space.spaces.items()}
+        super().__init__(env, gym.spaces.Dict(entries))
+        setattr(self, MASKED_ATTR, True)
+
+    def observation(self, observation: Mapping[str, Any]) -> np.ndarray:
+        return super().observation(as_mask_flags(observation))
+
+
+def as_mask_flags(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """``obs`` (a masked Dict observation, one or a batch) with its mask as uint8 0/1 flags, as
+    :func:`mask_space` declares them (an env's int8, bool or float mask alike); without one, as is."""
+    if ACTION_MASK_KEY not in obs:
+        return dict(obs)
+    flags = (np.asarray(obs[ACTION_MASK_KEY]) != 0).astype(np.uint8)
+    return {key: flags if key == ACTION_MASK_KEY else value for key, value in obs.items()}
+
+
 def declares_action_mask(env: Any) -> bool:
-    """Whether ``env`` (or a vector env's first sub-env) observes through ActionMaskObservation."""
+    """Whether ``env`` (or a vector env's first sub-env, through any vector wrappers such as
+    records') observes through ActionMaskObservation or MaskedRecordObservation."""
+    while isinstance(env, gym.vector.VectorWrapper):
+        env = env.env
     envs = getattr(env, "envs", None)
     inner = envs[0] if isinstance(envs, (list, tuple)) and envs else env
     lookup = getattr(inner, "get_wrapper_attr", None)

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from zmqrl.config import EnvConfig
-from zmqrl.envs.action_masks import ActionMaskObservation, declares_action_mask, is_masked_space
+from zmqrl.envs.action_masks import declares_action_mask, is_masked_space, masked_observations
 from zmqrl.envs.atari import ALE_NAMESPACE, make_atari_env, register_ale
 from zmqrl.envs.ids import (
     ATARI_INSTALL_HINT,
@@ -128,9 +128,9 @@ def _supported_observations(env: gym.Env[Any, Any], env_id: str) -> gym.Env[Any,
         return env
     if isinstance(space, gym.spaces.Discrete):
         return OneHotObservation(env)
-    if is_masked_space(space):  # {"action_mask", one Box}: one flat row ending with the mask
+    if is_masked_space(space):  # {"action_mask", one Box}: a flat row ending with the mask; more: records
         try:
-            return ActionMaskObservation(env)
+            return masked_observations(env)
         except EnvError:
             env.close()
             raise

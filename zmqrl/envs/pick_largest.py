@@ -14,6 +14,11 @@ default: a ValueError, so a test proves that no masked agent ever took one), or 
 episode ends there (terminated, reward 0), which lets an unmasked agent
 (``mask_observation: false``: the Box of values alone) play the same game and be compared.
 Every illegal move is counted in ``illegal_moves`` either way.
+
+``extra_key`` adds a third entry beside the two, so the mask travels as a field of records
+(``zmqrl.envs.action_masks``): ``"progress"``, the fraction of slots taken ``(1,)`` float32, or
+``"board"``, the table as a ``(1, max_value, slots)`` uint8 image with a 1 at (value - 1, slot) for
+each free slot (what a CNN torso reads beside the mask). None (the default): the two entries only.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ PICK_LARGEST = "zmqrl/PickLargest-v0"
 DEFAULT_SLOTS = 6
 DEFAULT_MAX_VALUE = 9
 ILLEGAL_RULES = ("raise", "lose")
+EXTRA_KEYS = ("progress", "board")
 
 
 class PickLargest(gym.Env[Any, np.int64]):
@@ -41,20 +47,24 @@ class PickLargest(gym.Env[Any, np.int64]):
         max_value: int = DEFAULT_MAX_VALUE,
         illegal: str = "raise",
         mask_observation: bool = True,
+        extra_key: str | None = None,
     ) -> None:
         if not 2 <= slots <= max_value:
             raise ValueError(f"need 2 <= slots <= max_value, got slots={slots}, max_value={max_value}")
         if illegal not in ILLEGAL_RULES:
             raise ValueError(f"illegal must be one of {ILLEGAL_RULES}, got {illegal!r}")
+        if extra_key is not None and (extra_key not in EXTRA_KEYS or not mask_observation):
+            raise ValueError(f"extra_key must be None or one of {EXTRA_KEYS} with a mask, got {extra_key!r}")
         self.slots, self.max_value, self.illegal = int(slots), int(max_value), illegal
-        self.mask_observation = bool(mask_observation)
+        self.mask_observation, self.extra_key = bool(mask_observation), extra_key
         values = gym.spaces.Box(0.0, 1.0, (self.slots,), np.float32)
         mask = gym.spaces.Box(0, 1, (self.slots,), np.int8)
-        self.observation_space: gym.Space[Any] = (
-            gym.spaces.Dict({"observation": values, ACTION_MASK_KEY: mask})
-            if self.mask_observation
-            else values
-        )
+        entries: dict[str, gym.Space[Any]] = {"observation": values, ACTION_MASK_KEY: mask}
+        if extra_key == "progress":
+            entries[extra_key] = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        elif extra_key == "board":
+            entries[extra_key] = gym.spaces.Box(0, 1, (1, self.max_value, self.slots), np.uint8)
+        self.observation_space: gym.Space[Any] = gym.spaces.Dict(entries) if self.mask_observation else values
         self.action_space = gym.spaces.Discrete(self.slots)
         self.illegal_moves = 0  # over the env's life: what tests and comparisons read
         self._values = np.zeros(self.slots, np.int64)
@@ -87,7 +97,15 @@ class PickLargest(gym.Env[Any, np.int64]):
         values = np.where(self._free, self._values / self.max_value, 0.0).astype(np.float32)
         if not self.mask_observation:
             return values
-        return {"observation": values, ACTION_MASK_KEY: self._free.astype(np.int8)}
+        obs = {"observation": values, ACTION_MASK_KEY: self._free.astype(np.int8)}
+        if self.extra_key == "progress":
+            obs["progress"] = np.array([1.0 - self._free.mean()], np.float32)
+        elif self.extra_key == "board":
+            board = np.zeros((1, self.max_value, self.slots), np.uint8)
+            free = np.flatnonzero(self._free)
+            board[0, self._values[free] - 1, free] = 1
+            obs["board"] = board
+        return obs
 
 
 def register_pick_largest() -> None:

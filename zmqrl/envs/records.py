@@ -1,7 +1,7 @@
 """Dict observations of Box entries as records (``zmqrl.types``): the env's edge.
 
 ``make_env`` wraps an env whose observation space is a ``gymnasium.spaces.Dict`` of Box entries
-(without an ``action_mask``, which ``zmqrl.envs.action_masks`` handles) in
+(one with an ``action_mask`` through ``zmqrl.envs.action_masks``, which subclasses it) in
 :class:`RecordObservation`, and ``make_vector_env`` wraps the vector env of such envs in
 :class:`RecordVectorObservation`: from there on each observation is one record, a batch is one
 array of records, and ``sample_spec`` describes one entry per key. The wrappers keep the Dict as
@@ -62,14 +62,18 @@ def obs_entries(space: gym.spaces.Dict) -> tuple[ObsEntry, ...]:
 
 
 class RecordObservation(gym.ObservationWrapper[np.ndarray, Any, Any]):
-    """One env's Dict observations as 0-d records (the observation space stays the Dict).
+    """One env's Dict observations as 0-d records (the observation space stays the Dict, or
+    becomes ``space``: a masked run's, ``zmqrl.envs.action_masks``).
 
     A module-level class, so the env stays picklable."""
 
-    def __init__(self, env: gym.Env[Any, Any]) -> None:
+    def __init__(self, env: gym.Env[Any, Any], space: gym.spaces.Dict | None = None) -> None:
         super().__init__(env)
-        space = env.observation_space
-        assert isinstance(space, gym.spaces.Dict)  # the factory chose this wrapper for a Dict
+        if space is None:
+            assert isinstance(env.observation_space, gym.spaces.Dict)  # the factory chose this for a Dict
+            space = env.observation_space
+        # The Dict says what each field of the records holds (the wrapper's type says records).
+        self.observation_space = space  # type: ignore[assignment]
         self.record_dtype = record_dtype(obs_entries(space))
 
     def observation(self, observation: Mapping[str, Any]) -> np.ndarray:

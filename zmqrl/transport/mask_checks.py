@@ -1,7 +1,8 @@
 """The content checks of a masked run's rows: their legal-action components, and the actions taken.
 
 A masked run's observation rows end with ``num_actions`` components that flag the state's legal
-actions (``SampleSpec.action_mask``, ``zmqrl.envs.action_masks``). The observation bounds already
+actions, or its records hold them in their field ``action_mask`` (``SampleSpec.action_mask``,
+``zmqrl.envs.action_masks``). The observation bounds already
 keep them within [0, 1]; what this run can mean is narrower: each is exactly 0 or 1, every state
 acted in has at least one legal action and the action taken is one of them, and every state a
 target bootstraps from (a transition's next observation with a discount above 0, every rollout
@@ -19,14 +20,17 @@ import numpy as np
 
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.fields import fail
-from zmqrl.types import SEQUENCE_PADDING, RolloutBatch, SequenceBatch, TransitionBatch
+from zmqrl.types import ACTION_MASK_KEY, SEQUENCE_PADDING, RolloutBatch, SequenceBatch, TransitionBatch
 
 
 def _legal(obs: np.ndarray, what: str, spec: SampleSpec) -> np.ndarray:
-    """The legal-action flags ``(N, A)`` bool of observation rows ``(N, D + A)``, after checking
-    every flag is exactly 0 or 1."""
+    """The legal-action flags ``(N, A)`` bool of observation rows ``(N, D + A)`` or of records
+    (their field ``action_mask``), after checking every flag is exactly 0 or 1."""
     n = int(spec.num_actions or 0)
-    flags = obs.reshape(-1, obs.shape[-1])[:, -n:]
+    if obs.dtype.names is not None:
+        flags = obs[ACTION_MASK_KEY].reshape(-1, n)
+    else:
+        flags = obs.reshape(-1, obs.shape[-1])[:, -n:]
     legal = flags == 1
     if not (legal | (flags == 0)).all():
         fail(f"{what}: an action-mask component is neither 0 nor 1")
