@@ -373,3 +373,29 @@ def test_a_short_serial_run_takes_no_illegal_move_and_load_policy_obeys_the_raw_
     batch["action_mask"] = batch["action_mask"].astype(bool)  # any 0/1 array, as an env gives it
     batch["action_mask"][:, :5] = False  # only the last slot is legal
     assert policy.act(batch).tolist() == [5, 5, 5]
+
+
+class BoardOnly(gym.ObservationWrapper[Any, Any, Any]):
+    """PickLargest seen through its board image and its mask alone: one image beside the mask."""
+
+    def __init__(self) -> None:
+        super().__init__(PickLargest(extra_key="board"))
+        spaces = self.env.observation_space.spaces  # type: ignore[attr-defined]
+        self.observation_space = gym.spaces.Dict({k: spaces[k] for k in ("action_mask", "board")})
+
+    def observation(self, observation: Any) -> Any:
+        return {k: observation[k] for k in ("action_mask", "board")}
+
+
+def test_one_image_beside_the_mask_travels_as_records_so_a_cnn_sees_it_whole() -> None:
+    env = _supported_observations(BoardOnly(), "board-only")
+    spec = sample_spec(env)
+    assert spec.action_mask and [e.key for e in spec.obs_entries] == ["action_mask", "board"]
+    config = DQNConfig(torso="minatar_cnn", hidden_sizes=[32], device="cpu")
+    policy = make_policy(config, spec, seed=0)
+    obs, _ = env.reset(seed=0)
+    for _ in range(30):  # PickLargest raises at an illegal move
+        obs, _, terminated, _, _ = env.step(int(policy.act(obs[None], explore=False)[0]))
+        if terminated:
+            obs, _ = env.reset()
+    env.close()

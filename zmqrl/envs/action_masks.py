@@ -14,13 +14,12 @@ the agents' networks set the values of illegal actions to ``MASKED_VALUE`` (``zm
 so acting, targets, log-probabilities, evaluation, ``load_policy`` and ONNX exports all obey it.
 The network also sees the mask as input, which tells it which moves are available.
 
-Several entries beside the mask (an image and a vector, two vectors) travel as records instead
+Several entries beside the mask (an image and a vector, two vectors), or one image, travel as records instead
 (``zmqrl.types``, :class:`MaskedRecordObservation`): the mask is then the records' field
 ``action_mask`` (uint8 0/1), every other key keeps its own dtype and encoder (an image key goes
 through ``agent.torso``'s CNN), and the agents and the decoder read the legal actions out of that
-field by name. Why the one-entry case stays a flat row: its runs, configs and checkpoints predate
-records and keep their layout. With one entry, that entry must be a Box (any shape: it is
-flattened, so an MLP torso reads it).
+field by name. Why one vector entry stays a flat row: its runs, configs and checkpoints predate
+records and keep their layout. That entry must be a Box (flattened, so an MLP torso reads it).
 """
 
 from __future__ import annotations
@@ -78,13 +77,19 @@ def discrete_actions(env: gym.Env[Any, Any]) -> int:
 
 
 def masked_observations(env: gym.Env[Any, Any]) -> gym.Env[Any, Any]:
-    """``env`` (a masked Dict observation) as the agents take it: one entry beside the mask as flat
-    rows (:class:`ActionMaskObservation`), several as records (:class:`MaskedRecordObservation`)."""
+    """``env`` (a masked Dict observation) as the agents take it: one vector entry beside the mask
+    as flat rows (:class:`ActionMaskObservation`); several entries, or one image ``(C, H, W)`` (which
+    a CNN torso must see whole, not flattened into a row), as records (:class:`MaskedRecordObservation`)."""
     space = env.observation_space
     assert isinstance(space, gym.spaces.Dict)  # the factory chose this for a masked Dict
-    if len(other_entries(space, discrete_actions(env))) == 1:
+    others = other_entries(space, discrete_actions(env))
+    if len(others) == 1 and len(space.spaces[others[0]].shape or ()) != IMAGE_NDIM:
         return ActionMaskObservation(env)
     return MaskedRecordObservation(env)
+
+
+# Dims of an image entry (C, H, W): beside a mask it travels as records, for the CNN torsos.
+IMAGE_NDIM = 3
 
 
 def flat_row(entry: np.ndarray, mask: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
