@@ -2,7 +2,7 @@
 
 Registered through the same :mod:`zmqrl.agents.registry` as any plugin. Nothing here imports
 torch until a learner (or a torch-backed policy) is built: actors with an MLP or the MinAtar CNN
-act in numpy (DQN's and APPO's alike).
+act in numpy (DQN's, APPO's and R2D2's alike).
 """
 
 from __future__ import annotations
@@ -209,13 +209,16 @@ APPO_PLUGIN = AgentPlugin(
 
 
 def check_r2d2(config: R2D2Config, spec: SampleSpec, device: str | None) -> str | None:
-    """Recurrent DQN needs Discrete actions (its torso is the MLP, which takes any shape)."""
+    """Recurrent DQN needs Discrete actions, and frames big enough for its kernels when its torso
+    is a CNN (the MLP takes any shape, flattened), as DQN's."""
     if spec.num_actions is None:
         return (
             f"agent.kind 'r2d2' needs a Discrete action space; this env's actions are continuous "
             f"(Box of shape {spec.action_shape})"
         )
-    return device_problem(device if device is not None else config.device)
+    return torso_problem(config.torso, spec) or device_problem(
+        device if device is not None else config.device
+    )
 
 
 def make_r2d2_learner(
@@ -228,10 +231,16 @@ def make_r2d2_learner(
 
 
 def make_r2d2_policy(config: R2D2Config, spec: SampleSpec, *, seed: int | None) -> Policy:
-    """The numpy recurrent Q-network (no torch in the actor), a state per env."""
-    from zmqrl.agents.r2d2_policy import NumpyR2D2Policy
+    """The numpy recurrent Q-network, a state per env, for the MLP and MinAtar CNN torsos (no torch
+    in the actor); the torch agent on the CPU for the Nature CNN (as DQN's and APPO's), which keeps
+    its states by the same methods (``CoreActing``)."""
+    from zmqrl.agents.r2d2_policy import NumpyR2D2Policy, r2d2_net
 
-    return NumpyR2D2Policy(config, spec, seed=seed)
+    if r2d2_net(config, spec).numpy_acting:
+        return NumpyR2D2Policy(config, spec, seed=seed)
+    from zmqrl.agents.r2d2 import R2D2Agent
+
+    return R2D2Agent(config, spec, device="cpu", seed=seed)
 
 
 R2D2_PLUGIN = AgentPlugin(
@@ -241,8 +250,13 @@ R2D2_PLUGIN = AgentPlugin(
     make_policy=make_r2d2_policy,
     check=check_r2d2,
     # The acting network, and what a window on the wire is (its lengths, its targets' discount).
-    fingerprint_fields=("kind", "hidden_sizes", "core_size", "sequence_length", "burn_in", "n_step", "gamma"),
-    description="recurrent DQN (R2D2): an LSTM core, replayed sequences with burn-in (Discrete actions)",
+    fingerprint_fields=(
+        "kind", "hidden_sizes", "torso", "core_size", "sequence_length", "burn_in", "n_step", "gamma"
+    ),
+    description=(
+        "recurrent DQN (R2D2): an LSTM core after an MLP, Nature or MinAtar CNN, replayed sequences "
+        "with burn-in (Discrete actions)"
+    ),
     sequences=True,
 )
 BUILTIN_PLUGINS = (DQN_PLUGIN, SAC_PLUGIN, APPO_PLUGIN, R2D2_PLUGIN)

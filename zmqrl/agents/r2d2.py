@@ -12,7 +12,8 @@ set the Q-values of each position's illegal actions (those of its own observatio
 actions only; a terminal observation with none is read only times a zero discount.
 
 Actors act with ``zmqrl.agents.r2d2_policy.NumpyR2D2Policy``; this agent acts the same way in
-torch (the reference the tests hold the numpy policy to, and what ``load_policy`` may use).
+torch (the reference the tests hold the numpy policy to, what ``load_policy`` may use, and the
+actors' policy under the Nature CNN, which numpy would run many times slower).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from torch import nn
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.agents.capture import run_update
-from zmqrl.agents.keyed import Field, mask_field, obs_fields
+from zmqrl.agents.keyed import mask_field
+from zmqrl.agents.layers import MLP, ActingNet
 from zmqrl.agents.losses import r2d2_loss
 from zmqrl.agents.masks import mask_torch
 from zmqrl.agents.nets import (
@@ -67,23 +69,22 @@ class R2D2Net(nn.Module):
     head: nn.Linear
 
     def __init__(
-        self,
-        config: R2D2Config,
-        obs_shape: tuple[int, ...],
-        n_actions: int,
-        generator: torch.Generator,
-        masked: bool = False,
-        inputs: tuple[Field, ...] = (),
+        self, table: ActingNet, obs_shape: tuple[int, ...], generator: torch.Generator, masked: bool = False
     ) -> None:
         super().__init__()
         self.masked = masked  # Q-values of each row's illegal actions are MASKED_VALUE (agents/masks.py)
-        self.mask_field = mask_field(inputs)  # where records hold them (None: rows end with them)
-        with torch.random.fork_rng(devices=[]):  # layers re-drawn from `generator` below
-            build_acting(self, r2d2_net(config, n_actions, inputs), obs_shape, nn.ReLU)
-        init_linear_(self, generator)
+        self.mask_field = mask_field(table.inputs)  # where records hold them (None: rows end with them)
+        self.torso_kind = table.torso
+        cnn = table.torso != MLP
+        with torch.random.fork_rng(devices=[]):  # the global RNG untouched: layers come from `generator`
+            build_acting(self, table, obs_shape, nn.ReLU, generator if cnn else None)
+        # The MLP is re-drawn whole, as it always was; a CNN torso (plain or keyed, with its MLP)
+        # drew its own layers from `generator` (zmqrl.agents.conv), so only core and head are
+        # drawn here, as QNetwork and APPO's tables do.
+        init_linear_(nn.ModuleList([self.core, self.head]) if cnn else self, generator)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        return torso_features(self.torso, "mlp", obs)
+        return torso_features(self.torso, self.torso_kind, obs)
 
     def step(
         self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
@@ -139,13 +140,12 @@ class R2D2Agent(CoreActing):
         self, config: R2D2Config, spec: SampleSpec, *, device: str | None = None, seed: int | None = None
     ) -> None:
         config.check()
-        if spec.num_actions is None:
-            raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
         self.config = config
         self.obs_shape = tuple(spec.obs_shape)
         self._device = resolve_device(device if device is not None else config.device)
         generator = torch.Generator().manual_seed(0 if seed is None else seed)
-        net = R2D2Net(config, self.obs_shape, spec.num_actions, generator, spec.action_mask, obs_fields(spec))
+        self.table = r2d2_net(config, spec)  # what NumpyR2D2Policy runs (numpy_acting: whether it can)
+        net = R2D2Net(self.table, self.obs_shape, generator, spec.action_mask)
         self.online = net.to(self._device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = fused_adam(self.online.parameters(), lr=config.lr, eps=config.adam_eps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zmqrl.agents.configs import AgentConfigBase, check_adam_schedule
+from zmqrl.agents.configs import TORSOS, AgentConfigBase, check_adam_schedule
 
 # The paper's priority mix: eta * max |td| + (1 - eta) * mean |td| over a sequence's learned steps.
 R2D2_PRIORITY_ETA = 0.9
@@ -24,6 +24,9 @@ class R2D2Config(AgentConfigBase):
     """
 
     kind: str = "r2d2"  # agent family, used to pick the agent class from a config file
+    # A CNN's features go to the LSTM as they are (hidden_sizes unused), as DQN's and APPO's heads
+    # read them; on a Dict observation it encodes the image keys and hidden_sizes mixes every key.
+    torso: str = "mlp"  # "mlp" (hidden_sizes), "nature_cnn" (Atari (4, 84, 84)) or "minatar_cnn" (C, 10, 10)
     hidden_sizes: list[int] = field(default_factory=lambda: [64])  # ReLU MLP torso before the LSTM
     core_size: int = 64  # units of the LSTM core between torso and Q head
     sequence_length: int = 20  # learned steps per window (and the windows' period)
@@ -52,6 +55,8 @@ class R2D2Config(AgentConfigBase):
         if self.kind != "r2d2":
             raise ValueError(f"agent.kind: expected 'r2d2', got {self.kind!r}")
         super().check()
+        if self.torso not in TORSOS:
+            raise ValueError(f"agent.torso: must be one of {', '.join(TORSOS)}, got {self.torso!r}")
         sizes = self.hidden_sizes
         if not all(isinstance(size, int) and not isinstance(size, bool) and size > 0 for size in sizes):
             raise ValueError(f"agent.hidden_sizes: every size must be a positive int, got {sizes!r}")

@@ -1,5 +1,8 @@
-"""R2D2's acting side in numpy: greedy Q-values of an MLP torso, an LSTM core and a linear head, with
-one core state per env carried across calls (actors and the evaluator; no torch in their processes).
+"""R2D2's acting side in numpy: greedy Q-values of a torso (``agent.torso``: the MLP or a CNN), an
+LSTM core and a linear head, with one core state per env carried across calls (actors and the
+evaluator; no torch in their processes). With the Nature CNN, whose convolutions numpy runs many
+times slower, actors act with ``R2D2Agent`` on the CPU instead (``zmqrl.agents.builtin``, as DQN's
+and APPO's do).
 
 The table is :func:`r2d2_net`, from which the learner's torch network is built too, so the weights
 it publishes load here name for name; the LSTM step is ``zmqrl.agents.layers.lstm_step`` (torch's
@@ -15,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
-from zmqrl.agents.keyed import Field, obs_fields
-from zmqrl.agents.layers import MLP, ActingNet, lstm_step
+from zmqrl.agents.keyed import obs_fields, torso_problem
+from zmqrl.agents.layers import ActingNet, lstm_step
 from zmqrl.agents.masks import mask_numpy
 from zmqrl.agents.numpy_policies import LoadedArrays, NamedArrays
 from zmqrl.agents.r2d2_config import R2D2Config
@@ -26,12 +29,22 @@ from zmqrl.spec import SampleSpec
 Q_HEAD = "head"
 
 
-def r2d2_net(config: R2D2Config, n_actions: int, inputs: tuple[Field, ...] = ()) -> ActingNet:
-    """The recurrent Q-network's table: ReLU MLP of ``hidden_sizes``, LSTM of ``core_size``, Q head
-    (``inputs``: a Dict observation's keys, each flattened into the MLP: ``zmqrl.agents.keyed``)."""
-    return ActingNet(
-        MLP, tuple(config.hidden_sizes), ((Q_HEAD, n_actions),), core=config.core_size, inputs=inputs
-    )
+def r2d2_net(config: R2D2Config, spec: SampleSpec) -> ActingNet:
+    """The recurrent Q-network's table for this config and spec: the torso, an LSTM of
+    ``core_size``, the Q head; ValueError for what ``check_r2d2`` refuses (continuous actions,
+    frames a CNN torso cannot take).
+
+    The torso is ``agent.torso``: the ReLU MLP of ``hidden_sizes``, or a CNN whose features the
+    LSTM reads directly (``hidden_sizes`` unused), as the heads of DQN's and APPO's CNN tables read
+    them. On a Dict observation each key goes through its encoder (the CNN for image keys) and the
+    MLP of ``hidden_sizes`` mixes them all before the LSTM (``zmqrl.agents.keyed``)."""
+    if spec.num_actions is None:
+        raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
+    if problem := torso_problem(config.torso, spec):
+        raise ValueError(problem)
+    heads = ((Q_HEAD, spec.num_actions),)
+    hidden = tuple(config.hidden_sizes)
+    return ActingNet(config.torso, hidden, heads, core=config.core_size, inputs=obs_fields(spec))
 
 
 def q_step(
@@ -52,11 +65,9 @@ class NumpyR2D2Policy(CoreActing, LoadedArrays):
 
     def __init__(self, config: R2D2Config, spec: SampleSpec, *, seed: int | None = None) -> None:
         config.check()
-        if spec.num_actions is None:
-            raise ValueError("R2D2 needs a Discrete action space (spec.num_actions)")
         self.config = config
         self.masked = spec.action_mask  # greedy over each row's legal actions only
-        self.net = r2d2_net(config, spec.num_actions, obs_fields(spec))
+        self.net = r2d2_net(config, spec)
         self._params = NamedArrays(self.net.layout(tuple(spec.obs_shape)), seed)
         self._core = CoreState(config.core_size)
 
