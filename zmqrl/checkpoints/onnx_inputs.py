@@ -6,7 +6,7 @@ with a dynamic batch dimension, in the records' key order (``zmqrl.types.record_
 the records' bytes, as torch takes them: a deployment holds the env's Dict, not zmqrl's byte
 layout with its padding, and ONNX has no operator that reads a float's bytes back as the float.
 
-No torch here, as in :mod:`zmqrl.checkpoints.onnx_policy`, which imports it: a deployed model
+No torch here: :mod:`zmqrl.checkpoints.onnx_policy` imports this module, and a deployed model
 plays without torch.
 """
 
