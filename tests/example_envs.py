@@ -129,3 +129,36 @@ class CorridorWithHelper(Corridor):
 
 def make_env_with_helper(tag: str) -> CorridorWithHelper:
     return CorridorWithHelper(tag)
+
+
+class DictReach(gym.Env[dict, np.ndarray]):
+    """A Dict observation (a float32 vector beside a uint8 image) with continuous actions, for
+    what GridGoal (Discrete actions) cannot check: SAC and Gaussian APPO on several keys. Nothing
+    here is learnable: the reward is how close the action is to the position."""
+
+    def __init__(self) -> None:
+        # The env's own spaces (not the class's): each env draws its observations from its own seed.
+        self.observation_space = gym.spaces.Dict(
+            {
+                "position": gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
+                "view": gym.spaces.Box(0, 1, shape=(1, 4, 4), dtype=np.uint8),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        self.t = 0
+        self.obs = self.observation_space.sample()
+        return self.obs, {}
+
+    def step(self, action: np.ndarray) -> tuple[dict, float, bool, bool, dict]:
+        self.t += 1
+        reward = -float(np.abs(np.asarray(action) - self.obs["position"]).sum())
+        self.obs = self.observation_space.sample()
+        return self.obs, reward, self.t >= 10, False, {}
+
+
+def make_dict_reach_env() -> DictReach:
+    return DictReach()

@@ -4,11 +4,14 @@ Towards torch a batch of records crosses as its bytes (``zmqrl.types.as_bytes``:
 tensor ``(..., itemsize)``), so staging, CUDA-graph buffers and device copies handle it as any
 other observation tensor. The networks take the fields back out here: a field is the byte range
 at its offset, viewed as its dtype (the record is aligned, so the view needs no copy, on the CPU as
-on CUDA) and shaped as its key. The layers are those of ``zmqrl.agents.keyed`` (its docstring says
-the rule and the names), so the state dict is the layout the numpy policies load.
+on CUDA) and shaped as its key (an ONNX export gives them key by key instead: :class:`KeyTensors`).
+The layers are those of ``zmqrl.agents.keyed`` (its docstring says the rule and the names), so
+the state dict is the layout the numpy policies load.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -26,10 +29,24 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def field_tensor(raw: torch.Tensor, field: Field) -> torch.Tensor:
+class KeyTensors:
+    """A batch of records given key by key (``{key: (B, *shape)}`` tensors, each in its key's
+    dtype) where a keyed network takes their bytes: an ONNX export's graph has one input per key,
+    and cannot rebuild the bytes from them (no ONNX operator of opset 17 reads a float32's bytes
+    as the float, as ``field_tensor`` does). :func:`field_tensor` hands out a key's tensor as it
+    is, so the networks read either form through their one ``forward``."""
+
+    def __init__(self, values: Mapping[str, torch.Tensor]) -> None:
+        self.values = dict(values)
+
+
+def field_tensor(raw: torch.Tensor | KeyTensors, field: Field) -> torch.Tensor:
     """Key ``field`` of records given as their bytes ``(*lead, itemsize)`` uint8: ``(*lead,
     *field.shape)`` in the field's dtype, a view where the bytes allow one (they do when the
-    record's rows start at multiples of its size, as every batch of them does)."""
+    record's rows start at multiples of its size, as every batch of them does); of
+    :class:`KeyTensors`, the key's tensor."""
+    if isinstance(raw, KeyTensors):
+        return raw.values[field.key]
     part = raw[..., field.offset : field.offset + field.nbytes]
     dtype = TORCH_DTYPES[field.dtype]
     if dtype.itemsize > 1:
@@ -42,8 +59,13 @@ def field_tensor(raw: torch.Tensor, field: Field) -> torch.Tensor:
     return part.reshape(*raw.shape[:-1], *field.shape)
 
 
-def check_bytes(raw: torch.Tensor, fields: tuple[Field, ...]) -> None:
-    """Refuse anything but records' bytes ``(B, itemsize)`` uint8 long enough for ``fields``."""
+def check_bytes(raw: torch.Tensor | KeyTensors, fields: tuple[Field, ...]) -> None:
+    """Refuse anything but records' bytes ``(B, itemsize)`` uint8 long enough for ``fields``
+    (or :class:`KeyTensors` with every key of ``fields``)."""
+    if isinstance(raw, KeyTensors):
+        if missing := [f.key for f in fields if f.key not in raw.values]:
+            raise ValueError(f"a keyed network needs the keys {missing}, got {list(raw.values)}")
+        return
     end = max(f.offset + f.nbytes for f in fields)
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] < end:
         raise ValueError(
@@ -106,7 +128,7 @@ class KeyedTorso(nn.Module):
             width = size
         self.out_features = width
 
-    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+    def forward(self, raw: torch.Tensor | KeyTensors) -> torch.Tensor:
         check_bytes(raw, self.fields)
         parts = []
         for field in self.fields:
@@ -114,7 +136,7 @@ class KeyedTorso(nn.Module):
             if field.key in self._encoded:
                 parts.append(self._modules[field.key](values))  # type: ignore[misc]
             else:
-                parts.append(values.reshape(raw.shape[0], -1).to(torch.float32))
+                parts.append(values.reshape(values.shape[0], -1).to(torch.float32))
         x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         for i in range(self._layers):
             x = self._modules[str(i)](x)  # type: ignore[misc]

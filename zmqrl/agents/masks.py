@@ -51,13 +51,13 @@ def mask_numpy(values: np.ndarray, obs: np.ndarray) -> np.ndarray:
 def mask_torch(values: torch.Tensor, obs: torch.Tensor, field: Field | None = None) -> torch.Tensor:
     """``mask_numpy`` in torch, differentiable (illegal actions get no gradient). ``field``: the
     records' ``action_mask`` (``zmqrl.agents.keyed.mask_field``), ``obs`` then their bytes
-    ``(B, itemsize)``."""
+    ``(B, itemsize)`` (or ``keyed_nets.KeyTensors``: an ONNX export's keys)."""
     import torch
 
     if field is not None:
         from zmqrl.agents.keyed_nets import field_tensor
 
-        legal = field_tensor(obs, field).reshape(obs.shape[0], -1) > 0.5
+        legal = field_tensor(obs, field).reshape(values.shape[0], -1) > 0.5
     else:
         legal = obs.reshape(obs.shape[0], -1)[:, -values.shape[1] :] > 0.5
     return torch.where(legal, values, torch.full_like(values, MASKED_VALUE))

@@ -9,8 +9,11 @@ explore=False)`` computes), so a deployment plays what was evaluated:
 * APPO: the argmax of the logits (Discrete actions), or the Gaussian's mean clipped to the bounds.
 
 Observations enter in the env's own dtype (uint8 frames stay bytes; the cast and the pixel scale
-are in the graph), any batch size. The run's spaces, env section and fingerprint travel in the
-model's metadata (:mod:`zmqrl.checkpoints.onnx_policy`, which reads and plays it without torch).
+are in the graph), any batch size. A Dict observation enters as one input per key (its name, dtype
+and shape), which the agent's own network reads as it reads the keys out of records' bytes
+(:class:`~zmqrl.agents.keyed_nets.KeyTensors`: one definition of the network, traced as it is).
+The run's spaces, env section and fingerprint travel in the model's metadata
+(:mod:`zmqrl.checkpoints.onnx_policy`, which reads and plays it without torch).
 
 torch traces the agent's own modules (the legacy TorchScript exporter: the dynamo one needs
 onnxscript, which the extra does not bring); onnx then adds the metadata and checks the model.
@@ -29,9 +32,10 @@ import torch
 from torch import nn
 
 from zmqrl.agents.appo_policy import APPOActions
+from zmqrl.agents.keyed_nets import KeyTensors
 from zmqrl.agents.numpy_policies import squashed_action_bounds
 from zmqrl.checkpoints.files import atomic_write, checkpoint_weights_version, load_checkpoint
-from zmqrl.checkpoints.onnx_policy import INPUT, OUTPUT, OnnxMetadata, action_spec, require
+from zmqrl.checkpoints.onnx_policy import OUTPUT, OnnxMetadata, action_spec, require
 from zmqrl.checkpoints.policy import (
     checkpoint_config,
     checkpoint_path,
@@ -40,6 +44,7 @@ from zmqrl.checkpoints.policy import (
 )
 from zmqrl.config import Config
 from zmqrl.spec import SampleSpec
+from zmqrl.types import ObsEntry
 
 # ONNX operator set of the graph: onnxruntime >= 1.14 runs it, and every op used here has been in
 # it for years (Gemm, Conv, ArgMax, Tanh, Min/Max).
@@ -103,6 +108,18 @@ class BoundedActions(nn.Module):
         return torch.minimum(torch.maximum(out, self.low), self.high)
 
 
+class KeyedInputs(nn.Module):
+    """A Dict observation's graph: one input per key, in key order, handed to ``greedy`` as
+    :class:`KeyTensors`, which the keyed networks read where they read records' bytes."""
+
+    def __init__(self, greedy: nn.Module, keys: tuple[str, ...]) -> None:
+        super().__init__()
+        self.greedy, self.keys = greedy, keys
+
+    def forward(self, *values: torch.Tensor) -> torch.Tensor:
+        return self.greedy(KeyTensors(dict(zip(self.keys, values, strict=True))))
+
+
 def greedy_module(agent: Any, kind: str, spec: SampleSpec) -> nn.Module:
     """The greedy rule of a built-in agent of ``kind`` as one torch module over its own (loaded)
     networks, with the bounds its ``act`` applies (taken from the same functions it takes them from)."""
@@ -124,14 +141,6 @@ def greedy_module(agent: Any, kind: str, spec: SampleSpec) -> nn.Module:
 RECURRENT_REFUSAL = (
     "agent.core 'lstm': zmqrl export writes stateless policies only (obs -> action); a recurrent "
     "policy's state has no place in that graph: play it with zmqrl.load_policy"
-)
-
-
-# Why a Dict observation's policy is not exported (yet): the graph's one input is an array of
-# the observation's dtype; a Dict needs one input per key, which the exporter does not write.
-DICT_REFUSAL = (
-    "Dict observations: zmqrl export writes graphs of one observation array (obs -> action), and a "
-    "Dict observation needs one input per key: play it with zmqrl.load_policy"
 )
 
 
@@ -172,8 +181,11 @@ def export_onnx(
         agent = make_eval_agent(cfg, env)
     finally:
         env.close()
-    if spec.obs_entries:
-        raise OnnxExportError(DICT_REFUSAL)
+    if any(e.key == OUTPUT for e in spec.obs_entries):
+        raise OnnxExportError(
+            f"Dict observation key {OUTPUT!r}: the graph's inputs are named by the keys, and "
+            f"{OUTPUT!r} names its output; rename the key in the env"
+        )
     load_checkpoint_weights(agent, payload, path)
     metadata = OnnxMetadata(
         agent=cfg.agent.kind,
@@ -184,11 +196,13 @@ def export_onnx(
         fingerprint=dict(run_fingerprint(cfg, spec)),
         weights_version=checkpoint_weights_version(payload),
         checkpoint=path.name,
+        obs_keys=tuple(ObsEntry(e.key, e.shape, e.dtype) for e in spec.obs_entries),
     )
-    model = onnx.load_from_string(trace(greedy_module(agent, cfg.agent.kind, spec), spec))
+    model = onnx.load_from_string(trace(greedy_module(agent, cfg.agent.kind, spec), metadata))
+    inputs = ", ".join(name for name, _, _ in metadata.inputs())
     model.doc_string = (
         f"zmqrl {cfg.agent.kind} greedy policy of {path.name} for {cfg.env.id}: "
-        f"{INPUT} -> {OUTPUT} (docs/export.md)"
+        f"{inputs} -> {OUTPUT} (docs/export.md)"
     )
     onnx.helper.set_model_props(model, metadata.to_props())
     onnx.checker.check_model(model, full_check=True)
@@ -202,22 +216,29 @@ def export_onnx(
     return Exported(out, metadata, len(data))
 
 
-def trace(module: nn.Module, spec: SampleSpec) -> bytes:
-    """``module`` traced on an example batch of ``spec``'s observations, as ONNX bytes with a
+def trace(module: nn.Module, metadata: OnnxMetadata) -> bytes:
+    """``module`` traced on an example batch of the observations ``metadata`` describes (one
+    input, or one per key: then ``module`` takes :class:`KeyTensors`), as ONNX bytes with a
     dynamic batch dimension."""
-    example = torch.zeros((TRACE_BATCH, *spec.obs_shape), dtype=getattr(torch, spec.obs_dtype))
+    inputs = metadata.inputs()
+    names = [name for name, _, _ in inputs]
+    if metadata.obs_keys:
+        module = KeyedInputs(module, tuple(names))
+    examples = tuple(
+        torch.zeros((TRACE_BATCH, *shape), dtype=getattr(torch, dtype)) for _, dtype, shape in inputs
+    )
     with tempfile.TemporaryDirectory(prefix="zmqrl-export-") as folder, warnings.catch_warnings():
         # The legacy exporter's deprecation notice, and tracer notes about the shape checks in
         # forward (Python comparisons of sizes, true for every batch): nothing the user can act on.
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module.eval(),
-            (example,),
+            examples,
             Path(folder) / "traced.onnx",
             dynamo=False,
-            input_names=[INPUT],
+            input_names=names,
             output_names=[OUTPUT],
-            dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}},
+            dynamic_axes={name: {0: "batch"} for name in [*names, OUTPUT]},
             opset_version=OPSET,
         )
         return (Path(folder) / "traced.onnx").read_bytes()

@@ -25,15 +25,26 @@ from typing import Any
 import numpy as np
 
 from zmqrl import strictjson
+from zmqrl.checkpoints.onnx_inputs import (
+    INPUT,
+    InputSpec,
+    graph_inputs,
+    inputs_problem,
+    key_feeds,
+    observation_text,
+)
 from zmqrl.config import Config
 from zmqrl.spec import ALLOWED_DTYPES, SampleSpec
+from zmqrl.types import MAX_KEYS, RECORD, ObsEntry, check_key, record_dtype
 
 # The extra that brings onnx (export) and onnxruntime (playing), and the line that says so.
 INSTALL = "pip install 'zmqrl[onnx]'"
-# The graph's one input and one output.
-INPUT = "obs"
+# The graph's one output; its input is one observation array, or one per key of a Dict
+# observation (``onnx_inputs``, which names the one: INPUT).
 OUTPUT = "action"
 # Metadata keys (the model's metadata_props, every value a string): see docs/export.md.
+# zmqrl.observation holds {"shape", "dtype"}, or for a Dict observation {KEYS: [{"name", "shape",
+# "dtype"}, ...]}: the same format, whose readers before Dict exports refuse the second as malformed.
 FORMAT_KEY = "zmqrl.format"
 AGENT_KEY = "zmqrl.agent"
 OBSERVATION_KEY = "zmqrl.observation"
@@ -44,6 +55,8 @@ WEIGHTS_VERSION_KEY = "zmqrl.weights_version"
 CHECKPOINT_KEY = "zmqrl.checkpoint"
 # The layout of the graph and its metadata; a reader refuses any other.
 EXPORT_FORMAT = 1
+# zmqrl.observation's list of a Dict observation's keys.
+KEYS = "keys"
 # Longest metadata value read (the env section and fingerprint are a few hundred bytes).
 MAX_METADATA_CHARS = 65536
 
@@ -89,20 +102,36 @@ class OnnxMetadata:
     """What an exported model says about itself (the values of its zmqrl.* metadata keys)."""
 
     agent: str  # the agent.kind it was trained as (dqn, sac, appo)
-    obs_shape: tuple[int, ...]
-    obs_dtype: str  # the env's observation dtype: the graph's input type
+    obs_shape: tuple[int, ...]  # () for a Dict observation (obs_keys)
+    obs_dtype: str  # the env's observation dtype: the graph's input type ("record": obs_keys)
     action: ActionSpec
     env: dict[str, Any]  # the config's env section, to build the env it plays
     fingerprint: dict[str, Any]  # the run fingerprint (zmqrl.runtime.run_fingerprint)
     weights_version: int
     checkpoint: str  # the name of the checkpoint file it was exported from
+    # A Dict observation's keys (name, shape, dtype; no bounds), one input each, in order; ().
+    obs_keys: tuple[ObsEntry, ...] = ()
+
+    def observation(self) -> dict[str, Any]:
+        """The ``zmqrl.observation`` value: the one input's shape and dtype, or each key's."""
+        if self.obs_keys:
+            return {KEYS: [{"name": e.key, "shape": list(e.shape), "dtype": e.dtype} for e in self.obs_keys]}
+        return {"shape": list(self.obs_shape), "dtype": self.obs_dtype}
+
+    def inputs(self) -> list[InputSpec]:
+        """The graph's inputs as this metadata describes them (name, dtype, shape after the batch)."""
+        return graph_inputs(self.obs_shape, self.obs_dtype, self.obs_keys)
+
+    def observation_text(self) -> str:
+        """What the model takes, as messages say it: ``[4] float32``, or each key's dtype and shape."""
+        return observation_text(self.obs_shape, self.obs_dtype, self.obs_keys)
 
     def to_props(self) -> dict[str, str]:
         """The metadata as ONNX metadata_props: every value a string, JSON where it is structured."""
         return {
             FORMAT_KEY: str(EXPORT_FORMAT),
             AGENT_KEY: self.agent,
-            OBSERVATION_KEY: strictjson.dumps({"shape": list(self.obs_shape), "dtype": self.obs_dtype}),
+            OBSERVATION_KEY: strictjson.dumps(self.observation()),
             ACTION_KEY: strictjson.dumps(self.action.to_dict()),
             ENV_KEY: strictjson.dumps(self.env),
             FINGERPRINT_KEY: strictjson.dumps(self.fingerprint),
@@ -143,8 +172,7 @@ def read_metadata(props: Mapping[str, str], source: str) -> OnnxMetadata:
     key = ""
     try:
         key = OBSERVATION_KEY
-        observation = _json(props, key, dict)
-        obs_shape, obs_dtype = _shape(observation.get("shape")), _dtype(observation.get("dtype"))
+        obs_shape, obs_dtype, obs_keys = _observation(_json(props, key, dict))
         key = ACTION_KEY
         action = _action(_json(props, key, dict))
         key = WEIGHTS_VERSION_KEY
@@ -166,6 +194,7 @@ def read_metadata(props: Mapping[str, str], source: str) -> OnnxMetadata:
         fingerprint=fingerprint,
         weights_version=version,
         checkpoint=props.get(CHECKPOINT_KEY, "")[:256],
+        obs_keys=obs_keys,
     )
 
 
@@ -187,6 +216,28 @@ def _json(props: Mapping[str, str], key: str, kind: type) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is no strict JSON")
+
+
+def _observation(data: dict[str, Any]) -> tuple[tuple[int, ...], str, tuple[ObsEntry, ...]]:
+    """``(shape, dtype, ())`` of one observation array, or ``((), "record", keys)`` of a Dict
+    observation: every key an identifier, listed once, described by its name, shape and dtype alone."""
+    if KEYS not in data:
+        return _shape(data.get("shape")), _dtype(data.get("dtype")), ()
+    items = data[KEYS]
+    if set(data) != {KEYS} or not isinstance(items, list) or not 1 <= len(items) <= MAX_KEYS:
+        raise ValueError(f"a Dict observation is described by {KEYS!r} alone, a list of 1 to {MAX_KEYS} keys")
+    keys: list[ObsEntry] = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"name", "shape", "dtype"}:
+            raise ValueError(f"a key is described by its name, shape and dtype alone, got {str(item)[:100]}")
+        name = check_key(item["name"])
+        if name in (OUTPUT, *(e.key for e in keys)):
+            raise ValueError(f"key {name!r} is listed twice, or is the output's name")
+        try:
+            keys.append(ObsEntry(name, _shape(item["shape"]), _dtype(item["dtype"])))
+        except ValueError as exc:
+            raise ValueError(f"key {name!r}: {exc}") from None
+    return (), RECORD, tuple(keys)
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -228,7 +279,8 @@ def _action(data: dict[str, Any]) -> ActionSpec:
 
 class OnnxPolicy:
     """Acts greedily with an exported model through onnxruntime, as ``DeployedPolicy`` does with
-    a checkpoint: ``act(obs)`` for one observation or a batch ``(B, *obs_shape)``."""
+    a checkpoint: ``act(obs)`` for one observation or a batch ``(B, *obs_shape)``; a Dict
+    observation's model takes the env's Dict (one or a batch) or records."""
 
     def __init__(self, path: str | Path, threads: int = 1) -> None:
         """``threads``: onnxruntime's intra-op threads. One by default: the networks are small,
@@ -249,27 +301,33 @@ class OnnxPolicy:
             raise OnnxModelError(f"{self.path}: not a readable ONNX model ({reason})") from None
         props = dict(self._session.get_modelmeta().custom_metadata_map)
         self.metadata = read_metadata(props, str(self.path))
-        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
-        if [i.name for i in inputs] != [INPUT] or OUTPUT not in [o.name for o in outputs]:
-            raise OnnxModelError(
-                f"{self.path}: expected one input {INPUT!r} and an output {OUTPUT!r}, got inputs "
-                f"{[i.name for i in inputs]} and outputs {[o.name for o in outputs]}"
-            )
+        outputs = [o.name for o in self._session.get_outputs()]
+        if OUTPUT not in outputs:
+            raise OnnxModelError(f"{self.path}: expected an output {OUTPUT!r}, got {outputs}")
+        problem = inputs_problem(self._session.get_inputs(), self.metadata.inputs())
+        if problem is not None:
+            raise OnnxModelError(f"{self.path}: {problem}")
         self.obs_shape = self.metadata.obs_shape
-        self.obs_dtype = np.dtype(self.metadata.obs_dtype)
+        keys = self.metadata.obs_keys
+        self.obs_dtype = record_dtype(keys) if keys else np.dtype(self.metadata.obs_dtype)
 
     def act(self, obs: Any, explore: bool = False) -> np.ndarray:
         """The greedy action for one observation, or actions ``(B, ...)`` for a batch. An export
         holds only the greedy rule: ``explore=True`` is refused rather than silently ignored."""
         if explore:
             raise ValueError("an exported policy acts greedily only (explore=False)")
-        arr = np.ascontiguousarray(obs, dtype=self.obs_dtype)
-        single = arr.shape == self.obs_shape
-        if not single and arr.shape[1:] != self.obs_shape:
-            raise ValueError(
-                f"{self.path}: observations of shape {self.obs_shape} (or a batch of them), got {arr.shape}"
-            )
-        (actions,) = self._session.run([OUTPUT], {INPUT: arr[None] if single else arr})
+        if self.metadata.obs_keys:
+            feeds, single = key_feeds(obs, self.metadata.obs_keys, self.path)
+        else:
+            arr = np.ascontiguousarray(obs, dtype=self.obs_dtype)
+            single = arr.shape == self.obs_shape
+            if not single and arr.shape[1:] != self.obs_shape:
+                raise ValueError(
+                    f"{self.path}: observations of shape {self.obs_shape} (or a batch of them), "
+                    f"got {arr.shape}"
+                )
+            feeds = {INPUT: arr[None] if single else arr}
+        (actions,) = self._session.run([OUTPUT], feeds)
         return np.asarray(actions[0] if single else actions)
 
     def load_weights(self, arrays: Mapping[str, np.ndarray]) -> None:

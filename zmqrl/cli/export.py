@@ -85,7 +85,7 @@ def export(
     action = f"{meta.action.n} actions" if meta.action.n is not None else f"{list(meta.action.shape)} float32"
     typer.echo(
         f"{done.path}: {meta.agent} greedy policy of {meta.checkpoint} (weights version "
-        f"{meta.weights_version}), obs {list(meta.obs_shape)} {meta.obs_dtype} -> {action}, "
+        f"{meta.weights_version}), obs {meta.observation_text()} -> {action}, "
         f"{done.size} bytes"
     )
 

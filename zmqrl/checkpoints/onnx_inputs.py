@@ -1,0 +1,95 @@
+"""The inputs of an exported graph: one observation array ``obs``, or one per key of a Dict
+observation; how a model's inputs are checked against its metadata, and fed from what a user has.
+
+A Dict observation's policy takes one input per key, named by the key, in the key's dtype and shape
+with a dynamic batch dimension, in the records' key order (``zmqrl.types.record_dtype``). Why not
+the records' bytes, as torch takes them: a deployment holds the env's Dict, not zmqrl's byte
+layout with its padding, and ONNX has no operator that reads a float's bytes back as the float.
+
+No torch here: :mod:`zmqrl.checkpoints.onnx_policy` imports this module, and a deployed model
+plays without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zmqrl.types import ObsEntry, describe, record_dtype, to_records
+
+# The one input of a graph of plain observations.
+INPUT = "obs"
+# onnxruntime's names of the tensor types a graph's inputs may have (zmqrl.spec.ALLOWED_DTYPES).
+ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
+
+# (name, numpy dtype name, shape without the batch) of one input of the graph.
+InputSpec = tuple[str, str, tuple[int, ...]]
+
+
+def graph_inputs(obs_shape: tuple[int, ...], obs_dtype: str, keys: tuple[ObsEntry, ...]) -> list[InputSpec]:
+    """The inputs the metadata says the graph has, in order: ``obs``, or each key."""
+    if keys:
+        return [(e.key, e.dtype, tuple(e.shape)) for e in keys]
+    return [(INPUT, obs_dtype, tuple(obs_shape))]
+
+
+def inputs_problem(inputs: Sequence[Any], expected: list[InputSpec]) -> str | None:
+    """Why the graph's ``inputs`` (onnxruntime's ``NodeArg``s: name, type, shape) are not those
+    ``expected`` from its metadata (names in order, each one's type and non-batch dims), or None.
+    A file whose metadata lists a key its graph lacks, or one it does not, or another dtype, is
+    refused here rather than failing at its first ``run``."""
+    names = [str(i.name) for i in inputs]
+    if names != [name for name, _, _ in expected]:
+        return f"the graph's inputs are {names}, its metadata describes {[name for name, _, _ in expected]}"
+    for node, (name, dtype, shape) in zip(inputs, expected, strict=True):
+        kind = ORT_TYPES.get(str(node.type), str(node.type)[:40])
+        dims = list(node.shape)[1:] if isinstance(node.shape, list) else None
+        if kind != dtype or dims != list(shape):
+            return (
+                f"input {name!r}: the graph takes {kind} {dims} (after the batch), its metadata says "
+                f"{dtype} {list(shape)}"
+            )
+    return None
+
+
+def key_feeds(obs: Any, keys: tuple[ObsEntry, ...], source: Path) -> tuple[dict[str, np.ndarray], bool]:
+    """The inputs ``{key: (B, *shape)}`` of a Dict observation's graph from ``obs``: the env's raw
+    Dict (``{key: array}``, one observation or a batch, an ``action_mask`` as any 0/1 array) or
+    records (one, or ``(B,)``, fields read by name); and whether it was one observation."""
+    names = [e.key for e in keys]
+    if isinstance(obs, Mapping):
+        from zmqrl.envs.action_masks import as_mask_flags  # gymnasium: only where a Dict is given
+
+        records = to_records(as_mask_flags(obs), record_dtype(keys))  # ValueError naming the keys
+    else:
+        records = np.asarray(obs)
+        if records.dtype.names is None or set(records.dtype.names) != set(names):
+            raise ValueError(
+                f"{source}: takes a Dict observation with the keys {names} ({{key: array}}, or records), "
+                f"got a {describe(records.dtype)} array"
+            )
+    if records.ndim > 1:
+        raise ValueError(
+            f"{source}: one observation or a batch (B,) of them, got records of shape {records.shape}"
+        )
+    single = records.ndim == 0
+    batch = records[None] if single else records
+    return {e.key: np.ascontiguousarray(batch[e.key], dtype=e.dtype) for e in keys}, single
+
+
+def observation_text(obs_shape: tuple[int, ...], obs_dtype: str, keys: tuple[ObsEntry, ...]) -> str:
+    """What a model takes, as messages name it: ``[4] float32``, or ``{goal: float32 [2], grid:
+    uint8 [1, 7, 7]}`` (each key's dtype and shape)."""
+    if keys:
+        return "{" + ", ".join(f"{e.key}: {e.dtype} {list(e.shape)}" for e in keys) + "}"
+    return f"{list(obs_shape)} {obs_dtype}"
