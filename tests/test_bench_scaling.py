@@ -210,7 +210,7 @@ def device_check(tmp_path: Path, run_root: Path, timeout: float, **settings: str
     return proc.returncode, output.decode(errors="replace"), out
 
 
-@pytest.mark.slow  # a real launch and the CNN rows: about 35 s on 2 cores
+@pytest.mark.heavy  # a real launch and the CNN rows: about 50 s on 2 cores, the default run's longest
 def test_device_check_quick_mode_writes_one_json_of_the_scaling_set(tmp_path: Path, run_root: Path) -> None:
     code, output, out = device_check(tmp_path, run_root, 300, parts="scaling", appo_seconds="0")
     assert code == 0, output[-3000:]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from zmqrl_bench import startup
 from zmqrl_bench.cli import PARTS, load_part
 from zmqrl_bench.report import BenchSettings
 
 
+@pytest.mark.heavy  # real launches of each role kind: about 30 s on 2 cores
 def test_startup_part_reports_launch_phases_roles_and_imports(run_root: Path) -> None:
     assert "startup" in PARTS and load_part("startup") is startup
     rows = startup.run(BenchSettings(quick=True, repeats=1), root=run_root)
