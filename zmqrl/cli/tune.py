@@ -17,6 +17,7 @@ from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, ConfigArg, SetOpt, fail
 from zmqrl.cli.process import SIGNAL_EXIT_BASE
 from zmqrl.errors import ConfigError
 from zmqrl.tune import INSTALL_HINT, POSTGRES_HINT
+from zmqrl.tune.interrupts import INTERRUPTS
 
 
 def register(app: typer.Typer) -> None:
@@ -119,7 +120,9 @@ def tune(
         f"study {name} in {url}: {ended(study)} of {trials} trials ended; runs in {tune_dir / 'trials'}"
     )
     # SIGTERM ends the tuner as Ctrl-C does: the running trial is stopped and saved, not orphaned.
-    signal.signal(signal.SIGTERM, lambda signum, frame: _interrupt(signum))
+    # Both wait while the study is written (zmqrl/tune/interrupts.py says why).
+    for handled in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(handled, lambda signum, frame: INTERRUPTS.signal(signum))
     code = 0
     try:
         run_trials(study, setup, trials, out)
@@ -140,6 +143,3 @@ def tune(
         typer.echo(f"best: trial {best.number}; its config: zmqrl launch {tune_dir / BEST_FILE}")
     raise typer.Exit(code)
 
-
-def _interrupt(signum: int) -> None:
-    raise KeyboardInterrupt(signum)

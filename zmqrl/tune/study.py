@@ -34,6 +34,7 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from zmqrl.tune.interrupts import INTERRUPTS
 from zmqrl.tune.objective import EvalPoint, NoEvaluations, final_value, running_value
 from zmqrl.tune.space import Param, Space
 from zmqrl.tune.trial import RunSpec, TrialRun
@@ -194,6 +195,7 @@ def run_trials(study: optuna.Study, setup: Setup, n_trials: int, out: TextIO) ->
         if ended(study) + running >= n_trials:
             return ran
         study.optimize(objective, n_trials=1, catch=(TrialFailed, NoEvaluations))
+        INTERRUPTS.check()  # a signal that came while Optuna saved the trial: it is saved now
         ran += 1
         last = study._storage.get_trial(objective.last_trial_id)
         failures = failures + 1 if last.state == TrialState.FAIL else 0
@@ -239,7 +241,7 @@ class TrialObjective:
                 overrides = [*self.setup.overrides, *space.overrides(values), f"run.seed={seed}"]
                 spec = RunSpec(self.setup.config, overrides, run_dir, self.last_log, self.setup.serial)
                 report = self._reporter(trial) if index == 0 else (lambda points: False)
-                with TrialRun(spec) as run:
+                with TrialRun(spec) as run, INTERRUPTS.following():
                     outcome = run.follow(report)
                 if outcome.pruned:
                     self.out.write(f"trial {trial.number} pruned at evaluation {len(outcome.points)}\n")
@@ -265,13 +267,15 @@ class TrialObjective:
     def _reporter(self, trial: Trial) -> Callable[[list[EvalPoint]], bool]:
         def report(points: list[EvalPoint]) -> bool:
             value = running_value(self.setup.space.objective, points, self.setup.target)
-            trial.report(value, step=len(points))
+            with INTERRUPTS.writing():  # a signal now would leave the database locked (tune/interrupts.py)
+                trial.report(value, step=len(points))
+                prune = trial.should_prune()
             self.out.write(
                 f"trial {trial.number} evaluation {len(points)}: return {points[-1].mean:.4g}, "
                 f"{self.setup.space.objective.metric} so far {value:.4g}\n"
             )
             self.out.flush()
-            return trial.should_prune()
+            return prune
 
         return report
 
