@@ -170,8 +170,8 @@ def _gymnasium_env(num_envs: int) -> Any:
     """The envs a zmqrl actor steps: make_vector_env with the Atari preprocessing, training mode."""
     from zmqrl.envs.factory import make_vector_env
 
-    env = make_vector_env(EnvConfig(id=f"ALE/{GAME}-v5", preprocess="atari"), num_envs, training=True)
-    env.reset(seed=list(range(num_envs)))
+    env: Any = make_vector_env(EnvConfig(id=f"ALE/{GAME}-v5", preprocess="atari"), num_envs, training=True)
+    env.reset(seed=list(range(num_envs)))  # a SyncVectorEnv (frames, not a Dict): seeds per sub-env
     return env
 
 
