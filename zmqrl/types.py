@@ -285,3 +285,36 @@ def describe(dtype: np.dtype[Any]) -> str:
         + ", ".join(f"{key}: {kind} {list(shape)}" for key, kind, shape, _ in field_layout(dtype))
         + "}"
     )
+
+
+def as_mask_flags(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """``obs`` (a masked Dict observation, one or a batch) with its mask as uint8 0/1 flags, as
+    ``zmqrl.envs.action_masks.mask_space`` declares them (an env's int8, bool or float mask
+    alike); without one, as is."""
+    if ACTION_MASK_KEY not in obs:
+        return dict(obs)
+    flags = (np.asarray(obs[ACTION_MASK_KEY]) != 0).astype(np.uint8)
+    return {key: flags if key == ACTION_MASK_KEY else value for key, value in obs.items()}
+
+
+def records_batch(obs: Any, dtype: np.dtype[Any]) -> tuple[np.ndarray, bool]:
+    """What a deployed policy is given, as the records batch ``(B,)`` of ``dtype`` it acts on, and
+    whether it was one observation: the env's Dict (``{key: array}``, one or a batch; an
+    ``action_mask`` as any 0/1 array) or records (one or ``(B,)``, fields read by name).
+    ValueError naming the keys for anything else."""
+    names = list(dtype.names or ())
+    if isinstance(obs, Mapping):
+        records = to_records(as_mask_flags(obs), dtype)
+    else:
+        given = np.asarray(obs)
+        if given.dtype.names is None or set(given.dtype.names) != set(names):
+            raise ValueError(
+                f"takes a Dict observation with the keys {names} ({{key: array}}, or records), "
+                f"got a {describe(given.dtype)} array"
+            )
+        records = to_records({key: given[key] for key in names}, dtype, given.shape)
+    if records.ndim > 1:
+        raise ValueError(f"takes one observation or a batch (B,) of them, got records shaped {records.shape}")
+    single = records.ndim == 0
+    return (records[None] if single else records), single
+

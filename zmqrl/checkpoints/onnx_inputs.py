@@ -12,13 +12,13 @@ plays without torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from zmqrl.types import ObsEntry, describe, record_dtype, to_records
+from zmqrl.types import ObsEntry, describe, record_dtype, records_batch
 
 # The one input of a graph of plain observations.
 INPUT = "obs"
@@ -66,24 +66,10 @@ def key_feeds(obs: Any, keys: tuple[ObsEntry, ...], source: Path) -> tuple[dict[
     """The inputs ``{key: (B, *shape)}`` of a Dict observation's graph from ``obs``: the env's raw
     Dict (``{key: array}``, one observation or a batch, an ``action_mask`` as any 0/1 array) or
     records (one, or ``(B,)``, fields read by name); and whether it was one observation."""
-    names = [e.key for e in keys]
-    if isinstance(obs, Mapping):
-        from zmqrl.envs.action_masks import as_mask_flags  # gymnasium: only where a Dict is given
-
-        records = to_records(as_mask_flags(obs), record_dtype(keys))  # ValueError naming the keys
-    else:
-        records = np.asarray(obs)
-        if records.dtype.names is None or set(records.dtype.names) != set(names):
-            raise ValueError(
-                f"{source}: takes a Dict observation with the keys {names} ({{key: array}}, or records), "
-                f"got a {describe(records.dtype)} array"
-            )
-    if records.ndim > 1:
-        raise ValueError(
-            f"{source}: one observation or a batch (B,) of them, got records of shape {records.shape}"
-        )
-    single = records.ndim == 0
-    batch = records[None] if single else records
+    try:
+        batch, single = records_batch(obs, record_dtype(keys))
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
     return {e.key: np.ascontiguousarray(batch[e.key], dtype=e.dtype) for e in keys}, single
 
 
@@ -91,5 +77,5 @@ def observation_text(obs_shape: tuple[int, ...], obs_dtype: str, keys: tuple[Obs
     """What a model takes, as messages name it: ``[4] float32``, or ``{goal: float32 [2], grid:
     uint8 [1, 7, 7]}`` (each key's dtype and shape)."""
     if keys:
-        return "{" + ", ".join(f"{e.key}: {e.dtype} {list(e.shape)}" for e in keys) + "}"
+        return describe(record_dtype(keys)).removeprefix("record ")
     return f"{list(obs_shape)} {obs_dtype}"

@@ -16,9 +16,9 @@ import numpy as np
 
 from zmqrl.config import Config
 from zmqrl.core import LearningAgent, Policy, is_recurrent
-from zmqrl.envs.action_masks import as_mask_flags, as_masked_rows, is_masked_space
+from zmqrl.envs.action_masks import as_masked_rows
 from zmqrl.envs.records import is_record_space, obs_entries
-from zmqrl.types import record_dtype, to_records
+from zmqrl.types import record_dtype, records_batch
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -52,7 +52,6 @@ class DeployedPolicy:
         # A Dict observation is played as records (zmqrl.types), one field per key; a masked one
         # with several keys beside its mask too (a masked one of one key is a Box of flat rows).
         keyed = is_record_space(observation_space)
-        self._masked_records = keyed and is_masked_space(observation_space)
         self._records = record_dtype(obs_entries(observation_space)) if keyed else None
         self._obs_ndim = 0 if self._records is not None else len(observation_space.shape)
 
@@ -79,12 +78,8 @@ class DeployedPolicy:
         Dict as the env gives it (``{key: array}``, one or batched) or records as ``make_env`` gives
         them; a masked one of several keys too (its ``action_mask`` any 0/1 array, as the env's)."""
         if self._records is not None:
-            if isinstance(obs, Mapping):
-                arr = to_records(as_mask_flags(obs) if self._masked_records else obs, self._records)
-            else:
-                arr = np.asarray(obs, self._records)
-            single = arr.ndim == 0
-            actions = self._agent.act(arr[None] if single else arr, explore=False)
+            batch, single = records_batch(obs, self._records)
+            actions = self._agent.act(batch, explore=False)
             return actions[0] if single else actions
         if isinstance(obs, Mapping):
             obs = as_masked_rows(obs, np.dtype(self.observation_space.dtype))

@@ -32,7 +32,7 @@ import numpy as np
 
 from zmqrl.envs.records import RecordObservation
 from zmqrl.errors import EnvError
-from zmqrl.types import ACTION_MASK_KEY
+from zmqrl.types import ACTION_MASK_KEY, as_mask_flags
 
 # The attribute by which ``sample_spec`` finds the adapter through any wrappers around it.
 MASKED_ATTR = "zmqrl_action_mask"
@@ -148,15 +148,6 @@ class MaskedRecordObservation(RecordObservation):
 
     def observation(self, observation: Mapping[str, Any]) -> np.ndarray:
         return super().observation(as_mask_flags(observation))
-
-
-def as_mask_flags(obs: Mapping[str, Any]) -> dict[str, Any]:
-    """``obs`` (a masked Dict observation, one or a batch) with its mask as uint8 0/1 flags, as
-    :func:`mask_space` declares them (an env's int8, bool or float mask alike); without one, as is."""
-    if ACTION_MASK_KEY not in obs:
-        return dict(obs)
-    flags = (np.asarray(obs[ACTION_MASK_KEY]) != 0).astype(np.uint8)
-    return {key: flags if key == ACTION_MASK_KEY else value for key, value in obs.items()}
 
 
 def declares_action_mask(env: Any) -> bool:
