@@ -69,10 +69,6 @@ class ActingNet:
             return CONV_TORSOS[self.torso].hidden
         return self.hidden[-1] if self.hidden else math.prod(obs_shape)
 
-    def head_width(self, obs_shape: tuple[int, ...]) -> int:
-        """Features the heads read: the core's ``h``, or the torso's."""
-        return self.core or self.torso_width(obs_shape)
-
     def layout(self, obs_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         """Parameter names and shapes, in order, as the torch module's state dict lists them: the
         names and shapes of the weights the learner exports and an actor loads."""

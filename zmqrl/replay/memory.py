@@ -59,12 +59,6 @@ def available_memory(proc_root: Path = PROC_ROOT, cgroup_root: Path = CGROUP_ROO
     return min(found, key=lambda b: b.available) if found else None
 
 
-def available_memory_bytes() -> int | None:
-    """:func:`available_memory` in bytes alone (None: unknown)."""
-    budget = available_memory()
-    return None if budget is None else budget.available
-
-
 def host_memory(proc_root: Path = PROC_ROOT) -> MemoryBudget | None:
     """Memory the kernel could give a new allocation without swapping (Linux ``MemAvailable``);
     elsewhere the physical memory size; None when neither can be read."""

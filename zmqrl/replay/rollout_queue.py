@@ -52,7 +52,6 @@ class RolloutQueue:
         if not 1 <= batch_rows <= capacity_rows:
             raise ValueError(f"need 1 <= batch rows {batch_rows} <= capacity rows {capacity_rows}")
         self._capacity_rows = capacity_rows
-        self._batch_rows = batch_rows
         self.rollout_length = rollout_length
         self._rows: deque[RolloutBatch] = deque()
         self._nbytes = 0

@@ -121,8 +121,3 @@ def check_sequence_flags(batch: SequenceBatch, spec: SampleSpec) -> None:
     last = edges[:, 1:] == -1  # position t is the run's last real step
     if (terminated & ~last).any():
         fail("terminated is set only on a window's last real step (the episode's end)")
-
-
-def sequence_batch(arrays: list[Any]) -> SequenceBatch:
-    """A decoded sequences message's arrays (checked names and order) as the batch."""
-    return SequenceBatch(*arrays)
