@@ -218,7 +218,7 @@ def test_a_plugin_agent_is_refused_naming_the_agents_that_export(tmp_path: Path)
         None, ["env.id=tests.example_envs:make_env", "agent.kind=tests.plugins.linear_q:PLUGIN"]
     )
     save_checkpoint(tmp_path / "ckpt", {"agent": {}, "config": cfg.to_dict()})
-    with pytest.raises(OnnxExportError, match="knows the greedy rule of dqn, sac, appo only"):
+    with pytest.raises(OnnxExportError, match="knows the greedy rule of dqn, sac, appo, r2d2 only"):
         export_onnx(tmp_path / "ckpt", tmp_path / "p.onnx", config=cfg)
     assert not (tmp_path / "p.onnx").exists()
 

@@ -18,11 +18,10 @@ import zmqrl
 from tests.conftest import REPO
 from tests.test_dict_observations import grid_goal
 from tests.test_export import ACTION_ATOL, trained_checkpoint
-from zmqrl.checkpoints.files import save_checkpoint
-from zmqrl.checkpoints.onnx_export import OnnxExportError, export_onnx
+from zmqrl.checkpoints.onnx_export import export_onnx
 from zmqrl.checkpoints.onnx_policy import OnnxModelError, OnnxPolicy
 from zmqrl.cli.app import app
-from zmqrl.config import Config, load_config
+from zmqrl.config import load_config
 from zmqrl.evaluator.greedy import evaluate_checkpoint
 from zmqrl.evaluator.onnx_eval import evaluate_onnx, spaces_problem
 
@@ -218,7 +217,7 @@ def test_metadata_whose_keys_are_not_the_graphs_inputs_is_refused(
         ([GOAL, {**GRID, "shape": [1, 0, 7]}], "key 'grid': shape .* is not a list of positive integers"),
         ([GOAL, {**GRID, "name": "grid.x"}], "must be an identifier"),
         ([GOAL, GOAL], "key 'goal' is listed twice"),
-        ([GOAL, {**GRID, "name": "action"}], "or is the output's name"),
+        ([GOAL, {**GRID, "name": "action"}], "or is the name of the graph's state or output"),
         ([GOAL, {**GRID, "low": 0}], "by its name, shape and dtype alone"),
         ([GOAL, ["grid", [1, 7, 7], "uint8"]], "by its name, shape and dtype alone"),
         ([], "a list of 1 to 16 keys"),
@@ -270,12 +269,3 @@ def test_a_plain_model_refuses_a_dict_env(tmp_path: Path) -> None:
         ValueError, match=r"takes observations \[4\] float32, the env gives \{goal: float32 \[2\]"
     ):
         evaluate_onnx(tmp_path / "p.onnx", 1, overrides=["env.id=zmqrl/GridGoal-v0"])
-
-
-def test_a_recurrent_dict_policy_is_still_refused(tmp_path: Path) -> None:
-    """The graph has no input or output for an LSTM's state, whatever the observation."""
-    cfg: Config = load_config(REPO / "configs" / "grid_goal_appo.yaml", ["agent.core=lstm"])
-    save_checkpoint(tmp_path / "ckpt", {"agent": {}, "config": cfg.to_dict()})
-    with pytest.raises(OnnxExportError, match="stateless policies only"):
-        export_onnx(tmp_path / "ckpt", tmp_path / "p.onnx")
-    assert not (tmp_path / "p.onnx").exists()

@@ -6,7 +6,12 @@ explore=False)`` computes), so a deployment plays what was evaluated:
 * DQN: ``argmax_a Q(obs, a)`` of the online network (MLP, Nature CNN or MinAtar CNN torso, plain or
   dueling heads);
 * SAC: ``tanh(mean)`` of the policy, rescaled onto the env's action bounds and clipped to them;
-* APPO: the argmax of the logits (Discrete actions), or the Gaussian's mean clipped to the bounds.
+* APPO: the argmax of the logits (Discrete actions), or the Gaussian's mean clipped to the bounds;
+* R2D2: ``argmax_a Q`` of the online network's step.
+
+A recurrent policy (APPO with ``agent.core: lstm``, R2D2) is one step of its LSTM: its state ``h``
+and ``c`` are inputs after the observation's and outputs after the action, so the caller carries
+them from step to step (zeros at an episode's start) as ``load_policy`` carries them inside.
 
 Observations enter in the env's own dtype (uint8 frames stay bytes; the cast and the pixel scale
 are in the graph), any batch size. A Dict observation enters as one input per key (its name, dtype
@@ -25,17 +30,21 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from zmqrl.agents.appo_nets import APPOPolicyNet
 from zmqrl.agents.appo_policy import APPOActions
 from zmqrl.agents.keyed_nets import KeyTensors
 from zmqrl.agents.numpy_policies import squashed_action_bounds
+from zmqrl.agents.r2d2 import R2D2Net
 from zmqrl.checkpoints.files import atomic_write, checkpoint_weights_version, load_checkpoint
-from zmqrl.checkpoints.onnx_policy import OUTPUT, OnnxMetadata, action_spec, require
+from zmqrl.checkpoints.onnx_inputs import CORE_INPUTS
+from zmqrl.checkpoints.onnx_metadata import RESERVED_NAMES, OnnxMetadata, action_spec
+from zmqrl.checkpoints.onnx_policy import require
 from zmqrl.checkpoints.policy import (
     checkpoint_config,
     checkpoint_path,
@@ -43,6 +52,7 @@ from zmqrl.checkpoints.policy import (
     make_eval_agent,
 )
 from zmqrl.config import Config
+from zmqrl.core import RecurrentPolicy, is_recurrent
 from zmqrl.spec import SampleSpec
 from zmqrl.types import ObsEntry
 
@@ -52,7 +62,7 @@ OPSET = 17
 # The batch of the example input torch traces with: not 1, so that no size is taken for a constant.
 TRACE_BATCH = 2
 # The agents an export knows the greedy rule of; a plugin agent's rule is its own code.
-EXPORTABLE = ("dqn", "sac", "appo")
+EXPORTABLE = ("dqn", "sac", "appo", "r2d2")
 
 
 class OnnxExportError(ValueError):
@@ -100,7 +110,10 @@ class BoundedActions(nn.Module):
             self.register_buffer(name, torch.as_tensor(np.asarray(value, np.float32)))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        out = self.policy(obs)[0]
+        return self.choose(self.policy(obs)[0])
+
+    def choose(self, out: torch.Tensor) -> torch.Tensor:
+        """The action of the policy's first output (logits, or the mean)."""
         if self.discrete:
             return out.argmax(dim=1)
         if self.squash:
@@ -108,16 +121,47 @@ class BoundedActions(nn.Module):
         return torch.minimum(torch.maximum(out, self.low), self.high)
 
 
+State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class RecurrentBounded(nn.Module):
+    """APPO with an LSTM core: ``(obs, h, c) -> (action, h', c')``, the heads on the new ``h`` (the
+    row's own legal actions for a masked policy), the action chosen as :class:`BoundedActions` does."""
+
+    def __init__(self, bounded: BoundedActions) -> None:
+        super().__init__()
+        self.bounded = bounded
+
+    def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> State:
+        policy = cast(APPOPolicyNet, self.bounded.policy)
+        h, c = policy.cell(policy.features(obs), (h, c))
+        return self.bounded.choose(policy.masked_outputs(h, obs)[0]), h, c
+
+
+class RecurrentGreedyQ(nn.Module):
+    """R2D2: ``(obs, h, c) -> (argmax_a Q, h', c')`` of the online network's step."""
+
+    def __init__(self, net: R2D2Net) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> State:
+        q, (h, c) = self.net.step(obs, (h, c))
+        return q.argmax(dim=1), h, c
+
+
 class KeyedInputs(nn.Module):
     """A Dict observation's graph: one input per key, in key order, handed to ``greedy`` as
-    :class:`KeyTensors`, which the keyed networks read where they read records' bytes."""
+    :class:`KeyTensors`, which the keyed networks read where they read records' bytes (a
+    recurrent policy's state follows the keys, and is handed on as it is)."""
 
     def __init__(self, greedy: nn.Module, keys: tuple[str, ...]) -> None:
         super().__init__()
         self.greedy, self.keys = greedy, keys
 
-    def forward(self, *values: torch.Tensor) -> torch.Tensor:
-        return self.greedy(KeyTensors(dict(zip(self.keys, values, strict=True))))
+    def forward(self, *values: torch.Tensor) -> Any:
+        count = len(self.keys)
+        return self.greedy(KeyTensors(dict(zip(self.keys, values[:count], strict=True))), *values[count:])
 
 
 def greedy_module(agent: Any, kind: str, spec: SampleSpec) -> nn.Module:
@@ -125,23 +169,23 @@ def greedy_module(agent: Any, kind: str, spec: SampleSpec) -> nn.Module:
     networks, with the bounds its ``act`` applies (taken from the same functions it takes them from)."""
     if kind == "dqn":
         return GreedyQ(agent.online)
+    if kind == "r2d2":
+        return RecurrentGreedyQ(agent.online)
     if kind == "sac":
         low, high = squashed_action_bounds(spec)
         return BoundedActions(agent.policy, low, high, squash=True)
     if kind == "appo":
         actions = APPOActions(spec)
-        return BoundedActions(
+        bounded = BoundedActions(
             agent.policy, actions.low, actions.high, squash=False, discrete=actions.discrete
         )
+        return RecurrentBounded(bounded) if is_recurrent(agent) else bounded
     raise OnnxExportError(not_exportable(kind))
 
 
-# Why a recurrent policy (agent.core: lstm) is not exported: the graph would need its state as an
-# input and an output, which the exported interface (obs -> action) has no place for.
-RECURRENT_REFUSAL = (
-    "agent.core 'lstm': zmqrl export writes stateless policies only (obs -> action); a recurrent "
-    "policy's state has no place in that graph: play it with zmqrl.load_policy"
-)
+def core_width(agent: object) -> int:
+    """A recurrent agent's LSTM width (its state is ``(B, 2, width)``), 0 for the others."""
+    return int(agent.core_state().shape[2]) if isinstance(agent, RecurrentPolicy) and agent.recurrent else 0
 
 
 def not_exportable(kind: str) -> str:
@@ -173,19 +217,18 @@ def export_onnx(
         raise ValueError(f"{path}: weights of a '{kind}' agent, but the config asks for '{cfg.agent.kind}'")
     if cfg.agent.kind not in EXPORTABLE:
         raise OnnxExportError(not_exportable(cfg.agent.kind))
-    if getattr(cfg.agent, "core", "none") != "none":
-        raise OnnxExportError(RECURRENT_REFUSAL)
     env = make_env(cfg.env, training=False)
     try:
         spec = sample_spec(env)
         agent = make_eval_agent(cfg, env)
     finally:
         env.close()
-    if any(e.key == OUTPUT for e in spec.obs_entries):
-        raise OnnxExportError(
-            f"Dict observation key {OUTPUT!r}: the graph's inputs are named by the keys, and "
-            f"{OUTPUT!r} names its output; rename the key in the env"
-        )
+    for entry in spec.obs_entries:
+        if entry.key in RESERVED_NAMES:
+            raise OnnxExportError(
+                f"Dict observation key {entry.key!r}: the graph's inputs are named by the keys, and "
+                f"{entry.key!r} names its output or a recurrent policy's state; rename the key in the env"
+            )
     load_checkpoint_weights(agent, payload, path)
     metadata = OnnxMetadata(
         agent=cfg.agent.kind,
@@ -197,12 +240,13 @@ def export_onnx(
         weights_version=checkpoint_weights_version(payload),
         checkpoint=path.name,
         obs_keys=tuple(ObsEntry(e.key, e.shape, e.dtype) for e in spec.obs_entries),
+        core=core_width(agent),
     )
     model = onnx.load_from_string(trace(greedy_module(agent, cfg.agent.kind, spec), metadata))
     inputs = ", ".join(name for name, _, _ in metadata.inputs())
     model.doc_string = (
         f"zmqrl {cfg.agent.kind} greedy policy of {path.name} for {cfg.env.id}: "
-        f"{inputs} -> {OUTPUT} (docs/export.md)"
+        f"{inputs} -> {', '.join(metadata.outputs())} (docs/export.md)"
     )
     onnx.helper.set_model_props(model, metadata.to_props())
     onnx.checker.check_model(model, full_check=True)
@@ -218,12 +262,13 @@ def export_onnx(
 
 def trace(module: nn.Module, metadata: OnnxMetadata) -> bytes:
     """``module`` traced on an example batch of the observations ``metadata`` describes (one
-    input, or one per key: then ``module`` takes :class:`KeyTensors`), as ONNX bytes with a
-    dynamic batch dimension."""
+    input, or one per key: then ``module`` takes :class:`KeyTensors`; a recurrent policy's state
+    after them), as ONNX bytes with a dynamic batch dimension."""
     inputs = metadata.inputs()
     names = [name for name, _, _ in inputs]
+    outputs = metadata.outputs()
     if metadata.obs_keys:
-        module = KeyedInputs(module, tuple(names))
+        module = KeyedInputs(module, tuple(name for name in names if name not in CORE_INPUTS))
     examples = tuple(
         torch.zeros((TRACE_BATCH, *shape), dtype=getattr(torch, dtype)) for _, dtype, shape in inputs
     )
@@ -237,8 +282,8 @@ def trace(module: nn.Module, metadata: OnnxMetadata) -> bytes:
             Path(folder) / "traced.onnx",
             dynamo=False,
             input_names=names,
-            output_names=[OUTPUT],
-            dynamic_axes={name: {0: "batch"} for name in [*names, OUTPUT]},
+            output_names=outputs,
+            dynamic_axes={name: {0: "batch"} for name in [*names, *outputs]},
             opset_version=OPSET,
         )
         return (Path(folder) / "traced.onnx").read_bytes()

@@ -22,6 +22,10 @@ from zmqrl.types import ObsEntry, describe, record_dtype, records_batch
 
 # The one input of a graph of plain observations.
 INPUT = "obs"
+# A recurrent policy's LSTM state: inputs ``(B, H)`` float32 after the observation's, and the
+# state after the step as outputs after the action (the caller feeds them back at the next step).
+CORE_INPUTS = ("core_h", "core_c")
+CORE_OUTPUTS = ("core_h_next", "core_c_next")
 # onnxruntime's names of the tensor types a graph's inputs may have (zmqrl.spec.ALLOWED_DTYPES).
 ORT_TYPES = {
     "tensor(float)": "float32",
@@ -36,11 +40,13 @@ ORT_TYPES = {
 InputSpec = tuple[str, str, tuple[int, ...]]
 
 
-def graph_inputs(obs_shape: tuple[int, ...], obs_dtype: str, keys: tuple[ObsEntry, ...]) -> list[InputSpec]:
-    """The inputs the metadata says the graph has, in order: ``obs``, or each key."""
-    if keys:
-        return [(e.key, e.dtype, tuple(e.shape)) for e in keys]
-    return [(INPUT, obs_dtype, tuple(obs_shape))]
+def graph_inputs(
+    obs_shape: tuple[int, ...], obs_dtype: str, keys: tuple[ObsEntry, ...], core: int = 0
+) -> list[InputSpec]:
+    """The inputs the metadata says the graph has, in order: ``obs``, or each key; then a
+    recurrent policy's state (``core``: its LSTM's width, 0 for none)."""
+    obs = [(e.key, e.dtype, tuple(e.shape)) for e in keys] if keys else [(INPUT, obs_dtype, tuple(obs_shape))]
+    return obs + [(name, "float32", (core,)) for name in (CORE_INPUTS if core else ())]
 
 
 def inputs_problem(inputs: Sequence[Any], expected: list[InputSpec]) -> str | None:

@@ -56,7 +56,8 @@ def export(
 ) -> None:
     """Export a checkpoint's greedy policy as an ONNX model: observations in, actions out, as `zmqrl
     eval` plays it (DQN's Q-argmax, SAC's squashed mean, APPO's most likely action; action bounds
-    applied).
+    applied). A recurrent policy (APPO with agent.core lstm, R2D2) is one step of its LSTM, whose
+    state the model takes and gives beside the observation and the action.
 
     The model's metadata holds the observation and action specs, the env section and the run's
     fingerprint; `zmqrl eval --onnx FILE` plays it without torch, and docs/export.md shows how to
@@ -85,8 +86,8 @@ def export(
     action = f"{meta.action.n} actions" if meta.action.n is not None else f"{list(meta.action.shape)} float32"
     typer.echo(
         f"{done.path}: {meta.agent} greedy policy of {meta.checkpoint} (weights version "
-        f"{meta.weights_version}), obs {meta.observation_text()} -> {action}, "
-        f"{done.size} bytes"
+        f"{meta.weights_version}), obs {meta.observation_text()} -> {action}"
+        f"{f', LSTM state of {meta.core}' if meta.core else ''}, {done.size} bytes"
     )
 
 

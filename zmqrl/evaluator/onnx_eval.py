@@ -13,7 +13,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from zmqrl.checkpoints.onnx_policy import OnnxMetadata, OnnxPolicy, onnx_config
+from zmqrl.checkpoints.onnx_metadata import OnnxMetadata
+from zmqrl.checkpoints.onnx_policy import OnnxPolicy, onnx_config
 from zmqrl.evaluator.greedy import EvalResult, evaluate
 
 
