@@ -55,15 +55,22 @@ def snapshot(run_dir: Path, timeout: float = 1.0) -> RunSnapshot | None:
 
 
 def wait_for_snapshot(
-    run_dir: Path, ok: Callable[[RunSnapshot], bool], timeout: float, what: str
+    run_dir: Path,
+    ok: Callable[[RunSnapshot], bool],
+    timeout: float,
+    what: str,
+    alive: Callable[[], bool] | None = None,
 ) -> RunSnapshot:
-    """Poll the run's snapshot until ``ok``; returns it."""
+    """Poll the run's snapshot until ``ok``; returns it. ``alive`` (say, the launch still running)
+    ends the wait at once when it turns false."""
     deadline = time.monotonic() + timeout
     last: RunSnapshot | None = None
     while True:
         last = snapshot(run_dir) or last
         if last is not None and ok(last):
             return last
+        if alive is not None and not alive():
+            raise AssertionError(f"the run ended before {what}; last snapshot: {last}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}; last snapshot: {last}")
         time.sleep(POLL_SECONDS)
@@ -72,9 +79,7 @@ def wait_for_snapshot(
 def process(run_dir: Path, name: str) -> ProcessRow | None:
     """Row ``name`` ("learner-0", "actor-1") of the run's snapshot; None without an answer."""
     snap = snapshot(run_dir)
-    if snap is None:
-        return None
-    return next((row for row in snap.processes if row.name == name), None)
+    return row_of(snap, name) if snap is not None else None
 
 
 def is_up(row: ProcessRow | None) -> bool:
@@ -123,6 +128,78 @@ def wait_until_up(
         f"up (after {restarts} restart(s))",
         alive,
     )
+
+
+def row_of(snap: RunSnapshot, name: str) -> ProcessRow | None:
+    """Row ``name`` ("learner-0", "actor-1") of ``snap``."""
+    return next((row for row in snap.processes if row.name == name), None)
+
+
+def beat_heard_at(snap: RunSnapshot, row: ProcessRow) -> float | None:
+    """When the supervisor heard ``row``'s latest heartbeat, in seconds after the launch (the
+    clock of ``snap.elapsed``); None before its first."""
+    return None if row.heartbeat_age is None else snap.elapsed - row.heartbeat_age
+
+
+# Two snapshots showing the same heartbeat can put it this far apart: the supervisor reads its two
+# clocks (the heartbeat's age, the elapsed time) a moment apart while it builds a snapshot. Two
+# heartbeats are a heartbeat interval apart (0.2 s in tiny_overrides, 0.5 s by default).
+SAME_BEAT_SECONDS = 0.1
+
+
+class WorkHeard:
+    """Tells, from a run's successive snapshots, when its supervisor counts a process as having
+    done useful work, the fact its restart policy turns on (zmqrl/supervisor/restarts.py: a process
+    killed from outside after useful work is restarted at the base delay, and the death does not
+    count towards ``supervisor.max_restarts``).
+
+    The supervisor marks a process useful at the first heartbeat whose ``work`` counter moved
+    (zmqrl/supervisor/liveness.py). A snapshot shows that work as the process's rate (env steps/s,
+    updates/s) above 0; the rate can show a round's env steps one heartbeat before the tick that
+    counts the round as work, so a process counts as heard working once a later heartbeat of the
+    same process has been heard too."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[int | None, float]] = {}  # name -> (pid, its first beat at work)
+
+    def __call__(self, snap: RunSnapshot, name: str, restarts: int = 0) -> bool:
+        """Whether ``snap`` shows process ``name`` (its incarnation after ``restarts`` restarts of
+        its slot) heard working; call it with each new snapshot."""
+        row = row_of(snap, name)
+        if row is None or row.restarts < restarts or not is_up(row):
+            return False
+        heard = beat_heard_at(snap, row)
+        if heard is None:
+            return False
+        first = self._first.get(name)
+        if first is None or first[0] != row.pid:  # not seen working yet, or another process now
+            if row.rate > 0:
+                self._first[name] = (row.pid, heard)
+            return False
+        return heard > first[1] + SAME_BEAT_SECONDS
+
+
+def wait_until_working(
+    run_dir: Path,
+    name: str,
+    timeout: float,
+    *,
+    restarts: int = 0,
+    alive: Callable[[], bool] | None = None,
+) -> ProcessRow:
+    """Wait until the supervisor counts process ``name`` (its incarnation after ``restarts``
+    restarts of its slot) as having done useful work (:class:`WorkHeard`); returns its row."""
+    heard = WorkHeard()
+    snap = wait_for_snapshot(
+        run_dir,
+        lambda s: heard(s, name, restarts),
+        timeout,
+        f"{name} to be heard working (after {restarts} restart(s))",
+        alive,
+    )
+    row = row_of(snap, name)
+    assert row is not None
+    return row
 
 
 # ---------------------------------------------------------------------- a role started by hand

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
-from zmqrl.cli.container_init import EXIT_HUNG, EXIT_NOT_FOUND, stale_verdict
+from zmqrl.cli.container_init import (
+    CHECK_SECONDS,
+    DEAD_FACTOR,
+    EXIT_HUNG,
+    EXIT_NOT_FOUND,
+    POLL_SECONDS,
+    stale_verdict,
+)
 from zmqrl.runtime.health import HealthRecord, write_health
 
 # A stand-in role: beats into $ZMQRL_HEALTH_FILE every 0.05 s (heartbeat_timeout 0.3 s), runs
@@ -102,11 +109,14 @@ def test_stop_signals_reach_the_role(run_root: Path) -> None:
     body = """
     import signal
     signal.signal(signal.SIGTERM, lambda *_: (final('stopped'), sys.exit(0)))
+    Path(f"{path}.armed").touch()
     time.sleep(60)
     """
     init, health = start_init(run_root, body)
     try:
-        wait_until(health.exists, 30, "the first beat")
+        # Not the first beat: the role beats (from a thread) before its SIGTERM handler is set.
+        armed = Path(f"{health}.armed")
+        wait_until(armed.exists, 30, "the role's SIGTERM handler")
         init.send_signal(signal.SIGTERM)  # what `docker stop` sends pid 1
         assert init.wait(timeout=30) == 0, "the role stopped cleanly, so the container exits 0"
     finally:
@@ -115,8 +125,12 @@ def test_stop_signals_reach_the_role(run_root: Path) -> None:
 
 
 def test_a_role_ending_after_its_last_state_is_left_alone(run_root: Path) -> None:
-    # Finished, then 1.5 s of cleanup with no beats (> 2 x 0.3 s): not a stopped process.
-    init, _ = start_init(run_root, "final('finished'); time.sleep(1.5)\n")
+    # Finished, then a cleanup with no beats: not a stopped process. The silence is the scenario
+    # (elapsed time is what is tested): past the init's limit (DEAD_FACTOR x the role's 0.3 s
+    # heartbeat_timeout) for two of its checks (one every CHECK_SECONDS, after a POLL_SECONDS nap),
+    # so the init has judged the silent role at least once before it exits.
+    silent = DEAD_FACTOR * 0.3 + 2 * (CHECK_SECONDS + POLL_SECONDS)
+    init, _ = start_init(run_root, f"final('finished'); time.sleep({silent})\n")
     assert init.wait(timeout=30) == 0
 
 

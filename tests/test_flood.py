@@ -29,6 +29,7 @@ import zmq
 
 from tests import run_state
 from tests.conftest import processes_mentioning, tiny_overrides
+from zmqrl.runtime.health import HealthRecord
 from zmqrl.transport import wire
 from zmqrl.transport.wire import SamplesMsg, StopMsg
 from zmqrl.types import EpisodeStat, TransitionBatch
@@ -59,6 +60,9 @@ ROWS = 64  # rows per valid batch, like an actor's send_batch
 BIG = 2**20  # "oversized" malformed messages carry about this many bytes
 SEND_POLL_MS = 5  # a blocked flood waits this long for room before trying again
 STARTUP_TIMEOUT = 60.0
+# A learner's RSS has settled (its start-up allocations are done) once it held within SETTLED_MB over
+# SETTLED_BEATS of its heartbeats (tiny_overrides: one every 0.2 s).
+SETTLED_MB, SETTLED_BEATS = 1.0, 5
 STOP_TIMEOUT = 30.0
 
 
@@ -229,6 +233,30 @@ def wait_for_samples_endpoint(proc: subprocess.Popen[bytes], stderr_path: Path) 
         raise AssertionError(f"{exc}; its log:\n{stderr_path.read_text(errors='replace')}") from None
 
 
+def settled_rss(proc: subprocess.Popen[bytes], stderr_path: Path) -> float:
+    """The learner's RSS (MiB) once its start-up allocations are behind it: its main loop runs
+    (its health file says so) and its RSS held within SETTLED_MB over SETTLED_BEATS heartbeats,
+    each one a round of that loop later than the one before."""
+    rss: list[float] = []
+    seen = [-1]  # the main-loop progress of the last beat sampled
+
+    def settled(record: HealthRecord) -> bool:
+        if record.state not in run_state.WORKING or record.progress == seen[0]:
+            return False
+        seen[0] = record.progress
+        rss.append(rss_mb(proc.pid))
+        recent = rss[-SETTLED_BEATS:]
+        return len(recent) == SETTLED_BEATS and max(recent) - min(recent) < SETTLED_MB
+
+    try:
+        run_state.wait_for_health(
+            health_file(stderr_path), settled, STARTUP_TIMEOUT, "the learner's RSS to settle", proc
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; RSS MiB at its beats: {rss[-20:]}") from None
+    return rss[-1]
+
+
 def stop(proc: subprocess.Popen[bytes]) -> int | None:
     """SIGTERM, then SIGKILL if it does not leave in time; returns the SIGTERM exit code (or None)."""
     if proc.poll() is not None:
@@ -378,8 +406,7 @@ def test_a_learner_keeps_no_copy_of_the_many_frame_messages_it_refuses(
     sent = 0
     try:
         push.connect(wait_for_samples_endpoint(proc, stderr_path))
-        time.sleep(2.0)  # past start-up allocations
-        base = peak = rss_mb(proc.pid)
+        base = peak = settled_rss(proc, stderr_path)
         started = time.monotonic()
         next_sample = started
         while time.monotonic() - started < BOMB_SECONDS:

@@ -431,16 +431,31 @@ def test_a_stopped_run_continues_when_launched_again_or_with_resume(run_root: Pa
 
 def test_a_closed_console_does_not_stop_the_supervisor_from_cleaning_up(run_root: Path) -> None:
     run_dir = run_root / "t"
+    progress_seconds = 1.0  # a progress line on the console this often
     cmd = [sys.executable, "-m", "zmqrl", "launch", str(REPO / "configs" / "cartpole_dqn.yaml")]
-    for item in tiny_overrides(run_root, learner__max_updates=1_000_000):
+    overrides = tiny_overrides(
+        run_root, learner__max_updates=1_000_000, supervisor__progress_seconds=progress_seconds
+    )
+    for item in overrides:
         cmd += ["--set", item]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     wait_for_process(f"{run_dir}/config.yaml --id 0", 60)
     assert proc.stdout is not None
     proc.stdout.close()  # whoever watched the console went away: every write now fails
-    # Part of the scenario: progress lines (one a second) hit the closed pipe meanwhile. The test
-    # does not depend on how many do: the SIGINT notice and the final report below hit it anyway.
-    time.sleep(1.5)
+    # Progress lines hit the closed pipe meanwhile: the supervisor's loop (the one that prints
+    # them, and answers `zmqrl status`) is still answering two progress intervals after the close,
+    # so at least one was due and written in between. The SIGINT notice and the final report
+    # below hit the pipe anyway.
+    closed = run_state.wait_for_snapshot(
+        run_dir, lambda s: s.state == "running", 30, "the supervisor's loop", lambda: proc.poll() is None
+    )
+    run_state.wait_for_snapshot(
+        run_dir,
+        lambda s: s.elapsed >= closed.elapsed + 2 * progress_seconds,
+        30,
+        "the supervisor to answer two progress intervals after its console closed",
+        lambda: proc.poll() is None,
+    )
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert_nothing_left(run_dir)

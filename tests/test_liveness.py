@@ -363,6 +363,8 @@ def test_a_final_checkpoint_written_with_a_tick_reports_progress_while_it_takes_
     """Item 3: the final checkpoint (replay snapshot included) is written before the learner exits;
     when it takes longer than progress_timeout, ticks keep the supervisor from calling it hung."""
     ticks: list[float] = []
+    # The write's duration is the scenario (elapsed time is what is tested): 1.2 s, longer than
+    # two of the ticks the waiting caller makes (every TICK_SECONDS, 0.5 s).
     writer = CheckpointWriter(
         tmp_path / "ckpt", keep=2, on_crash=never_crashes, before_write=lambda: time.sleep(1.2)
     )

@@ -37,10 +37,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 # The issue's bounds.
 REPLACED_WITHIN = 5.0  # seconds from a fault (SIGKILL or SIGSTOP) to a new process in the slot
 CTRL_C_WITHIN = 5.0  # seconds from Ctrl-C to `launch` gone, a stopped child included
-# Faults wait this long after "up", so the process has done useful work and has been heard doing
-# it: a kill from outside of a working process is replaced at the base delay and never counts
-# towards the restart cap (zmqrl/supervisor/restarts.py).
-HEALTHY_MARGIN = 3.0
+# A fault is dealt to a process the supervisor has heard do useful work (run_state.WorkHeard): a
+# kill from outside of a working process is replaced at the base delay and never counts towards
+# the restart cap (zmqrl/supervisor/restarts.py).
 
 
 def default_supervisor(run_root: Path, **extra: object) -> list[str]:
@@ -275,9 +274,8 @@ def test_with_the_default_settings_a_stopped_actor_is_replaced_within_five_secon
         assert not run_state.is_up(run_state.process(run_dir, "actor-0")), "stopped past its start-up"
         second = wait_for_pid(run_dir, "actor", 0, other_than=first, timeout=30)
         in_start_up = time.monotonic() - stopped_at
-        # Stopped while running, once it has run healthily.
-        run_state.wait_until_up(run_dir, "actor-0", 90, restarts=1, alive=launch.running)
-        time.sleep(HEALTHY_MARGIN)
+        # Stopped while running, once the supervisor has heard it do useful work.
+        run_state.wait_until_working(run_dir, "actor-0", 90, restarts=1, alive=launch.running)
         os.kill(second, signal.SIGSTOP)
         stopped_at = time.monotonic()
         wait_for_pid(run_dir, "actor", 0, other_than=second, timeout=30)
@@ -361,7 +359,7 @@ def test_a_heartbeat_flood_neither_stalls_the_supervisor_nor_goes_uncounted(run_
     launch = Launch(default_supervisor(run_root, learner__max_updates=1_000_000, learner__eval_interval=0))
     ctx = zmq.Context()
     try:
-        run_state.wait_until_up(run_dir, "actor-0", 90, alive=launch.running)
+        run_state.wait_until_working(run_dir, "actor-0", 90, alive=launch.running)
         endpoint = yaml.safe_load((run_dir / "config.yaml").read_text())["transport"]["heartbeat"]
         flood = ctx.socket(zmq.PUSH)
         flood.connect(endpoint)
@@ -375,7 +373,6 @@ def test_a_heartbeat_flood_neither_stalls_the_supervisor_nor_goes_uncounted(run_
             flood.close(linger=10_000)
             sent.set()
 
-        time.sleep(HEALTHY_MARGIN)
         victim = wait_for_pid(run_dir, "actor", 0)
         flooder = threading.Thread(target=send, daemon=True)
         flooder.start()
@@ -449,8 +446,8 @@ class Fault:
 
 def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> list[Fault]:
     """``faults`` SIGKILL/SIGSTOP faults spread over about ``seconds``, on 3 actors under the shipped
-    supervisor defaults, each on an actor that is up and has run healthily; returns each fault's
-    replacement time. The run is interrupted at the end and must leave nothing behind."""
+    supervisor defaults, each on an actor the supervisor has heard do useful work; returns each
+    fault's replacement time. The run is interrupted at the end and must leave nothing behind."""
     import random
 
     rng = random.Random(seed)
@@ -464,7 +461,7 @@ def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> lis
             learner__eval_interval=0,
         )
     )
-    up_since: dict[int, float] = {}
+    working = run_state.WorkHeard()
     pending: dict[int, tuple[float, int, str]] = {}  # actor -> (fault time, old pid, signal)
     current: dict[int, int | None] = {}  # actor -> the pid last seen in its slot
     unprovoked: list[str] = []  # replacements the test did not cause (a healthy process killed)
@@ -489,21 +486,18 @@ def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> lis
                         raise AssertionError(f"actor {i} not replaced 30 s after {how}:\n{launch.output}")
                 elif pid is not None and current.get(i) not in (None, pid):
                     unprovoked.append(f"actor {i}: pid {current[i]} -> {pid}")
-                    up_since.pop(i, None)
                 current[i] = pid if pid is not None else current.get(i)
             snap = run_state.snapshot(run_dir)
-            rows = {row.name: row for row in snap.processes} if snap is not None else {}
-            for i in range(3):
-                row = rows.get(f"actor-{i}")
-                # Up: the process now in its slot is past its start-up.
-                if (
-                    i not in pending
-                    and i not in up_since
-                    and run_state.is_up(row)
-                    and row.pid == current.get(i)
-                ):
-                    up_since[i] = now
-            ready = [i for i, t in up_since.items() if now - t >= HEALTHY_MARGIN and i not in pending]
+            # Ready for a fault: the process now in its slot, heard doing useful work.
+            ready = [
+                i
+                for i in range(3)
+                if snap is not None
+                and i not in pending
+                and (row := run_state.row_of(snap, f"actor-{i}")) is not None
+                and row.pid == current.get(i)
+                and working(snap, f"actor-{i}")
+            ]
             if now >= next_fault and ready and len(done) + len(pending) < faults:
                 i = rng.choice(ready)
                 pid = slot_pid(run_dir, "actor", i)
@@ -511,7 +505,6 @@ def run_chaos(run_root: Path, faults: int, seconds: float, seed: int = 0) -> lis
                     sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
                     os.kill(pid, sig)
                     pending[i] = (time.monotonic(), pid, sig.name)
-                    del up_since[i]
                     next_fault = max(next_fault + every, now)
             time.sleep(0.03)
         elapsed = time.monotonic() - started

@@ -303,6 +303,12 @@ def test_actors_paused_then_resumed() -> None:
     while lim.can_sample(2):  # let the learner catch up with what exists
         assert time.monotonic() < deadline
         time.sleep(0.005)
+    # Counted from the learner's next timeout on: its last sample may be taken (can_sample is
+    # false) but not yet added to `sampled`; a timeout comes in a later round of its loop.
+    timeouts_before = timeouts[0]
+    while timeouts[0] == timeouts_before:
+        assert time.monotonic() < deadline, "the learner's waits never time out"
+        time.sleep(0.005)
     before_pause = sampled[0]
     timeouts_before = timeouts[0]
     deadline = time.monotonic() + LONG

@@ -382,6 +382,8 @@ def test_an_actor_collects_its_warm_up_share_before_the_learner_is_up_and_sends_
         wait_until(
             lambda: hasattr(actor, "adder") and len(actor.adder.held) == 3, 20, "the actor's warm-up share"
         )
+        # The actor's own count, not only what has reached the socket by now.
+        assert actor.samples_sent == 0, "nothing may be sent before the learner was heard"
         assert not fake.pull.poll(0), "nothing may be sent before the learner was heard"
         fake.greet_until(cfg, lambda: fake.pull.poll(0), 20, "the actor's first samples")
         msgs = []

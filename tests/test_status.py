@@ -137,19 +137,22 @@ def test_malformed_requests_are_counted_and_answered_and_do_not_stop_the_server(
 
 def test_a_late_answer_to_an_earlier_request_is_not_taken_for_the_next_one(ctx: zmq.Context) -> None:
     calls: list[int] = []
+    gave_up = threading.Event()
 
     def slow_then_fast() -> RunSnapshot:
         calls.append(len(calls))
         if len(calls) == 1:
-            time.sleep(0.6)  # the supervisor's loop was busy
+            gave_up.wait(10)  # the supervisor's loop was busy until the client stopped waiting
         return a_snapshot(len(calls))
 
     server = Served(ctx, slow_then_fast)
     client = StatusClient(server.endpoint, ctx=ctx)
     try:
         assert client.fetch(0.2) is None
+        gave_up.set()  # the first answer goes out now, late
         snap = client.fetch(5.0)
     finally:
+        gave_up.set()
         client.close()
         server.close()
     assert snap is not None and snap.elapsed == 12.0 + 2, "the answer to the second request"
