@@ -11,6 +11,7 @@ Run locally with a shorter flood: ``ZMQRL_FLOOD_SECONDS=15 pytest tests/test_flo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -43,7 +44,8 @@ FLOOD_SECONDS = float(os.environ.get("ZMQRL_FLOOD_SECONDS", "60"))
 # By then replay is full (capacity rows written once), the queues have reached their high-water
 # marks and the allocator its working set, so later growth would be a leak.
 WARMUP_SECONDS = min(10.0, FLOOD_SECONDS / 2)
-# Bound on RSS growth after warm-up. Everything the flood can make the learner hold is bounded:
+# Bound on RSS growth after warm-up (the learner with its intake process, which receives and decodes).
+# Everything the flood can make the learner hold is bounded:
 #   * the samples PULL queue: SAMPLES_HWM messages x the largest message we send (~1 MiB), 16 MiB,
 #     plus one message being read by ZeroMQ's I/O thread and one being decoded (2 MiB);
 #   * replay: preallocated, REPLAY_CAPACITY x 48 B (~1 MiB), and fully written during warm-up;
@@ -193,12 +195,33 @@ class Flood:
 # ---------------------------------------------------------------------------------------------
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc/PID/task/*/children)."""
+    tree, at = [pid], 0
+    while at < len(tree):
+        for children in Path(f"/proc/{tree[at]}/task").glob("*/children"):
+            with contextlib.suppress(FileNotFoundError):  # the thread or process ended meanwhile
+                tree += [int(child) for child in children.read_text().split()]
+        at += 1
+    return tree
+
+
 def rss_mb(pid: int) -> float:
-    """Resident set size of ``pid`` in MiB, from /proc/PID/status (VmRSS is in kB)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
-    assert match, f"no VmRSS for pid {pid}"
-    return int(match.group(1)) / 1024
+    """Resident set size in MiB of the learner ``pid`` with its child processes, from each one's
+    /proc/PID/status (VmRSS, kB): the learner's intake process is what receives, holds and decodes
+    the samples a flood sends, so a leak there is the learner's. Pages the two share count twice,
+    which moves the level, not its growth."""
+    total_kb = 0
+    tree = process_tree(pid)
+    assert len(tree) >= 2, f"the learner {pid} has no intake process to measure: {tree}"
+    for member in tree:
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except FileNotFoundError:
+            continue
+        match = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
+        total_kb += int(match.group(1)) if match else 0  # a zombie has no VmRSS
+    return total_kb / 1024
 
 
 def start_learner(
@@ -355,7 +378,8 @@ def test_learner_memory_stays_bounded_and_it_keeps_training_under_a_samples_floo
     print(
         f"\nflood of {FLOOD_SECONDS:.0f} s: {flood.messages} messages ({flood.sent}), "
         f"{mb_sent:.0f} MiB sent, {flood.blocked} sends blocked (backpressure)\n"
-        f"learner RSS: start {rss_start:.1f} MiB, after {WARMUP_SECONDS:.0f} s warm-up {warm:.1f} MiB, "
+        f"learner and intake RSS: start {rss_start:.1f} MiB, "
+        f"after {WARMUP_SECONDS:.0f} s warm-up {warm:.1f} MiB, "
         f"end {end:.1f} MiB, growth {growth:+.1f} MiB "
         f"(peak {peak_growth:+.1f}, limit {RSS_GROWTH_LIMIT_MB})\n"
         f"learner stats: samples {stats.get('samples')}, batches {stats.get('batches')}, "
