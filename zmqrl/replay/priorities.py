@@ -165,8 +165,7 @@ def checked_update(ids: npt.ArrayLike, td_errors: npt.ArrayLike) -> tuple[IdArra
         if ids.dtype.kind not in "iu" and ids.size:
             raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
         ids = ids.astype(np.int64)
-    ids = ids.ravel()
-    return ids, checked_priorities(td_errors, ids.size)
+    return ids.ravel(), checked_priorities(td_errors, ids.size)
 
 
 class PriorityTable:

@@ -271,9 +271,8 @@ class PrioritizedReplay(Ring):
         if ids is None:
             return
         ids, raw = checked_update(ids, td_errors)
-        if ids.size:
-            with self._lock:
-                self._priorities.update_locked(ids, raw, self._ordinal, self._size)
+        with self._lock:
+            self._priorities.update_locked(ids, raw, self._ordinal, self._size)
 
     def priorities_of(self, ids: np.ndarray) -> npt.NDArray[np.float64]:
         """Transformed priorities ``(p + eps) ** alpha`` of rows by id; NaN for overwritten ids

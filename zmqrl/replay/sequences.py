@@ -156,9 +156,8 @@ class SequenceReplay:
         if ids is None or self._priorities is None:
             return
         ids, raw = checked_update(ids, td_errors)
-        if ids.size:
-            with self._lock:
-                self._priorities.update_locked(ids, raw, self._ordinal, self._size)
+        with self._lock:
+            self._priorities.update_locked(ids, raw, self._ordinal, self._size)
 
     def snapshot(self, max_rows: int | None = None) -> SequenceBatch:
         """The newest ``max_rows`` windows (all by default), oldest first, as copies."""
