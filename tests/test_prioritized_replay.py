@@ -515,7 +515,7 @@ def test_model_based_priorities(capacity: int, ops: list[tuple[str, object, bool
         np.testing.assert_array_equal(buf.snapshot().reward, keys)
         batch, ids, _ = buf.sample_prioritized(16, beta=0.5)
         np.testing.assert_array_equal(ids, batch.reward.astype(np.int64))
-    assert_tree_consistent(buf._tree)
+    assert_tree_consistent(buf._priorities.tree)
 
 
 def test_concurrent_add_sample_update() -> None:
@@ -570,7 +570,7 @@ def test_concurrent_add_sample_update() -> None:
     pri = buf.priorities_of(live)
     assert np.isfinite(pri).all() and (pri > 0).all()
     assert buf.total_priority == pytest.approx(pri.sum(), rel=1e-9)
-    assert_tree_consistent(buf._tree)
+    assert_tree_consistent(buf._priorities.tree)
 
 
 # ------------------------------------------------------------------------- hostile actor priorities

@@ -87,7 +87,7 @@ def observe(buf: Buffer) -> dict[str, Any]:
         seen |= {
             "total_priority": buf.total_priority,
             "priorities": buf.priorities_of(ids),
-            "nodes": buf._tree._nodes.copy(),
+            "nodes": buf._priorities.tree._nodes.copy(),
             "ordinals": buf._ordinal.copy(),
             "max_priority": buf.max_priority,
             "clipped": buf.clipped_priorities,

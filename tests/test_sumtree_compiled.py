@@ -234,7 +234,7 @@ def test_prioritized_replay_behaves_the_same_on_either_tree(monkeypatch: pytest.
         monkeypatch.setattr(sumtree, "IMPLEMENTATION", implementation)
         bufs.append(PrioritizedReplay(37, (3,), np.float32, (), np.int64, seed=5, alpha=0.7))
     ref, fast = bufs
-    assert type(ref._tree) is SumTree and type(fast._tree) is CompiledSumTree
+    assert type(ref._priorities.tree) is SumTree and type(fast._priorities.tree) is CompiledSumTree
     rng = np.random.default_rng(0)
     added = 0
     for step in range(40):
@@ -255,7 +255,7 @@ def test_prioritized_replay_behaves_the_same_on_either_tree(monkeypatch: pytest.
         td = rng.exponential(1.0, stale.size)
         for buf in bufs:
             buf.update_priorities(stale, td)
-        np.testing.assert_array_equal(ref._tree._nodes, fast._tree._nodes)
+        np.testing.assert_array_equal(ref._priorities.tree._nodes, fast._priorities.tree._nodes)
         assert ref.stats() == fast.stats()
         probe = np.arange(added + 2)
         np.testing.assert_array_equal(ref.priorities_of(probe), fast.priorities_of(probe))

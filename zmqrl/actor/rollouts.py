@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from zmqrl.actor.adders import Adder
-from zmqrl.actor.sampler import Collected
+from zmqrl.actor.sampler import LockstepCollector
 from zmqrl.config import Config
 from zmqrl.core import SamplingPolicy, is_recurrent
 from zmqrl.errors import ConfigError
 from zmqrl.spec import SampleSpec, rollout_message_problem
 from zmqrl.transport.weights_channel import WeightsClient
-from zmqrl.types import EpisodeStat, RolloutBatch
+from zmqrl.types import RolloutBatch
 
 
 class RolloutLog:
@@ -116,8 +116,10 @@ class RolloutLog:
         return batch, self._version
 
 
-class RolloutCollector:
+class RolloutCollector(LockstepCollector[SamplingPolicy, RolloutLog]):
     """Steps its envs with the policy's own sampling into ``adder``, whose log cuts them into rollouts."""
+
+    poll_each_batch = True  # a rollout is acted with the newest weights (see the module docstring)
 
     def __init__(
         self,
@@ -135,48 +137,18 @@ class RolloutCollector:
         )
         if problem:
             raise ConfigError(problem)
-        self.policy = policy
-        self.weights = weights
-        self.envs = envs
-        self.adder = adder
-        self.log = adder.log
-        self.num_envs = n = len(envs)
-        self._poll_every = cfg.actor.weights_poll_steps
-        self.steps = 0
+        super().__init__(cfg, policy, envs, weights=weights, adder=adder, seed=seed)
         self.recurrent = is_recurrent(policy)
         if self.recurrent:
             policy.reset_core()  # type: ignore[attr-defined]
         # This step's rewards and end flags, one per env (refilled each step).
-        self._reward = np.zeros(n, np.float32)
-        self._terminated = np.zeros(n, bool)
-        self._truncated = np.zeros(n, bool)
-        self._returns = np.zeros(n)
-        self._lengths = np.zeros(n, np.int64)
-        self._current = np.stack([env.reset(seed=seed + j)[0] for j, env in enumerate(envs)])
-        self._next_poll = 0
+        self._reward = np.zeros(len(envs), np.float32)
+        self._terminated = np.zeros(len(envs), bool)
+        self._truncated = np.zeros(len(envs), bool)
 
     def describe(self) -> str:
         """How this actor acts, for its start-up line."""
         return f"on-policy rollouts of {self.log.length} steps x {self.num_envs} env(s)"
-
-    def collect(self, budget: int) -> Collected:
-        """Step until rollouts are ready, weights are due, or about ``budget`` env transitions
-        were taken (one lockstep step may overshoot by fewer than the env count)."""
-        if self.log.ready:
-            return Collected.BATCH_READY
-        until = self.steps + budget
-        while self.steps < until:
-            if self.steps >= self._next_poll:
-                self._next_poll = self.steps + self._poll_every
-                return Collected.WEIGHTS_DUE
-            if self._step():
-                self._next_poll = self.steps  # the next rollout starts with the newest weights
-                return Collected.BATCH_READY
-        return Collected.BUDGET_SPENT
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
 
     def counters(self, elapsed: float) -> dict[str, float | int]:
         """What the sampling loop has done, for heartbeats and stats (``elapsed``: its seconds)."""
@@ -191,7 +163,7 @@ class RolloutCollector:
 
     def _step(self) -> bool:
         """One lockstep step of every env; True when it completed the rollouts."""
-        start_state = self._start_state() if self.recurrent and self.log.t == 0 else None
+        start_state = self._core_state() if self.recurrent and self.log.t == 0 else None
         obs = self._current
         actions, logp = self.policy.sample(obs)
         rewards, terminated, truncated = self._reward, self._terminated, self._truncated
@@ -221,14 +193,3 @@ class RolloutCollector:
         return self.log.add(
             obs, actions, logp, rewards, terminated, truncated, finals, next_obs, version, start_state
         )
-
-    def _start_state(self) -> np.ndarray:
-        """A copy of the policy's state for the envs' next step: zeros before its first step."""
-        state: np.ndarray = self.policy.core_state()  # type: ignore[attr-defined]
-        if len(state) != self.num_envs:  # not sized yet: no step taken since the reset
-            state = np.zeros((self.num_envs, *state.shape[1:]), np.float32)
-        return state
-
-    def _episode_ended(self, j: int) -> None:
-        self.adder.finished.append(EpisodeStat(float(self._returns[j]), int(self._lengths[j])))
-        self._returns[j], self._lengths[j] = 0.0, 0

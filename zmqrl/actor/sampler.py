@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from zmqrl.actor.adders import Adder
+from zmqrl.actor.adders import Adder, StepLog
 from zmqrl.actor.exploration import EpsilonExplorer, LinearSchedule, ladder_epsilon
 from zmqrl.actor.nstep_log import NStepLog
 from zmqrl.config import Config
@@ -242,3 +242,70 @@ class Sampler:
             return self.epsilons.copy()
         frac = np.minimum(env_steps / self.epsilon_decay, 1.0)
         return 1.0 + (self.epsilons - 1.0) * frac
+
+
+P = TypeVar("P", bound=Policy)
+Log = TypeVar("Log", bound=StepLog)
+
+
+class LockstepCollector(Generic[P, Log]):
+    """Plain gymnasium envs stepped in lockstep, one batched policy call per step, each env reset
+    as soon as its episode ends (no autoreset: every step logged is a real transition), a recurrent
+    policy's state one row per env: what the on-policy (``RolloutCollector``) and recurrent replay
+    (``SequenceCollector``) actors share, driven as ``Sampler`` is; each logs a step its own way."""
+
+    # Weights are offered before every batch (on-policy: each rollout acted with the newest), not
+    # only every actor.weights_poll_steps.
+    poll_each_batch: ClassVar[bool] = False
+
+    def __init__(
+        self, cfg: Config, policy: P, envs: list[Any], *, weights: WeightsClient, adder: Adder[Log], seed: int
+    ) -> None:
+        self.policy = policy
+        self.weights = weights
+        self.envs = envs
+        self.adder = adder
+        self.log = adder.log
+        self.num_envs = n = len(envs)
+        self._poll_every = cfg.actor.weights_poll_steps
+        # Weights are due at the latest this many steps after a batch is ready.
+        self._poll_after_batch = 0 if self.poll_each_batch else self._poll_every
+        self.steps = 0
+        self._returns = np.zeros(n)
+        self._lengths = np.zeros(n, np.int64)
+        self._current = np.stack([env.reset(seed=seed + j)[0] for j, env in enumerate(envs)])
+        self._next_poll = 0
+
+    def collect(self, budget: int) -> Collected:
+        """Step until a batch is ready, weights are due, or about ``budget`` env transitions
+        were taken (one lockstep step may overshoot by fewer than the env count)."""
+        if self.log.ready:
+            return Collected.BATCH_READY
+        until = self.steps + budget
+        while self.steps < until:
+            if self.steps >= self._next_poll:
+                self._next_poll = self.steps + self._poll_every
+                return Collected.WEIGHTS_DUE
+            if self._step():
+                self._next_poll = min(self._next_poll, self.steps + self._poll_after_batch)
+                return Collected.BATCH_READY
+        return Collected.BUDGET_SPENT
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    def _step(self) -> bool:
+        """One lockstep step of every env, logged; True when a batch is ready."""
+        raise NotImplementedError
+
+    def _core_state(self) -> np.ndarray:
+        """A copy of the policy's state for the envs' next step: zeros before its first step."""
+        state: np.ndarray = self.policy.core_state()  # type: ignore[attr-defined]
+        if len(state) != self.num_envs:  # not sized yet: no step taken since the reset
+            state = np.zeros((self.num_envs, *state.shape[1:]), np.float32)
+        return state
+
+    def _episode_ended(self, j: int) -> None:
+        self.adder.finished.append(EpisodeStat(float(self._returns[j]), int(self._lengths[j])))
+        self._returns[j], self._lengths[j] = 0.0, 0

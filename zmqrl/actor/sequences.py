@@ -23,12 +23,12 @@ import numpy as np
 
 from zmqrl.actor.adders import Adder
 from zmqrl.actor.exploration import RandomActions
-from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, Collected, ladder
+from zmqrl.actor.sampler import HOUSEKEEPING_EVERY, LockstepCollector, ladder
 from zmqrl.config import Config
 from zmqrl.core import Policy, is_recurrent
 from zmqrl.spec import SampleSpec
 from zmqrl.transport.weights_channel import WeightsClient
-from zmqrl.types import SEQUENCE_BURN_IN, SEQUENCE_LEARNED, EpisodeStat, SequenceBatch
+from zmqrl.types import SEQUENCE_BURN_IN, SEQUENCE_LEARNED, SequenceBatch
 
 # Random streams of the explorer (distinct from the policy's and the envs').
 EXPLORE_STREAM = 0x5E0
@@ -151,9 +151,9 @@ def message_rows(send_batch: int, length: int) -> int:
     return max(1, math.ceil(send_batch / length))
 
 
-class SequenceCollector:
+class SequenceCollector(LockstepCollector[Policy, SequenceLog]):
     """Steps its envs with the recurrent policy and epsilon-random rows into ``adder``'s
-    ``SequenceLog``, driven as ``Sampler`` is (``collect``, ``counters``, ``close``)."""
+    ``SequenceLog``; weights are offered every ``actor.weights_poll_steps`` only."""
 
     def __init__(
         self,
@@ -170,26 +170,15 @@ class SequenceCollector:
     ) -> None:
         if not is_recurrent(policy):
             raise TypeError(f"a sequence actor needs a recurrent policy, got {type(policy).__name__}")
-        self.policy = policy
-        self.weights = weights
-        self.envs = envs
-        self.adder = adder
-        self.log = adder.log
-        self.num_envs = n = len(envs)
-        self._poll_every = cfg.actor.weights_poll_steps
-        self.steps = 0
+        super().__init__(cfg, policy, envs, weights=weights, adder=adder, seed=seed)
         self.epsilons = ladder(cfg, actor_id)
         self.epsilon_decay = 0 if replacement else cfg.actor.epsilon_decay_steps
         self.epsilon = self._epsilon()
         self._rng = np.random.default_rng([seed, EXPLORE_STREAM])
         self._random = RandomActions(spec)
         policy.reset_core()  # type: ignore[attr-defined]
-        self._returns = np.zeros(n)
-        self._lengths = np.zeros(n, np.int64)
-        self._current = np.stack([env.reset(seed=seed + j)[0] for j, env in enumerate(envs)])
-        for j in range(n):
+        for j in range(self.num_envs):
             self.log.start(j, self._current[j])
-        self._next_poll = 0
 
     def describe(self) -> str:
         """How this actor acts, for its start-up line."""
@@ -198,25 +187,6 @@ class SequenceCollector:
             f"recurrent sequences of {self.log.burn_in}+{self.log.length} steps x {self.num_envs} env(s), "
             f"epsilon {rungs} (annealed from 1.0 over {self.epsilon_decay} steps)"
         )
-
-    def collect(self, budget: int) -> Collected:
-        """Step until windows are ready, weights are due, or about ``budget`` env transitions
-        were taken (one lockstep step may overshoot by fewer than the env count)."""
-        if self.log.ready:
-            return Collected.BATCH_READY
-        until = self.steps + budget
-        while self.steps < until:
-            if self.steps >= self._next_poll:
-                self._next_poll = self.steps + self._poll_every
-                return Collected.WEIGHTS_DUE
-            self._step()
-            if self.log.ready:
-                return Collected.BATCH_READY
-        return Collected.BUDGET_SPENT
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
 
     def counters(self, elapsed: float) -> dict[str, float | int]:
         """What the sampling loop has done, for heartbeats and stats (``elapsed``: its seconds)."""
@@ -237,12 +207,10 @@ class SequenceCollector:
         fraction = min(1.0, self.steps / self.epsilon_decay)
         return 1.0 + fraction * (self.epsilons - 1.0)
 
-    def _step(self) -> None:
-        """One lockstep step of every env."""
+    def _step(self) -> bool:
+        """One lockstep step of every env; True when windows are ready."""
         policy = self.policy
-        states: np.ndarray = policy.core_state()  # type: ignore[attr-defined]
-        if len(states) != self.num_envs:  # not sized yet: no step since the reset
-            states = np.zeros((self.num_envs, 2, self.adder.log.spec.core_size), np.float32)
+        states = self._core_state()
         obs = self._current
         actions = np.array(policy.act(obs, explore=True), np.int64)  # advances every env's state
         random_rows = self._rng.random(self.num_envs) < self.epsilon
@@ -260,8 +228,7 @@ class SequenceCollector:
             self.log.add(j, actions[j], float(reward), bool(term), observation, states[j], version, ended)
             if ended:
                 done[j] = True
-                self.adder.finished.append(EpisodeStat(float(self._returns[j]), int(self._lengths[j])))
-                self._returns[j], self._lengths[j] = 0.0, 0
+                self._episode_ended(j)
                 observation, _ = env.reset()
                 self.log.start(j, observation)
             next_obs[j] = observation
@@ -271,3 +238,4 @@ class SequenceCollector:
         self.steps += self.num_envs
         if self.steps % HOUSEKEEPING_EVERY < self.num_envs:
             self.epsilon = self._epsilon()
+        return self.log.ready

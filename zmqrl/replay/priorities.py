@@ -29,9 +29,10 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from zmqrl.replay.sumtree import all_finite_nonnegative
+from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
 
 FloatArray = npt.NDArray[np.float64]
+IdArray = npt.NDArray[np.int64]
 
 # Prioritized replay defaults: Ape-X (Horgan et al. 2018) uses alpha = 0.6; the epsilon only has to
 # keep a zero-|TD error| row drawable, so it is tiny relative to typical TD errors.
@@ -154,3 +155,75 @@ def checked_priorities(priorities: npt.ArrayLike, n: int) -> npt.NDArray[np.floa
     if not all_finite_nonnegative(raw):
         raise ValueError("priorities must be finite and >= 0")
     return raw
+
+
+def checked_update(ids: npt.ArrayLike, td_errors: npt.ArrayLike) -> tuple[IdArray, FloatArray]:
+    """``update_priorities``' ids as flat int64 (ValueError unless integers; int64 ids, what
+    ``sample`` gives the learner on its hot path, are not converted) and their checked priorities."""
+    ids = np.asarray(ids)
+    if ids.dtype != np.int64:
+        if ids.dtype.kind not in "iu" and ids.size:
+            raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64)
+    return ids.ravel(), checked_priorities(td_errors, ids.size)
+
+
+class PriorityTable:
+    """A prioritized replay's sum tree, the bounds every weight in it passed, and their counters:
+    transitions and R2D2 windows keep priorities alike. No lock and no rows: the replay calls the
+    ``*_locked`` methods under its lock, with its row count ``size`` and ``ordinal`` (the insertion
+    ordinal each slot holds, so that a priority for a row overwritten since is skipped). What can
+    raise does so before changing anything: a replay's mutation stays all-or-nothing."""
+
+    def __init__(self, capacity: int, bounds: PriorityBounds, rows: str = "row") -> None:
+        self.bounds = bounds
+        self.tree = make_sum_tree(capacity)  # compiled where built (sumtree.py)
+        self.clipped = 0  # priorities stored lowered by a bound (actor-sent, or the learner's own)
+        self.stale_updates = 0  # learner priorities skipped: their row had been overwritten
+        self._rows = rows  # what a row is, for messages
+
+    def weights_locked(self, raw: FloatArray | None, n: int, size: int) -> tuple[FloatArray, int]:
+        """Weights of ``n`` rows about to be written (actor priorities ``raw`` or, None, the
+        learner's largest), bounded, and how many a bound lowered; ValueError if one overflowed."""
+        total = self.tree.total
+        if raw is None:
+            values, clipped = self.bounds.for_unmeasured(n, total, size), 0
+        else:
+            values, clipped = self.bounds.for_actor(raw, total, size)
+        if not all_finite_nonnegative(values):
+            raise ValueError("priority weights must be finite and >= 0")
+        return values, clipped
+
+    def write_locked(self, slots: npt.ArrayLike, values: FloatArray, clipped: int) -> None:
+        self.tree.update(slots, values)  # cannot raise: weights_locked checked them
+        self.clipped += clipped
+
+    def draw_locked(
+        self, rng: np.random.Generator, n: int, ordinal: IdArray, size: int, beta: float
+    ) -> tuple[IdArray, IdArray, FloatArray]:
+        """``n`` slots drawn by weight, stratified, their ids and importance weights (float64; see
+        ``PrioritizedReplay.sample_prioritized``)."""
+        total = self.tree.total
+        if not total > 0:
+            raise ValueError(f"cannot sample: every stored {self._rows} has priority zero")
+        slots, values = self.tree.sample_stratified(rng.random(n))
+        weights = (values * (size / total)) ** (-float(beta))
+        weights /= weights.max()
+        return slots, ordinal[slots], weights
+
+    def update_locked(self, ids: IdArray, raw: FloatArray, ordinal: IdArray, size: int) -> None:
+        """The learner's priorities (checked) by id; only these raise ``max_measured``."""
+        values, clipped = self.bounds.for_learner(raw, self.tree.total, size)
+        # First: it raises (negative ids, values that overflowed) before writing anything.
+        live, n_live = self.tree.update_current(ids, values, ordinal)
+        if n_live:
+            self.bounds.measured(raw if n_live == ids.size else raw[live])
+        self.stale_updates += ids.size - n_live
+        self.clipped += clipped
+
+    def stats(self) -> dict[str, float | int]:
+        return {
+            "clipped_priorities": self.clipped,
+            "stale_priority_updates": self.stale_updates,
+            "max_priority": self.bounds.max_measured,
+        }

@@ -26,10 +26,11 @@ from zmqrl.replay.priorities import (
     INITIAL_MAX_PRIORITY,
     BetaSchedule,
     PriorityBounds,
+    PriorityTable,
     checked_priorities,
+    checked_update,
 )
 from zmqrl.replay.storage import FloatArray, Ring
-from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
 from zmqrl.types import Batch, TransitionBatch
 
 __all__ = ["INITIAL_MAX_PRIORITY", "PrioritizedReplay"]
@@ -87,79 +88,72 @@ class PrioritizedReplay(Ring):
         max_draw_ratio: float = DEFAULT_MAX_DRAW_RATIO,
         beta: BetaSchedule | None = None,
     ) -> None:
-        self._bounds = PriorityBounds(
+        bounds = PriorityBounds(
             alpha, priority_eps, max_initial_priority_ratio, max_priority, max_draw_ratio
         )  # first: it checks the settings before anything is allocated
         super().__init__(capacity, obs_shape, obs_dtype, action_shape, action_dtype, seed)
-        self._tree = make_sum_tree(self._capacity)  # compiled where built (sumtree.py)
+        self._priorities = PriorityTable(self._capacity, bounds)  # sum tree, bounds, counters
         self._ordinal: npt.NDArray[np.int64] = np.full(self._capacity, _NO_ORDINAL, dtype=np.int64)
         # Ordinal of the next row written. Equals total_added except after restoring into a
         # non-empty buffer (see `restore`); invariant: _pos == _next_ordinal % capacity.
         self._next_ordinal = 0
-        self._clipped = 0
-        self._stale_updates = 0
         self.beta = beta or BetaSchedule()  # importance exponent by update count (``sample``)
 
     @property
     def alpha(self) -> float:
         """Priority exponent: 0 is uniform, 1 fully proportional."""
-        return self._bounds.alpha
+        return self._priorities.bounds.alpha
 
     @property
     def priority_eps(self) -> float:
         """Added to every raw priority so that no stored row has zero probability."""
-        return self._bounds.eps
+        return self._priorities.bounds.eps
 
     @property
     def max_priority(self) -> float:
         """Largest raw priority the learner has given (``update_priorities``, capped at
         ``max_priority_cap``; never decreases, at least ``INITIAL_MAX_PRIORITY`` unless the cap is
         lower): what rows without one get. Actor priorities never move it."""
-        return self._bounds.max_measured
+        return self._priorities.bounds.max_measured
 
     @property
     def max_initial_priority_ratio(self) -> float:
         """Actor-sent priorities are clipped to this times ``max_priority``."""
-        return self._bounds.initial_ratio
+        return self._priorities.bounds.initial_ratio
 
     @property
     def max_priority_cap(self) -> float:
         """The absolute cap on any raw priority stored (``replay.max_priority``)."""
-        return self._bounds.cap
+        return self._priorities.bounds.cap
 
     @property
     def max_draw_ratio(self) -> float:
         """No row is written with a weight above this times the mean weight stored."""
-        return self._bounds.draw_ratio
+        return self._priorities.bounds.draw_ratio
 
     @property
     def clipped_priorities(self) -> int:
         """Priorities stored lowered by a bound (actor-sent, or the learner's own)."""
-        return self._clipped
+        return self._priorities.clipped
 
     @property
     def stale_priority_updates(self) -> int:
         """Rows whose ``update_priorities`` was skipped because their slot had been overwritten."""
-        return self._stale_updates
+        return self._priorities.stale_updates
 
     def _stats_locked(self) -> dict[str, float | int]:
-        return {
-            **super()._stats_locked(),
-            "clipped_priorities": self._clipped,
-            "stale_priority_updates": self._stale_updates,
-            "max_priority": self._bounds.max_measured,
-        }
+        return {**super()._stats_locked(), **self._priorities.stats()}
 
     @property
     def total_priority(self) -> float:
         """Sum of the transformed priorities ``(p + eps) ** alpha`` of all stored rows."""
         with self._lock:
-            return self._tree.total
+            return self._priorities.tree.total
 
     @property
     def nbytes(self) -> int:
         """Bytes preallocated: the columns plus the sum tree and the per-slot ordinals."""
-        return super().nbytes + self._tree.nbytes + int(self._ordinal.nbytes)
+        return super().nbytes + self._priorities.tree.nbytes + int(self._ordinal.nbytes)
 
     # ------------------------------------------------------------------ insertion
     def add(self, batch: Batch, priorities: np.ndarray | None = None) -> None:
@@ -214,17 +208,11 @@ class PrioritizedReplay(Ring):
         m = b - start
         ordinals = np.arange(first + start, first + b, dtype=np.int64)
         slots = ordinals % cap
-        clipped = 0
-        total, size = self._tree.total, self._size
-        if raw is None:
-            values = self._bounds.for_unmeasured(m, total, size)
-        else:
-            values, clipped = self._bounds.for_actor(raw[start:], total, size)
-        if not all_finite_nonnegative(values):  # a bound that overflowed: refused before any write
-            raise ValueError("priority weights must be finite and >= 0")
+        # A bound that overflowed is refused here, before any write.
+        values, clipped = self._priorities.weights_locked(None if raw is None else raw[start:], m, self._size)
         pos = (first + start) % cap
         staged = self._rows.stage(batch, start, pos) if m else ()  # the last step that may raise
-        self._tree.update(slots, values)
+        self._priorities.write_locked(slots, values, clipped)
         if m:
             self._rows.write(batch, start, pos, staged)
         self._ordinal[slots] = ordinals
@@ -234,7 +222,6 @@ class PrioritizedReplay(Ring):
         self._total_added = (first if rebase else self._total_added) + b
         if total_floor is not None:
             self._total_added = max(self._total_added, total_floor)
-        self._clipped += clipped
 
     # ------------------------------------------------------------------ sampling
     def sample(self, batch_size: int, updates: int = 0) -> Sampled:
@@ -264,15 +251,10 @@ class PrioritizedReplay(Ring):
             raise ValueError(f"beta must be finite and >= 0, got {beta}")
         with self._lock:
             self._check_size(batch_size)
-            total = self._tree.total
-            if not total > 0:
-                raise ValueError("cannot sample: every stored row has priority zero")
-            slots, values = self._tree.sample_stratified(self._rng.random(batch_size))
-            ids = self._ordinal[slots]
+            slots, ids, weights = self._priorities.draw_locked(
+                self._rng, batch_size, self._ordinal, self._size, beta
+            )
             batch = self._rows.gather(slots)
-            n = self._size
-        weights = (values * (n / total)) ** (-float(beta))
-        weights /= weights.max()
         return batch, ids, weights.astype(np.float32)
 
     # ------------------------------------------------------------------ priorities
@@ -288,23 +270,9 @@ class PrioritizedReplay(Ring):
         """
         if ids is None:
             return
-        ids = np.asarray(ids)
-        if ids.dtype != np.int64:
-            if ids.dtype.kind not in "iu" and ids.size:
-                raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
-            ids = ids.astype(np.int64)
-        ids = ids.ravel()
-        raw = checked_priorities(td_errors, ids.size)
-        if ids.size == 0:
-            return
+        ids, raw = checked_update(ids, td_errors)
         with self._lock:
-            values, clipped = self._bounds.for_learner(raw, self._tree.total, self._size)
-            # First: it raises (negative ids, values that overflowed) before writing anything.
-            live, n_live = self._tree.update_current(ids, values, self._ordinal)
-            if n_live:
-                self._bounds.measured(raw if n_live == ids.size else raw[live])
-            self._stale_updates += ids.size - n_live
-            self._clipped += clipped
+            self._priorities.update_locked(ids, raw, self._ordinal, self._size)
 
     def priorities_of(self, ids: np.ndarray) -> npt.NDArray[np.float64]:
         """Transformed priorities ``(p + eps) ** alpha`` of rows by id; NaN for overwritten ids
@@ -312,6 +280,6 @@ class PrioritizedReplay(Ring):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         with self._lock:
             slots = ids % self._capacity
-            out = self._tree.get(slots)
+            out = self._priorities.tree.get(slots)
             out[self._ordinal[slots] != ids] = np.nan
         return out

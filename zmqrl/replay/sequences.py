@@ -26,8 +26,13 @@ from typing import Any
 import numpy as np
 
 from zmqrl.core import Sampled
-from zmqrl.replay.priorities import BetaSchedule, PriorityBounds, checked_priorities
-from zmqrl.replay.sumtree import all_finite_nonnegative, make_sum_tree
+from zmqrl.replay.priorities import (
+    BetaSchedule,
+    PriorityBounds,
+    PriorityTable,
+    checked_priorities,
+    checked_update,
+)
 from zmqrl.spec import SampleSpec
 from zmqrl.types import SEQUENCE_FIELDS, SEQUENCE_LEARNED, Batch, SequenceBatch
 
@@ -80,17 +85,17 @@ class SequenceReplay:
             name: np.zeros((capacity, *shape), dtype) for name, (shape, dtype) in self._columns.items()
         }
         self.prioritized = prioritized
-        self._bounds = bounds or PriorityBounds()
         self.beta = beta or BetaSchedule()
-        self._tree = make_sum_tree(capacity) if prioritized else None
+        # The sum tree, bounds and counters, as prioritized transitions keep them.
+        self._priorities = (
+            PriorityTable(capacity, bounds or PriorityBounds(), "window") if prioritized else None
+        )
         self._ordinal = np.full(capacity, _NO_ORDINAL, np.int64)
         self._next = 0  # ordinal of the next window written (slot: ordinal % capacity)
         self._size = 0  # windows stored
         self._learned = np.zeros(capacity, np.int64)  # each slot's learned steps
         self._steps = 0  # learned steps stored (len)
         self._total_added = 0
-        self._stale_updates = 0
-        self._clipped = 0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
 
@@ -111,7 +116,7 @@ class SequenceReplay:
 
     @property
     def nbytes(self) -> int:
-        tree = self._tree.nbytes if self._tree is not None else 0
+        tree = self._priorities.tree.nbytes if self._priorities is not None else 0
         return sum(a.nbytes for a in self._data.values()) + self._ordinal.nbytes + self._learned.nbytes + tree
 
     @property
@@ -130,45 +135,29 @@ class SequenceReplay:
     def sample(self, batch_size: int, updates: int = 0) -> Sampled:
         """``batch_size`` windows, with replacement: uniform, or by priority with importance
         weights at ``beta(updates)``."""
+        beta = self.beta(updates)
         with self._lock:
             if self._size == 0 or batch_size < 1:
                 raise ValueError(f"cannot sample {batch_size} windows from {self._size}")
-            if self._tree is None:
+            if self._priorities is None:
                 slots = self._rng.integers(self._size, size=batch_size)
                 slots = (self._next - self._size + slots) % self._capacity
                 return Sampled(self._gather(slots), None, None, {})
-            total = self._tree.total
-            if not total > 0:
-                raise ValueError("cannot sample: every stored window has priority zero")
-            slots, values = self._tree.sample_stratified(self._rng.random(batch_size))
-            ids = self._ordinal[slots].copy()
+            slots, ids, weights = self._priorities.draw_locked(
+                self._rng, batch_size, self._ordinal, self._size, beta
+            )
             batch = self._gather(slots)
-            n = self._size
-        beta = self.beta(updates)
-        weights = (values * (n / total)) ** (-beta)
-        weights /= weights.max()
         metrics = {"per_beta": beta, "per_importance_min": float(weights.min())}
         return Sampled(batch, weights.astype(np.float32), ids, metrics)
 
     def update_priorities(self, ids: np.ndarray | None, td_errors: np.ndarray) -> None:
         """New raw priorities ``(R,)`` for the windows ``sample`` drew (by id); those overwritten
         since are skipped. ValueError, nothing changed, for bad ids or priorities."""
-        if ids is None or self._tree is None:
+        if ids is None or self._priorities is None:
             return
-        ids = np.asarray(ids)
-        if ids.dtype.kind not in "iu" and ids.size:
-            raise ValueError(f"ids must be integers, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64).ravel()
-        raw = checked_priorities(td_errors, ids.size)
-        if ids.size == 0:
-            return
+        ids, raw = checked_update(ids, td_errors)
         with self._lock:
-            values, clipped = self._bounds.for_learner(raw, self._tree.total, self._size)
-            live, n_live = self._tree.update_current(ids, values, self._ordinal)
-            if n_live:
-                self._bounds.measured(raw if n_live == ids.size else raw[live])
-            self._stale_updates += ids.size - n_live
-            self._clipped += clipped
+            self._priorities.update_locked(ids, raw, self._ordinal, self._size)
 
     def snapshot(self, max_rows: int | None = None) -> SequenceBatch:
         """The newest ``max_rows`` windows (all by default), oldest first, as copies."""
@@ -193,13 +182,7 @@ class SequenceReplay:
         self._rng.bit_generator.state = state
 
     def stats(self) -> dict[str, float | int]:
-        if self._tree is None:
-            return {}
-        return {
-            "clipped_priorities": self._clipped,
-            "stale_priority_updates": self._stale_updates,
-            "max_priority": self._bounds.max_measured,
-        }
+        return {} if self._priorities is None else self._priorities.stats()
 
     # ------------------------------------------------------------------ inside
     def _checked(self, batch: Any) -> SequenceBatch:
@@ -222,16 +205,9 @@ class SequenceReplay:
             return
         ordinals = np.arange(first + skip, first + b, dtype=np.int64)
         slots = ordinals % cap
-        values: np.ndarray | None = None
-        clipped = 0
-        if self._tree is not None:
-            total, size = self._tree.total, self._size
-            if raw is None:
-                values = self._bounds.for_unmeasured(m, total, size)
-            else:
-                values, clipped = self._bounds.for_actor(raw[skip:], total, size)
-            if not all_finite_nonnegative(values):
-                raise ValueError("priority weights must be finite and >= 0")
+        if self._priorities is not None:  # raises for a bound that overflowed, before any write
+            raw = None if raw is None else raw[skip:]
+            values, clipped = self._priorities.weights_locked(raw, m, self._size)
         learned = np.count_nonzero(batch.mask[skip:] == SEQUENCE_LEARNED, axis=1)
         # Nothing below raises: shapes and dtypes were checked, the weights too.
         live = self._ordinal[slots] != _NO_ORDINAL
@@ -239,13 +215,12 @@ class SequenceReplay:
         self._learned[slots] = learned
         for name, column in zip(SEQUENCE_FIELDS, batch, strict=True):
             self._data[name][slots] = column[skip:]
-        if self._tree is not None and values is not None:
-            self._tree.update(slots, values)
+        if self._priorities is not None:
+            self._priorities.write_locked(slots, values, clipped)
         self._ordinal[slots] = ordinals
         self._next = first + b
         self._size = min(cap, self._size + m)
         self._total_added += int(np.count_nonzero(batch.mask == SEQUENCE_LEARNED))
-        self._clipped += clipped
 
     def _gather(self, slots: np.ndarray) -> SequenceBatch:
         return SequenceBatch(*(self._data[name][slots] for name in SEQUENCE_FIELDS))
