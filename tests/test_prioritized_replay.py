@@ -531,10 +531,21 @@ def test_concurrent_add_sample_update() -> None:
     stop = threading.Event()
     n_samples = [0]
 
+    sampled = threading.Condition()
+
+    def trainer_moved_on(since: int) -> None:
+        """Wait until the trainer sampled again: the two really overlap, whatever the scheduler
+        does (a loaded machine could otherwise run the whole writer before the trainer's first draw)."""
+        with sampled:
+            if not sampled.wait_for(lambda: n_samples[0] > since or stop.is_set(), timeout=20):
+                raise AssertionError(f"the trainer did not sample for 20 s (stuck at {since})")
+
     def writer() -> None:
         try:
             rng = np.random.default_rng(1)
             for r in range(rounds):
+                if r % 30 == 0:
+                    trainer_moved_on(n_samples[0] if r else 0)
                 ids = range(cap + r * 40, cap + (r + 1) * 40)
                 pri = rng.random(40) * 3 if r % 2 else None
                 buf.add(make_batch(ids, obs_dim=obs_dim), pri)
@@ -552,7 +563,9 @@ def test_concurrent_add_sample_update() -> None:
                 np.testing.assert_array_equal(ids, batch.reward.astype(np.int64))
                 assert w.max() == 1.0 and (w > 0).all()
                 buf.update_priorities(ids, rng.random(64) * 5)
-                n_samples[0] += 1
+                with sampled:
+                    n_samples[0] += 1
+                    sampled.notify_all()
         except BaseException as e:
             errors.append(e)
             stop.set()
