@@ -157,6 +157,13 @@ ROWS = {
         "feed-forward APPO (minatar-breakout-appo's config) on the same frames: no trail, no memory",
         ("env.id=zmqrl/MinAtarBreakoutNoTrail-v1", "learner.max_seconds=600"),
     ),
+    "minatar-breakout-r2d2": Row(
+        "minatar-breakout-r2d2",
+        "configs/minatar_breakout_r2d2.yaml",
+        3,
+        10.0,
+        "R2D2 from pixels: MinAtar CNN, LSTM (128), windows of 10 burn-in + 20 steps, 2 actors x 4 envs",
+    ),
     "minatar-breakout": Row(
         "minatar-breakout",
         "configs/minatar_breakout_dqn.yaml",
