@@ -42,7 +42,6 @@ from zmqrl.agents.keyed_nets import KeyTensors
 from zmqrl.agents.numpy_policies import squashed_action_bounds
 from zmqrl.agents.r2d2 import R2D2Net
 from zmqrl.checkpoints.files import atomic_write, checkpoint_weights_version, load_checkpoint
-from zmqrl.checkpoints.onnx_inputs import CORE_INPUTS
 from zmqrl.checkpoints.onnx_metadata import RESERVED_NAMES, OnnxMetadata, action_spec
 from zmqrl.checkpoints.onnx_policy import require
 from zmqrl.checkpoints.policy import (
@@ -268,7 +267,7 @@ def trace(module: nn.Module, metadata: OnnxMetadata) -> bytes:
     names = [name for name, _, _ in inputs]
     outputs = metadata.outputs()
     if metadata.obs_keys:
-        module = KeyedInputs(module, tuple(name for name in names if name not in CORE_INPUTS))
+        module = KeyedInputs(module, tuple(entry.key for entry in metadata.obs_keys))
     examples = tuple(
         torch.zeros((TRACE_BATCH, *shape), dtype=getattr(torch, dtype)) for _, dtype, shape in inputs
     )

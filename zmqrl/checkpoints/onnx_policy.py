@@ -22,7 +22,7 @@ import numpy as np
 
 from zmqrl.agents.appo_policy import CoreActing, CoreState
 from zmqrl.checkpoints.onnx_inputs import CORE_INPUTS, INPUT, inputs_problem, key_feeds
-from zmqrl.checkpoints.onnx_metadata import OUTPUT, OnnxMetadata, OnnxModelError, read_metadata
+from zmqrl.checkpoints.onnx_metadata import OnnxMetadata, OnnxModelError, read_metadata
 from zmqrl.config import Config
 from zmqrl.types import record_dtype
 
@@ -103,14 +103,12 @@ class OnnxPolicy(CoreActing):
                     f"got {arr.shape}"
                 )
             feeds = {INPUT: arr[None] if single else arr}
-        if self._core is None:
-            (actions,) = self._session.run([OUTPUT], feeds)
-            return np.asarray(actions[0] if single else actions)
-        state = self._core.rows(len(next(iter(feeds.values()))))
-        for i, name in enumerate(CORE_INPUTS):
-            feeds[name] = np.ascontiguousarray(state[:, i])
+        state = None if self._core is None else self._core.rows(len(next(iter(feeds.values()))))
+        if state is not None:  # a recurrent policy: each row's state goes in beside its observation
+            feeds.update({name: np.ascontiguousarray(state[:, i]) for i, name in enumerate(CORE_INPUTS)})
         actions, *after = self._session.run(self.metadata.outputs(), feeds)
-        state[:, 0], state[:, 1] = after  # the state the next call continues from
+        if state is not None:
+            state[:, 0], state[:, 1] = after  # the state the next call continues from
         return np.asarray(actions[0] if single else actions)
 
     def load_weights(self, arrays: Mapping[str, np.ndarray]) -> None:
