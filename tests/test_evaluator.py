@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
 import sys
 import threading
 import time
@@ -418,3 +419,24 @@ def test_an_evaluator_that_heard_no_weights_before_the_run_finished_scores_the_f
     assert stats["evaluations"] == 1 and stats["evaluated_version"] >= 7
     assert stats["eval_history"][0]["env_steps"] == 1234
     assert stats["eval_return"] == EPISODE_CAP  # the balancing weights, not a fresh policy's
+
+
+def test_an_evaluator_of_a_numpy_policy_starts_without_torch() -> None:
+    """Importing torch takes an evaluator about a second (on a 2-core machine, a second the learner
+    and actors starting beside it lose); a numpy policy's evaluator loads it only to write its best
+    checkpoint."""
+    script = (
+        "import sys\n"
+        "from zmqrl.cli import roles\n"
+        "from zmqrl.config import load_config\n"
+        "from zmqrl.envs.factory import make_env\n"
+        "from zmqrl.evaluator.greedy import make_eval_policy\n"
+        "from zmqrl.evaluator.main import Evaluator\n"
+        "cfg = load_config('configs/cartpole_dqn.yaml')\n"
+        "make_eval_policy(cfg, make_env(cfg.env, training=False), seed=0)\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

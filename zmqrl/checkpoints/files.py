@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-import torch
-
 from zmqrl.errors import ConfigError
 from zmqrl.replay.memory import format_bytes
 
@@ -187,11 +185,15 @@ def sync_directory(directory: Path) -> None:
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically (an OSError propagates: see ``write_failure``)."""
+    import torch  # here, not at the top: an evaluator of a numpy policy starts without torch
+
     atomic_write(path, lambda f: torch.save({"format": CHECKPOINT_FORMAT, **payload}, f))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The payload of a checkpoint; ``ValueError`` for a torn, corrupt or foreign file."""
+    import torch
+
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except OSError:

@@ -11,12 +11,12 @@ checkpoint of the best version seen. Which version, when, and what is kept is
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import zmq
 
 from zmqrl import strictjson
@@ -109,10 +109,13 @@ class Evaluator:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        torch.set_num_threads(cfg.evaluator.torch_threads)
         envs = [make_env(cfg.env, training=False) for _ in range(cfg.evaluator.episodes)]
         # The acting side only (numpy for an MLP): it imports published weights and plays greedily.
         policy = make_eval_policy(cfg, envs[0], seed=cfg.run.seed)
+        # Torch is loaded by now only for a policy that plays with it (a CNN's): an MLP's evaluator
+        # starts without it, as fast as an actor, and loads it at its first best checkpoint.
+        if (torch := sys.modules.get("torch")) is not None:
+            torch.set_num_threads(cfg.evaluator.torch_threads)
         best = stored_best_score(self.run_dir / BEST) if self.resume else None
         launched = launch_time(log)
         tb: Logger = self._logger or run_logger(self.run_dir, ROLE, launched=launched, config=cfg)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import torch
 
 from zmqrl.checkpoints.files import WriteRetries, checkpoint_weights_version, load_checkpoint, save_checkpoint
 from zmqrl.checkpoints.policy import WEIGHTS_ONLY, load_checkpoint_weights, make_eval_agent
@@ -199,6 +198,8 @@ class Scorer:
     def _save_best(self, version: int, result: EvalResult, when: float) -> None:
         """``checkpoints/best``: the evaluated weights alone, as tensors, so that
         ``torch.load(weights_only=True)`` reads it and ``zmqrl eval`` can play it."""
+        import torch  # only now: an evaluator whose policy plays with numpy starts without it
+
         weights = self._loaded
         assert weights is not None and weights.version == version, "only imported weights are evaluated"
         payload = {
