@@ -16,7 +16,7 @@ from zmqrl.agents.appo_rnn import recurrent_outputs, unroll
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.agents.layers import lstm_step
 from zmqrl.core import is_recurrent
-from zmqrl.spec import SampleSpec
+from zmqrl.spec import MAX_CORE_SIZE, SampleSpec
 from zmqrl.types import RolloutBatch
 
 torch.set_num_threads(1)
@@ -156,6 +156,9 @@ def test_the_config_checks_the_core() -> None:
         config(core="gru").check()
     with pytest.raises(ValueError, match=r"agent\.core_size"):
         config(core_size=0).check()
+    config(core_size=MAX_CORE_SIZE).check()
+    with pytest.raises(ValueError, match=r"agent\.core_size: must be an int from 1 to 8192, got 8193"):
+        config(core_size=MAX_CORE_SIZE + 1).check()  # wider than a spec, an export or a reader takes
 
 
 # ---------------------------------------------------------------------------------------------

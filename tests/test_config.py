@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from zmqrl.config import Config, ConfigError, load_config, save_config
+from zmqrl.spec import MAX_CORE_SIZE
 
 REPO = Path(__file__).parents[1]
 EXAMPLE_CONFIG = REPO / "configs" / "cartpole_dqn.yaml"
@@ -417,3 +418,17 @@ SHIPPED_CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.pare
 def test_every_shipped_config_loads_and_names_its_run_after_its_file(path: Path) -> None:
     cfg = load_config(path)
     assert cfg.run.name == path.stem
+
+
+@pytest.mark.parametrize("config", ["cartpole_novel_r2d2.yaml", "cartpole_novel_lstm_appo.yaml"])
+def test_an_lstm_wider_than_any_spec_or_export_takes_names_the_key_and_the_file(
+    tmp_path: Path, config: str
+) -> None:
+    """A recurrent run's state crosses the wire in every message and an ONNX export declares its
+    width; both refuse more than MAX_CORE_SIZE units, so the config does before anything starts."""
+    data = yaml.safe_load((REPO / "configs" / config).read_text())
+    data["agent"]["core_size"] = MAX_CORE_SIZE
+    assert load_config(write(tmp_path, yaml.safe_dump(data))).agent.core_size == MAX_CORE_SIZE
+    data["agent"]["core_size"] = MAX_CORE_SIZE + 1
+    message = config_error(write(tmp_path, yaml.safe_dump(data), "wide.yaml"))
+    assert "wide.yaml" in message and "agent.core_size: must be" in message and str(MAX_CORE_SIZE) in message

@@ -22,7 +22,7 @@ from tests.test_wire_rollouts import (
 )
 from zmqrl.learner.intake_wire import dump_group, load_group
 from zmqrl.replay.rollout_queue import merge_rows, split_rows
-from zmqrl.spec import DEFAULT_MAX_ABS_CORE_CELL, SampleSpec
+from zmqrl.spec import DEFAULT_MAX_ABS_CORE_CELL, MAX_CORE_SIZE, SampleSpec
 from zmqrl.transport.messages import SampleGroup
 from zmqrl.transport.wire import KIND_ROLLOUTS, WireError, dump, load_samples
 from zmqrl.types import CORE_STATE_FIELD, RolloutBatch
@@ -118,6 +118,8 @@ def test_the_default_cell_bound_is_finite_and_the_spec_checks_its_state_size() -
     assert np.isfinite(bound) and np.float32(bound) == bound
     with pytest.raises(ValueError, match="core_size"):
         SampleSpec((2,), "float32", (), "int64", num_actions=2, core_size=4)  # no rollouts
+    with pytest.raises(ValueError, match="core_size must be 0 to 8192"):
+        dataclasses.replace(RECURRENT, core_size=MAX_CORE_SIZE + 1)
 
 
 def test_groups_the_intake_and_the_queue_carry_each_rows_state() -> None:

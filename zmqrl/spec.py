@@ -44,6 +44,9 @@ DEFAULT_MAX_ABS_REWARD = 1e6
 # episode has |c| < k: the env's time limit bounds it (``learner_spec`` uses it); without one,
 # an episode of a million steps is this bound (and float32 still holds it exactly). |h| <= 1 (tanh).
 DEFAULT_MAX_ABS_CORE_CELL = 1e6
+# The widest LSTM core a run may have (zmqrl's configs use 64 to 512): its state travels in every
+# recurrent message and an ONNX export declares it, so configs, specs and exports share one bound.
+MAX_CORE_SIZE = 8192
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,10 @@ class SampleSpec:
         if int(self.max_batch) < 1:
             raise ValueError(f"SampleSpec.max_batch must be >= 1, got {self.max_batch}")
         carried = self.rollout_length is not None or self.sequence_length is not None
-        if int(self.core_size) < 0 or (self.core_size and not carried):
-            raise ValueError(f"SampleSpec.core_size must be >= 0 (0 without rollouts), got {self.core_size}")
+        if not 0 <= int(self.core_size) <= MAX_CORE_SIZE or (self.core_size and not carried):
+            raise ValueError(
+                f"SampleSpec.core_size must be 0 to {MAX_CORE_SIZE} (0 without rollouts): {self.core_size}"
+            )
         if self.sequence_length is not None and not (
             self.rollout_length is None and self.core_size and 0 <= self.burn_in < self.sequence_length
         ):

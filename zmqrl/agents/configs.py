@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zmqrl.spec import MAX_CORE_SIZE
+
 # Values accepted by every agent's `device` field ("auto": cuda when available, else cpu).
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 # Values of DQNConfig.torso and APPOConfig.torso: the layers between observation and heads (the
@@ -234,15 +236,16 @@ class APPOConfig(AgentConfigBase):
     device: str = "auto"  # "auto" (cuda if available), "cpu" or "cuda"
     capture: str = "auto"  # run each update as one CUDA graph: "auto" (CUDA only), "always", "never"
     core: str = "none"  # "none", or "lstm": an LSTM cell after the torso (the value net reads its h)
-    core_size: int = 64  # units of the LSTM core (agent.core: lstm)
+    core_size: int = 64  # units of the LSTM core (agent.core: lstm), at most 8192
 
     def check(self) -> None:
         """Raise ``ValueError("agent.<field>: ...")`` for the first invalid value."""
         super().check()
         if self.core not in CORES:
             raise ValueError(f"agent.core: must be one of {', '.join(CORES)}, got {self.core!r}")
-        if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size < 1:
-            raise ValueError(f"agent.core_size: must be a positive int, got {self.core_size!r}")
+        size = self.core_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_CORE_SIZE:
+            raise ValueError(f"agent.core_size: must be an int from 1 to {MAX_CORE_SIZE}, got {size!r}")
         if self.kind != "appo":
             raise ValueError(f"agent.kind: expected 'appo', got {self.kind!r}")
         sizes = self.hidden_sizes

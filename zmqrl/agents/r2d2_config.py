@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zmqrl.agents.configs import TORSOS, AgentConfigBase, check_adam_schedule
+from zmqrl.spec import MAX_CORE_SIZE
 
 # The paper's priority mix: eta * max |td| + (1 - eta) * mean |td| over a sequence's learned steps.
 R2D2_PRIORITY_ETA = 0.9
@@ -28,7 +29,7 @@ class R2D2Config(AgentConfigBase):
     # read them; on a Dict observation it encodes the image keys and hidden_sizes mixes every key.
     torso: str = "mlp"  # "mlp" (hidden_sizes), "nature_cnn" (Atari (4, 84, 84)) or "minatar_cnn" (C, 10, 10)
     hidden_sizes: list[int] = field(default_factory=lambda: [64])  # ReLU MLP torso before the LSTM
-    core_size: int = 64  # units of the LSTM core between torso and Q head
+    core_size: int = 64  # units of the LSTM core between torso and Q head, at most 8192
     sequence_length: int = 20  # learned steps per window (and the windows' period)
     burn_in: int = 10  # steps before them that only warm the core, without gradient (the overlap)
     gamma: float = 0.99  # per-step discount of the n-step targets
@@ -64,6 +65,8 @@ class R2D2Config(AgentConfigBase):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"agent.{name}: must be a positive int, got {value!r}")
+        if self.core_size > MAX_CORE_SIZE:
+            raise ValueError(f"agent.core_size: must be at most {MAX_CORE_SIZE}, got {self.core_size}")
         if isinstance(self.burn_in, bool) or not isinstance(self.burn_in, int) or self.burn_in < 0:
             raise ValueError(f"agent.burn_in: must be an int >= 0, got {self.burn_in!r}")
         if not 0.0 <= self.priority_eta <= 1.0:

@@ -19,7 +19,7 @@ import numpy as np
 
 from zmqrl import strictjson
 from zmqrl.checkpoints.onnx_inputs import CORE_INPUTS, CORE_OUTPUTS, InputSpec, graph_inputs, observation_text
-from zmqrl.spec import ALLOWED_DTYPES, SampleSpec
+from zmqrl.spec import ALLOWED_DTYPES, MAX_CORE_SIZE, SampleSpec
 from zmqrl.types import MAX_KEYS, RECORD, ObsEntry, check_key
 
 # The graph's one output; its input is one observation array, or one per key of a Dict
@@ -45,8 +45,6 @@ CORE_KEY = "zmqrl.core"
 # recurrent exports) refuses with "export format '2'", rather than failing at its first run.
 EXPORT_FORMAT = 1
 RECURRENT_FORMAT = 2
-# The widest LSTM state a metadata may declare (zmqrl's configs use 64 to 512).
-MAX_CORE = 8192
 # zmqrl.observation's list of a Dict observation's keys.
 KEYS = "keys"
 # Longest metadata value read (the env section and fingerprint are a few hundred bytes).
@@ -199,8 +197,8 @@ def _core(props: Mapping[str, str], recurrent: bool) -> int:
             raise ValueError(f"set in a format {EXPORT_FORMAT} export, which has no state")
         return 0
     text = _text(props, CORE_KEY)
-    if not text.isdigit() or not 1 <= int(text) <= MAX_CORE:
-        raise ValueError(f"{text[:20]!r} is not a width from 1 to {MAX_CORE}")
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CORE_SIZE:
+        raise ValueError(f"{text[:20]!r} is not a width from 1 to {MAX_CORE_SIZE}")
     return int(text)
 
 
