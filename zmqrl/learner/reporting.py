@@ -39,6 +39,13 @@ LEARNER_COUNTERS = (
     "reordered_batches",
     "actor_restarts",
 )
+# The TensorBoard tags read from a log point's counters snapshot, each with its counter.
+SNAPSHOT_TAGS = (
+    ("replay/samples_per_insert", "samples_per_insert"),
+    *((f"perf/{key}", key) for key in LIMITER_BLOCKED),
+    ("replay/size", "replay_size"),
+    ("replay/megabytes", "replay_mb"),
+)
 
 log = logging.getLogger("zmqrl.learner")
 
@@ -167,28 +174,25 @@ class LearnerReports:
         if lags:
             for name, reduce in (("min", np.min), ("mean", np.mean), ("max", np.max)):
                 tb.scalar(f"learner/policy_lag_{name}", float(reduce(lags)), step)
-        limits = t.limiter.stats
-        tb.scalar("replay/samples_per_insert", limits["ratio"], step)
-        for key in LIMITER_BLOCKED:
-            tb.scalar(f"perf/{key}", limits[key], step)
+        c = self.counters()  # one snapshot for the log point's tags (learner/ ones included)
+        for tag, key in SNAPSHOT_TAGS:
+            tb.scalar(tag, c[key], step)
         now = time.monotonic()
         t0, u0, s0 = self._rate_mark
         if now > t0:
             tb.scalar("perf/updates_per_s", (step - u0) / (now - t0), step)
             tb.scalar("perf/samples_per_s", (samples - s0) / (now - t0), step)
         self._rate_mark = (now, step, samples)
-        tb.scalar("replay/size", len(t.replay), step)
-        tb.scalar("replay/megabytes", t.replay.nbytes / 2**20, step)
         for key, value in t.replay.stats().items():
             tb.scalar(f"replay/{key}", value, step)
-        self.log_counters()
+        self.log_counters(c)
 
-    def log_counters(self) -> None:
+    def log_counters(self, c: dict[str, float | int] | None = None) -> None:
         """The learner/ counts at the current update: at each log point, and once more at the
         run's end, so that TensorBoard's last values are the final stats' (a run whose last
         batches arrived after its last log point, or that stopped between two, would otherwise
         end its curves short)."""
-        c = self.counters()
+        c = self.counters() if c is None else c
         for key in LEARNER_COUNTERS:
             self.tb.scalar(f"learner/{key}", c[key], self.trainer.counters.updates)
 
