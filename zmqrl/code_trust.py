@@ -70,12 +70,6 @@ class UntrustedCode(ConfigError):
         )
 
 
-def names_code(key: str, value: object) -> bool:
-    """Whether ``value`` for the dotted ``key`` makes zmqrl import a module (or, in a
-    CODE_ARGUMENT_KEYS value, may)."""
-    return code_in(key, value) is not None
-
-
 def code_in(key: str, value: object) -> tuple[str, str] | None:
     """The first (dotted key, string) in ``value`` for ``key`` that can name a module to import:
     the value itself for CODE_KEYS, any string inside for CODE_ARGUMENT_KEYS (its key then

@@ -214,11 +214,6 @@ def record_dtype(entries: Sequence[ObsEntry]) -> np.dtype[Any]:
     return np.dtype([(e.key, e.dtype, e.shape) for e in entries], align=True)
 
 
-def is_record(arr: Any) -> bool:
-    """Whether ``arr`` is an array of records (a structured dtype)."""
-    return isinstance(arr, np.ndarray) and arr.dtype.names is not None
-
-
 def as_bytes(arr: np.ndarray) -> np.ndarray:
     """Records ``(*lead,)`` as their bytes ``(*lead, itemsize)`` uint8, zero-copy where the array
     is C-contiguous (a copy otherwise); any other array as it is. What crosses to torch."""
