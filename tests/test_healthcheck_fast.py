@@ -88,3 +88,16 @@ def test_verdicts_match_the_health_rules(
     assert (got, error) == (code, False) and line.startswith(start), line
     missing = verdict(tmp_path / "none.json")
     assert missing[0] == 1 and "no health file" in missing[1]
+
+
+@pytest.mark.parametrize(("state", "code"), [("running", 0), ("finished", 1)])
+def test_the_typer_way_gives_the_fast_ways_verdict(tmp_path: Path, state: str, code: int) -> None:
+    """``-fPATH`` (click's joined short option) is not the probe's: typer's command answers it,
+    with the same verdict, line and exit code."""
+    path = healthy_file(tmp_path, state)
+    main = "import sys; from zmqrl.cli.app import main; sys.argv = ['zmqrl', 'health', *sys.argv[1:]]; main()"
+    done = run_python(main, f"-f{path}")
+    want, line, _ = verdict(path)
+    assert (done.returncode, done.stdout.strip()) == (want, line) and want == code, done
+    nothing = run_python(main, "-f")  # typer's own usage error: an option without its value
+    assert nothing.returncode == 2 and "-f" in nothing.stderr

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from zmqrl.learner import intake_wire
 from zmqrl.replay.sequences import SequenceReplay
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
@@ -238,3 +239,24 @@ def test_a_checkpoint_snapshot_of_windows_is_checked_like_a_message(tmp_path: ob
     write_replay_snapshot(path, BAD["core state h beyond 1"](batch), 1, batch.size)
     with pytest.raises(SnapshotUnfit, match="core_state"):
         read_replay_snapshot(path, 1, spec(), None)
+
+
+def test_a_group_of_windows_from_the_intake_splits_back_into_each_messages_windows() -> None:
+    """A group that crossed from the intake process keeps no messages, only their spans (in
+    learned steps); a stale message dropped there (learner.max_policy_lag) must take exactly its
+    own windows out, however many learned steps each window has."""
+    sent = [
+        wire.SamplesMsg(1, seq, version, windows(rows, seed=seq), [EpisodeStat(float(seq), 9)])
+        for seq, (rows, version) in enumerate([(3, 5), (1, 1), (2, 6), (3, 7)])
+    ]
+    group = SampleGroup.of(sent)
+    crossed = intake_wire.load_group([bytes(memoryview(f)) for f in intake_wire.dump_group(group)])
+    assert crossed.originals is None and crossed.infos == group.infos
+    fresh = crossed.only([0, 2, 3])  # message 1 is stale
+    assert fresh is not None
+    assert [(m.seq, m.weights_version, m.episodes) for m in fresh.messages] == [
+        (m.seq, m.weights_version, m.episodes) for m in (sent[0], sent[2], sent[3])
+    ]
+    for got, want in zip(fresh.batch, SampleGroup.of([sent[0], sent[2], sent[3]]).batch, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert fresh.size == sent[0].batch.size + sent[2].batch.size + sent[3].batch.size

@@ -202,19 +202,13 @@ def health(
     For container health checks and Kubernetes probes: the role must run with ZMQRL_HEALTH_FILE
     set. Judged like the supervisor judges heartbeats: no beat for supervisor.heartbeat_timeout
     is dead, no progress for supervisor.progress_timeout is hung."""
-    from zmqrl.runtime.health import HEALTH_FILE_ENV, health_path, judge, read_health
+    from zmqrl.cli.healthcheck import verdict
 
-    path = file or health_path()
-    if path is None:
-        fail(f"no health file: set {HEALTH_FILE_ENV} for the role (and here), or pass --file", EXIT_RUNTIME)
-    try:
-        record = read_health(path)
-    except ValueError as exc:
-        typer.echo(f"unhealthy: {exc}")
-        raise typer.Exit(EXIT_RUNTIME) from None
-    ok, reason = judge(record)
-    typer.echo(reason if ok else f"unhealthy: {reason}")
-    raise typer.Exit(0 if ok else EXIT_RUNTIME)
+    # Reached only for arguments the probe's fast path leaves to typer (zmqrl/cli/app.py main):
+    # the same verdict, so that both ways judge alike.
+    code, line, error = verdict(file)
+    typer.echo(line, err=error)
+    raise typer.Exit(code)
 
 
 def eval_checkpoint(
