@@ -260,3 +260,26 @@ def test_a_group_of_windows_from_the_intake_splits_back_into_each_messages_windo
     for got, want in zip(fresh.batch, SampleGroup.of([sent[0], sent[2], sent[3]]).batch, strict=True):
         np.testing.assert_array_equal(got, want)
     assert fresh.size == sent[0].batch.size + sent[2].batch.size + sent[3].batch.size
+
+
+def test_a_uniform_replay_draws_every_live_window_and_none_overwritten() -> None:
+    """replay.prioritized: false for R2D2: windows drawn uniformly among the ``capacity`` newest,
+    no importance weights or ids, and the learner's priorities are ignored."""
+    replay = SequenceReplay(4, spec(), seed=0, prioritized=False)
+    first, second = windows(3, seed=1), windows(3, seed=2)
+    replay.add(first)
+    replay.add(second)  # 6 windows into 4: the first two are overwritten
+    live = [first.obs[2], *second.obs]
+    drawn = replay.sample(400)
+    assert drawn.ids is None and drawn.importance is None and drawn.metrics == {}
+    seen = {next(i for i, w in enumerate(live) if np.array_equal(w, obs)) for obs in drawn.batch.obs}
+    assert seen == {0, 1, 2, 3}  # StopIteration above: a window that is not live was drawn
+    for name in ("core_state", "mask", "reward"):  # each drawn window's columns stay together
+        rows = {i: getattr(first, name)[2] if i == 0 else getattr(second, name)[i - 1] for i in range(4)}
+        for obs, got in zip(drawn.batch.obs, getattr(drawn.batch, name), strict=True):
+            index = next(i for i, w in enumerate(live) if np.array_equal(w, obs))
+            np.testing.assert_array_equal(got, rows[index])
+    before = replay.snapshot()
+    replay.update_priorities(None, np.ones(400))  # what the learner sends after a uniform draw
+    for got, want in zip(replay.snapshot(), before, strict=True):
+        np.testing.assert_array_equal(got, want)
