@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import zmq
 from tests.conftest import tiny_config, wait_until
 from zmqrl.checkpoints.snapshots import CheckpointWriter
 from zmqrl.config import SupervisorConfig
-from zmqrl.runtime.guard import ThreadDied, start_guarded
+from zmqrl.runtime.guard import EXIT_THREAD_DIED, ThreadDied, start_guarded
 from zmqrl.runtime.health import read_health
 from zmqrl.runtime.link import SupervisorLink
 from zmqrl.supervisor.liveness import Liveness, os_stopped
@@ -350,6 +352,35 @@ def test_a_guarded_thread_that_returns_normally_calls_nothing() -> None:
     thread = start_guarded(lambda: None, "quiet", crashed.append)
     thread.join(10)
     assert crashed == []
+
+
+# A process main whose main thread never notices a dead thread: the backstop ends it. The grace is
+# cut to 0.2 s here (10 s in a role); the main thread would otherwise wait a minute.
+HALF_ALIVE = """
+import logging, sys, threading
+from zmqrl.runtime import guard
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+guard.CRASH_GRACE_SECONDS = 0.2
+guard.install_process_guard()
+def ingest():
+    raise RuntimeError("replay add failed")
+if sys.argv[1] == "guarded":
+    guard.start_guarded(ingest, "ingest", on_crash=lambda exc: None)  # an owner that does nothing
+else:
+    threading.Thread(target=ingest, name="ingest").start()
+threading.Event().wait(60)
+print("still running")
+"""
+
+
+@pytest.mark.parametrize("started", ["guarded", "plain"])
+def test_a_process_whose_main_thread_misses_a_dead_thread_exits_with_its_traceback(started: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", HALF_ALIVE, started], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == EXIT_THREAD_DIED and "still running" not in done.stdout
+    assert "thread 'ingest' died" in done.stderr and "RuntimeError: replay add failed" in done.stderr
+    assert "did not exit in 0 s: exiting" in done.stderr
 
 
 # ---------------------------------------------------------------------- a long final checkpoint is progress
