@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import tiny_config, wait_until
 from zmqrl.runtime.link import END_ACTORS_DONE, PARENT_PID_ENV, SUPERVISED_ENV
 from zmqrl.supervisor import launch as supervisor_module
+from zmqrl.supervisor import processes
 from zmqrl.supervisor.launch import Supervisor
 from zmqrl.supervisor.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR
 from zmqrl.transport.wire import HeartbeatMsg
@@ -597,3 +598,61 @@ def test_nothing_a_child_started_outlives_it(tmp_path: Path, how: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------------------------------ escalation
+# A child that ignores the stop broadcast: it leaves at SIGTERM, or (``stubborn``) ignores that too.
+DEAF_CHILD = """
+import signal, subprocess, sys, threading
+if sys.argv[1] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+grandchild = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
+print(grandchild.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_shutdown_escalates_to_sigterm_then_sigkill_and_leaves_no_process_of_a_group() -> None:
+    """What `zmqrl launch` does to children that do not stop: stop broadcast, SIGTERM after the
+    grace, SIGKILL after another; each child's whole process group goes (an env's subprocesses)."""
+    procs, grandchildren = {}, []
+    for name in ("actor-0", "actor-1"):
+        kind = "stubborn" if name == "actor-1" else "polite"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", DEAF_CHILD, kind], stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert proc.stdout is not None
+        grandchildren.append(int(proc.stdout.readline()))  # its handler is set by now
+        procs[name] = proc
+    said: list[str] = []
+    stops: list[float] = []
+    try:
+        processes.stop_in_order(
+            procs,
+            0.3,
+            broadcast_stop=lambda: stops.append(time.monotonic()),
+            pump=lambda ms: time.sleep(ms / 1000),  # the supervisor's socket poll, here an idle wait
+            say=said.append,
+            clock=time.monotonic,
+        )
+    finally:
+        for proc in procs.values():
+            processes.signal_tree(proc)
+            proc.wait()
+    assert stops, "the stop was broadcast first"
+    assert said == [
+        "warning: actor-0 did not stop within 0 s; sending SIGTERM",
+        "warning: actor-1 did not stop within 0 s; sending SIGTERM",
+        "warning: actor-1 ignored SIGTERM; killing",
+    ]
+    assert procs["actor-0"].wait() == -signal.SIGTERM and procs["actor-1"].wait() == -signal.SIGKILL
+    for pid in grandchildren:
+        wait_until(lambda pid=pid: not pid_alive(pid), 10, f"grandchild {pid} to go")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
