@@ -34,6 +34,7 @@ from zmqrl.evaluator.greedy import (
 )
 from zmqrl.evaluator.main import Evaluator
 from zmqrl.metrics import NullLogger
+from zmqrl.runtime.link import LEARNER_FAILED, SupervisorLink
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.channels import WeightsPublisher
 from zmqrl.transport.wire import HeartbeatMsg, StopMsg
@@ -292,6 +293,35 @@ def test_evaluator_waits_out_the_interval_but_scores_the_final_weights_when_the_
     learner.close()
     assert again.stats["eval_return"] < again.stats["eval_best"] == EPISODE_CAP
     assert load_checkpoint(cfg.run_dir / "checkpoints" / "best")["version"] == 2
+
+
+def test_under_a_supervisor_a_failed_learner_is_waited_out_and_its_replacement_scored(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    """A learner that fails announces it on the weights channel; the supervisor restarts it, so a
+    supervised evaluator stays (a finished learner's announcement alone would end it)."""
+    sup, learner = SupervisorDouble(ctx), LearnerDouble(ctx)
+    cfg = evaluator_config(tmp_path, sup, learner)
+    link = SupervisorLink(ctx, cfg, "evaluator", 0, watch_supervisor=True)
+    evaluator = Evaluator(cfg, ctx=ctx, logger=NullLogger(), link=link)
+    thread = start(evaluator.run)
+    reference = initial_weights(cfg)
+    learner.publish_until(Weights(1, reference), lambda: evaluator.evaluated_version == 1, 20, "version 1")
+    for _ in range(5):  # PUB/SUB may drop one: the learner announces its end more than once too
+        learner.publisher.announce_stop(LEARNER_FAILED)
+    learner.sock.send(b"junk: a marker behind the announcements, counted when it is read")
+    after = beats_past_one_more_tick(
+        sup, lambda hb: hb.counters.get("bad_messages") == 1, "the evaluator to read the announcement"
+    )
+    assert thread.is_alive() and all(hb.state == "running" for hb in after)
+    replacement = Weights(2, balancing_weights(reference))  # the restarted learner's
+    learner.publish_until(replacement, lambda: evaluator.evaluated_version == 2, 20, "version 2")
+    sup.stop()
+    thread.join(timeout=20)
+    sup.close()
+    learner.close()
+    assert not thread.is_alive() and evaluator.stats["stop_reason"] == "test says stop"
+    assert [r["weights_version"] for r in evaluator.stats["eval_history"]] == [1, 2]
 
 
 def test_a_long_evaluation_keeps_heartbeating_and_a_supervisor_stop_abandons_it(
