@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from zmqrl.evaluator.greedy import (
     evaluate_checkpoint,
 )
 from zmqrl.evaluator.main import Evaluator
+from zmqrl.evaluator.scoring import stored_best_score
 from zmqrl.metrics import NullLogger
 from zmqrl.runtime.link import LEARNER_FAILED, SupervisorLink
 from zmqrl.transport import sockets, wire
@@ -470,3 +472,18 @@ def test_an_evaluator_of_a_numpy_policy_starts_without_torch() -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_resumed_evaluator_beats_a_readable_best_and_replaces_a_torn_or_foreign_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    best = tmp_path / "best"
+    assert stored_best_score(best) is None  # none yet
+    save_checkpoint(best, {"contents": "weights", "eval": {"mean": 42.5, "std": 1.0}})
+    assert stored_best_score(best) == 42.5
+    save_checkpoint(best, {"contents": "weights", "eval": {"mean": math.nan}})
+    assert stored_best_score(best) is None  # a NaN score is no score to beat
+    best.write_bytes(b"torn by a full disk")
+    with caplog.at_level(logging.WARNING, logger="zmqrl.evaluator"):
+        assert stored_best_score(best) is None
+    assert "it will be replaced by the next evaluation" in caplog.text
