@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import signal
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import zmqrl
 from tests.conftest import tiny_overrides
 from zmqrl.config import EnvConfig, LearnerConfig
+from zmqrl.transport.sockets import BindError
 
 
 def overrides(run_root: Path, **extra: object) -> list[str]:
@@ -89,6 +91,37 @@ def test_a_failed_run_raises_training_failed_with_the_partial_result(
         zmqrl.train(cfg, mode="processes", out=io.StringIO())
     assert failure.value.result.run_dir == cfg.run_dir
     assert failure.value.result.exit_code != 0
+
+
+def test_what_launch_refuses_before_starting_anything_train_raises(run_root: Path) -> None:
+    """As `zmqrl launch`, train() checks the env, the device and the learner's ports first: one
+    error naming what to change, and no run directory or process made."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    with held, pytest.raises(BindError, match=f"port {port}.*transport.samples"):
+        zmqrl.train(
+            zmqrl.load_config(None, overrides(run_root, transport__samples=f"tcp://127.0.0.1:{port}"))
+        )
+    with pytest.raises(zmqrl.ConfigError, match="CartPole-v9"):
+        zmqrl.train(zmqrl.load_config(None, overrides(run_root, env__id="CartPole-v9")))
+    assert not (run_root / "t").exists()
+
+
+def test_a_learner_that_cannot_start_fails_the_run_with_its_reason(run_root: Path) -> None:
+    """A failure the checks cannot see (an ipc path whose directory is missing): the learner's own
+    error is in TrainingFailed's message, not only in its log."""
+    endpoint = f"ipc://{run_root}/no-such-dir/samples"
+    cfg = zmqrl.load_config(
+        None, overrides(run_root, transport__samples=endpoint, supervisor__max_restarts=0)
+    )
+    with pytest.raises(zmqrl.TrainingFailed) as failure:
+        zmqrl.train(cfg, out=io.StringIO())
+    message = str(failure.value)
+    assert "the learner exited with code 1 before it was ready: cannot bind samples on" in message
+    assert endpoint in message and "error: error:" not in message
+    assert failure.value.result.failure in message and failure.value.result.state == "failed"
 
 
 def test_unknown_mode_and_missing_checkpoint_say_what_to_do(tmp_path: Path) -> None:

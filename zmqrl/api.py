@@ -54,6 +54,7 @@ class TrainResult:
     # The checkpoint to deploy and why, as the summary's last line says: {"path", "eval_return",
     # "eval_std", "final_eval_return", "why"} (zmqrl/checkpoints/choice.py); empty if the run wrote none.
     deploy: dict[str, Any] = field(default_factory=dict)
+    failure: str = ""  # why a failed run failed, in a line (processes mode: the supervisor's verdict)
 
     @property
     def ended(self) -> str:
@@ -108,12 +109,18 @@ def train(
     deterministically (see zmqrl/serial.py). A run directory that holds a previous run's results
     is never mixed into: the run goes to ``NAME-2`` (etc.) unless ``resume`` continues it.
 
-    Raises :class:`TrainingFailed` when the run fails, ``ConfigError`` on bad settings.
+    Raises :class:`TrainingFailed` when the run fails, ``ConfigError`` on bad settings. In
+    processes mode, what ``zmqrl launch`` checks before it starts anything is raised here too: an env
+    that cannot be made, an absent CUDA device, a missing tracker (``ConfigError``), and a learner
+    port another process holds (``zmqrl.transport.sockets.BindError``).
     """
     if mode not in MODES:
         raise ConfigError(f"train(mode={mode!r}): expected one of {', '.join(MODES)}")
     cfg = validate(config, overrides) if isinstance(config, Config) else load_config(config, overrides)
     from zmqrl.supervisor.rundirs import choose_run_dir
+
+    if mode == "processes":
+        _preflight(cfg)
 
     # As `zmqrl launch` decides, except that a stopped run is continued only when asked to.
     place = choose_run_dir(cfg.run_dir, resume=resume, continue_stopped=False)
@@ -123,11 +130,20 @@ def train(
     result = run(cfg, place.resume, out)
     failed = result.state not in ("finished", "stopped") or result.exit_code not in CLEAN_EXITS
     if failed:
+        why = f"{result.failure}; " if result.failure else ""
+        logs = result.run_dir / "logs"
         raise TrainingFailed(
-            f"training failed ({result.state}, exit code {result.exit_code}): see {result.run_dir / 'logs'}",
-            result,
+            f"training failed ({result.state}, exit code {result.exit_code}): {why}see {logs}", result
         )
     return result
+
+
+def _preflight(cfg: Config) -> None:
+    from zmqrl.supervisor.preflight import preflight_problem
+    from zmqrl.transport.sockets import BindError
+
+    if problem := preflight_problem(cfg):
+        raise ConfigError(problem.message) if problem.setting else BindError(problem.message)
 
 
 def _train_serial(cfg: Config, resume: bool, out: TextIO | None) -> TrainResult:
@@ -164,6 +180,7 @@ def _train_processes(cfg: Config, resume: bool, out: TextIO | None) -> TrainResu
         eval_history=list(learner.get("eval_history", [])),
         exit_code=code,
         deploy=dict(summary.get("deploy") or {}),
+        failure=supervisor.failure or "",
     )
 
 

@@ -148,34 +148,13 @@ def launch(
 
 
 def _preflight(cfg: Config) -> None:
-    """The settings people get wrong first, checked here before any process starts, so that they
-    are one line and exit 2 instead of a learner's failure shown in its log's last lines: the env
-    (an unknown id, with close matches; a missing optional extra), a CUDA device that is absent, and
-    the learner's ports held by another process (the supervisor's own are bound right after), a
-    tracker whose extra is not installed, and a fixed health port every role would try to bind."""
-    from zmqrl.envs.factory import EnvError, make_env
-    from zmqrl.runtime.http_probe import shared_host_problem
-    from zmqrl.transport.sockets import address_in_use_message, tcp_port_taken
+    """The settings people get wrong first (zmqrl/supervisor/preflight.py), checked before any
+    process starts: one line and exit 2 (a setting) or 1 (a port someone holds) instead of a
+    learner's failure shown in its log's last lines."""
+    from zmqrl.supervisor.preflight import preflight_problem
 
-    _trackers_installed(cfg)
-    if problem := shared_host_problem(cfg):
-        fail(problem, EXIT_CONFIG)
-
-    for what in ("samples", "weights"):
-        endpoint = getattr(cfg.transport, what)
-        if tcp_port_taken(endpoint):
-            fail(address_in_use_message(what, endpoint), EXIT_RUNTIME)
-    try:
-        make_env(cfg.env).close()
-    except EnvError as exc:
-        fail(" ".join(str(exc).split()), EXIT_CONFIG)
-    device = str(getattr(cfg.agent, "device", "cpu"))
-    if device.startswith("cuda"):  # only then is torch worth importing here
-        from zmqrl.agents.builtin import device_problem
-
-        problem = device_problem(device)
-        if problem is not None:
-            fail(problem, EXIT_CONFIG)
+    if problem := preflight_problem(cfg):
+        fail(problem.message, EXIT_CONFIG if problem.setting else EXIT_RUNTIME)
 
 
 def _asked_endpoints_again(cfg: Config, run_dir: Path) -> Config:

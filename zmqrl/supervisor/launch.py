@@ -130,7 +130,8 @@ class Supervisor(Oversight):
                 learner.end = "failed"
                 error = last_error_line(learner.log_path)
                 self.failure = f"the learner exited with code {learner.exit_code} before it was ready"
-                self._say(f"error: {self.failure}" + (f": {error}" if error else ""))
+                self.failure += f": {error.removeprefix('error: ')}" if error else ""
+                self._say(f"error: {self.failure}")
                 self._show_tail(learner)
                 return None
             now = self._clock()
