@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -178,6 +179,38 @@ def test_the_trainer_never_publishes_nor_checkpoints_nonfinite_weights(tmp_path:
         assert published == [1] and trainer.end_stats("failed")["failure"].startswith("refused to publish")
         saved = load_checkpoint(trainer.checkpoints.directory / "latest")["agent"]["online"]
         assert all(bool(torch.isfinite(t).all()) for t in saved.values())
+    finally:
+        trainer.close()
+
+
+def test_a_row_whose_td_error_is_not_finite_gets_priority_zero_not_an_error(tmp_path: Path) -> None:
+    """What broke an update is rarely drawn again: the trainer hands replay 0 for a row whose
+    TD error came back NaN or infinite (replay refuses non-finite priorities, which would end
+    the learner), the other rows their own."""
+    trainer = Trainer(tiny_config(tmp_path, replay__prioritized="true"), tmp_path / "run")
+    try:
+        trainer.replay.add(batch(64))
+        real_update = trainer.agent.update
+        given: list[np.ndarray] = []
+
+        def poisoned(drawn: TransitionBatch, importance: np.ndarray | None) -> Any:
+            result = real_update(drawn, importance)
+            td = np.array(result.td_errors, np.float32)
+            td[:3] = [np.nan, np.inf, -np.inf]
+            return SimpleNamespace(td_errors=td, skipped=True, metrics=result.metrics)
+
+        trainer.agent.update = poisoned  # type: ignore[method-assign]
+        real_priorities = trainer.replay.update_priorities
+
+        def recorded(ids: np.ndarray | None, td: np.ndarray) -> None:
+            given.append(td)
+            real_priorities(ids, td)
+
+        trainer.replay.update_priorities = recorded  # type: ignore[method-assign]
+        trainer.train_step()
+        assert len(given) == 1 and np.isfinite(given[0]).all()
+        assert list(given[0][:3]) == [0.0, 0.0, 0.0] and (given[0][3:] > 0).all()
+        assert trainer.nonfinite.total == 1  # the skip is counted as every skip is
     finally:
         trainer.close()
 
