@@ -59,6 +59,27 @@ def test_train_serially_returns_the_stats_and_the_policy_acts(run_root: Path) ->
     env.close()
 
 
+def test_a_serial_run_ends_when_every_actor_reached_its_max_steps(run_root: Path) -> None:
+    """No data would come any more (a replay ratio would wait for it forever): the run ends, with
+    its reason, as a launched run does when the supervisor asks."""
+    cfg = zmqrl.load_config(
+        None,
+        overrides(
+            run_root,
+            actor__num_actors=2,
+            actor__max_steps=600,
+            learner__max_updates=10**6,
+            learner__samples_per_insert=1.0,
+            learner__eval_interval=0,
+        ),
+    )
+    result = zmqrl.train(cfg, mode="serial")
+    assert result.state == "finished" and result.ended == "actor max_steps"
+    steps = [row["steps"] for row in result.actors]
+    assert len(steps) == 2 and all(600 <= n < 600 + cfg.actor.send_batch for n in steps), steps
+    assert 0 < result.updates < 10**6
+
+
 def test_train_never_mixes_a_new_run_into_a_finished_one(run_root: Path) -> None:
     cfg = zmqrl.load_config(None, overrides(run_root, learner__max_updates=50, learner__eval_interval=0))
     first = zmqrl.train(cfg, mode="serial")
