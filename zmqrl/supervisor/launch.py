@@ -59,8 +59,9 @@ class Supervisor(Oversight):
         t = self.cfg.transport
         # With fixed ports the actors start right away (they block until the learner binds), which
         # hides one process start-up; with port 0 they must learn the learner's real ports first.
-        # The evaluator starts once the learner is up: its own start (torch) would otherwise
-        # share the CPU with the learner's, which the run's first update waits for.
+        # The evaluator starts once the learner is up: it has nothing to score before the first
+        # weights, and a policy that plays with torch would load it beside the learner's start,
+        # which the run's first update waits for.
         early = not (_asks_os_for_port(t.samples) or _asks_os_for_port(t.weights))
         if early:
             self._spawn_actors()
