@@ -432,3 +432,34 @@ def test_an_lstm_wider_than_any_spec_or_export_takes_names_the_key_and_the_file(
     data["agent"]["core_size"] = MAX_CORE_SIZE + 1
     message = config_error(write(tmp_path, yaml.safe_dump(data), "wide.yaml"))
     assert "wide.yaml" in message and "agent.core_size: must be" in message and str(MAX_CORE_SIZE) in message
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "value"),
+    [
+        ("cartpole_dqn.yaml", "agent.lr", ".inf"),  # trains nothing: every step non-finite
+        ("cartpole_dqn.yaml", "agent.max_grad_norm", ".nan"),  # NaN > 0 is false: clipping silently off
+        ("cartpole_dqn.yaml", "agent.adam_eps", ".inf"),  # every Adam step 0: nothing learns, no error
+        ("cartpole_dqn.yaml", "learner.samples_per_insert", ".inf"),  # "no limit" is null
+        ("cartpole_dqn.yaml", "learner.target_return", "-.inf"),
+        ("cartpole_appo.yaml", "agent.vf_coef", ".inf"),
+        ("pendulum_sac.yaml", "agent.alpha", ".inf"),
+        ("cartpole_novel_r2d2.yaml", "agent.huber_delta", ".nan"),
+    ],
+)
+def test_no_setting_takes_nan_or_an_infinity_and_the_error_names_where_it_came_from(
+    tmp_path: Path, config: str, key: str, value: str
+) -> None:
+    data = yaml.safe_load((REPO / "configs" / config).read_text())
+    section, name = key.split(".")
+    data.setdefault(section, {})[name] = "PLACEHOLDER"
+    path = write(tmp_path, yaml.safe_dump(data).replace("PLACEHOLDER", value), "bad.yaml")
+    message = config_error(path)
+    assert message.startswith(f"{path}: {key} must be a finite number"), message
+    given = config_error(REPO / "configs" / config, [f"{key}={value}"])  # the --set is named instead
+    assert given.startswith(f"--set '{key}={value}': {key} must be a finite number"), given
+
+
+def test_an_envs_own_arguments_are_its_to_check() -> None:
+    """env.kwargs go whole to the env's constructor, which may well take an infinity."""
+    assert load_config(None, ['env.kwargs={"x": .inf}']).env.kwargs == {"x": float("inf")}

@@ -6,8 +6,10 @@ list, and an error can be blamed on the variable or ``--set`` that really gave t
 
 from __future__ import annotations
 
+import math
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from zmqrl.errors import ConfigError
 from zmqrl.metrics.trackers import logging_problem
@@ -21,6 +23,8 @@ SERVER_NAME = "server"
 AUTHORIZED_DIR = "authorized"
 # Client names become file names: keep them to one plain path component.
 _CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Maps handed whole to code the config names (an env's constructor): their values are its to check.
+FREE_FORM_KEYS = ("env.kwargs",)
 
 
 def client_name_problem(name: str) -> str | None:
@@ -50,6 +54,8 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
                 return ConfigError(f"{label}: {message}")
         return ConfigError(f"{source}: {message}")
 
+    if problem := nonfinite_problem(cfg.to_dict()):
+        raise fail(problem)
     problems: list[tuple[str, bool]] = [
         ("replay.capacity must be >= 1", cfg.replay.capacity >= 1),
         ("learner.max_updates must be >= 1", cfg.learner.max_updates >= 1),
@@ -203,6 +209,24 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
     for problem in (metrics_http_problem(cfg), health_http_problem(cfg)):
         if problem:
             raise fail(problem)
+
+
+def nonfinite_problem(values: Mapping[str, Any], prefix: str = "") -> str | None:
+    """The first setting holding NaN or an infinity, or None. No setting means either: a range
+    check passes NaN where it is written ``x > 0`` or ``x <= 0`` (NaN compares false), an
+    infinite step size or gradient bound trains nothing without failing, and "no limit" is null
+    wherever a setting has one. A plugin's agent settings are held to this too."""
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if dotted in FREE_FORM_KEYS:
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, Mapping):
+            if problem := nonfinite_problem(value, f"{dotted}."):
+                return problem
+        elif any(isinstance(item, float) and not math.isfinite(item) for item in items):
+            return f"{dotted} must be a finite number (null where the setting means none), got {value}"
+    return None
 
 
 def on_policy_problem(cfg: Config) -> str | None:
