@@ -179,6 +179,29 @@ def test_an_actor_started_by_hand_reports_an_unknown_env_id_the_same_way(tmp_pat
     assert "env.id 'CartPol-v1'" in line and "did you mean 'CartPole-v1'" in line
 
 
+# ---------------------------------------------------------------------- messages the learner would drop
+
+
+@pytest.mark.parametrize(
+    ("values", "start"),
+    [
+        (
+            {"actor__send_batch": 50000, "transport__max_message_mb": 1},
+            "error: a samples message of actor.send_batch 50000 transitions carries 1.5 MiB of observations",
+        ),
+        ({"actor__send_batch": 100000}, "error: actor.send_batch 100000 is more than the 65536 transitions"),
+    ],
+)
+def test_a_send_batch_whose_every_message_the_learner_would_drop_is_refused_first(
+    tmp_path: Path, values: dict[str, object], start: str
+) -> None:
+    """Before, the actors ran at full speed while the learner dropped each message as malformed,
+    and the run never trained."""
+    line = only_line(zmqrl(*launch(tmp_path, **values)), EXIT_CONFIG)
+    assert line.startswith(start) and "every one would be dropped; lower actor.send_batch" in line, line
+    assert nothing_started(tmp_path)
+
+
 # ---------------------------------------------------------------------- (d) CUDA asked for, absent
 
 

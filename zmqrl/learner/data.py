@@ -44,12 +44,15 @@ def learner_spec(cfg: Config, env: Any) -> SampleSpec:
     if uses_sequences(cfg.agent):
         return _sequence_spec(cfg, env)
     if not is_on_policy(cfg.agent):
-        return sample_spec(
+        spec = sample_spec(
             env,
             max_abs_obs=cfg.transport.max_abs_obs,
             max_abs_reward=cfg.transport.max_abs_reward * cfg.agent.n_step,
             max_discount=cfg.agent.gamma,
         )
+        if problem := transition_message_problem(spec, cfg.actor.send_batch, cfg.transport.max_message_mb):
+            raise ConfigError(problem)
+        return spec
     batch_rows, capacity_rows = _queue_rows(cfg)
     spec = sample_spec(
         env,
@@ -86,6 +89,26 @@ def _sequence_spec(cfg: Config, env: Any) -> SampleSpec:
         burn_in=agent.burn_in,
         core_size=agent.core_size,
         max_abs_core_cell=float(limit) if limit else DEFAULT_MAX_ABS_CORE_CELL,
+    )
+
+
+def transition_message_problem(spec: SampleSpec, send_batch: int, max_message_mb: int) -> str | None:
+    """Why every transitions message of an actor would be refused: it carries at least
+    ``actor.send_batch`` rows, more than ``spec.max_batch``, or its two observation frames (obs and
+    next_obs) alone are over ``transport.max_message_mb``; None when they can pass."""
+    if send_batch > spec.max_batch:
+        return (
+            f"actor.send_batch {send_batch} is more than the {spec.max_batch} transitions a samples "
+            f"message may carry: every one would be dropped; lower actor.send_batch"
+        )
+    obs_frames = 2 * send_batch * spec.obs_bytes
+    if obs_frames <= max_message_mb * 2**20:
+        return None
+    return (
+        f"a samples message of actor.send_batch {send_batch} transitions carries "
+        f"{obs_frames / 2**20:.1f} MiB of observations (obs and next_obs), more than "
+        f"transport.max_message_mb {max_message_mb}: every one would be dropped; lower "
+        f"actor.send_batch or raise transport.max_message_mb"
     )
 
 
