@@ -111,8 +111,9 @@ def train(
 
     Raises :class:`TrainingFailed` when the run fails, ``ConfigError`` on bad settings. In
     processes mode, what ``zmqrl launch`` checks before it starts anything is raised here too: an env
-    that cannot be made, an absent CUDA device, a missing tracker (``ConfigError``), and a learner
-    port another process holds (``zmqrl.transport.sockets.BindError``).
+    that cannot be made, messages the learner would drop for their size, an absent CUDA device, a
+    missing tracker (``ConfigError``), and a learner port another process holds
+    (``zmqrl.transport.sockets.BindError``); see zmqrl/supervisor/preflight.py.
     """
     if mode not in MODES:
         raise ConfigError(f"train(mode={mode!r}): expected one of {', '.join(MODES)}")
