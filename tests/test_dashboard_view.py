@@ -18,6 +18,7 @@ from rich.console import Console
 from zmqrl import strictjson
 from zmqrl.agents.configs import APPOConfig
 from zmqrl.config import Config
+from zmqrl.runtime.health import BAD_LATEST_INFO_KEY
 from zmqrl.supervisor.liveness import Liveness
 from zmqrl.supervisor.render import SPARK_BLOCKS, plain_line, render_dashboard, sparkline
 from zmqrl.supervisor.snapshot import (
@@ -230,6 +231,24 @@ def test_a_rising_counter_is_marked_until_it_stops_rising() -> None:
     calm = b.build(run, now=12.0 + RISING_HOLD_SECONDS + 0.1)
     assert calm.rising == [] and "lost 3 |" in line_of(text_of(calm), "messages")
     assert "\x1b[1;31m" not in line_of(text_of(calm, styles=True), "messages")
+
+
+def test_while_bad_messages_rise_the_lines_say_why_the_newest_was_dropped_escaped() -> None:
+    """Every message dropped is a run that never trains: the operator's line says why at once,
+    not only the learner's log. The reason may quote a peer's bytes: nothing unprintable reaches
+    the terminal."""
+    b = builder()
+    run = a_run(b)
+    why = "obs component 0 is 0.6, outside [-0.01, 0.01] \x1b[2J(transport.max_abs_obs)"
+    beat(run["learner-0"], 12.0, 100, info={BAD_LATEST_INFO_KEY: why}, bad_messages=5)
+    snap = b.build(run, now=12.0)
+    assert "\x1b" not in snap.bad_latest and snap.bad_latest.startswith("obs component 0 is 0.6")
+    assert plain_line(snap).endswith(f"bad_messages +5 (latest: {snap.bad_latest})")
+    assert f"latest dropped: {snap.bad_latest[:40]}" in text_of(snap)
+    assert RunSnapshot.from_dict(json.loads(json.dumps(snap.to_dict()))).bad_latest == snap.bad_latest
+    beat(run["learner-0"], 13.0, 100, info={BAD_LATEST_INFO_KEY: why}, bad_messages=5)
+    calm = b.build(run, now=12.0 + RISING_HOLD_SECONDS + 0.1)  # no new drop: no reason shown
+    assert "latest" not in plain_line(calm) and "latest dropped" not in text_of(calm)
 
 
 def test_a_restarted_process_counting_from_zero_neither_hides_nor_fakes_a_rise() -> None:

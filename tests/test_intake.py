@@ -25,6 +25,7 @@ from zmqrl.learner import intake as intake_module
 from zmqrl.learner import intake_wire
 from zmqrl.learner.intake import IntakeDied, IntakeProcess
 from zmqrl.learner.main import Learner
+from zmqrl.runtime.health import BAD_LATEST_INFO_KEY
 from zmqrl.spec import SampleSpec
 from zmqrl.transport import wire
 from zmqrl.transport.bad_messages import BadMessages
@@ -90,6 +91,26 @@ def test_samples_reach_replay_through_a_process_of_their_own_and_no_thread_share
         run.close()
     assert run.error is None
     assert not alive(intake.proc.pid), "the intake ends with its learner"
+
+
+def test_why_the_intake_dropped_its_newest_message_reaches_the_learners_heartbeat(
+    ctx: zmq.Context, tmp_path: Path
+) -> None:
+    run = Started(ctx, tmp_path)
+    try:
+        batch = cartpole_batch(32)
+        batch.obs[3, 1] = 1e9  # beyond transport.max_abs_obs
+        run.push.send_multipart(wire.dump(SamplesMsg(0, 0, 1, batch, [])))
+
+        def told() -> str:
+            beats = [hb for hb in run.sup.drain() if hb.role == "learner"]
+            return beats[-1].info.get(BAD_LATEST_INFO_KEY, "") if beats else ""
+
+        wait_until(lambda: "outside" in told(), 20, "the learner's heartbeat to say why")
+        assert told().startswith("obs component 1 is 1e+09") and run.learner.intake.bad.count == 1
+    finally:
+        run.close()
+    assert run.error is None
 
 
 def test_an_intake_that_dies_ends_its_learner_with_a_failure(ctx: zmq.Context, tmp_path: Path) -> None:

@@ -69,6 +69,12 @@ class IntakeBad:
     def __init__(self, own: Any) -> None:
         self.own = own
         self.reported = 0
+        self.reported_latest = ""  # why the intake dropped its newest
+
+    @property
+    def latest(self) -> str:
+        """Why the newest drop (of the intake's, else the learner's own) was dropped; "" if none."""
+        return self.reported_latest or str(self.own.latest)
 
     @property
     def count(self) -> int:
@@ -216,6 +222,7 @@ class IntakeProcess:
             if "report" in message:
                 report = message["report"]
                 self.bad.reported = int(report["bad"])
+                self.bad.reported_latest = str(report.get("bad_latest", ""))
                 self.auth_denied = int(report["auth_denied"])
                 self.seqs.take(report)
         self._check_alive()

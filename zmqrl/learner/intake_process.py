@@ -171,6 +171,7 @@ class Intake:
         denied = int(getattr(self.auth, "denied", 0))
         key = (receiver.bad.count, denied, *totals.values())
         report: dict[str, Any] = {"bad": receiver.bad.count, "auth_denied": denied, "seqs": totals}
+        report["bad_latest"] = receiver.bad.latest
         joined = totals["tracked_actors"] != self._tracked
         if final or joined or now - self._last_per_actor >= PER_ACTOR_SECONDS:
             table = list(receiver.seqs.per_actor().items())

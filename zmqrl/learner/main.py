@@ -25,6 +25,7 @@ from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
 from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.runtime.guard import ThreadDied
+from zmqrl.runtime.health import BAD_LATEST_INFO_KEY
 from zmqrl.runtime.link import END_ACTORS_DONE, SupervisorLink, launch_time
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport.channels import WeightsPublisher
@@ -248,7 +249,9 @@ class Learner:
         self.intake.read_reports()  # its counts; IntakeDied if it ended
         self.publisher.republish_if_due(self.cfg.learner.republish_seconds)
         self.intake.bad.maybe_flush()  # a burst of drops that stopped is still reported
-        self.link.tick(self._counters, self.endpoints, useful=useful)
+        latest = self.intake.bad.latest  # the operator's line can say why, not only how many
+        info = {**self.endpoints, BAD_LATEST_INFO_KEY: latest} if latest else self.endpoints
+        self.link.tick(self._counters, info, useful=useful)
         assert self.reports is not None
         self.reports.progress_line_if_due()
         self._heed_end_request()

@@ -48,6 +48,8 @@ HEALTH_FILE_MODE = 0o644
 # The heartbeat info key (and health-file info key) holding a random id made once per process
 # start: pid and hostname do not change when a container restarts its role as pid 1.
 START_INFO_KEY = "start"
+# The learner's heartbeat info key holding why its newest dropped samples message was dropped.
+BAD_LATEST_INFO_KEY = "bad_latest"
 # Heartbeat counters: main-loop rounds (any: waiting counts), and rounds that did useful work.
 PROGRESS_COUNTER = "progress"
 WORK_COUNTER = "work"

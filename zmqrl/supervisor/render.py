@@ -215,6 +215,8 @@ def _counters(snap: RunSnapshot) -> Text:
             text.append(f" +{snap.rises.get(key, 0)}", style=RISING_STYLE)
         else:
             text.append(label)
+    if "bad_messages" in snap.rising and snap.bad_latest:
+        text.append(f"\nlatest dropped: {snap.bad_latest}", style=RISING_STYLE)
     return text
 
 
@@ -234,6 +236,8 @@ def plain_line(snap: RunSnapshot) -> str:
     )
     if snap.rising:
         line += " | " + ", ".join(f"{k} +{snap.rises.get(k, 0)}" for k in snap.rising)
+        if "bad_messages" in snap.rising and snap.bad_latest:
+            line += f" (latest: {snap.bad_latest})"
     if snap.no_progress:  # last: the parts before keep their places
         line += f" | {snap.no_progress}"
     return line

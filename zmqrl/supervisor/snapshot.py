@@ -21,9 +21,10 @@ from typing import Any
 
 from zmqrl.agents import store_label
 from zmqrl.config import Config
+from zmqrl.runtime.health import BAD_LATEST_INFO_KEY
 from zmqrl.supervisor.liveness import FINAL_STATES
 from zmqrl.supervisor.progress_watch import NoProgressWarning
-from zmqrl.supervisor.snapshot_fields import finite, from_fields, to_plain
+from zmqrl.supervisor.snapshot_fields import finite, from_fields, printable, to_plain
 from zmqrl.supervisor.summary import Slot
 
 # Evaluations kept for the sparkline.
@@ -102,6 +103,7 @@ class RunSnapshot:
     rises: dict[str, int] = field(default_factory=dict)  # for each name in `rising`, by how much
     no_progress: str = ""  # the no-progress warning and what to try (supervisor.no_progress_seconds)
     no_progress_seconds: float | None = None  # seconds without a new best evaluation, while warned
+    bad_latest: str = ""  # why the learner dropped its newest bad message (its heartbeat says)
 
     @property
     def replay_fill(self) -> float | None:
@@ -161,6 +163,7 @@ class SnapshotBuilder:
             self._track(name, slot)
         learner = slots.get("learner-0")
         lc: Mapping[str, float | int] = learner.last.counters if learner and learner.last else {}
+        linfo: Mapping[str, str] = learner.last.info if learner and learner.last else {}
         lrates = self._tracks[learner.name].rates if learner and learner.name in self._tracks else {}
         version = lc.get("weights_version")
         rows = sorted(
@@ -212,6 +215,7 @@ class SnapshotBuilder:
             rises=rising,
             no_progress=stalled,
             no_progress_seconds=self.no_progress.seconds,
+            bad_latest=printable(linfo.get(BAD_LATEST_INFO_KEY)),
         )
 
     def watch_progress(self, slots: Mapping[str, Slot], now: float) -> str:

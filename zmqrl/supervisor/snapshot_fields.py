@@ -19,6 +19,13 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def printable(text: Any, most: int = 160) -> str:
+    """``text`` fit for a terminal: a heartbeat's strings may quote a peer's bytes, so anything
+    that is not a printable character (an escape sequence's start included) shows as ``?``."""
+    text = text if isinstance(text, str) else ""
+    return "".join(c if c.isprintable() else "?" for c in text[:most])
+
+
 def to_plain(value: Any) -> Any:
     """Plain data with every NaN / infinity as None (what strict JSON and msgpack readers accept)."""
     return finite_or_none(value)

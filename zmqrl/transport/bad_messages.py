@@ -47,6 +47,11 @@ class BadMessages:
         self._lock = threading.Lock()
 
     @property
+    def latest(self) -> str:
+        """Why the newest drop was dropped ("" before any), as its log line says it."""
+        return self._latest
+
+    @property
     def pending(self) -> int:
         """Drops not yet reported in a log line."""
         return self._pending
