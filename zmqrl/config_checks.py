@@ -220,11 +220,12 @@ def nonfinite_problem(values: Mapping[str, Any], prefix: str = "") -> str | None
         dotted = f"{prefix}{key}"
         if dotted in FREE_FORM_KEYS:
             continue
-        items = value if isinstance(value, (list, tuple)) else [value]
         if isinstance(value, Mapping):
             if problem := nonfinite_problem(value, f"{dotted}."):
                 return problem
-        elif any(isinstance(item, float) and not math.isfinite(item) for item in items):
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(item, float) and not math.isfinite(item) for item in items):
             return f"{dotted} must be a finite number (null where the setting means none), got {value}"
     return None
 
