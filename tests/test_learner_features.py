@@ -225,6 +225,22 @@ def test_learner_waits_for_data_under_the_replay_ratio_and_resumes(
     assert float(stats["sample_blocked_seconds"]) > 0.3  # type: ignore[arg-type]
 
 
+def test_max_seconds_ends_a_run_whose_replay_never_fills(
+    ctx: zmq.Context, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``learner.max_seconds`` bounds the whole run, its wait for replay included: actors that never
+    fill replay (crashing, or too few) no longer keep a time-boxed run (a tuning trial) alive."""
+    cfg = tiny_config(tmp_path, learner__max_seconds=1.5, learner__min_replay_size=200)
+    run = Running(ctx, cfg)
+    for _ in range(2):
+        run.send(32)  # 64 of the 200 transitions the first update waits for
+    wait_until(lambda: not run.thread.is_alive(), 30, "the learner to end at max_seconds by itself")
+    stats = run.stop()
+    assert (stats["state"], stats["ended"], stats["updates"]) == ("finished", "max_seconds", 0)
+    assert stats["samples"] == 64
+    assert "replay holds 64 of the 200 transitions" in caplog.text
+
+
 def test_actors_are_held_back_when_the_learner_falls_behind(ctx: zmq.Context, tmp_path: Path) -> None:
     # 1000 sampled per inserted: the learner cannot keep up, so it stops reading the socket.
     cfg = tiny_config(

@@ -21,7 +21,7 @@ from zmqrl.learner.endpoints import LearnerSockets, bind_learner_sockets
 from zmqrl.learner.ingest import group_limit, warn_if_queues_hide_lag
 from zmqrl.learner.intake import SampleFeed
 from zmqrl.learner.reporting import LearnerReports, write_stats
-from zmqrl.learner.stopping import ENDED_MAX_STEPS, ENDED_TARGET_HELD
+from zmqrl.learner.stopping import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_TARGET_HELD
 from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.runtime.guard import ThreadDied
@@ -286,7 +286,8 @@ class Learner:
     def _wait_for_replay(self) -> None:
         """Take samples (sleeping on the intake, no spinning) until replay holds
         ``min_replay_size`` transitions, keeping the weights republished and the supervisor
-        informed meanwhile."""
+        informed meanwhile. ``learner.max_seconds`` counts this wait too: a run whose actors never
+        fill replay still ends when its time is up."""
         assert self.trainer is not None
         ready = self.trainer.ingest.replay_ready
         self.trainer.ingest.note_replay_size()  # e.g. restored from a snapshot
@@ -298,8 +299,15 @@ class Learner:
             if not self.feed.take():
                 self.intake.ready(tick_ms)
             self._housekeeping()
-            if self.stop_event.is_set() or self.trainer.ended is not None:
-                return
+            if self._leaving():  # stopped, or the run's end came first (max_seconds, actors done)
+                break
+        if not ready.is_set() and self.trainer.ended == ENDED_MAX_SECONDS:
+            log.warning(
+                "learner.max_seconds passed before the first update: replay holds %d of the %d "
+                "transitions it waits for (are the actors running? see their logs)",
+                len(self.trainer.replay),
+                self.trainer.min_size,
+            )
 
     def _train(self) -> None:
         assert self.trainer is not None

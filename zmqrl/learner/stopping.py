@@ -1,11 +1,12 @@
 """When a run ends, and why: one small object that the learner process and serial mode both ask.
 
-A run ends at ``learner.max_updates``, past ``learner.max_seconds`` of training, once the target
-return held (``learner.stop_at_target``: the learner's own evaluations, or the supervisor's word
-for a separate evaluator's), or once every actor reached ``actor.max_steps`` (no data will come
-any more). The loops that drive a trainer differ in cadence (threads and sockets, or turns in one
-thread); what ends the run, and which reason is kept when two hold at once, is decided here. The
-object reads no clock and does no I/O: callers pass the time and the counts.
+A run ends at ``learner.max_updates``, ``learner.max_seconds`` after the learner started (its wait
+for replay included), once the target return held (``learner.stop_at_target``: the learner's own
+evaluations, or the supervisor's word for a separate evaluator's), or once every actor reached
+``actor.max_steps`` (no data will come any more). The loops that drive a trainer differ in cadence
+(threads and sockets, or turns in one thread); what ends the run, and which reason is kept when two
+hold at once, is decided here. The object reads no clock and does no I/O: callers pass the time
+and the counts.
 """
 
 from __future__ import annotations
