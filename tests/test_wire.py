@@ -382,7 +382,7 @@ def test_rejects_too_many_episodes() -> None:
     def edit(h: dict[str, Any]) -> None:
         h["episodes"] = [[0.0, 1]] * (MAX_EPISODES + 1)
 
-    reject(with_header(samples_frames(), edit))
+    reject(with_header(samples_frames(), edit), match="too many episodes")
 
 
 # ---------------------------------------------------------------------------------------------

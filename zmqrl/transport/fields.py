@@ -60,7 +60,7 @@ UNPACK_LIMITS: dict[str, Any] = {
     "use_list": True,
     "max_str_len": 4 * MAX_STRING,
     "max_bin_len": 0,
-    "max_array_len": MAX_EPISODES,
+    "max_array_len": MAX_EPISODES + 1,  # one over: the episodes check names what is wrong
     "max_map_len": MAX_MAP_ENTRIES,
     "max_ext_len": 0,
 }
