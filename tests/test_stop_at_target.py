@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -174,6 +175,28 @@ def test_deploy_latest_when_there_is_no_best_and_nothing_when_there_is_no_checkp
 def write_learner_stats(run_dir: Path, **stats: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "learner-stats.json").write_text(json.dumps({"updates": 80, "state": "finished", **stats}))
+
+
+@pytest.mark.parametrize(
+    ("state", "ended", "line"),
+    [
+        ("finished", "max_updates", "learner finished (learner.max_updates reached)"),
+        ("finished", "max_seconds", "learner finished (learner.max_seconds passed)"),
+        ("finished", "actor max_steps", "learner finished (every actor reached actor.max_steps)"),
+        ("finished", "target held", "learner finished (the target return held)"),
+        ("finished", "something newer", "learner finished"),
+        ("stopped", "stopped", "learner stopped"),
+    ],
+)
+def test_the_summary_says_why_the_learner_finished(tmp_path: Path, state: str, ended: str, line: str) -> None:
+    """A run that ended by itself says which limit ended it: a run cut by max_seconds with 0
+    updates otherwise read like one that trained to the end."""
+    cfg = tiny_config(tmp_path)
+    write_learner_stats(cfg.run_dir, state=state, ended=ended)
+    learner = SimpleNamespace(role="learner", id=0, last=None, restarts=0, exit_code=0, end=state)
+    out = io.StringIO()
+    Reporter(cfg, cfg.run_dir, out, lambda _: None).final({"learner-0": learner}, {"launched": 0.0})
+    assert line in out.getvalue().splitlines(), out.getvalue()
 
 
 @pytest.mark.parametrize("with_best", [True, False], ids=["best-present", "best-absent"])
