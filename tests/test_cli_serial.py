@@ -74,7 +74,7 @@ def test_a_serial_launch_finishes_and_leaves_the_files_of_a_launched_run(
     assert re.search(r"INFO serial zmqrl.learner: updates \d+/160 \| samples", result.stderr), (
         "progress lines"
     )
-    summary = line_starting(result.stdout, "serial run finished")
+    summary = line_starting(result.stdout, "serial run finished (learner.max_updates reached) in ")
     assert "160 updates" in summary and f"{learner['samples']} samples" in summary
     assert line_starting(result.stdout, "run dir:") == f"run dir: {run_dir}"
     assert line_starting(result.stdout, "final eval:").startswith("final eval: ")

@@ -108,6 +108,7 @@ def test_a_serial_run_stops_once_the_target_is_held_and_says_so(tmp_path: Path) 
     assert (cfg.run_dir / "checkpoints" / "latest").is_file(), "the final checkpoint is written"
     assert json.loads((cfg.run_dir / "learner-stats.json").read_text())["ended"] == "target held"
     lines = serial_summary(stats, cfg.run_dir, time.monotonic() - started, cfg.learner)
+    assert lines[0].startswith("serial run finished (the target return held) in "), lines
     assert any(
         line.startswith(f"stopped at target: held {EASY_TARGET} for 2 evaluations at ") for line in lines
     ), lines

@@ -213,6 +213,7 @@ def serial_summary(
     (``learner_cfg``: the run's learner settings, for the target), where its files are (and, if it
     was stopped, how to continue it), and last the checkpoint to deploy."""
     from zmqrl.checkpoints.choice import deploy_line, stopped_at_target_line
+    from zmqrl.learner.stopping import ended_words
     from zmqrl.transport.control import TARGET_HELD
 
     learner = stats["learner"]
@@ -230,7 +231,8 @@ def serial_summary(
     else:
         evaluation = "final eval: none (no evaluation ran: see learner.eval_interval)"
     lines = [
-        f"serial run {state} in {seconds:.1f} s: {int(learner.get('updates', 0))} updates, "
+        f"serial run {ended_words(state, learner.get('ended'))} in {seconds:.1f} s: "
+        f"{int(learner.get('updates', 0))} updates, "
         f"{int(learner.get('samples', 0))} samples, {len(actors)} actor(s), {episodes} episodes",
         evaluation,
     ]

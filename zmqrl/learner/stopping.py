@@ -21,6 +21,20 @@ ENDED_MAX_UPDATES = "max_updates"
 ENDED_MAX_SECONDS = "max_seconds"
 ENDED_MAX_STEPS = "actor max_steps"  # every actor reached actor.max_steps
 ENDED_TARGET_HELD = TARGET_HELD  # learner.stop_at_target: the target return held target_hold times
+# Each reason as a run's summary says it.
+_WORDS = {
+    ENDED_MAX_UPDATES: "learner.max_updates reached",
+    ENDED_MAX_SECONDS: "learner.max_seconds passed",
+    ENDED_MAX_STEPS: "every actor reached actor.max_steps",
+    ENDED_TARGET_HELD: "the target return held",
+}
+
+
+def ended_words(state: str, ended: object) -> str:
+    """A learner's end for a summary: its state, and for a finished run which limit ended it (a
+    run cut by max_seconds with 0 updates otherwise reads like one that trained to its end)."""
+    why = _WORDS.get(ended) if state == "finished" and isinstance(ended, str) else None
+    return f"{state} ({why})" if why else state
 
 
 def stops_at_target(learner: LearnerConfig) -> bool:

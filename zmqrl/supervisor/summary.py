@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from zmqrl import strictjson
 from zmqrl.checkpoints.choice import choose_deployment, deploy_line, stopped_at_target_line
 from zmqrl.config import Config
-from zmqrl.learner.stopping import ENDED_MAX_SECONDS, ENDED_MAX_STEPS, ENDED_MAX_UPDATES, ENDED_TARGET_HELD
+from zmqrl.learner.stopping import ended_words
 from zmqrl.metrics import fmt_value
 from zmqrl.supervisor.liveness import Liveness
 from zmqrl.supervisor.restarts import NEEDS_OPERATOR, CrashRecord, Death, Decision
@@ -25,13 +25,6 @@ from zmqrl.transport.wire import HeartbeatMsg
 
 # The final summary as the supervisor printed it, kept in the run directory for `zmqrl status`.
 SUMMARY_TEXT = "summary.txt"
-# Why a finished learner ended, as the summary's first line says it (its final stats' "ended").
-ENDED_WORDS = {
-    ENDED_MAX_UPDATES: "learner.max_updates reached",
-    ENDED_MAX_SECONDS: "learner.max_seconds passed",
-    ENDED_MAX_STEPS: "every actor reached actor.max_steps",
-    ENDED_TARGET_HELD: "the target return held",
-}
 
 
 @dataclass
@@ -200,8 +193,7 @@ class Reporter:
         print("\n== learner ==", file=out)
         learner_end = summary["learner"].get("end") if isinstance(summary.get("learner"), dict) else None
         if learner_end not in (None, "unknown"):
-            why = ENDED_WORDS.get(str(ls.get("ended"))) if learner_end == "finished" else None
-            print(f"learner {learner_end}" + (f" ({why})" if why else ""), file=out)
+            print(f"learner {ended_words(learner_end, ls.get('ended'))}", file=out)
         if ls:
             print(
                 f"updates {int(ls.get('updates', 0))} | samples received {int(ls.get('samples', 0))} | "
