@@ -214,7 +214,10 @@ def health(
 def eval_checkpoint(
     checkpoint: Annotated[
         Path | None,
-        typer.Argument(help="A checkpoint file, e.g. runs/NAME/checkpoints/best (or give --onnx FILE)."),
+        typer.Argument(
+            help="A checkpoint file, e.g. runs/NAME/checkpoints/best, or a run directory (its latest); "
+            "or give --onnx FILE."
+        ),
     ] = None,
     episodes: Annotated[int, typer.Option("--episodes", "-e", help="Greedy episodes to play.")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Episode i resets with seed + i.")] = 0,
@@ -284,8 +287,12 @@ def eval_checkpoint(
         eval_onnx(onnx, episodes, seed, list(set_ or []), config, trust_config)
         return
     assert checkpoint is not None
-    if not checkpoint.is_file():
-        fail(f"{checkpoint}: no such checkpoint file", EXIT_CONFIG)
+    from zmqrl.checkpoints.policy import checkpoint_path
+
+    try:  # a run directory plays its latest, as `zmqrl export` and zmqrl.load_policy take it
+        checkpoint = checkpoint_path(checkpoint)
+    except FileNotFoundError as exc:
+        fail(str(exc), EXIT_CONFIG)
     try:
         result = evaluate_checkpoint(
             checkpoint,
