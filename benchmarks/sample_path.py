@@ -293,6 +293,20 @@ def first_sentence(path: Path) -> str:
     return text if end < 0 else text[: end + 1]
 
 
+def by_package(files: dict[str, dict[str, int]]) -> list[tuple[str, int]]:
+    """A run's executed lines per package of zmqrl (``transport``, ``learner``...; a top-level
+    module by its own name), most first: where the path's weight sits, role plumbing included."""
+    totals: Counter[str] = Counter()
+    for path, row in files.items():
+        parts = Path(path).parts
+        totals[parts[1] if len(parts) > 2 else parts[-1]] += row["union"]
+    return sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def package_line(files: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{name} {lines:,}" for name, lines in by_package(files))
+
+
 def render_docs(data: dict[str, Any]) -> str:
     """The docs/architecture.md section between the markers, from the script's JSON."""
     out = [BEGIN]
@@ -304,7 +318,7 @@ def render_docs(data: dict[str, Any]) -> str:
             f"**{name.upper()}** (`{run['config']}`): {run['lines']:,} code lines executed in "
             f"{len(files)} files "
             f"over {run['updates']:,} updates after {run['warmup']:,} of warm-up (target {TARGETS[name]:,}); "
-            "lines run by the actor / the learner / its intake process:",
+            f"by package: {package_line(files)}. Lines run by the actor / the learner / its intake process:",
             "",
         ]
         for i, (path, row) in enumerate(sorted(files.items(), key=lambda kv: (-kv[1]["union"], kv[0])), 1):
@@ -343,6 +357,7 @@ def print_run(name: str, run: dict[str, Any]) -> None:
     print(
         f"{len(run['files'])} files, {run['lines']:,} executed code lines (target <= {target:,}: {verdict})"
     )
+    print(f"by package: {package_line(run['files'])}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ def test_one_message_is_decoded_in_five_transport_modules_at_most(
 
 
 @pytest.mark.heavy  # a traced launch of a few hundred updates
-def test_the_script_measures_a_launched_run(tmp_path: Path) -> None:
+def test_the_script_measures_a_launched_run(tmp_path: Path, sample_path: ModuleType) -> None:
     out = tmp_path / "path.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--runs", "dqn", "--json", str(out)],
@@ -73,3 +73,5 @@ def test_the_script_measures_a_launched_run(tmp_path: Path) -> None:
     assert roles == {"actor", "learner", "intake"}, run["files"]
     assert run["files"]["zmqrl/transport/decoding.py"]["intake"] > 0, "the intake decodes"
     assert run["updates"] > 0 and "executed code lines" in done.stdout
+    by_package = dict(sample_path.by_package(run["files"]))
+    assert sum(by_package.values()) == run["lines"] and by_package["transport"] > 0, by_package
