@@ -119,6 +119,17 @@ def test_every_paragraph_of_a_help_is_printed_on_one_line(args: tuple[str, ...],
         )
 
 
+@pytest.mark.parametrize(("args", "command"), HELPS, ids=[" ".join(("zmqrl", *a)) for a, _ in HELPS])
+def test_every_option_and_argument_help_is_printed_as_written(args: tuple[str, ...], command: Any) -> None:
+    """rich reads ``[text]`` as markup and drops it: a default written as ``[runs/tune/STUDY]``
+    vanished from `zmqrl tune --help`, leaving "best.yaml ." (escape it as ``\\[``)."""
+    shown = "\n".join(shown_lines(args))
+    for param in command.params:
+        text = getattr(param, "help", None)
+        if text:
+            assert as_printed(text) in shown, f"zmqrl {' '.join(args)} --help: {param.name}'s help is cut"
+
+
 def continued_lines(args: tuple[str, ...]) -> list[tuple[str, str]]:
     """``(line, next line)`` of a help at WIDE columns wherever the next line goes on with the same
     text: the next line of a paragraph, or in a panel a line that continues a cell (indented past

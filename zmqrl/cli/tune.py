@@ -40,11 +40,12 @@ def tune(
     directory: Annotated[
         Path | None,
         typer.Option(
-            "--dir", help="Tune directory: study.db, trials/, results.md, best.yaml [runs/tune/STUDY]."
+            "--dir",
+            help="Tune directory: study.db, trials/, results.md, best.yaml (default: runs/tune/STUDY).",
         ),
     ] = None,
     study_name: Annotated[
-        str | None, typer.Option("--study", help="Study name [the space file's name without .yaml].")
+        str | None, typer.Option("--study", help="Study name (default: the space file's name without .yaml).")
     ] = None,
     storage: Annotated[
         str | None,
@@ -52,7 +53,7 @@ def tune(
             "--storage",
             metavar="URL",
             help="Optuna storage URL shared by tuners on several hosts, e.g. "
-            "postgresql://user:pass@db-host/zmqrl [sqlite:///DIR/study.db].",
+            "postgresql://user:pass@db-host/zmqrl (default: sqlite:///DIR/study.db).",
         ),
     ] = None,
     serial: Annotated[
