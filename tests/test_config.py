@@ -105,6 +105,28 @@ def test_unknown_key_without_close_match_lists_known_keys(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        ("learner:\n  max_updates: 10\n  max_updates: 20\n", 3, "max_updates"),
+        ("learner:\n  max_updates: 10\nreplay: {}\nlearner:\n  min_replay_size: 50\n", 4, "learner"),
+    ],
+)
+def test_a_key_given_twice_is_refused_where_it_repeats(tmp_path: Path, text: str, line: int, key: str) -> None:
+    """PyYAML keeps the last of two equal keys: a second ``learner:`` section silently dropped every
+    setting of the first. Now the file, the line and the key are named."""
+    path = write(tmp_path, text)
+    message = config_error(path)
+    assert message.startswith(f"{path}: not valid YAML at line {line}, column ")
+    assert f"'{key}' is given twice in one mapping (first at line " in message
+
+
+def test_merge_keys_still_let_a_mapping_override_what_it_merges(tmp_path: Path) -> None:
+    text = "learner:\n  <<: {max_updates: 10, min_replay_size: 50}\n  max_updates: 20\n"
+    cfg = load_config(write(tmp_path, text))
+    assert (cfg.learner.max_updates, cfg.learner.min_replay_size) == (20, 50)
+
+
+@pytest.mark.parametrize(
     ("text", "key"),
     [
         ("replay:\n  capacity: lots\n", "replay.capacity"),  # string for an int

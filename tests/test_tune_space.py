@@ -70,6 +70,7 @@ def test_a_space_reads_ranges_log_scales_choices_and_the_objective(tmp_path: Pat
         ("first_trials: [{agent.gamma: 0.9}]\nparams: {agent.lr: {choices: [0.1]}}", "first_trials[0]"),
         ("trials: 3\nparams: {agent.lr: {choices: [0.1]}}", "'trials'"),
         ("objective: {metric: auc}", "params"),
+        ("params:\n  agent.lr: {choices: [0.1]}\n  agent.lr: {choices: [0.2]}", "'agent.lr' is given twice"),
     ],
 )
 def test_a_malformed_space_names_the_file_and_the_key(tmp_path: Path, text: str, names: str) -> None:

@@ -36,6 +36,36 @@ ENV_PREFIX = "ZMQRL_"
 ENV_SEPARATOR = "__"
 
 
+class _OneKeyOnceLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping. PyYAML keeps the last
+    silently, so a second ``learner:`` section used to drop every key of the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *base``: keys written beside it override the merged ones, as meant
+            key = self.construct_object(key_node, deep=True)
+            try:
+                earlier = first.setdefault(key, key_node)
+            except TypeError:
+                continue  # an unhashable key: PyYAML's own error says so
+            if earlier is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"{key!r} is given twice in one mapping (first at line {earlier.start_mark.line + 1}): "
+                    "YAML would keep only the last; give each key once",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document read safely (no tags that construct objects), each key once per mapping."""
+    return yaml.load(text, Loader=_OneKeyOnceLoader)  # a SafeLoader: no tag constructs objects
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """The top-level mapping of a YAML config file (empty for an empty file)."""
     source = str(path)
@@ -43,11 +73,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"{source}: config file not found")
     try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        loaded = load_yaml(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot read the file: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML{_yaml_problem(exc)}") from None
+        raise ConfigError(f"{source}: not valid YAML{yaml_problem(exc)}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -92,7 +122,7 @@ def without_config_variables(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in environ.items() if not is_config_variable(name)}
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """PyYAML's multi-line message folded into one line: where, then what."""
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from zmqrl.config import load_config
+from zmqrl.config_parse import load_yaml, yaml_problem
 from zmqrl.errors import ConfigError
 
 METRICS = ("final_eval", "auc", "time_to_target")
@@ -111,11 +112,11 @@ class Space:
 def load_space(path: Path) -> Space:
     """Parse and check the form of a space file (not yet against a config: :func:`check_keys`)."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the space file: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML{yaml_problem(exc)}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with params: (and objective:, set:, ...)")
     unknown = sorted(set(raw) - set(TOP_KEYS))
