@@ -128,6 +128,25 @@ def test_seconds_run_on_across_a_resume(tmp_path: Path) -> None:
     assert train.steps.tolist() == [1.0, 2.0, 3.0]
 
 
+def test_train_and_eval_of_a_resumed_run_share_one_clock(tmp_path: Path) -> None:
+    """The first launch ends with an evaluation 10 s after its last training episode (its final
+    one): the relaunch continues from that latest moment for both curves. Each curve counted from
+    its own latest row before, so a resumed run's training curve sat 10 s left of its evaluations."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    rows = [
+        metrics_row("learner", TRAIN_TAG, 1.0, 1, launched=0.0, wall=10.0),
+        metrics_row("learner", EVAL_TAG, 2.0, 1, launched=0.0, wall=20.0),
+        metrics_row("supervisor", "actor/alive", 1.0, 0, launched=100.0, wall=101.0),  # relaunched
+        metrics_row("learner", TRAIN_TAG, 1.0, 2, launched=100.0, wall=105.0),
+        metrics_row("evaluator", EVAL_TAG, 2.0, 2, launched=100.0, wall=106.0),
+    ]
+    (run_dir / METRICS_FILE).write_text("".join(rows))
+    run = load_run(run_dir)
+    assert run.train is not None and run.train.time.tolist() == [10.0, 25.0]
+    assert run.eval is not None and run.eval.time.tolist() == [20.0, 26.0]
+
+
 def test_plotting_two_runs_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     a = write_run(tmp_path / "a", seed=0)

@@ -104,26 +104,47 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _series(rows: list[dict[str, Any]]) -> Series | None:
-    """Finite values in file order; ``time`` made to run on across resumes (a resumed run counts
-    from its own launch: each restart of the clock continues from the latest time seen before)."""
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def run_on_times(rows: list[dict[str, Any]]) -> list[float | None]:
+    """Each row's seconds since launch, made to run on across resumes: the rows of one launch share
+    ``wall - time`` (the moment it started, whichever process wrote them), and a resumed launch
+    continues from the latest time any row of the launches before it reached. One clock for every
+    tag, so a resumed run's train and eval curves stay aligned. None for a row without a time."""
+    stamped: list[tuple[float, float] | None] = []  # (its launch's start, its time)
+    latest: dict[float, float] = {}  # a launch's start -> the latest time of its rows
+    for row in rows:
+        t, wall = row.get("time"), row.get("wall")
+        if not (isinstance(t, (int, float)) and math.isfinite(t)):
+            stamped.append(None)
+            continue
+        begun = float(wall) - t if isinstance(wall, (int, float)) and math.isfinite(wall) else 0.0
+        start = next((known for known in latest if abs(known - begun) < 1.0), begun)
+        latest[start] = max(latest.get(start, 0.0), float(t))
+        stamped.append((start, float(t)))
+    offsets, total = {}, 0.0
+    for start in sorted(latest):
+        offsets[start] = total
+        total += latest[start]
+    return [None if at is None else at[1] + offsets[at[0]] for at in stamped]
+
+
+def _series(rows: list[tuple[dict[str, Any], float]]) -> Series | None:
+    """Finite values in file order, each at its run-on time (:func:`run_on_times`)."""
     steps: list[float] = []
     times: list[float] = []
     values: list[float] = []
-    offset = latest = 0.0
-    for row in rows:
-        numbers = [row.get(k) for k in ("value", "step", "time")]
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
+    for row, t in rows:
+        value, step = row.get("value"), row.get("step")
+        if not (_finite(value) and _finite(step)):
             continue
-        value, step, t = (float(v) for v in numbers)  # type: ignore[arg-type]
-        if t + offset < latest - 1.0:  # the clock went back: a new launch of this run
-            offset = latest
-        latest = max(latest, t + offset)
         # Episodes reported together share a step: give them one time too (one report, one x).
-        same_report = bool(steps) and step == steps[-1] and t + offset - times[-1] < 1.0
-        steps.append(step)
-        times.append(times[-1] if same_report else t + offset)
-        values.append(value)
+        same_report = bool(steps) and step == steps[-1] and t - times[-1] < 1.0
+        steps.append(float(step))  # type: ignore[arg-type]
+        times.append(times[-1] if same_report else t)
+        values.append(float(value))  # type: ignore[arg-type]
     if not values:
         return None
     return Series(np.asarray(steps, float), np.asarray(times, float), np.asarray(values, float))
@@ -139,10 +160,11 @@ def load_run(path: Path) -> Run:
             f"{path}: no {METRICS_FILE} (a run directory written by `zmqrl launch` or `zmqrl.train`; "
             "runs from before metrics.jsonl existed have TensorBoard events only)"
         )
-    by_tag: dict[str, list[dict[str, Any]]] = {TRAIN_TAG: [], EVAL_TAG: []}
-    for row in read_metrics(metrics):
-        if row["tag"] in by_tag:
-            by_tag[row["tag"]].append(row)
+    by_tag: dict[str, list[tuple[dict[str, Any], float]]] = {TRAIN_TAG: [], EVAL_TAG: []}
+    rows = list(read_metrics(metrics))
+    for row, t in zip(rows, run_on_times(rows), strict=True):
+        if row["tag"] in by_tag and t is not None:
+            by_tag[row["tag"]].append((row, t))
     config: dict[str, Any] = {}
     config_file = path / "config.yaml"
     if config_file.is_file():
