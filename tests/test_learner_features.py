@@ -36,6 +36,7 @@ from zmqrl.spec import SampleSpec
 from zmqrl.transport import sockets, wire
 from zmqrl.transport.keys import Security, create_keys
 from zmqrl.transport.wire import SamplesMsg
+from zmqrl.types import EpisodeStat
 
 
 class RecordingLogger:
@@ -70,13 +71,19 @@ class Running:
         self.push.connect(self.learner.endpoints["samples"])
         self.seq = 0
 
-    def send(self, n: int = 32, version: int | None = None, priorities: np.ndarray | None = None) -> None:
+    def send(
+        self,
+        n: int = 32,
+        version: int | None = None,
+        priorities: np.ndarray | None = None,
+        episodes: list[EpisodeStat] | None = None,
+    ) -> None:
         msg = SamplesMsg(
             actor_id=0,
             seq=self.seq,
             weights_version=self.learner.publisher.version if version is None else version,
             batch=cartpole_batch(n),
-            episodes=[],
+            episodes=episodes or [],
             priorities=priorities,
         )
         self.push.send_multipart(wire.dump(msg))
@@ -232,13 +239,15 @@ def test_max_seconds_ends_a_run_whose_replay_never_fills(
     fill replay (crashing, or too few) no longer keep a time-boxed run (a tuning trial) alive."""
     cfg = tiny_config(tmp_path, learner__max_seconds=1.5, learner__min_replay_size=200)
     run = Running(ctx, cfg)
-    for _ in range(2):
-        run.send(32)  # 64 of the 200 transitions the first update waits for
+    for i in range(2):  # 64 of the 200 transitions the first update waits for
+        run.send(32, episodes=[EpisodeStat(10.0 + i, 10)])
     wait_until(lambda: not run.thread.is_alive(), 30, "the learner to end at max_seconds by itself")
     stats = run.stop()
     assert (stats["state"], stats["ended"], stats["updates"]) == ("finished", "max_seconds", 0)
     assert stats["samples"] == 64
     assert "replay holds 64 of the 200 transitions" in caplog.text
+    # No log point came (no update): the episodes reach the curves at the run's end.
+    assert run.logger.scalars["charts/episodic_return"] == [10.0, 11.0]
 
 
 def test_actors_are_held_back_when_the_learner_falls_behind(ctx: zmq.Context, tmp_path: Path) -> None:

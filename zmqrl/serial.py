@@ -124,7 +124,7 @@ class SerialRun:
             finished = self._loop()
             self._deliver(trainer.publish())  # the last weights, then the final evaluation of them
             reports.log_eval(trainer.final_evaluation(finished))
-            reports.log_counters()  # TensorBoard ends on the final stats' counts
+            reports.log_end()  # TensorBoard ends on the final stats' counts and episodes
             trainer.save_latest(final=True)
             state = "finished" if finished else "stopped"
         finally:

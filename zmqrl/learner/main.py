@@ -175,7 +175,7 @@ class Learner:
             finished = not self.stop_event.is_set()  # max_updates, max_seconds or the target held
             self._publish(trainer.publish())  # the last weights, then the final evaluation of them
             reports.log_eval(trainer.final_evaluation(finished))
-            reports.log_counters()  # TensorBoard ends on the final stats' counts
+            reports.log_end()  # TensorBoard ends on the final stats' counts and episodes
             trainer.save_latest(final=True)  # on disk before returning
             self._state = "finished" if finished else "stopped"
         return self.stats

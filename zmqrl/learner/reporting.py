@@ -166,11 +166,8 @@ class LearnerReports:
         for key, value in metrics.items():
             space = "replay" if key.startswith(REPLAY_DRAW_PREFIX) else "losses"
             tb.scalar(f"{space}/{key}", value, step)
-        episodes, lags = t.counters.take_for_report()
+        lags = self._log_episodes()
         samples = t.counters.samples
-        for ep in episodes:
-            tb.scalar("charts/episodic_return", ep.ret, samples)
-            tb.scalar("charts/episodic_length", ep.length, samples)
         if lags:
             for name, reduce in (("min", np.min), ("mean", np.mean), ("max", np.max)):
                 tb.scalar(f"learner/policy_lag_{name}", float(reduce(lags)), step)
@@ -186,6 +183,22 @@ class LearnerReports:
         for key, value in t.replay.stats().items():
             tb.scalar(f"replay/{key}", value, step)
         self.log_counters(c)
+
+    def _log_episodes(self) -> list[int]:
+        """The episodes finished since the last report, at env steps; returns the policy lags of
+        the batches received meanwhile."""
+        episodes, lags = self.trainer.counters.take_for_report()
+        samples = self.trainer.counters.samples
+        for ep in episodes:
+            self.tb.scalar("charts/episodic_return", ep.ret, samples)
+            self.tb.scalar("charts/episodic_length", ep.length, samples)
+        return lags
+
+    def log_end(self) -> None:
+        """At the run's end: the episodes since the last log point (a run that never trained, its
+        replay never full, had none on its curves) and the learner/ counts."""
+        self._log_episodes()
+        self.log_counters()
 
     def log_counters(self, c: dict[str, float | int] | None = None) -> None:
         """The learner/ counts at the current update: at each log point, and once more at the
