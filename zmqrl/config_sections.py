@@ -62,7 +62,7 @@ class ReplayConfig:
 @dataclass
 class LearnerConfig:
     max_updates: int = 20_000  # the run ends after this many gradient updates
-    max_seconds: float | None = None  # optional wall-time limit, counted from the learner's start
+    max_seconds: float | None = None  # wall-time limit from the learner's start (each restart counts anew)
     min_replay_size: int = 1_000  # transitions in replay before the first update
     sync_interval: int = 50  # publish new weights every this many updates
     republish_seconds: float = 1.0  # re-send the latest weights this often (joiners also get them at once)
