@@ -111,13 +111,23 @@ def test_unknown_key_without_close_match_lists_known_keys(tmp_path: Path) -> Non
         ("learner:\n  max_updates: 10\nreplay: {}\nlearner:\n  min_replay_size: 50\n", 4, "learner"),
     ],
 )
-def test_a_key_given_twice_is_refused_where_it_repeats(tmp_path: Path, text: str, line: int, key: str) -> None:
+def test_a_key_given_twice_is_refused_where_it_repeats(
+    tmp_path: Path, text: str, line: int, key: str
+) -> None:
     """PyYAML keeps the last of two equal keys: a second ``learner:`` section silently dropped every
     setting of the first. Now the file, the line and the key are named."""
     path = write(tmp_path, text)
     message = config_error(path)
     assert message.startswith(f"{path}: not valid YAML at line {line}, column ")
     assert f"'{key}' is given twice in one mapping (first at line " in message
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", "..", ".", '""'])
+def test_a_run_name_is_one_folder_name(tmp_path: Path, name: str) -> None:
+    """``--name ../../etc/x`` wrote a run into /etc/x: the name is the run's folder under run.dir."""
+    message = config_error(None, [f"run.dir={tmp_path}", f"run.name={name}"])
+    assert message.startswith(f"--set 'run.name={name}': run.name ") and "one folder name" in message
+    assert load_config(None, ["run.name=cartpole dqn (seed 1)"]).run.name == "cartpole dqn (seed 1)"
 
 
 def test_merge_keys_still_let_a_mapping_override_what_it_merges(tmp_path: Path) -> None:

@@ -56,7 +56,13 @@ def check_config(cfg: Config, source: str, assigned: list[tuple[str, str]] | Non
 
     if problem := nonfinite_problem(cfg.to_dict()):
         raise fail(problem)
+    name = cfg.run.name
     problems: list[tuple[str, bool]] = [
+        (
+            f"run.name {name!r} must be one folder name (no '/', not '.' or '..'): the run's directory "
+            "is run.dir/run.name, so give the parent as run.dir",
+            bool(name) and "/" not in name and "\0" not in name and name not in (".", ".."),
+        ),
         ("replay.capacity must be >= 1", cfg.replay.capacity >= 1),
         ("learner.max_updates must be >= 1", cfg.learner.max_updates >= 1),
         ("learner.min_replay_size must be >= 1", cfg.learner.min_replay_size >= 1),
