@@ -1,16 +1,19 @@
 """What a supervised run checks before it starts any process: the settings people get wrong first.
 
 Each would otherwise be a learner's (or every role's) failure at start-up, found in a log's last
-lines: a tracker whose package is missing, a fixed health port every role would bind, the
-learner's ports held by another process (the supervisor's own are bound right after), an env that
-cannot be made (an unknown id, with close matches; a missing optional extra), messages the
-learner would refuse whole for their size (the learner's own spec says), a CUDA device that is
-absent. ``zmqrl launch`` prints the problem in one line and exits; ``zmqrl.train`` raises it.
+lines (or a traceback): a run directory that cannot be made, a tracker whose package is missing, a
+fixed health port every role would bind, the learner's ports held by another process (the
+supervisor's own are bound right after), an env that cannot be made (an unknown id, with close
+matches; a missing optional extra), messages the learner would refuse whole for their size (the
+learner's own spec says), a CUDA device that is absent. ``zmqrl launch`` prints the problem in
+one line and exits; ``zmqrl.train`` raises it.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from zmqrl.config import Config
 
@@ -33,6 +36,8 @@ def preflight_problem(cfg: Config) -> Problem | None:
     from zmqrl.runtime.http_probe import shared_host_problem
     from zmqrl.transport.sockets import address_in_use_message, tcp_port_taken
 
+    if problem := run_dir_problem(cfg.run_dir):
+        return Problem(problem)
     if problem := missing_tracker(cfg.logging.backends) or shared_host_problem(cfg):
         return Problem(problem)
     for what in ("samples", "weights"):
@@ -55,4 +60,17 @@ def preflight_problem(cfg: Config) -> Problem | None:
 
         if problem := device_problem(device):
             return Problem(problem)
+    return None
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be made and written (a file in its way, a folder this user may not
+    write), or None; it reads the nearest part that exists and creates nothing."""
+    path = run_dir
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    if not path.is_dir():
+        return f"run.dir: cannot make {run_dir}: {path} is a file, not a folder (choose another run.dir)"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"run.dir: cannot make {run_dir}: this user may not write in {path} (choose another run.dir)"
     return None
