@@ -297,8 +297,11 @@ def supervise(
     overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
     cfg = load(config, overrides, log_level)
     setup_logging(cfg.run.log_level, "supervisor")
+    from zmqrl.runtime.finished import run_dir_problem
     from zmqrl.supervisor.rundirs import finished_run
 
+    if problem := run_dir_problem(cfg.run_dir):
+        fail(problem, EXIT_CONFIG)
     finished = None if resume else finished_run(cfg.run_dir)
     if finished is not None:
         fail(

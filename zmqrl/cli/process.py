@@ -114,14 +114,16 @@ def role_exit_code(stats: Mapping[str, Any], received: list[int], link: Supervis
     return EXIT_LOST_SUPERVISOR if link is not None and link.lost_supervisor else 0
 
 
-def refuse_finished_run(cfg: Config, role: str) -> None:
-    """First thing in a role command, before it writes anything: a run directory whose run finished
-    is one line and exit 2 (zmqrl/runtime/finished.py says why, and who may continue one)."""
-    from zmqrl.runtime.finished import RunFinished
-    from zmqrl.runtime.finished import refuse_finished_run as refuse
+def check_run_dir(cfg: Config, role: str) -> None:
+    """First thing in a role command, before it writes anything: a run directory that cannot be
+    made, or whose run finished, is one line and exit 2 (zmqrl/runtime/finished.py says why, and
+    who may continue a finished run)."""
+    from zmqrl.runtime.finished import RunFinished, refuse_finished_run, run_dir_problem
 
+    if problem := run_dir_problem(cfg.run_dir):
+        fail(problem, EXIT_CONFIG)
     try:
-        refuse(cfg.run_dir, role)
+        refuse_finished_run(cfg.run_dir, role)
     except RunFinished as exc:
         fail(str(exc), EXIT_CONFIG)
 

@@ -25,7 +25,7 @@ from zmqrl.cli.options import (
     fail,
     load,
 )
-from zmqrl.cli.process import Role, refuse_finished_run, role_exit_code, run_role, setup_logging, start_link
+from zmqrl.cli.process import Role, check_run_dir, role_exit_code, run_role, setup_logging, start_link
 from zmqrl.transport.control_trust import with_role_key
 
 
@@ -73,7 +73,7 @@ def learner(
     flags += ["checkpoint.force_resume=true"] if force else []
     cfg = load(config, [*(set_ or []), *flags], log_level)
     setup_logging(cfg.run.log_level, "learner-0")
-    refuse_finished_run(cfg, "learner")
+    check_run_dir(cfg, "learner")
     from zmqrl.config import save_config
     from zmqrl.runtime.link import SUPERVISED_ENV
 
@@ -135,7 +135,7 @@ def actor(
     """Run one actor: steps its env, pushes samples to transport.samples, follows transport.weights."""
     cfg = load(config, set_, log_level)
     setup_logging(cfg.run.log_level, "actor")  # until its id is settled
-    refuse_finished_run(cfg, "actor")  # before its id's lock file is written in the run directory
+    check_run_dir(cfg, "actor")  # before its id's lock file is written in the run directory
     from zmqrl.actor.ids import ActorIdError, resolve_actor_id
 
     try:  # the claim's lock reserves the id until this process exits
@@ -175,7 +175,7 @@ def evaluator(
     weights in checkpoints/best. `launch` starts it when evaluator.enabled is true."""
     cfg = load(config, set_, log_level)
     setup_logging(cfg.run.log_level, "evaluator-0")
-    refuse_finished_run(cfg, "evaluator")
+    check_run_dir(cfg, "evaluator")
     cfg = with_role_key(cfg, "evaluator", 0)  # with keys: the client pair bound to this role
     link = start_link(cfg, "evaluator", 0)
     from zmqrl.evaluator.main import Evaluator

@@ -1,4 +1,5 @@
-"""Whether the run in a directory has finished, and the roles' refusal to write into one that has.
+"""Whether the run in a directory has finished, and the roles' refusal to write into one that has
+(or into one that cannot be made).
 
 A finished run's directory is its result: checkpoints, TensorBoard events, metrics.jsonl, the
 learner's and the supervisor's stats. A second ``docker compose up`` with the same run name used
@@ -81,6 +82,19 @@ def refuse_finished_run(run_dir: Path, role: str, environ: Mapping[str, str] | N
         f"{run_dir}; to continue that run on purpose (after raising learner.max_updates), start every "
         f"role with {CONTINUE_FINISHED_ENV}=1 and the supervisor with `zmqrl supervise --resume`"
     )
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be made and written (a file in its way, a folder this user may not
+    write), or None; it reads the nearest part that exists and creates nothing."""
+    path = run_dir
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    if not path.is_dir():
+        return f"run.dir: cannot make {run_dir}: {path} is a file, not a folder (choose another run.dir)"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"run.dir: cannot make {run_dir}: this user may not write in {path} (choose another run.dir)"
+    return None
 
 
 def _read_json(path: Path) -> dict[str, object]:

@@ -11,9 +11,7 @@ one line and exits; ``zmqrl.train`` raises it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from zmqrl.config import Config
 
@@ -33,6 +31,7 @@ def preflight_problem(cfg: Config) -> Problem | None:
     from zmqrl.errors import ConfigError
     from zmqrl.learner.data import learner_spec
     from zmqrl.metrics.trackers import missing_tracker
+    from zmqrl.runtime.finished import run_dir_problem
     from zmqrl.runtime.http_probe import shared_host_problem
     from zmqrl.transport.sockets import address_in_use_message, tcp_port_taken
 
@@ -60,17 +59,4 @@ def preflight_problem(cfg: Config) -> Problem | None:
 
         if problem := device_problem(device):
             return Problem(problem)
-    return None
-
-
-def run_dir_problem(run_dir: Path) -> str | None:
-    """Why ``run_dir`` cannot be made and written (a file in its way, a folder this user may not
-    write), or None; it reads the nearest part that exists and creates nothing."""
-    path = run_dir
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    if not path.is_dir():
-        return f"run.dir: cannot make {run_dir}: {path} is a file, not a folder (choose another run.dir)"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"run.dir: cannot make {run_dir}: this user may not write in {path} (choose another run.dir)"
     return None
