@@ -128,6 +128,11 @@ def test_what_launch_refuses_before_starting_anything_train_raises(run_root: Pat
     with pytest.raises(zmqrl.ConfigError, match="CartPole-v9"):
         zmqrl.train(zmqrl.load_config(None, overrides(run_root, env__id="CartPole-v9")))
     assert not (run_root / "t").exists()
+    run_root.mkdir(parents=True, exist_ok=True)
+    (run_root / "afile").write_text("")
+    for mode in ("processes", "serial"):
+        with pytest.raises(zmqrl.ConfigError, match=r"run\.dir: cannot make .*afile is a file"):
+            zmqrl.train(zmqrl.load_config(None, overrides(run_root / "afile")), mode=mode)  # type: ignore[arg-type]
 
 
 def test_a_learner_that_cannot_start_fails_the_run_with_its_reason(run_root: Path) -> None:

@@ -158,7 +158,9 @@ def test_an_actor_that_cannot_reach_its_learner_warns_after_seconds_then_exits_1
     assert "Curve keys" in warnings[0] and "transport.connect_timeout=6 s" in warnings[0]
 
 
-@pytest.mark.parametrize("command", ["launch", "learner", "actor", "evaluator", "supervise"])
+@pytest.mark.parametrize(
+    "command", ["launch", "launch --serial", "learner", "actor", "evaluator", "supervise"]
+)
 def test_a_run_dir_that_cannot_be_made_is_one_line_before_anything_starts(
     tmp_path: Path, command: str
 ) -> None:
@@ -166,9 +168,9 @@ def test_a_run_dir_that_cannot_be_made_is_one_line_before_anything_starts(
     token, a role's config.yaml or its id's lock)."""
     blocker = tmp_path / "afile"
     blocker.write_text("")
-    args = [command, *launch(tmp_path)[1:], *sets(run__dir=blocker)]  # the later --set wins
+    args = [*command.split(), *launch(tmp_path)[1:], *sets(run__dir=blocker)]  # the later --set wins
     done = zmqrl(*args)
-    line = only_line(done, EXIT_CONFIG) if command == "launch" else last_line(done, EXIT_CONFIG)
+    line = only_line(done, EXIT_CONFIG) if command.startswith("launch") else last_line(done, EXIT_CONFIG)
     assert line == (
         f"error: run.dir: cannot make {blocker / 't'}: {blocker} is a file, not a folder "
         "(choose another run.dir)"

@@ -118,8 +118,11 @@ def train(
     if mode not in MODES:
         raise ConfigError(f"train(mode={mode!r}): expected one of {', '.join(MODES)}")
     cfg = validate(config, overrides) if isinstance(config, Config) else load_config(config, overrides)
+    from zmqrl.runtime.finished import run_dir_problem
     from zmqrl.supervisor.rundirs import choose_run_dir
 
+    if problem := run_dir_problem(cfg.run_dir):  # either mode: before anything is written
+        raise ConfigError(problem)
     if mode == "processes":
         _preflight(cfg)
 

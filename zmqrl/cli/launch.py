@@ -130,6 +130,10 @@ def launch(
     if resume is not None:  # port 0 asked at the first start is asked again, not the port it got then
         cfg = _asked_endpoints_again(cfg, resume)
     setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
+    from zmqrl.runtime.finished import run_dir_problem
+
+    if problem := run_dir_problem(cfg.run_dir):  # either mode: before anything is written
+        fail(problem, EXIT_CONFIG)
     if not serial:  # --serial builds all of it at once, and says the same in one line
         _preflight(cfg)
     cfg, resuming = _place_run(cfg, resume is not None, serial)

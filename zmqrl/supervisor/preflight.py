@@ -1,12 +1,11 @@
 """What a supervised run checks before it starts any process: the settings people get wrong first.
 
 Each would otherwise be a learner's (or every role's) failure at start-up, found in a log's last
-lines (or a traceback): a run directory that cannot be made, a tracker whose package is missing, a
-fixed health port every role would bind, the learner's ports held by another process (the
-supervisor's own are bound right after), an env that cannot be made (an unknown id, with close
-matches; a missing optional extra), messages the learner would refuse whole for their size (the
-learner's own spec says), a CUDA device that is absent. ``zmqrl launch`` prints the problem in
-one line and exits; ``zmqrl.train`` raises it.
+lines: a tracker whose package is missing, a fixed health port every role would bind, the
+learner's ports held by another process (the supervisor's own are bound right after), an env that
+cannot be made (an unknown id, with close matches; a missing optional extra), messages the
+learner would refuse whole for their size (the learner's own spec says), a CUDA device that is
+absent. ``zmqrl launch`` prints the problem in one line and exits; ``zmqrl.train`` raises it.
 """
 
 from __future__ import annotations
@@ -31,12 +30,9 @@ def preflight_problem(cfg: Config) -> Problem | None:
     from zmqrl.errors import ConfigError
     from zmqrl.learner.data import learner_spec
     from zmqrl.metrics.trackers import missing_tracker
-    from zmqrl.runtime.finished import run_dir_problem
     from zmqrl.runtime.http_probe import shared_host_problem
     from zmqrl.transport.sockets import address_in_use_message, tcp_port_taken
 
-    if problem := run_dir_problem(cfg.run_dir):
-        return Problem(problem)
     if problem := missing_tracker(cfg.logging.backends) or shared_host_problem(cfg):
         return Problem(problem)
     for what in ("samples", "weights"):
