@@ -84,6 +84,15 @@ def test_without_optuna_the_command_says_which_extra_to_install(
     assert "pip install 'zmqrl[tune]'" in result.output
 
 
+def test_a_tune_dir_that_cannot_be_made_is_one_line(tmp_path: Path, space: Path) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    args = ["tune", str(CONFIG), "--space", str(space), "--dir", str(blocker / "t")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert f"--dir: cannot make {blocker / 't'}: {blocker} is a file, not a folder" in result.output
+
+
 def test_a_postgresql_url_gets_the_extras_driver_and_its_password_is_never_shown(tmp_path: Path) -> None:
     from zmqrl.tune.study import shown_url, storage_url
 

@@ -103,6 +103,10 @@ def tune(
         )
     name = study_name or space.stem
     tune_dir = directory or Path("runs") / "tune" / name
+    from zmqrl.runtime.finished import run_dir_problem
+
+    if problem := run_dir_problem(tune_dir, "--dir"):
+        fail(problem, EXIT_CONFIG)
     tune_dir.mkdir(parents=True, exist_ok=True)
     setup = Setup(parsed, config.resolve(), list(overrides or []), tune_dir, serial, target)
     url = storage_url(tune_dir, storage)

@@ -84,17 +84,20 @@ def refuse_finished_run(run_dir: Path, role: str, environ: Mapping[str, str] | N
     )
 
 
-def run_dir_problem(run_dir: Path) -> str | None:
+def run_dir_problem(run_dir: Path, setting: str = "run.dir") -> str | None:
     """Why ``run_dir`` cannot be made and written (a file in its way, a folder this user may not
-    write), or None; it reads the nearest part that exists and creates nothing."""
+    write), or None; it reads the nearest part that exists and creates nothing. ``setting``: what
+    the user changes to fix it."""
     path = run_dir
     while not path.exists() and path.parent != path:
         path = path.parent
     if not path.is_dir():
-        return f"run.dir: cannot make {run_dir}: {path} is a file, not a folder (choose another run.dir)"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"run.dir: cannot make {run_dir}: this user may not write in {path} (choose another run.dir)"
-    return None
+        why = f"{path} is a file, not a folder"
+    elif not os.access(path, os.W_OK | os.X_OK):
+        why = f"this user may not write in {path}"
+    else:
+        return None
+    return f"{setting}: cannot make {run_dir}: {why} (choose another {setting})"
 
 
 def _read_json(path: Path) -> dict[str, object]:
