@@ -46,6 +46,16 @@ def test_every_measured_file_exists_and_both_runs_are_recorded() -> None:
         assert run["lines"] == sum(row["union"] for row in run["files"].values()) > 0
 
 
+def test_the_housekeeping_split_names_files_that_exist_and_adds_up(sample_path: ModuleType) -> None:
+    """The control plane and reporting shown apart from the samples' own path: a renamed module
+    would silently move its lines into "samples"."""
+    listed = [path for paths in sample_path.HOUSEKEEPING.values() for path in paths]
+    assert all((REPO / path).is_file() for path in listed), listed
+    for run in json.loads(RESULTS.read_text())["runs"].values():
+        parts = sample_path.housekeeping(run["files"])
+        assert sum(parts.values()) == run["lines"] and min(parts.values()) > 0, parts
+
+
 def test_one_message_is_decoded_in_five_transport_modules_at_most(
     sample_path: ModuleType,
 ) -> None:
