@@ -26,13 +26,8 @@ from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.evaluator.greedy import make_eval_policy
 from zmqrl.evaluator.scoring import BEST, Scorer, final_weights, stored_best_score
 from zmqrl.metrics import Logger, run_logger
-from zmqrl.runtime.link import (
-    LEARNER_FINISHED,
-    SupervisorLink,
-    launch_time,
-    socket_limits,
-    transport_security,
-)
+from zmqrl.runtime.launched import launch_time
+from zmqrl.runtime.link import LEARNER_FINISHED, SupervisorLink, socket_limits, transport_security
 from zmqrl.runtime.run_fingerprint import run_fingerprint
 from zmqrl.transport import sockets
 from zmqrl.transport.channels import BadMessages, WeightsSubscriber

@@ -26,7 +26,8 @@ from zmqrl.learner.trainer import Published, Trainer
 from zmqrl.metrics import Logger, run_logger
 from zmqrl.runtime.guard import ThreadDied
 from zmqrl.runtime.health import BAD_LATEST_INFO_KEY
-from zmqrl.runtime.link import END_ACTORS_DONE, SupervisorLink, launch_time
+from zmqrl.runtime.launched import launch_time
+from zmqrl.runtime.link import END_ACTORS_DONE, SupervisorLink
 from zmqrl.runtime.testhooks import Faults
 from zmqrl.transport.channels import WeightsPublisher
 

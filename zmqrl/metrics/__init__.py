@@ -275,7 +275,7 @@ def run_logger(
 ) -> Logger:
     """The logger a role reports through: ``source`` names the role ("learner", "evaluator",
     "supervisor", ...); ``launched`` (Unix seconds, default now) is what metrics.jsonl's ``time``
-    counts from: pass ``supervision.link.launch_time()`` so every process counts from the launch.
+    counts from: pass ``zmqrl.runtime.launched.launch_time()`` so every process counts from the launch.
     ``config`` (the run's Config) chooses the sinks by its ``logging.backends`` and is logged
     with the trackers' runs; without it, TensorBoard and metrics.jsonl. Raises ``TrackerMissing``
     (a ConfigError: the CLI prints one line) when a named tracker's package is not installed."""

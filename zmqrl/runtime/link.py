@@ -61,8 +61,6 @@ from zmqrl.transport.keys import Security
 SUPERVISED_ENV = "ZMQRL_SUPERVISED"
 # Set by `launch` to its own pid: a child whose parent is gone by the time it starts leaves at once.
 PARENT_PID_ENV = "ZMQRL_PARENT_PID"
-# Set by `launch` to when it began (Unix seconds): every "seconds" a run reports counts from it.
-LAUNCHED_ENV = "ZMQRL_LAUNCHED"
 # What a learner that crashed announces on the weights channel before it exits.
 LEARNER_FAILED = "learner failed"
 # What a learner that reached its end announces: the only announcement a supervised role leaves on
@@ -101,17 +99,6 @@ def socket_limits(cfg: Config) -> sockets.SocketLimits:
         linger_ms=t.linger_ms,
         samples_buffer_bytes=t.samples_buffer_kb * 1024,
     )
-
-
-def launch_time(log: logging.Logger | None = None) -> float:
-    """When the run began, in Unix seconds: the launch's start for a process it started, else (a
-    role started by hand) this moment, which is then said in the log."""
-    try:
-        return float(os.environ[LAUNCHED_ENV])
-    except (KeyError, ValueError):
-        if log is not None:
-            log.info("started by hand: reported seconds count from this process's start")
-        return time.time()
 
 
 def die_with_parent() -> None:

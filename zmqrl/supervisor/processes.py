@@ -20,7 +20,8 @@ from pathlib import Path
 
 from zmqrl.config import without_config_variables
 from zmqrl.runtime.health import HEALTH_FILE_ENV
-from zmqrl.runtime.link import LAUNCHED_ENV, PARENT_PID_ENV, SUPERVISED_ENV
+from zmqrl.runtime.launched import LAUNCHED_ENV
+from zmqrl.runtime.link import PARENT_PID_ENV, SUPERVISED_ENV
 from zmqrl.supervisor.liveness import os_stopped
 from zmqrl.supervisor.oversight import STOP_REPEAT_SECONDS
 
