@@ -237,10 +237,11 @@ def test_max_seconds_ends_a_run_whose_replay_never_fills(
 ) -> None:
     """``learner.max_seconds`` bounds the whole run, its wait for replay included: actors that never
     fill replay (crashing, or too few) no longer keep a time-boxed run (a tuning trial) alive."""
-    cfg = tiny_config(tmp_path, learner__max_seconds=1.5, learner__min_replay_size=200)
+    cfg = tiny_config(tmp_path, learner__max_seconds=4.0, learner__min_replay_size=200)
     run = Running(ctx, cfg)
     for i in range(2):  # 64 of the 200 transitions the first update waits for
         run.send(32, episodes=[EpisodeStat(10.0 + i, 10)])
+    wait_until(lambda: run.learner.samples == 64, 4, "both messages in replay, well before the limit")
     wait_until(lambda: not run.thread.is_alive(), 30, "the learner to end at max_seconds by itself")
     stats = run.stop()
     assert (stats["state"], stats["ended"], stats["updates"]) == ("finished", "max_seconds", 0)
