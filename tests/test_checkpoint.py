@@ -13,6 +13,7 @@ import torch
 
 from zmqrl.agents import make_learner
 from zmqrl.checkpoints.files import load_checkpoint, save_checkpoint
+from zmqrl.checkpoints.policy import checkpoint_path
 from zmqrl.config import Config, load_config
 from zmqrl.envs.factory import make_env, sample_spec
 from zmqrl.evaluator.greedy import evaluate_checkpoint
@@ -102,5 +103,7 @@ def test_zmqrl_eval_of_a_run_directory_plays_its_latest(tmp_path: Path) -> None:
     ok = zmqrl_eval(str(run), "--episodes", "1")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"{run / 'checkpoints' / 'latest'}: mean return"), ok.stdout
+    latest = run / "checkpoints" / "latest"
+    assert checkpoint_path(run) == checkpoint_path(run / "checkpoints") == checkpoint_path(latest) == latest
     empty = zmqrl_eval(str(tmp_path / "runs"), "--episodes", "1")  # no checkpoint there
     assert empty.returncode == 2 and "no such checkpoint" in empty.stderr, empty.stderr
