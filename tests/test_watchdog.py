@@ -145,7 +145,11 @@ def test_an_actor_held_back_by_a_learner_that_does_not_read_is_not_taken_for_hun
             return sup.drain()[-1].time - blocked_from >= seconds
 
         wait_until(lambda: beaten_for(3.0), 30, "beats over six hung timeouts while held back")
-        assert sup.drain()[-1].state == "blocked"
+        # A send may still get through now and then (the kernel's socket buffers grow while the
+        # learner reads nothing), so the actor runs for a beat and is held back again: most of
+        # its beats say so; the last one need not.
+        states = [hb.state for hb in sup.drain() if hb.time >= blocked_from]
+        assert states.count("blocked") > len(states) / 2, states
     finally:
         actor.request_stop()
         thread.join(timeout=30)
