@@ -164,8 +164,10 @@ def test_learner_and_actor_threads_train_sync_weights_and_stop(ctx: zmq.Context,
     # No supervisor stop: the learner announces its end on the weights channel and the actor leaves.
     actor_thread.join(timeout=30)
     assert not actor_thread.is_alive(), "actor did not leave when its learner finished"
-    sup.drain_until_final("learner", "actor")
+    beats = sup.drain_until_final("learner", "actor")
     sup.close()
+    actor_final = next(hb for hb in reversed(beats) if hb.role == "actor")
+    assert actor_final.info["stop_reason"] == "learner finished", "why it left, for the supervisor"
 
     ls, acs = learner.stats, actor.stats
     assert ls["state"] == "finished" and ls["updates"] == 300

@@ -383,6 +383,22 @@ def test_actors_that_stopped_on_the_learners_end_are_no_failure(
     assert "given up" not in out.getvalue() and sup.beacon.ends == []  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(("reason", "said"), [("learner finished", False), ("stop broadcast", True)])
+def test_an_actor_that_left_on_the_learners_end_adds_no_line_before_the_learners_own(
+    supervisor: tuple[Supervisor, Clock, io.StringIO], reason: str, said: bool
+) -> None:
+    """It heard the end on the weights channel a moment before the supervisor heard the learner's
+    last heartbeat: "actor-0 stopped" then came just before "learner finished; stopping actors"."""
+    sup, clock, out = supervisor
+    sup._spawn("learner", 0)
+    sup._spawn("actor", 0)
+    run_working(sup, clock, "actor-0", seconds=1.0)
+    final = HeartbeatMsg("actor", 0, sup.procs["actor-0"].pid, 0.0, "stopped", {}, {"stop_reason": reason})
+    sup.slots["actor-0"].live.heard(final, clock.now)
+    assert ends(sup, clock, "actor-0", 0)
+    assert ("actor-0 stopped" in out.getvalue()) is said, out.getvalue()
+
+
 @pytest.mark.parametrize(("state", "code"), [("finished", EXIT_OK), ("stopped", EXIT_FAILED)])
 def test_a_learner_that_exits_0_finished_the_run_only_if_it_says_so(
     supervisor: tuple[Supervisor, Clock, io.StringIO], state: str, code: int

@@ -50,6 +50,9 @@ HEALTH_FILE_MODE = 0o644
 START_INFO_KEY = "start"
 # The learner's heartbeat info key holding why its newest dropped samples message was dropped.
 BAD_LATEST_INFO_KEY = "bad_latest"
+# The final heartbeat's info key saying why a role stopped (its link's stop reason, e.g. "learner
+# finished"), so the supervisor can tell a role that left with the learner from one told to stop.
+STOP_REASON_INFO_KEY = "stop_reason"
 # Heartbeat counters: main-loop rounds (any: waiting counts), and rounds that did useful work.
 PROGRESS_COUNTER = "progress"
 WORK_COUNTER = "work"

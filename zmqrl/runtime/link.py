@@ -38,6 +38,7 @@ from zmqrl.runtime.guard import ThreadDied, start_guarded
 from zmqrl.runtime.health import (
     PROGRESS_COUNTER,
     START_INFO_KEY,
+    STOP_REASON_INFO_KEY,
     WORK_COUNTER,
     HealthRecord,
     health_clock,
@@ -275,12 +276,16 @@ class SupervisorLink:
     def final(
         self, state: str, counters: Mapping[str, float | int], info: Mapping[str, str] | None = None
     ) -> None:
-        """Last heartbeat with the final counters; the supervisor's summary is built from it."""
+        """Last heartbeat with the final counters (the supervisor's summary is built from it) and
+        the stop reason, if one came."""
         self._stop_thread()
         self._state = state
+        said = dict(info or self._info)
+        if self.stop_reason:
+            said[STOP_REASON_INFO_KEY] = self.stop_reason
         with self._beat_lock:
             self._last_counters = dict(counters)
-            self.heartbeat.beat(state, {**counters, **self._liveness_counters()}, self._with_host(info))
+            self.heartbeat.beat(state, {**counters, **self._liveness_counters()}, self._with_host(said))
             self._write_health()
 
     def close(self) -> None:

@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from zmqrl.config import Config, save_config
-from zmqrl.runtime.link import END_ACTORS_DONE
+from zmqrl.runtime.health import STOP_REASON_INFO_KEY
+from zmqrl.runtime.link import END_ACTORS_DONE, LEARNER_FINISHED
 from zmqrl.supervisor import asked_endpoints, restarts
 from zmqrl.supervisor.liveness import os_stopped
 from zmqrl.supervisor.oversight import EXIT_FAILED, EXIT_OK, EXIT_OPERATOR, Oversight
@@ -289,8 +290,11 @@ class Supervisor(Oversight):
         slot.end = "finished" if slot.last is not None and slot.last.state == "finished" else "stopped"
         learner = self.slots.get("learner-0")
         last = learner.last if learner is not None else None
-        # When the learner ended first, its own line comes first, then the summary.
-        if last is None or last.state not in ("finished", "stopped"):
+        # When the learner ended first, its own line comes first, then the summary; a role that left
+        # on its end (heard on the weights channel before the supervisor hears it) adds nothing.
+        reason = slot.last.info.get(STOP_REASON_INFO_KEY) if slot.last is not None else None
+        left_with_learner = reason == LEARNER_FINISHED
+        if (last is None or last.state not in ("finished", "stopped")) and not left_with_learner:
             self._say(f"{slot.name} {slot.end}")
 
     # ------------------------------------------------------------------ shutdown
