@@ -233,6 +233,16 @@ def test_a_file_that_is_no_onnx_model_is_refused_with_one_line(tmp_path: Path) -
     assert result.output.startswith("error: ") and result.output.count("\n") == 1
 
 
+def test_an_output_whose_folder_cannot_be_made_is_refused_before_the_export(tmp_path: Path) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    checkpoint = tmp_path / "latest"
+    checkpoint.write_bytes(b"never read: the output is checked first")
+    result = CliRunner().invoke(app, ["export", str(checkpoint), "-o", str(blocker / "p.onnx")])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: --output: cannot make {blocker}: {blocker} is a file")
+
+
 def test_an_onnx_model_without_zmqrl_metadata_is_refused(
     tmp_path: Path, cartpole: tuple[Path, Path, Config]
 ) -> None:

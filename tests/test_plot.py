@@ -167,6 +167,15 @@ def test_one_axis_only(tmp_path: Path, axis: str) -> None:
     assert out.read_bytes().startswith(PNG_MAGIC)
 
 
+def test_an_output_whose_folder_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    """It was a traceback from matplotlib's save, after the figure was drawn."""
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    code, output = plot(str(write_run(tmp_path / "a")), "-o", str(blocker / "c.png"))
+    assert code == 2 and f"--output: cannot make {blocker}: {blocker} is a file" in output, output
+
+
 def test_a_run_dir_without_metrics_is_named_in_the_error(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     empty = tmp_path / "old-run"

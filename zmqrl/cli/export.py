@@ -68,6 +68,10 @@ def export(
 
     if not checkpoint.exists():
         fail(f"{checkpoint}: no such checkpoint file or run directory", EXIT_CONFIG)
+    from zmqrl.runtime.finished import run_dir_problem
+
+    if problem := run_dir_problem(output.parent, "--output"):  # before minutes of export
+        fail(problem, EXIT_CONFIG)
     if config is not None and (problem := config_path_problem(config)) is not None:
         fail(problem, EXIT_CONFIG)
     try:

@@ -59,6 +59,10 @@ def plot(
         require_matplotlib()
     except PlotError as exc:
         fail(str(exc), EXIT_RUNTIME)
+    from zmqrl.runtime.finished import run_dir_problem
+
+    if problem := run_dir_problem(output.parent, "--output"):
+        fail(problem, EXIT_CONFIG)
     try:
         groups = draw(run_dirs, output, x=x.value, title=title, smooth_window=smooth)
     except PlotError as exc:

@@ -85,9 +85,9 @@ def refuse_finished_run(run_dir: Path, role: str, environ: Mapping[str, str] | N
 
 
 def run_dir_problem(run_dir: Path, setting: str = "run.dir") -> str | None:
-    """Why ``run_dir`` cannot be made and written (a file in its way, a folder this user may not
-    write), or None; it reads the nearest part that exists and creates nothing. ``setting``: what
-    the user changes to fix it."""
+    """Why the folder ``run_dir`` (a run's, or any a command writes into) cannot be made and written
+    (a file in its way, a folder this user may not write), or None; it reads the nearest part that
+    exists and creates nothing. ``setting``: what the user changes to fix it."""
     path = run_dir
     while not path.exists() and path.parent != path:
         path = path.parent
