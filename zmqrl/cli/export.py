@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, SetOpt, config_path_problem, fail
+from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, SetOpt, config_path_problem, fail, require_writable
 
 
 def register(app: typer.Typer) -> None:
@@ -68,10 +68,7 @@ def export(
 
     if not checkpoint.exists():
         fail(f"{checkpoint}: no such checkpoint file or run directory", EXIT_CONFIG)
-    from zmqrl.runtime.finished import run_dir_problem
-
-    if problem := run_dir_problem(output.parent, "--output"):  # before minutes of export
-        fail(problem, EXIT_CONFIG)
+    require_writable(output.parent, "--output")  # before minutes of export
     if config is not None and (problem := config_path_problem(config)) is not None:
         fail(problem, EXIT_CONFIG)
     try:

@@ -23,6 +23,7 @@ from zmqrl.cli.options import (
     SetOpt,
     fail,
     load,
+    require_writable,
 )
 from zmqrl.cli.process import SIGNAL_EXIT_BASE, run_role, setup_logging
 
@@ -130,10 +131,7 @@ def launch(
     if resume is not None:  # port 0 asked at the first start is asked again, not the port it got then
         cfg = _asked_endpoints_again(cfg, resume)
     setup_logging(cfg.run.log_level, "serial" if serial else "supervisor")
-    from zmqrl.runtime.finished import run_dir_problem
-
-    if problem := run_dir_problem(cfg.run_dir):  # either mode: before anything is written
-        fail(problem, EXIT_CONFIG)
+    require_writable(cfg.run_dir)  # either mode: before anything is written
     if not serial:  # --serial builds all of it at once, and says the same in one line
         _preflight(cfg)
     cfg, resuming = _place_run(cfg, resume is not None, serial)
@@ -301,11 +299,9 @@ def supervise(
     overrides = [*(set_ or []), *(["transport.insecure=true"] if insecure else [])]
     cfg = load(config, overrides, log_level)
     setup_logging(cfg.run.log_level, "supervisor")
-    from zmqrl.runtime.finished import run_dir_problem
     from zmqrl.supervisor.rundirs import finished_run
 
-    if problem := run_dir_problem(cfg.run_dir):
-        fail(problem, EXIT_CONFIG)
+    require_writable(cfg.run_dir)
     finished = None if resume else finished_run(cfg.run_dir)
     if finished is not None:
         fail(

@@ -87,6 +87,16 @@ def load(config: Path, overrides: list[str] | None, log_level: LogLevel | None =
         fail(" ".join(str(exc).split()), EXIT_CONFIG)
 
 
+def require_writable(folder: Path, setting: str = "run.dir") -> None:
+    """Exit 2 with one line when ``folder`` cannot be made and written (a file in its way, a folder
+    this user may not write): before a command writes anything there, not a traceback from its
+    first write. ``setting``: what the user changes to fix it."""
+    from zmqrl.runtime.finished import run_dir_problem
+
+    if problem := run_dir_problem(folder, setting):
+        fail(problem, EXIT_CONFIG)
+
+
 def config_path_problem(path: Path) -> str | None:
     """Why ``path`` cannot be a config file (a directory; missing, with the closest YAML names next
     to it), or None. Checked before parsing so the line says what to give instead."""

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, fail
+from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, fail, require_writable
 
 
 class XAxis(str, Enum):
@@ -59,10 +59,7 @@ def plot(
         require_matplotlib()
     except PlotError as exc:
         fail(str(exc), EXIT_RUNTIME)
-    from zmqrl.runtime.finished import run_dir_problem
-
-    if problem := run_dir_problem(output.parent, "--output"):
-        fail(problem, EXIT_CONFIG)
+    require_writable(output.parent, "--output")
     try:
         groups = draw(run_dirs, output, x=x.value, title=title, smooth_window=smooth)
     except PlotError as exc:

@@ -16,7 +16,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import yaml
@@ -104,7 +104,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
@@ -117,10 +117,10 @@ def run_on_times(rows: list[dict[str, Any]]) -> list[float | None]:
     latest: dict[float, float] = {}  # a launch's start -> the latest time of its rows
     for row in rows:
         t, wall = row.get("time"), row.get("wall")
-        if not (isinstance(t, (int, float)) and math.isfinite(t)):
+        if not _finite(t):
             stamped.append(None)
             continue
-        begun = float(wall) - t if isinstance(wall, (int, float)) and math.isfinite(wall) else 0.0
+        begun = wall - t if _finite(wall) else 0.0
         start = next((known for known in latest if abs(known - begun) < 1.0), begun)
         latest[start] = max(latest.get(start, 0.0), float(t))
         stamped.append((start, float(t)))
@@ -142,9 +142,9 @@ def _series(rows: list[tuple[dict[str, Any], float]]) -> Series | None:
             continue
         # Episodes reported together share a step: give them one time too (one report, one x).
         same_report = bool(steps) and step == steps[-1] and t - times[-1] < 1.0
-        steps.append(float(step))  # type: ignore[arg-type]
+        steps.append(float(step))
         times.append(times[-1] if same_report else t)
-        values.append(float(value))  # type: ignore[arg-type]
+        values.append(float(value))
     if not values:
         return None
     return Series(np.asarray(steps, float), np.asarray(times, float), np.asarray(values, float))

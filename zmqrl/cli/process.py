@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, fail
+from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, fail, require_writable
 
 if TYPE_CHECKING:
     from zmqrl.config import Config
@@ -118,10 +118,9 @@ def check_run_dir(cfg: Config, role: str) -> None:
     """First thing in a role command, before it writes anything: a run directory that cannot be
     made, or whose run finished, is one line and exit 2 (zmqrl/runtime/finished.py says why, and
     who may continue a finished run)."""
-    from zmqrl.runtime.finished import RunFinished, refuse_finished_run, run_dir_problem
+    from zmqrl.runtime.finished import RunFinished, refuse_finished_run
 
-    if problem := run_dir_problem(cfg.run_dir):
-        fail(problem, EXIT_CONFIG)
+    require_writable(cfg.run_dir)
     try:
         refuse_finished_run(cfg.run_dir, role)
     except RunFinished as exc:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, ConfigArg, SetOpt, fail, load
+from zmqrl.cli.options import EXIT_CONFIG, EXIT_RUNTIME, ConfigArg, SetOpt, fail, load, require_writable
 from zmqrl.cli.process import SIGNAL_EXIT_BASE
 from zmqrl.errors import ConfigError
 from zmqrl.tune import INSTALL_HINT, POSTGRES_HINT
@@ -103,10 +103,7 @@ def tune(
         )
     name = study_name or space.stem
     tune_dir = directory or Path("runs") / "tune" / name
-    from zmqrl.runtime.finished import run_dir_problem
-
-    if problem := run_dir_problem(tune_dir, "--dir"):
-        fail(problem, EXIT_CONFIG)
+    require_writable(tune_dir, "--dir")
     tune_dir.mkdir(parents=True, exist_ok=True)
     setup = Setup(parsed, config.resolve(), list(overrides or []), tune_dir, serial, target)
     url = storage_url(tune_dir, storage)
